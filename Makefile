@@ -1,0 +1,33 @@
+# xf: the two commands of the README are `make demo` and `make test`.
+#
+# TORCH is the torch requirement installed before xf. The default is the CPU build that these
+# machines install from local disk; on a GPU machine use the build you want, e.g.
+#   make test TORCH='torch>=2.4'    (keeps an installed CUDA torch, or pulls one from PyPI)
+PYTHON ?= python3
+VENV ?= .venv
+TORCH ?= torch==2.13.0
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.xf-installed
+
+.PHONY: venv test demo bench clean
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet "$(TORCH)"
+	$(BIN)/python -m pip install --quiet -e ".[test]"
+	touch $(STAMP)
+
+venv: $(STAMP)
+
+test: $(STAMP)
+	$(BIN)/python -m pytest -q tests
+
+demo: $(STAMP)
+	PATH="$(CURDIR)/$(BIN):$$PATH" bash recipes/quickstart.sh
+
+bench: $(STAMP)
+	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python bench/run.py
+
+clean:
+	rm -rf $(VENV) .pytest_cache

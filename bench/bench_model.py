@@ -1,0 +1,65 @@
+"""Model cost: one attention layer against sequence length (the paper's Table 1, O(n^2 d) per
+layer), and forward+backward time of the small and base presets on a fixed batch."""
+
+from __future__ import annotations
+
+import resource
+import time
+
+import torch
+
+from xformer_cli.model import MultiHeadAttention, build_model
+
+
+def _time(fn, repeat: int) -> float:
+    fn()  # warm-up
+    start = time.perf_counter()
+    for _ in range(repeat):
+        fn()
+    return (time.perf_counter() - start) / repeat
+
+
+def _peak_rss_mb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def attention_rows() -> list[dict]:
+    rows = []
+    torch.manual_seed(0)
+    d, heads, batch = 512, 8, 8
+    attn = MultiHeadAttention(d, heads, 0.0).eval()
+    base_ms = None
+    for n in (32, 64, 128, 256, 512, 1024):
+        x = torch.randn(batch, n, d)
+        with torch.no_grad():
+            seconds = _time(lambda: attn(x), repeat=5 if n <= 256 else 2)
+        # Table 1 cost of self-attention: O(n^2 d) for the scores plus O(n d^2) for projections.
+        flops = 2 * batch * (4 * n * d * d + 2 * n * n * d)
+        base_ms = base_ms or seconds
+        rows.append(dict(bench="attention", case=f"n={n} d={d} h={heads} B={batch}", metric="latency",
+                         value=seconds * 1e3, unit="ms", ratio=seconds / base_ms,
+                         note=f"{flops / seconds / 1e9:.1f} GFLOP/s; ratio vs n=32"))
+    rows.append(dict(bench="attention", case="process", metric="peak RSS", value=_peak_rss_mb(), unit="MiB"))
+    return rows
+
+
+def train_step_rows() -> list[dict]:
+    rows = []
+    for arch, batch, length in (("small", 32, 32), ("base", 16, 32)):
+        torch.manual_seed(0)
+        model = build_model(arch, vocab_size=8000).train()
+        src = torch.randint(4, 8000, (batch, length))
+        tgt = torch.randint(4, 8000, (batch, length))
+
+        def step():
+            loss = model(src, tgt).float().logsumexp(-1).mean()
+            loss.backward()
+
+        seconds = _time(step, repeat=3)
+        rows.append(dict(bench="model", case=f"{arch} fwd+bwd B={batch} T={length} V=8000", metric="step time",
+                         value=seconds * 1e3, unit="ms", note=f"{batch * length / seconds:,.0f} target tok/s"))
+    return rows
+
+
+def rows() -> list[dict]:
+    return attention_rows() + train_step_rows()

@@ -1,0 +1,173 @@
+"""Model invariants on tiny dimensions with fixed seeds."""
+
+import math
+
+import pytest
+import torch
+
+from xformer_cli import build_model
+from xformer_cli.model import PAD_ID, PRESETS, model_config, sinusoidal_positions, Transformer
+
+V = 40
+
+
+def tiny(**overrides) -> Transformer:
+    torch.manual_seed(0)
+    model = build_model("tiny", vocab_size=V, dropout=0.0, **overrides)
+    return model.eval()
+
+
+def batch(b=3, s=7, t=6, seed=1):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(4, V, (b, s), generator=g), torch.randint(4, V, (b, t), generator=g)
+
+
+VARIANTS = [
+    {},
+    {"normalize_before": True},
+    {"activation": "gelu"},
+    {"activation": "swiglu"},
+    {"positions": "learned"},
+    {"positions": "rope"},
+    {"positions": "alibi"},
+    {"share_embeddings": "decoder"},
+    {"share_embeddings": "none"},
+]
+
+
+@pytest.mark.parametrize("overrides", VARIANTS, ids=lambda o: "-".join(map(str, o.values())) or "paper")
+def test_decoder_is_causal(overrides):
+    model = tiny(**overrides)
+    src, tgt = batch()
+    out = model(src, tgt)
+    changed = tgt.clone()
+    changed[:, 4:] = torch.randint(4, V, changed[:, 4:].shape)
+    out2 = model(src, changed)
+    torch.testing.assert_close(out[:, :4], out2[:, :4], rtol=0, atol=1e-5)
+    assert not torch.allclose(out[:, 4:], out2[:, 4:])
+
+
+@pytest.mark.parametrize("overrides", VARIANTS, ids=lambda o: "-".join(map(str, o.values())) or "paper")
+def test_padding_does_not_change_real_positions(overrides):
+    model = tiny(**overrides)
+    src, tgt = batch()
+    out = model(src, tgt)
+    pad_src = torch.cat([src, torch.full((3, 5), PAD_ID)], dim=1)
+    pad_tgt = torch.cat([tgt, torch.full((3, 4), PAD_ID)], dim=1)
+    out2 = model(pad_src, pad_tgt)
+    torch.testing.assert_close(out, out2[:, : tgt.size(1)], rtol=0, atol=1e-5)
+
+
+@pytest.mark.parametrize("overrides", VARIANTS, ids=lambda o: "-".join(map(str, o.values())) or "paper")
+def test_incremental_decoding_equals_full_forward(overrides):
+    model = tiny(**overrides)
+    src, tgt = batch()
+    full = model(src, tgt)
+    memory, src_pad = model.encode(src)
+    cache = model.new_cache()
+    steps = [model.decode(tgt[:, i : i + 1], memory, src_pad, cache) for i in range(tgt.size(1))]
+    torch.testing.assert_close(torch.cat(steps, dim=1), full, rtol=0, atol=1e-5)
+
+
+def test_cache_reorder_follows_rows():
+    model = tiny()
+    src, tgt = batch()
+    memory, src_pad = model.encode(src)
+    cache = model.new_cache()
+    for i in range(3):
+        model.decode(tgt[:, i : i + 1], memory, src_pad, cache)
+    order = torch.tensor([2, 0])
+    model.reorder_cache(cache, order)
+    step = model.decode(tgt[order, 3:4], memory[order], src_pad[order], cache)
+    full = model(src[order], tgt[order, :4])
+    torch.testing.assert_close(step[:, 0], full[:, 3], rtol=0, atol=1e-5)
+
+
+def test_sinusoidal_positions_match_the_formula():
+    d = 16
+    pe = sinusoidal_positions(50, d)
+    for pos in (0, 1, 7, 49):
+        for i in range(d // 2):
+            angle = pos / 10000 ** (2 * i / d)
+            assert pe[pos, 2 * i].item() == pytest.approx(math.sin(angle), abs=1e-6)
+            assert pe[pos, 2 * i + 1].item() == pytest.approx(math.cos(angle), abs=1e-6)
+
+
+def test_three_way_tying_is_one_tensor():
+    model = tiny()
+    assert model.encoder_embed.weight is model.decoder_embed.weight
+    assert model.output_proj.weight is model.decoder_embed.weight
+    partial = tiny(share_embeddings="decoder")
+    assert partial.output_proj.weight is partial.decoder_embed.weight
+    assert partial.encoder_embed.weight is not partial.decoder_embed.weight
+    untied = tiny(share_embeddings="none")
+    assert untied.output_proj.weight is not untied.decoder_embed.weight
+
+
+def test_parameter_counts_match_the_paper():
+    # Table 3: base 65M, big 213M (with a 37,000-token joint vocabulary).
+    base = build_model("base", vocab_size=37000).num_parameters()
+    big = build_model("big", vocab_size=37000).num_parameters()
+    assert 63e6 <= base <= 65e6, base
+    assert 213e6 <= big <= 214.5e6, big
+
+
+def test_small_preset_shape():
+    cfg = model_config("small")
+    assert (cfg.encoder_layers, cfg.decoder_layers, cfg.d_model, cfg.d_ff, cfg.heads) == (3, 3, 256, 1024, 4)
+    assert set(PRESETS) >= {"base", "big", "small", "tiny"}
+
+
+def test_post_ln_and_pre_ln_differ_in_structure():
+    post, pre = tiny(), tiny(normalize_before=True)
+    assert isinstance(post.encoder_norm, torch.nn.Identity)
+    assert isinstance(pre.encoder_norm, torch.nn.LayerNorm)
+    # Post-LN: every encoder output row is layer-normalized (zero mean, unit variance).
+    src, _ = batch()
+    memory, _ = post.encode(src)
+    ln = post.encoder_layers[-1].ffn_block.norm
+    normed = (memory - ln.bias) / ln.weight
+    torch.testing.assert_close(normed.mean(-1), torch.zeros_like(normed.mean(-1)), atol=1e-4, rtol=0)
+
+
+@pytest.mark.parametrize("activation,width", [("relu", 128), ("gelu", 128), ("swiglu", 256)])
+def test_activation_switches(activation, width):
+    model = tiny(activation=activation)
+    assert model.encoder_layers[0].ffn.fc1.out_features == width
+    assert model.encoder_layers[0].ffn.activation == activation
+
+
+def test_unknown_override_names_nearest_field():
+    from xformer_cli.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="did you mean 'dropout'"):
+        build_model("tiny", vocab_size=V, dropuot=0.1)
+    with pytest.raises(ConfigError, match="unknown arch"):
+        build_model("huge", vocab_size=V)
+
+
+def test_learns_copy_task():
+    """A tiny model learns to copy random sequences: gradients flow through the whole model."""
+    torch.manual_seed(0)
+    model = build_model("tiny", vocab_size=20, dropout=0.0)
+    opt = torch.optim.Adam(model.parameters(), lr=3e-3, betas=(0.9, 0.98))
+    g = torch.Generator().manual_seed(0)
+
+    def sample(n):
+        src = torch.randint(4, 20, (n, 8), generator=g)
+        prev = torch.cat([torch.full((n, 1), 2), src], dim=1)  # bos + target
+        gold = torch.cat([src, torch.full((n, 1), 3)], dim=1)  # target + eos
+        return src, prev, gold
+
+    model.train()
+    for _ in range(300):
+        src, prev, gold = sample(64)
+        loss = torch.nn.functional.cross_entropy(model(src, prev).flatten(0, 1), gold.flatten())
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    model.eval()
+    src, prev, gold = sample(256)
+    with torch.no_grad():
+        acc = (model(src, prev).argmax(-1) == gold).float().mean().item()
+    assert acc >= 0.99, acc

@@ -1,0 +1,189 @@
+"""Options as frozen dataclasses, filled from YAML and command-line flags (flags win).
+
+Every subcommand has one options dataclass (``PreprocessOptions``, ``TrainOptions``, ...). Its
+fields are the YAML keys, and the CLI generates one flag per field (``max_tokens`` is
+``--max-tokens`` on the command line and ``max_tokens`` or ``max-tokens`` in YAML), so the two can
+never drift apart. Unknown keys and wrong types fail loudly, naming the nearest valid key.
+
+A YAML file is either flat (the keys of one subcommand) or split into sections named after the
+subcommands, so one file can carry a whole experiment::
+
+    preprocess: {bpe_vocab_size: 8000}
+    train: {arch: small, max_update: 4000}
+    translate: {beam: 4}
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import types
+import typing
+from pathlib import Path
+from typing import Any, Literal, Union
+
+import yaml
+
+from .errors import ConfigError
+
+SECTIONS = ("preprocess", "train", "average_checkpoints", "translate", "score")
+
+
+def option(default: Any = dataclasses.MISSING, help: str = "", **metadata: Any) -> Any:
+    """A dataclass field with its help text (shown by ``xf CMD --help``) and CLI hints.
+
+    metadata keys: ``positional`` (a CLI argument, not a flag), ``short`` (e.g. "-s").
+    Mutable defaults are not allowed: list-like options are tuples.
+    """
+    return dataclasses.field(default=default, metadata={"help": help, **metadata})
+
+
+def field_types(cls: type) -> dict[str, Any]:
+    """The resolved type of every field of an options dataclass."""
+    hints = typing.get_type_hints(cls)
+    return {f.name: hints[f.name] for f in dataclasses.fields(cls)}
+
+
+def _is_optional(tp: Any) -> tuple[bool, Any]:
+    origin = typing.get_origin(tp)
+    if origin in (Union, types.UnionType):
+        args = [a for a in typing.get_args(tp) if a is not type(None)]
+        if len(args) == 1 and len(typing.get_args(tp)) == 2:
+            return True, args[0]
+    return False, tp
+
+
+def describe_type(tp: Any) -> str:
+    optional, inner = _is_optional(tp)
+    origin = typing.get_origin(inner)
+    if origin is Literal:
+        text = " | ".join(str(a) for a in typing.get_args(inner))
+    elif origin is tuple:
+        text = f"list of {describe_type(typing.get_args(inner)[0])}"
+    else:
+        text = getattr(inner, "__name__", str(inner))
+    return f"{text} or null" if optional else text
+
+
+def coerce(value: Any, tp: Any, where: str) -> Any:
+    """Check ``value`` against the field type ``tp``; return it normalized (lists become tuples)."""
+    optional, inner = _is_optional(tp)
+    if value is None:
+        if optional:
+            return None
+        raise ConfigError(f"{where}: expected {describe_type(tp)}, got null")
+    origin = typing.get_origin(inner)
+    if origin is Literal:
+        choices = typing.get_args(inner)
+        if value not in choices:
+            raise ConfigError(
+                f"{where}: {value!r} is not one of {', '.join(map(str, choices))}"
+            )
+        return value
+    if origin is tuple:
+        (item_type, _ellipsis) = typing.get_args(inner)
+        items = value if isinstance(value, (list, tuple)) else [value]
+        return tuple(coerce(v, item_type, where) for v in items)
+    if inner is bool:
+        if isinstance(value, bool):
+            return value
+    elif inner is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+    elif inner is float:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+    elif inner is str:
+        if isinstance(value, (str, Path)):
+            return str(value)
+    else:  # pragma: no cover - a programming error in an options class
+        raise TypeError(f"unsupported option type {tp!r} at {where}")
+    raise ConfigError(f"{where}: expected {describe_type(tp)}, got {value!r}")
+
+
+def _nearest(key: str, valid: typing.Iterable[str]) -> str:
+    match = difflib.get_close_matches(key, list(valid), n=1, cutoff=0.5)
+    return f" (did you mean '{match[0]}'?)" if match else ""
+
+
+def read_yaml(path: str | Path, section: str | None) -> dict[str, Any]:
+    """Read a YAML options file; return the keys for ``section`` (a subcommand name)."""
+    path = Path(path)
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise ConfigError(f"{path}: config file not found") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise ConfigError(f"{path}: cannot read config file: {e}") from None
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        line = f" line {mark.line + 1}" if mark is not None else ""
+        raise ConfigError(f"{path}:{line} invalid YAML: {getattr(e, 'problem', e)}") from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: expected a mapping of option names to values")
+    data = {str(k).replace("-", "_"): v for k, v in data.items()}
+    if any(k in SECTIONS for k in data):
+        for key in data:
+            if key not in SECTIONS:
+                raise ConfigError(
+                    f"{path}: unknown section '{key}'{_nearest(key, SECTIONS)}; "
+                    f"a sectioned file holds only {', '.join(SECTIONS)}"
+                )
+        data = data.get(section, {}) if section else {}
+        if data is None:
+            return {}
+        if not isinstance(data, dict):
+            raise ConfigError(f"{path}: section '{section}' must be a mapping")
+        data = {str(k).replace("-", "_"): v for k, v in data.items()}
+    return data
+
+
+def build_options(cls: type, values: dict[str, Any], source: str) -> Any:
+    """Make an options dataclass from a dict, rejecting unknown keys and wrong types."""
+    types_by_name = field_types(cls)
+    checked = {}
+    for key, value in values.items():
+        if key not in types_by_name:
+            raise ConfigError(f"{source}: unknown option '{key}'{_nearest(key, types_by_name)}")
+        checked[key] = coerce(value, types_by_name[key], f"{source}: option '{key}'")
+    missing = [
+        f.name
+        for f in dataclasses.fields(cls)
+        if f.default is dataclasses.MISSING
+        and f.default_factory is dataclasses.MISSING
+        and f.name not in checked
+    ]
+    if missing:
+        raise ConfigError(f"{source}: missing required option '{missing[0]}'")
+    try:
+        return cls(**checked)
+    except ValueError as e:  # __post_init__ validation
+        raise ConfigError(f"{source}: {e}") from None
+
+
+def load_options(
+    cls: type,
+    config: str | Path | None = None,
+    overrides: dict[str, Any] | None = None,
+    section: str | None = None,
+) -> Any:
+    """Options from an optional YAML file, then flag ``overrides`` on top (flags win)."""
+    values: dict[str, Any] = {}
+    source = "options"
+    if config is not None:
+        values.update(read_yaml(config, section))
+        source = str(config)
+    if overrides:
+        values.update({k: v for k, v in overrides.items() if v is not None})
+    return build_options(cls, values, source)
+
+
+def to_dict(options: Any) -> dict[str, Any]:
+    """Plain-Python dict of an options dataclass (tuples become lists): YAML- and checkpoint-safe."""
+    out = {}
+    for f in dataclasses.fields(options):
+        value = getattr(options, f.name)
+        out[f.name] = list(value) if isinstance(value, tuple) else value
+    return out

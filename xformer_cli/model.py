@@ -1,0 +1,426 @@
+"""The encoder-decoder Transformer of "Attention Is All You Need" (Vaswani et al., 2017).
+
+Read top to bottom: configuration and presets, positions, attention, feed-forward, the encoder
+and decoder layers, then the model. Defaults are the paper's (post-LN, ReLU, sinusoidal
+positions, three-way tied embeddings); options from later practice are marked where they differ.
+
+Shapes: B batch, S source length, T target length, D d_model, H heads, K = D / H head size.
+Token ids: pad 0, unk 1, bos 2, eos 3 (the sentencepiece model is trained with these ids).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+from typing import Literal, Optional
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .config import build_options, option
+
+PAD_ID, UNK_ID, BOS_ID, EOS_ID = 0, 1, 2, 3
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    vocab_size: int = option(37000, "joint source+target vocabulary size")
+    encoder_layers: int = option(6, "N encoder layers")
+    decoder_layers: int = option(6, "N decoder layers")
+    d_model: int = option(512, "model width")
+    d_ff: int = option(2048, "inner width of the position-wise feed-forward network")
+    heads: int = option(8, "attention heads h (d_k = d_v = d_model / h)")
+    dropout: float = option(0.1, "P_drop on embeddings+positions and every sub-layer output")
+    attention_dropout: float = option(0.0, "dropout on attention weights (not in the paper)")
+    activation_dropout: float = option(0.0, "dropout after the FFN activation (not in the paper)")
+    normalize_before: bool = option(False, "pre-LN instead of the paper's post-LN")
+    activation: Literal["relu", "gelu", "swiglu"] = option("relu", "FFN activation")
+    positions: Literal["sinusoidal", "learned", "rope", "alibi"] = option(
+        "sinusoidal", "position information"
+    )
+    max_positions: int = option(1024, "longest sequence the model accepts")
+    share_embeddings: Literal["all", "decoder", "none"] = option(
+        "all", "tie source, target and output embeddings (all), target and output (decoder)"
+    )
+
+    def __post_init__(self) -> None:
+        if self.d_model % self.heads:
+            raise ValueError(f"d_model {self.d_model} is not divisible by heads {self.heads}")
+        if self.positions == "rope" and (self.d_model // self.heads) % 2:
+            raise ValueError("rope needs an even head size")
+
+
+# Presets as data. base and big are Table 3 of the paper (N, d_model, d_ff, h, P_drop);
+# with a 37,000-token joint vocabulary they have 63.1M and 214.2M parameters (paper: 65M, 213M).
+PRESETS: dict[str, dict] = {
+    "base": dict(encoder_layers=6, decoder_layers=6, d_model=512, d_ff=2048, heads=8, dropout=0.1),
+    "big": dict(encoder_layers=6, decoder_layers=6, d_model=1024, d_ff=4096, heads=16, dropout=0.3),
+    # CPU-sized shapes (not in the paper): small is the shape used for performance comparisons.
+    "small": dict(encoder_layers=3, decoder_layers=3, d_model=256, d_ff=1024, heads=4, dropout=0.1),
+    "tiny": dict(encoder_layers=2, decoder_layers=2, d_model=64, d_ff=128, heads=4, dropout=0.1),
+}
+
+
+def model_config(arch: str = "base", **overrides) -> ModelConfig:
+    """The ModelConfig of a preset with some fields overridden (unknown names are errors)."""
+    from .errors import ConfigError
+
+    if arch not in PRESETS:
+        raise ConfigError(f"unknown arch '{arch}'; choose one of {', '.join(PRESETS)}")
+    values = {**PRESETS[arch], **{k: v for k, v in overrides.items() if v is not None}}
+    return build_options(ModelConfig, values, f"arch '{arch}'")
+
+
+def sinusoidal_positions(length: int, d_model: int) -> torch.Tensor:
+    """PE(pos, 2i) = sin(pos / 10000^(2i/d)), PE(pos, 2i+1) = cos(pos / 10000^(2i/d)) (Sec. 3.5).
+
+    Returns (length, d_model), sines in even and cosines in odd dimensions as in the formula.
+    """
+    pos = torch.arange(length, dtype=torch.float64).unsqueeze(1)  # (L, 1)
+    div = torch.pow(10000.0, torch.arange(0, d_model, 2, dtype=torch.float64) / d_model)
+    pe = torch.zeros(length, d_model, dtype=torch.float64)
+    pe[:, 0::2] = torch.sin(pos / div)
+    pe[:, 1::2] = torch.cos(pos / div[: d_model // 2])
+    return pe.float()
+
+
+def rope_tables(length: int, head_dim: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos and sin tables (length, head_dim / 2) for rotary position embeddings (Su et al.)."""
+    inv_freq = 1.0 / 10000 ** (torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim)
+    angles = torch.arange(length, dtype=torch.float64).unsqueeze(1) * inv_freq  # (L, K/2)
+    return angles.cos().float(), angles.sin().float()
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate pairs (x[2i], x[2i+1]) of x (B, H, L, K) by the angles of their positions."""
+    x1, x2 = x[..., 0::2], x[..., 1::2]
+    out = torch.stack((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1)
+    return out.flatten(-2).type_as(x)
+
+
+def alibi_slopes(heads: int) -> torch.Tensor:
+    """Head-specific slopes 2^(-8i/h) of ALiBi (Press et al., 2022), for h a power of two."""
+    return torch.tensor([2 ** (-8 * (i + 1) / heads) for i in range(heads)])
+
+
+class MultiHeadAttention(nn.Module):
+    """h heads of scaled dot-product attention (Sec. 3.2) with one fused q/k/v projection.
+
+    ``in_proj`` holds W^Q, W^K, W^V stacked (3D, D); self-attention projects all three in one
+    matmul, cross-attention projects queries from the decoder and keys/values from the encoder.
+    """
+
+    def __init__(self, d_model: int, heads: int, dropout: float):
+        super().__init__()
+        self.heads, self.d_model, self.dropout = heads, d_model, dropout
+        self.in_proj = nn.Linear(d_model, 3 * d_model)
+        self.out_proj = nn.Linear(d_model, d_model)
+        nn.init.xavier_uniform_(self.in_proj.weight)
+        nn.init.zeros_(self.in_proj.bias)
+        nn.init.xavier_uniform_(self.out_proj.weight)
+        nn.init.zeros_(self.out_proj.bias)
+
+    def _split(self, x: torch.Tensor) -> torch.Tensor:
+        b, length, _ = x.shape
+        return x.view(b, length, self.heads, -1).transpose(1, 2)  # (B, H, L, K)
+
+    def project_kv(self, memory: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Keys and values (B, H, S, K) of encoder output for cross-attention."""
+        d = self.d_model
+        kv = F.linear(memory, self.in_proj.weight[d:], self.in_proj.bias[d:])
+        k, v = kv.chunk(2, dim=-1)
+        return self._split(k), self._split(v)
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        memory: Optional[torch.Tensor] = None,
+        mask: Optional[torch.Tensor] = None,
+        causal: bool = False,
+        cache: Optional[dict] = None,
+        rope: Optional[tuple[torch.Tensor, torch.Tensor]] = None,
+    ) -> torch.Tensor:
+        """x (B, T, D) attends to itself (memory None) or to memory (B, S, D).
+
+        mask: boolean (B or 1, 1, T or 1, S) with True where attention is allowed, or a float
+        additive bias (ALiBi); causal: apply the decoder's future mask (training-time only).
+        cache: incremental decoding state of this attention; self-attention appends this step's
+        keys and values, cross-attention computes the memory's keys and values once.
+        rope: (cos, sin) tables for the positions of x, applied to queries and keys.
+        """
+        d = self.d_model
+        if memory is None:
+            q, k, v = (self._split(t) for t in self.in_proj(x).chunk(3, dim=-1))
+            if rope is not None:
+                q, k = apply_rope(q, *rope), apply_rope(k, *rope)
+            if cache is not None:
+                if "k" in cache:
+                    k = torch.cat([cache["k"], k], dim=2)
+                    v = torch.cat([cache["v"], v], dim=2)
+                cache["k"], cache["v"] = k, v
+        else:
+            q = self._split(F.linear(x, self.in_proj.weight[:d], self.in_proj.bias[:d]))
+            if cache is not None and "k" in cache:
+                k, v = cache["k"], cache["v"]
+            else:
+                k, v = self.project_kv(memory)
+                if cache is not None:
+                    cache["k"], cache["v"] = k, v
+        out = F.scaled_dot_product_attention(
+            q,
+            k,
+            v,
+            attn_mask=mask,
+            dropout_p=self.dropout if self.training else 0.0,
+            is_causal=causal and mask is None,
+        )  # (B, H, T, K)
+        b, _, t, _ = out.shape
+        return self.out_proj(out.transpose(1, 2).reshape(b, t, d))
+
+
+class FeedForward(nn.Module):
+    """FFN(x) = max(0, x W1 + b1) W2 + b2 (Sec. 3.3); gelu or SwiGLU (Shazeer, 2020) by option."""
+
+    def __init__(self, d_model: int, d_ff: int, activation: str, activation_dropout: float):
+        super().__init__()
+        self.activation = activation
+        # SwiGLU has a gate and a value projection; both live in fc1 (2 * d_ff outputs).
+        self.fc1 = nn.Linear(d_model, 2 * d_ff if activation == "swiglu" else d_ff)
+        self.fc2 = nn.Linear(d_ff, d_model)
+        self.activation_dropout = nn.Dropout(activation_dropout)
+        for lin in (self.fc1, self.fc2):
+            nn.init.xavier_uniform_(lin.weight)
+            nn.init.zeros_(lin.bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.fc1(x)
+        if self.activation == "relu":
+            h = F.relu(h)
+        elif self.activation == "gelu":
+            h = F.gelu(h)
+        else:
+            gate, value = h.chunk(2, dim=-1)
+            h = F.silu(gate) * value
+        return self.fc2(self.activation_dropout(h))
+
+
+class Sublayer(nn.Module):
+    """A residual block around one sub-layer, post-LN by default.
+
+    post-LN (the paper, Sec. 5.4): LayerNorm(x + Dropout(Sublayer(x))).
+    pre-LN  (normalize_before):    x + Dropout(Sublayer(LayerNorm(x))), with a final LayerNorm
+    after the stack; it trains stably without warmup tricks but is not what the paper did.
+    """
+
+    def __init__(self, d_model: int, dropout: float, normalize_before: bool):
+        super().__init__()
+        self.norm = nn.LayerNorm(d_model)
+        self.dropout = nn.Dropout(dropout)
+        self.normalize_before = normalize_before
+
+    def forward(self, x: torch.Tensor, fn) -> torch.Tensor:
+        if self.normalize_before:
+            return x + self.dropout(fn(self.norm(x)))
+        return self.norm(x + self.dropout(fn(x)))
+
+
+class EncoderLayer(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.self_attn = MultiHeadAttention(cfg.d_model, cfg.heads, cfg.attention_dropout)
+        self.ffn = FeedForward(cfg.d_model, cfg.d_ff, cfg.activation, cfg.activation_dropout)
+        self.attn_block = Sublayer(cfg.d_model, cfg.dropout, cfg.normalize_before)
+        self.ffn_block = Sublayer(cfg.d_model, cfg.dropout, cfg.normalize_before)
+
+    def forward(self, x, mask, rope=None):
+        x = self.attn_block(x, lambda h: self.self_attn(h, mask=mask, rope=rope))
+        return self.ffn_block(x, self.ffn)
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.self_attn = MultiHeadAttention(cfg.d_model, cfg.heads, cfg.attention_dropout)
+        self.cross_attn = MultiHeadAttention(cfg.d_model, cfg.heads, cfg.attention_dropout)
+        self.ffn = FeedForward(cfg.d_model, cfg.d_ff, cfg.activation, cfg.activation_dropout)
+        self.self_block = Sublayer(cfg.d_model, cfg.dropout, cfg.normalize_before)
+        self.cross_block = Sublayer(cfg.d_model, cfg.dropout, cfg.normalize_before)
+        self.ffn_block = Sublayer(cfg.d_model, cfg.dropout, cfg.normalize_before)
+
+    def forward(self, x, memory, self_mask, memory_mask, causal, cache=None, rope=None):
+        self_cache = cache["self"] if cache is not None else None
+        cross_cache = cache["cross"] if cache is not None else None
+        x = self.self_block(
+            x, lambda h: self.self_attn(h, mask=self_mask, causal=causal, cache=self_cache, rope=rope)
+        )
+        x = self.cross_block(
+            x, lambda h: self.cross_attn(h, memory=memory, mask=memory_mask, cache=cross_cache)
+        )
+        return self.ffn_block(x, self.ffn)
+
+
+class Transformer(nn.Module):
+    """Encoder-decoder Transformer.
+
+    forward(src (B, S), prev_output (B, T)) -> logits (B, T, V), where prev_output is the target
+    shifted right (bos first). For search: ``encode`` once, then ``decode`` one step at a time
+    with a cache from ``new_cache()``; ``reorder_cache`` follows beams and drops finished rows.
+    """
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.cfg = cfg
+        d = cfg.d_model
+        self.embed_scale = math.sqrt(d)  # Sec. 3.4: embeddings are multiplied by sqrt(d_model)
+        self.decoder_embed = nn.Embedding(cfg.vocab_size, d, padding_idx=PAD_ID)
+        nn.init.normal_(self.decoder_embed.weight, mean=0.0, std=d**-0.5)
+        nn.init.zeros_(self.decoder_embed.weight[PAD_ID])
+        if cfg.share_embeddings == "all":  # three-way tying, as the paper (Sec. 3.4)
+            self.encoder_embed = self.decoder_embed
+        else:
+            self.encoder_embed = nn.Embedding(cfg.vocab_size, d, padding_idx=PAD_ID)
+            nn.init.normal_(self.encoder_embed.weight, mean=0.0, std=d**-0.5)
+            nn.init.zeros_(self.encoder_embed.weight[PAD_ID])
+        self.output_proj = nn.Linear(d, cfg.vocab_size, bias=False)
+        if cfg.share_embeddings in ("all", "decoder"):
+            self.output_proj.weight = self.decoder_embed.weight
+        else:
+            nn.init.normal_(self.output_proj.weight, mean=0.0, std=d**-0.5)
+
+        if cfg.positions == "sinusoidal":
+            self.register_buffer("pos_table", sinusoidal_positions(cfg.max_positions, d), persistent=False)
+        elif cfg.positions == "learned":  # Table 3, row E
+            self.learned_pos = nn.Embedding(cfg.max_positions, d)
+            nn.init.normal_(self.learned_pos.weight, mean=0.0, std=d**-0.5)
+        elif cfg.positions == "rope":
+            cos, sin = rope_tables(cfg.max_positions, d // cfg.heads)
+            self.register_buffer("rope_cos", cos, persistent=False)
+            self.register_buffer("rope_sin", sin, persistent=False)
+        elif cfg.positions == "alibi":
+            self.register_buffer("alibi_slopes", alibi_slopes(cfg.heads), persistent=False)
+        self.dropout = nn.Dropout(cfg.dropout)
+
+        self.encoder_layers = nn.ModuleList(EncoderLayer(cfg) for _ in range(cfg.encoder_layers))
+        self.decoder_layers = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.decoder_layers))
+        # Pre-LN leaves the residual stream un-normalized: one LayerNorm closes each stack.
+        self.encoder_norm = nn.LayerNorm(d) if cfg.normalize_before else nn.Identity()
+        self.decoder_norm = nn.LayerNorm(d) if cfg.normalize_before else nn.Identity()
+
+    # -- positions -----------------------------------------------------------------------------
+    def _embed(self, embed: nn.Embedding, tokens: torch.Tensor, offset: int) -> torch.Tensor:
+        """Scaled token embeddings plus absolute positions, then dropout: (B, L, D)."""
+        length = tokens.size(1)
+        if offset + length > self.cfg.max_positions:
+            raise ValueError(
+                f"sequence of {offset + length} tokens exceeds max_positions {self.cfg.max_positions}"
+            )
+        x = embed(tokens) * self.embed_scale
+        if self.cfg.positions == "sinusoidal":
+            x = x + self.pos_table[offset : offset + length]
+        elif self.cfg.positions == "learned":
+            x = x + self.learned_pos.weight[offset : offset + length]
+        return self.dropout(x)
+
+    def _rope(self, offset: int, length: int):
+        if self.cfg.positions != "rope":
+            return None
+        return self.rope_cos[offset : offset + length], self.rope_sin[offset : offset + length]
+
+    def _alibi(self, q_len: int, k_len: int, offset: int, causal: bool) -> torch.Tensor:
+        """ALiBi bias (1, H, T, S): -slope * distance; -inf on future keys when causal."""
+        q_pos = torch.arange(offset, offset + q_len, device=self.alibi_slopes.device)
+        k_pos = torch.arange(k_len, device=self.alibi_slopes.device)
+        rel = (q_pos[:, None] - k_pos[None, :]).float()  # (T, S)
+        # Encoder: symmetric distance. Decoder: distance to the past; future masked out.
+        bias = -self.alibi_slopes[:, None, None] * rel.abs()
+        if causal:
+            bias = bias.masked_fill(rel < 0, float("-inf"))
+        return bias.unsqueeze(0)
+
+    # -- encoder / decoder ---------------------------------------------------------------------
+    def encode(self, src: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """src (B, S) -> (memory (B, S, D), src_pad (B, S) bool, True at padding)."""
+        src_pad = src.eq(PAD_ID)
+        mask = (~src_pad)[:, None, None, :]  # (B, 1, 1, S), True = may attend
+        if self.cfg.positions == "alibi":
+            bias = self._alibi(src.size(1), src.size(1), 0, causal=False)
+            mask = bias.masked_fill(~mask, float("-inf"))  # (B, H, S, S)
+        x = self._embed(self.encoder_embed, src, 0)
+        rope = self._rope(0, src.size(1))
+        for layer in self.encoder_layers:
+            x = layer(x, mask, rope)
+        return self.encoder_norm(x), src_pad
+
+    def decode(
+        self,
+        prev_output: torch.Tensor,
+        memory: torch.Tensor,
+        src_pad: torch.Tensor,
+        cache: Optional[list] = None,
+        features_only: bool = False,
+    ) -> torch.Tensor:
+        """prev_output (B, T) -> logits (B, T, V).
+
+        Without a cache the whole prefix is decoded under the causal mask (training). With a
+        cache, prev_output holds only the new token(s) (B, 1) and earlier steps come from it.
+        Targets are right-padded, so under the causal mask no real position sees padding.
+        """
+        offset = 0
+        if cache is not None and "k" in cache[0]["self"]:
+            offset = cache[0]["self"]["k"].size(2)
+        t = prev_output.size(1)
+        x = self._embed(self.decoder_embed, prev_output, offset)
+        memory_mask = (~src_pad)[:, None, None, :]  # (B, 1, 1, S)
+        # A single new step attends to the whole cached prefix: no mask needed.
+        causal = t > 1
+        self_mask = None
+        if causal and offset > 0:  # several new tokens after a cached prefix
+            pos = torch.arange(offset + t, device=x.device)
+            self_mask = (pos[None, :] <= pos[offset:, None])[None, None]  # (1, 1, T, offset+T)
+        if self.cfg.positions == "alibi":
+            bias = self._alibi(t, offset + t, offset, causal=True)
+            self_mask = bias if self_mask is None else bias.masked_fill(~self_mask, float("-inf"))
+        rope = self._rope(offset, t)
+        for i, layer in enumerate(self.decoder_layers):
+            layer_cache = cache[i] if cache is not None else None
+            x = layer(x, memory, self_mask, memory_mask, causal, layer_cache, rope)
+        x = self.decoder_norm(x)
+        return x if features_only else self.output_proj(x)
+
+    def forward(self, src: torch.Tensor, prev_output: torch.Tensor) -> torch.Tensor:
+        memory, src_pad = self.encode(src)
+        return self.decode(prev_output, memory, src_pad)
+
+    # -- incremental decoding ------------------------------------------------------------------
+    def new_cache(self) -> list:
+        """Empty key/value cache: one {"self": {}, "cross": {}} per decoder layer."""
+        return [{"self": {}, "cross": {}} for _ in self.decoder_layers]
+
+    @staticmethod
+    def reorder_cache(cache: list, index: torch.Tensor) -> list:
+        """Select batch rows ``index`` (LongTensor) of every cached tensor (beam reordering)."""
+        for layer in cache:
+            for part in layer.values():
+                for key in part:
+                    part[key] = part[key].index_select(0, index)
+        return cache
+
+    def num_parameters(self) -> int:
+        """Parameters counted once, tied tensors included once."""
+        return sum(p.numel() for p in self.parameters())
+
+
+def build_model(arch: str = "base", vocab_size: int = 37000, **overrides) -> Transformer:
+    """Build a preset with any ModelConfig field overridden, e.g. build_model("small", 8000, dropout=0.3)."""
+    return Transformer(model_config(arch, vocab_size=vocab_size, **overrides))
+
+
+def config_from_dict(values: dict) -> ModelConfig:
+    """ModelConfig from a plain dict (as stored in checkpoints), with strict key checking."""
+    return build_options(ModelConfig, dict(values), "model config")
+
+
+def config_to_dict(cfg: ModelConfig) -> dict:
+    return dataclasses.asdict(cfg)

@@ -1,0 +1,128 @@
+"""The options of every subcommand, as frozen dataclasses (config as data).
+
+Each field is a YAML key and a CLI flag of the same name (``max_tokens`` / ``--max-tokens``);
+the help text is shown by ``xf CMD --help``. This module imports neither torch nor the CLI, so
+``xf --help`` and ``xf score`` start fast.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal, Optional
+
+from .config import option
+
+
+@dataclass(frozen=True)
+class PreprocessOptions:
+    destdir: str = option(help="output directory (data-bin/NAME)")
+    source_lang: str = option("en", "source language suffix of the raw files")
+    target_lang: str = option("de", "target language suffix of the raw files")
+    trainpref: Optional[str] = option(None, "training files prefix (PREFIX.src, PREFIX.tgt)")
+    validpref: Optional[str] = option(None, "validation files prefix (comma-separated for several)")
+    testpref: Optional[str] = option(None, "test files prefix (comma-separated for several)")
+    bpe_vocab_size: int = option(37000, "joint sentencepiece BPE vocabulary size (paper EN-DE: 37000)")
+    bpe_sample_lines: int = option(4_000_000, "lines sampled per side to learn the BPE model")
+    spm_model: Optional[str] = option(None, "reuse this sentencepiece model instead of learning one")
+    joint_vocab: bool = option(True, "one vocabulary for source and target (needed for tied embeddings)")
+    max_len: int = option(250, "drop training pairs longer than this many subwords on either side")
+    max_len_ratio: float = option(1.5, "drop training pairs whose subword length ratio exceeds this")
+    workers: int = option(1, "parallel encoding processes")
+    skip_invalid: bool = option(False, "skip (and count) lines with invalid UTF-8 instead of failing")
+    overwrite: bool = option(False, "replace an existing non-empty destdir")
+    seed: int = option(1, "seed for BPE sampling")
+
+
+@dataclass(frozen=True)
+class TrainOptions:
+    data: str = option(help="data directory written by xf preprocess", positional=True)
+    save_dir: str = option("checkpoints", "where checkpoints and logs are written")
+    arch: str = option("base", "architecture preset: base | big | small | tiny")
+    # model overrides (None keeps the preset's value)
+    dropout: Optional[float] = option(None, "override the preset's dropout")
+    attention_dropout: Optional[float] = option(None, "dropout on attention weights")
+    activation_dropout: Optional[float] = option(None, "dropout after the FFN activation")
+    normalize_before: Optional[bool] = option(None, "pre-LN instead of post-LN")
+    activation: Optional[Literal["relu", "gelu", "swiglu"]] = option(None, "FFN activation")
+    positions: Optional[Literal["sinusoidal", "learned", "rope", "alibi"]] = option(None, "positions")
+    share_embeddings: Optional[Literal["all", "decoder", "none"]] = option(None, "weight tying")
+    encoder_layers: Optional[int] = option(None, "override the preset's encoder depth")
+    decoder_layers: Optional[int] = option(None, "override the preset's decoder depth")
+    d_model: Optional[int] = option(None, "override the preset's width")
+    d_ff: Optional[int] = option(None, "override the preset's FFN width")
+    heads: Optional[int] = option(None, "override the preset's head count")
+    # batching
+    max_tokens: int = option(4096, "tokens per micro-batch (source or target, whichever is larger)")
+    update_freq: int = option(1, "micro-batches accumulated per update")
+    max_update: int = option(0, "stop after this many updates (0: no limit)")
+    max_epoch: int = option(0, "stop after this many epochs (0: no limit)")
+    # optimization
+    optimizer: Literal["adam"] = option("adam", "Adam (beta1 0.9, beta2 0.98, eps 1e-9)")
+    adam_betas: tuple[float, ...] = option((0.9, 0.98), "Adam betas (paper: 0.9 0.98)")
+    adam_eps: float = option(1e-9, "Adam epsilon (paper: 1e-9)")
+    lr_scheduler: Literal["noam", "inverse_sqrt"] = option("noam", "learning-rate schedule")
+    warmup_updates: int = option(4000, "warmup steps (paper: 4000)")
+    lr: Optional[float] = option(None, "peak learning rate (inverse_sqrt); noam: a factor on the formula")
+    warmup_init_lr: float = option(1e-7, "inverse_sqrt: learning rate at step 0")
+    label_smoothing: float = option(0.1, "label smoothing epsilon (paper: 0.1)")
+    clip_norm: float = option(0.0, "clip gradient norm (0: off)")
+    weight_decay: float = option(0.0, "weight decay")
+    precision: Literal["fp32", "bf16", "fp16"] = option("fp32", "training precision")
+    device: Literal["auto", "cpu", "cuda"] = option("auto", "device")
+    threads: int = option(0, "CPU threads for torch (0: torch's default)")
+    seed: int = option(1, "random seed")
+    # checkpoints, validation, logging
+    save_interval_updates: int = option(0, "also save checkpoint_<epoch>_<update>.pt every N updates")
+    keep_last_checkpoints: int = option(10, "keep this many update checkpoints (0: all)")
+    validate_interval_updates: int = option(0, "validate every N updates (and at each epoch end)")
+    patience: int = option(0, "stop after N validations without improvement (0: off)")
+    eval_bleu: bool = option(False, "validation BLEU (greedy) as the best-checkpoint criterion")
+    log_interval: int = option(50, "updates between log lines")
+    tensorboard_logdir: Optional[str] = option(None, "write TensorBoard scalars here")
+    max_nan_updates: int = option(20, "stop after this many consecutive non-finite updates")
+
+
+@dataclass(frozen=True)
+class AverageOptions:
+    inputs: tuple[str, ...] = option(help="checkpoint directory or files")
+    output: str = option(help="averaged checkpoint to write")
+    num_update_checkpoints: int = option(0, "average the last N checkpoint_<epoch>_<update>.pt")
+    num_epoch_checkpoints: int = option(0, "average the last N epoch-end checkpoints")
+
+
+@dataclass(frozen=True)
+class TranslateOptions:
+    path: tuple[str, ...] = option(help="checkpoint(s); several form an ensemble")
+    input: Optional[str] = option(None, "read this file instead of stdin")
+    output: Optional[str] = option(None, "write this file instead of stdout")
+    beam: int = option(4, "beam size (paper: 4); 1 is greedy")
+    lenpen: float = option(0.6, "length penalty alpha (paper: 0.6)")
+    lenpen_style: Literal["gnmt", "length"] = option(
+        "gnmt", "gnmt: ((5+|Y|)/6)^alpha as the paper (via GNMT); length: |Y|^alpha as fairseq"
+    )
+    max_len_a: float = option(1.0, "maximum output length a*|X|+b (paper: |X|+50)")
+    max_len_b: int = option(50, "maximum output length a*|X|+b")
+    batch_size: int = option(64, "sentences per batch")
+    max_tokens: int = option(0, "source tokens per batch (0: use batch_size)")
+    buffer_size: int = option(2000, "lines read ahead and sorted by length into batches")
+    nbest: int = option(1, "hypotheses per sentence")
+    sampling: bool = option(False, "sample instead of beam search")
+    temperature: float = option(1.0, "sampling temperature")
+    topk: int = option(0, "sample from the k most likely tokens (0: all)")
+    topp: float = option(1.0, "nucleus sampling probability mass")
+    seed: int = option(1, "sampling seed")
+    output_format: Literal["text", "jsonl"] = option("text", "plain lines or JSON lines")
+    device: Literal["auto", "cpu", "cuda"] = option("auto", "device")
+    precision: Literal["fp32", "bf16", "fp16"] = option("fp32", "inference precision")
+    threads: int = option(0, "CPU threads for torch (0: torch's default)")
+
+
+@dataclass(frozen=True)
+class ScoreOptions:
+    ref: tuple[str, ...] = option(help="reference file(s)")
+    hyp: Optional[str] = option(None, "hypothesis file (default: stdin)")
+    metrics: str = option("bleu,chrf,ter", "comma-separated: bleu, chrf, ter")
+    lowercase: bool = option(False, "case-insensitive scores")
+    tokenized_bleu: bool = option(False, "also the paper's tokenized, compound-split BLEU")
+    paired_bs: tuple[str, ...] = option((), "other systems' hypotheses for paired bootstrap tests")
+    json: bool = option(False, "print JSON instead of a table")
