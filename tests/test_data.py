@@ -1,0 +1,157 @@
+"""The binary format (round trip through the memory map), DataDir, batch_by_size and collate."""
+
+import json
+import warnings
+
+import numpy as np
+import pytest
+import torch
+
+from xformer_cli.data import (
+    FORMAT_VERSION,
+    DataDir,
+    TokenArray,
+    TokenArrayWriter,
+    batch_by_size,
+    collate,
+    smallest_dtype,
+)
+from xformer_cli.errors import XfError
+
+SENTENCES = [[5, 6, 7], [], [300, 4], [9], [65535, 0, 1, 2, 3]]
+
+
+def write_array(prefix, sentences, dtype=np.uint16, chunk=2):
+    w = TokenArrayWriter(prefix, dtype)
+    for i in range(0, len(sentences), 2):  # several add() calls, as preprocess does
+        w.add(sentences[i : i + 2])
+    w.close(chunk=chunk)  # small chunks: the chunked offset computation must carry over
+
+
+def test_smallest_dtype():
+    assert smallest_dtype(256) == np.uint8
+    assert smallest_dtype(257) == np.uint16
+    assert smallest_dtype(65536) == np.uint16
+    assert smallest_dtype(65537) == np.uint32
+
+
+def test_format_round_trip_through_memmap(tmp_path):
+    write_array(tmp_path / "train.en", SENTENCES)
+    arr = TokenArray(tmp_path / "train.en")
+    assert isinstance(arr.tokens, np.memmap) and arr.dtype == np.uint16
+    assert len(arr) == len(SENTENCES)
+    assert arr.sizes.tolist() == [3, 0, 2, 1, 5]
+    assert arr.offsets.tolist() == [0, 3, 3, 5, 6]
+    for i, s in enumerate(SENTENCES):
+        assert arr[i].tolist() == s and arr[i].dtype == np.int64
+    assert (tmp_path / "train.en.bin").stat().st_size == 11 * 2  # 11 tokens of 2 bytes
+    assert not (tmp_path / "train.en.sizes.tmp").exists()
+
+
+def test_empty_array_and_empty_sentences(tmp_path):
+    write_array(tmp_path / "a", [])
+    assert len(TokenArray(tmp_path / "a")) == 0
+    write_array(tmp_path / "b", [[], []], dtype=np.uint8)
+    b = TokenArray(tmp_path / "b")
+    assert len(b) == 2 and b[1].tolist() == []
+
+
+def test_bad_magic_version_and_truncation(tmp_path):
+    write_array(tmp_path / "x", SENTENCES)
+    idx, bin_ = tmp_path / "x.idx", tmp_path / "x.bin"
+    good = idx.read_bytes()
+    idx.write_bytes(b"NOTXF\x00\x00\x00" + good[8:])
+    with pytest.raises(XfError, match="bad magic"):
+        TokenArray(tmp_path / "x")
+    idx.write_bytes(good[:8] + (99).to_bytes(4, "little") + good[12:])
+    with pytest.raises(XfError, match="version 99"):
+        TokenArray(tmp_path / "x")
+    idx.write_bytes(good)
+    bin_.write_bytes(bin_.read_bytes()[:-2])
+    with pytest.raises(XfError, match="truncated"):
+        TokenArray(tmp_path / "x")
+    bin_.unlink()
+    with pytest.raises(XfError, match="cannot read"):
+        TokenArray(tmp_path / "x")
+
+
+def make_datadir(path, pairs, splits=("train",)):
+    path.mkdir()
+    (path / "spm.model").write_bytes(b"model bytes")
+    for split in splits:
+        write_array(path / f"{split}.en", [s for s, _ in pairs])
+        write_array(path / f"{split}.de", [t for _, t in pairs])
+    meta = dict(format_version=FORMAT_VERSION, source_lang="en", target_lang="de", vocab_size=70000,
+                splits=list(splits))
+    (path / "meta.json").write_text(json.dumps(meta))
+    return path
+
+
+def test_datadir(tmp_path):
+    pairs = [([4, 5], [6]), ([7], [8, 9, 10])]
+    dd = DataDir.open(make_datadir(tmp_path / "d", pairs, ("train", "valid")))
+    assert (dd.source_lang, dd.target_lang, dd.vocab_size) == ("en", "de", 70000)
+    assert dd.splits == ["train", "valid"] and dd.spm_model_bytes == b"model bytes"
+    ds = dd.split("valid")
+    assert len(ds) == 2 and ds.src_sizes.tolist() == [2, 1] and ds.tgt_sizes.tolist() == [1, 3]
+    src, tgt = ds[1]
+    assert src.tolist() == [7] and tgt.tolist() == [8, 9, 10]
+    with pytest.raises(XfError, match="no split 'test'"):
+        dd.split("test")
+
+
+def test_datadir_errors(tmp_path):
+    with pytest.raises(XfError, match="does not exist"):
+        DataDir.open(tmp_path / "nope")
+    d = make_datadir(tmp_path / "d", [([4], [5])])
+    meta = json.loads((d / "meta.json").read_text())
+    (d / "meta.json").write_text(json.dumps({**meta, "format_version": 0}))
+    with pytest.raises(XfError, match="format version 0"):
+        DataDir.open(d)
+    (d / "meta.json").unlink()
+    with pytest.raises(XfError, match="no meta.json"):
+        DataDir.open(d)
+
+
+def test_batch_by_size_hand_checked():
+    # padded lengths (size + 1): src [4,2,5,2,6], tgt [3,8,2,3,4]
+    # sorted by tgt then src: 2 (tgt 2), 3 (tgt 3, src 2), 0 (tgt 3, src 4), 4 (tgt 4), 1 (tgt 8)
+    # longest side along that order: 5, 3, 4, 6, 8
+    # budget 12: [2,3] costs 2*5=10 (adding 0 would cost 3*5=15); [0,4] costs 2*6=12; [1] costs 8
+    src, tgt = np.array([3, 1, 4, 1, 5]), np.array([2, 7, 1, 2, 3])
+    batches = batch_by_size(src, tgt, max_tokens=12)
+    assert [b.tolist() for b in batches] == [[2, 3], [0, 4], [1]]
+    assert [b.tolist() for b in batch_by_size(src, tgt, 12, max_sentences=1)] == [[2], [3], [0], [4], [1]]
+    with pytest.warns(UserWarning, match="1 pair"):  # pair 1 (8 > 7) gets its own batch
+        batches = batch_by_size(src, tgt, max_tokens=7)
+    assert [b.tolist() for b in batches] == [[2], [3], [0], [4], [1]]
+
+
+def test_batch_by_size_invariants():
+    rng = np.random.default_rng(0)
+    src, tgt = rng.integers(0, 40, 1000), rng.integers(0, 40, 1000)
+    for seed in (None, 3):
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # nothing is oversize here
+            batches = batch_by_size(src, tgt, max_tokens=200, max_sentences=16, seed=seed)
+        flat = np.concatenate(batches)
+        assert sorted(flat.tolist()) == list(range(1000))  # each pair exactly once
+        for b in batches:
+            assert len(b) <= 16
+            assert len(b) * (src[b].max() + 1) <= 200 and len(b) * (tgt[b].max() + 1) <= 200
+        keys = list(zip(tgt[flat], src[flat]))
+        assert keys == sorted(keys)  # length order
+    plain = np.concatenate(batch_by_size(src, tgt, 200, seed=None))
+    seeded = [np.concatenate(batch_by_size(src, tgt, 200, seed=s)) for s in (3, 3, 4)]
+    assert (seeded[0] == seeded[1]).all() and not (seeded[0] == seeded[2]).all()
+    assert not (plain == seeded[0]).all()  # ties broken differently
+    assert batch_by_size(np.zeros(0, int), np.zeros(0, int), 10) == []
+
+
+def test_collate_hand_checked():
+    batch = collate([(np.array([5, 6]), np.array([7])), (np.array([8]), np.array([9, 10, 11]))])
+    assert batch["src"].tolist() == [[5, 6, 3], [8, 3, 0]]
+    assert batch["prev_output"].tolist() == [[2, 7, 0, 0], [2, 9, 10, 11]]
+    assert batch["target"].tolist() == [[7, 3, 0, 0], [9, 10, 11, 3]]
+    assert batch["src"].dtype == torch.long and batch["target"].dtype == torch.long
+    assert (batch["ntokens"], batch["nsentences"], batch["src_tokens"]) == (6, 2, 5)

@@ -1,0 +1,296 @@
+"""Binarized parallel data: the on-disk format, the reader the trainer uses, and token batching.
+
+A data directory written by ``xf preprocess`` holds, for each split (train, valid, valid1, ...,
+test, test1, ...) and language, two files:
+
+``{split}.{lang}.bin``
+    the token ids of every sentence, concatenated, WITHOUT bos/eos, in the smallest unsigned
+    dtype that fits the vocabulary (uint8, uint16 or uint32).
+``{split}.{lang}.idx``
+    a 24-byte little-endian header -- magic ``b"XFIDX\\0\\0\\0"``, format version (uint32), dtype
+    code (uint32), sentence count N (uint64) -- then N offsets (int64, in tokens, where each
+    sentence starts in the .bin) and N sizes (int32, tokens per sentence).
+
+Both are read through ``np.memmap``, so opening a 36M-pair corpus costs no memory until it is
+read. This is fairseq's MMapIndexedDataset idea, with offsets in tokens instead of bytes.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import struct
+import warnings
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+
+from .errors import XfError
+
+PAD_ID, UNK_ID, BOS_ID, EOS_ID = 0, 1, 2, 3  # the same as model.py (sentencepiece is trained with these)
+
+MAGIC = b"XFIDX\x00\x00\x00"
+INDEX_VERSION = 1  # of the .idx/.bin pair; bump and add an upgrade path on any layout change
+FORMAT_VERSION = 1  # of the data directory as a whole (meta.json "format_version")
+_HEADER = struct.Struct("<8sIIQ")  # magic, index version, dtype code, sentence count
+DTYPE_CODES = {1: np.uint8, 2: np.uint16, 3: np.uint32}
+_CODE_OF = {np.dtype(v): k for k, v in DTYPE_CODES.items()}
+
+
+def smallest_dtype(vocab_size: int) -> np.dtype:
+    """The smallest unsigned dtype holding ids 0 .. vocab_size-1."""
+    for dtype in DTYPE_CODES.values():
+        if vocab_size - 1 <= np.iinfo(dtype).max:
+            return np.dtype(dtype)
+    raise XfError(f"vocabulary of {vocab_size} does not fit in uint32")
+
+
+# --------------------------------------------------------------------------- writing
+
+
+def _with(prefix: Path, suffix: str) -> Path:
+    return prefix.parent / (prefix.name + suffix)  # not with_suffix: "train.en" would lose ".en"
+
+
+class TokenArrayWriter:
+    """Appends sentences to ``PREFIX.bin`` and writes ``PREFIX.idx`` on close.
+
+    Memory stays flat whatever the corpus size: tokens go straight to the .bin file, the sizes to
+    a side file, and the offsets are computed from the sizes in chunks when the index is written.
+    """
+
+    def __init__(self, prefix: str | Path, dtype: np.dtype):
+        self.prefix = Path(prefix)
+        self.dtype = np.dtype(dtype)
+        if self.dtype not in _CODE_OF:
+            raise ValueError(f"unsupported dtype {self.dtype}")
+        self._bin = open(_with(self.prefix, ".bin"), "wb")
+        self._sizes_path = _with(self.prefix, ".sizes.tmp")
+        self._sizes = open(self._sizes_path, "wb")
+        self.count = 0
+        self.num_tokens = 0
+
+    def add(self, sentences: Sequence[Sequence[int]]) -> None:
+        """Append a chunk of sentences (lists or arrays of ids), in order."""
+        sizes = np.fromiter(map(len, sentences), dtype=np.int32, count=len(sentences))
+        tokens = np.fromiter(itertools.chain.from_iterable(sentences), dtype=self.dtype, count=int(sizes.sum()))
+        self.add_flat(tokens, sizes)
+
+    def add_flat(self, tokens: np.ndarray, sizes: np.ndarray) -> None:
+        """Append sentences given as their concatenated ids and their sizes (what workers send)."""
+        self._bin.write(np.ascontiguousarray(tokens, dtype=self.dtype).tobytes())
+        self._sizes.write(np.ascontiguousarray(sizes, dtype=np.int32).tobytes())
+        self.count += len(sizes)
+        self.num_tokens += len(tokens)
+
+    def close(self, chunk: int = 1 << 20) -> None:
+        self._bin.close()
+        self._sizes.close()
+        sizes = np.memmap(self._sizes_path, np.int32, "r") if self.count else np.zeros(0, np.int32)
+        with open(_with(self.prefix, ".idx"), "wb") as f:
+            f.write(_HEADER.pack(MAGIC, INDEX_VERSION, _CODE_OF[self.dtype], self.count))
+            start = 0
+            for i in range(0, self.count, chunk):  # offsets = exclusive cumsum of sizes, by chunks
+                part = sizes[i : i + chunk].astype(np.int64)
+                offsets = np.cumsum(part) - part + start
+                start += int(part.sum())
+                f.write(offsets.tobytes())
+            for i in range(0, self.count, chunk):
+                f.write(np.ascontiguousarray(sizes[i : i + chunk]).tobytes())
+        del sizes
+        self._sizes_path.unlink()
+
+
+# --------------------------------------------------------------------------- reading
+
+
+class TokenArray:
+    """Read-only view of one ``PREFIX.bin`` / ``PREFIX.idx`` pair through memory maps."""
+
+    def __init__(self, prefix: str | Path):
+        prefix = Path(prefix)
+        idx, bin_ = _with(prefix, ".idx"), _with(prefix, ".bin")
+        try:
+            with open(idx, "rb") as f:
+                header = f.read(_HEADER.size)
+            bin_bytes = bin_.stat().st_size
+        except OSError as e:
+            raise XfError(f"cannot read {e.filename}: {e.strerror}") from None
+        if len(header) < _HEADER.size or header[:8] != MAGIC:
+            raise XfError(f"{idx}: not an xf index file (bad magic number)")
+        magic, version, code, count = _HEADER.unpack(header)
+        if version != INDEX_VERSION:
+            raise XfError(f"{idx}: index format version {version}, this xf reads version {INDEX_VERSION}")
+        if code not in DTYPE_CODES:
+            raise XfError(f"{idx}: unknown dtype code {code}")
+        self.dtype = np.dtype(DTYPE_CODES[code])
+        expected = _HEADER.size + count * 12
+        if idx.stat().st_size != expected:
+            raise XfError(f"{idx}: truncated or corrupt ({idx.stat().st_size} bytes, expected {expected})")
+        if count:
+            self.offsets = np.memmap(idx, np.int64, "r", offset=_HEADER.size, shape=(count,))
+            self.sizes = np.memmap(idx, np.int32, "r", offset=_HEADER.size + 8 * count, shape=(count,))
+            num_tokens = int(self.offsets[-1]) + int(self.sizes[-1])
+        else:
+            self.offsets, self.sizes, num_tokens = np.zeros(0, np.int64), np.zeros(0, np.int32), 0
+        if bin_bytes != num_tokens * self.dtype.itemsize:
+            raise XfError(f"{bin_}: truncated or corrupt ({bin_bytes} bytes, index says {num_tokens} tokens)")
+        # np.memmap cannot map an empty file (a split of empty sentences only)
+        self.tokens = np.memmap(bin_, self.dtype, "r") if num_tokens else np.zeros(0, self.dtype)
+
+    def __len__(self) -> int:
+        return len(self.sizes)
+
+    def __getitem__(self, i: int) -> np.ndarray:
+        start = int(self.offsets[i])
+        return self.tokens[start : start + int(self.sizes[i])].astype(np.int64)
+
+
+class ParallelDataset:
+    """Aligned source/target sentences of one split: ``src_ids, tgt_ids = ds[i]`` (int64 arrays)."""
+
+    def __init__(self, src: TokenArray, tgt: TokenArray, name: str = ""):
+        if len(src) != len(tgt):
+            raise XfError(f"split {name!r}: {len(src)} source but {len(tgt)} target sentences")
+        self.src, self.tgt, self.name = src, tgt, name
+
+    @property
+    def src_sizes(self) -> np.ndarray:
+        return self.src.sizes
+
+    @property
+    def tgt_sizes(self) -> np.ndarray:
+        return self.tgt.sizes
+
+    def __len__(self) -> int:
+        return len(self.src)
+
+    def __getitem__(self, i: int) -> tuple[np.ndarray, np.ndarray]:
+        return self.src[i], self.tgt[i]
+
+
+class DataDir:
+    """A complete data directory written by ``xf preprocess``; open it with ``DataDir.open``."""
+
+    def __init__(self, path: Path, meta: dict[str, Any]):
+        self.path = path
+        self.meta = meta
+        self.source_lang: str = meta["source_lang"]
+        self.target_lang: str = meta["target_lang"]
+        self.vocab_size: int = int(meta["vocab_size"])
+        self.splits: list[str] = list(meta["splits"])
+
+    @classmethod
+    def open(cls, path: str | Path) -> "DataDir":
+        path = Path(path)
+        if not path.is_dir():
+            raise XfError(f"data directory {path} does not exist (run xf preprocess first)")
+        meta_path = path / "meta.json"
+        if not meta_path.exists():
+            raise XfError(f"{path} is not a complete xf data directory (no meta.json; was xf preprocess interrupted?)")
+        try:
+            meta = json.loads(meta_path.read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+            raise XfError(f"{meta_path}: unreadable ({e})") from None
+        version = meta.get("format_version") if isinstance(meta, dict) else None
+        if version != FORMAT_VERSION:
+            raise XfError(
+                f"{path}: data format version {version}, this xf reads version {FORMAT_VERSION} (re-run xf preprocess)"
+            )
+        if not (path / "spm.model").exists():
+            raise XfError(f"{path}: spm.model is missing")
+        return cls(path, meta)
+
+    @property
+    def spm_model_bytes(self) -> bytes:
+        return (self.path / "spm.model").read_bytes()
+
+    def split(self, name: str) -> ParallelDataset:
+        if name not in self.splits:
+            raise XfError(f"{self.path} has no split {name!r} (it has: {', '.join(self.splits) or 'none'})")
+        src = TokenArray(self.path / f"{name}.{self.source_lang}")
+        tgt = TokenArray(self.path / f"{name}.{self.target_lang}")
+        return ParallelDataset(src, tgt, name)
+
+
+# --------------------------------------------------------------------------- batching
+
+
+def batch_by_size(
+    src_sizes: np.ndarray,
+    tgt_sizes: np.ndarray,
+    max_tokens: int,
+    max_sentences: int | None = None,
+    seed: int | None = None,
+) -> list[np.ndarray]:
+    """Group sentence indices into batches of similar length under a token budget.
+
+    Indices are sorted by target length, then source length (stable; with ``seed``, pairs of equal
+    lengths are shuffled first, so ties come in a random but reproducible order). Batches are cut
+    greedily along that order so that, on each side, ``batch size * longest padded length <=
+    max_tokens``, where the padded length counts the eos (source, target) or bos (decoder input):
+    ``size + 1``. A pair longer than ``max_tokens`` on its own gets a batch of its own (and a
+    warning). Returns a list of int64 index arrays; the caller shuffles the order of batches.
+    """
+    src_len = np.asarray(src_sizes, dtype=np.int64) + 1
+    tgt_len = np.asarray(tgt_sizes, dtype=np.int64) + 1
+    n = len(src_len)
+    if len(tgt_len) != n:
+        raise ValueError(f"{n} source sizes but {len(tgt_len)} target sizes")
+    if max_tokens < 1:
+        raise ValueError("max_tokens must be positive")
+    if seed is None:
+        order = np.lexsort((src_len, tgt_len))  # last key is the primary one
+    else:
+        perm = np.random.default_rng(seed).permutation(n)
+        order = perm[np.lexsort((src_len[perm], tgt_len[perm]))]
+    longest = np.maximum(src_len, tgt_len)[order]
+    cap = min(max_sentences or n, max_tokens, n) if n else 0
+    batches, oversize, start = [], 0, 0
+    while start < n:
+        # Sizes of the candidate batches order[start:start+k] for k = 1..cap; the cost k * max
+        # length only grows with k, so the batch ends before the first k over budget.
+        # No batch starting here holds more than max_tokens // its first length pairs.
+        window = longest[start : start + min(cap, max(1, max_tokens // int(longest[start])))]
+        cost = np.maximum.accumulate(window) * np.arange(1, len(window) + 1)
+        k = int(np.searchsorted(cost, max_tokens, side="right"))
+        if k == 0:
+            k, oversize = 1, oversize + 1
+        batches.append(order[start : start + k])
+        start += k
+    if oversize:
+        warnings.warn(f"{oversize} pair(s) longer than max_tokens={max_tokens} got a batch of their own", stacklevel=2)
+    return batches
+
+
+def collate(samples: Sequence[tuple[np.ndarray, np.ndarray]]) -> dict[str, Any]:
+    """Pad a list of ``(src_ids, tgt_ids)`` into a training batch.
+
+    Returns LongTensors ``src`` (B, S) = ids + [eos], ``prev_output`` (B, T) = [bos] + tgt ids and
+    ``target`` (B, T) = tgt ids + [eos], right-padded with pad 0, plus the ints ``ntokens`` (non-pad
+    target tokens), ``nsentences`` (B) and ``src_tokens`` (non-pad source tokens).
+    """
+    import torch  # here, so that xf preprocess never pays for importing torch
+
+    b = len(samples)
+    src_lens = [len(s) + 1 for s, _ in samples]
+    tgt_lens = [len(t) + 1 for _, t in samples]
+    src = np.full((b, max(src_lens, default=0)), PAD_ID, dtype=np.int64)
+    prev = np.full((b, max(tgt_lens, default=0)), PAD_ID, dtype=np.int64)
+    target = np.full_like(prev, PAD_ID)
+    for i, (s, t) in enumerate(samples):
+        src[i, : len(s)] = s
+        src[i, len(s)] = EOS_ID
+        prev[i, 0] = BOS_ID
+        prev[i, 1 : len(t) + 1] = t
+        target[i, : len(t)] = t
+        target[i, len(t)] = EOS_ID
+    return {
+        "src": torch.from_numpy(src),
+        "prev_output": torch.from_numpy(prev),
+        "target": torch.from_numpy(target),
+        "ntokens": sum(tgt_lens),
+        "nsentences": b,
+        "src_tokens": sum(src_lens),
+    }
