@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import os
 import struct
 import warnings
 from pathlib import Path
@@ -85,6 +86,8 @@ class TokenArrayWriter:
         self.num_tokens += len(tokens)
 
     def close(self, chunk: int = 1 << 20) -> None:
+        self._bin.flush()
+        os.fsync(self._bin.fileno())  # the directory is renamed into place next: data first
         self._bin.close()
         self._sizes.close()
         sizes = np.memmap(self._sizes_path, np.int32, "r") if self.count else np.zeros(0, np.int32)
@@ -98,6 +101,8 @@ class TokenArrayWriter:
                 f.write(offsets.tobytes())
             for i in range(0, self.count, chunk):
                 f.write(np.ascontiguousarray(sizes[i : i + chunk]).tobytes())
+            f.flush()
+            os.fsync(f.fileno())
         del sizes
         self._sizes_path.unlink()
 
@@ -144,7 +149,7 @@ class TokenArray:
 
     def __getitem__(self, i: int) -> np.ndarray:
         start = int(self.offsets[i])
-        return self.tokens[start : start + int(self.sizes[i])].astype(np.int64)
+        return np.array(self.tokens[start : start + int(self.sizes[i])], dtype=np.int64)  # a copy, not a map
 
 
 class ParallelDataset:

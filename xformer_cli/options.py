@@ -15,20 +15,23 @@ from .config import option
 
 @dataclass(frozen=True)
 class PreprocessOptions:
-    destdir: str = option(help="output directory (data-bin/NAME)")
+    destdir: str = option(help="output directory (data-bin/NAME); refused if it exists and is not empty")
     source_lang: str = option("en", "source language suffix of the raw files")
     target_lang: str = option("de", "target language suffix of the raw files")
     trainpref: Optional[str] = option(None, "training files prefix (PREFIX.src, PREFIX.tgt)")
-    validpref: Optional[str] = option(None, "validation files prefix (comma-separated for several)")
-    testpref: Optional[str] = option(None, "test files prefix (comma-separated for several)")
+    validpref: Optional[str] = option(None, "validation files prefix (comma-separated: valid, valid1, ...)")
+    testpref: Optional[str] = option(None, "test files prefix (comma-separated: test, test1, ...)")
     bpe_vocab_size: int = option(37000, "joint sentencepiece BPE vocabulary size (paper EN-DE: 37000)")
-    bpe_sample_lines: int = option(4_000_000, "lines sampled per side to learn the BPE model")
+    bpe_sample_lines: int = option(
+        2_000_000, "training pairs sampled (both sides) to learn the BPE model; bounds its memory"
+    )
     spm_model: Optional[str] = option(None, "reuse this sentencepiece model instead of learning one")
-    joint_vocab: bool = option(True, "one vocabulary for source and target (needed for tied embeddings)")
     max_len: int = option(250, "drop training pairs longer than this many subwords on either side")
     max_len_ratio: float = option(1.5, "drop training pairs whose subword length ratio exceeds this")
-    workers: int = option(1, "parallel encoding processes")
-    skip_invalid: bool = option(False, "skip (and count) lines with invalid UTF-8 instead of failing")
+    workers: int = option(1, "parallel encoding processes (also sentencepiece training threads)")
+    skip_invalid: bool = option(
+        False, "invalid UTF-8: drop (train) or replace with U+FFFD (valid/test) and count, instead of failing"
+    )
     overwrite: bool = option(False, "replace an existing non-empty destdir")
     seed: int = option(1, "seed for BPE sampling")
 

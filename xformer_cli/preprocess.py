@@ -1,0 +1,485 @@
+"""xf preprocess: learn a joint sentencepiece BPE and binarize parallel text (see data.py).
+
+The stages, each streaming over the files so memory stays flat at any corpus size:
+
+1. check   count the lines of every input file (fast byte scan): missing or unreadable files
+           and line-count mismatches fail before any real work, and progress bars get totals;
+2. sample  draw about ``--bpe-sample-lines`` training pairs (each pair kept with probability
+           k/N, seeded) into a temporary file; only that file is ever held by sentencepiece;
+3. learn   train the sentencepiece BPE model on the sample (skipped with ``--spm-model``);
+4. encode  per split, chunks of CHUNK_LINES pairs go to ``--workers`` processes which decode,
+           encode, clean (train only) and return flat numpy arrays; results come back in input
+           order and are appended to the .bin/.idx files.
+
+Everything is written into a hidden temporary directory beside ``destdir`` that is renamed into
+place at the very end, meta.json last, so an interrupted run never leaves a directory that looks
+complete (``DataDir.open`` also requires meta.json).
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import hashlib
+import itertools
+import json
+import multiprocessing
+import os
+import re
+import secrets
+import shutil
+import signal
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterable, Iterator
+
+import numpy as np
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, ProgressColumn, SpinnerColumn, TextColumn
+from rich.progress import TimeElapsedColumn, TimeRemainingColumn
+from rich.table import Table
+from rich.text import Text
+
+from . import __version__
+from .data import BOS_ID, EOS_ID, FORMAT_VERSION, PAD_ID, UNK_ID, TokenArrayWriter, smallest_dtype
+from .errors import XfError
+from .fileio import fsync_dir
+from .options import PreprocessOptions
+
+CHUNK_LINES = 10_000  # pairs per worker task: large enough that inter-process traffic is noise
+DROP_REASONS = ("invalid_utf8", "empty", "too_long", "ratio")  # a pair counts under the first that applies
+
+
+@dataclass
+class Split:
+    """One split to binarize: ``train``, ``valid``, ``valid1``, ..., ``test``, ``test1``, ..."""
+
+    name: str
+    src: Path
+    tgt: Path
+    clean: bool  # only the training split is cleaned
+    lines: int = 0
+    stats: dict = field(default_factory=dict)
+
+
+def plan_splits(o: PreprocessOptions) -> list[Split]:
+    """The splits named by --trainpref, --validpref and --testpref, fairseq style."""
+    splits = []
+
+    def add(name: str, prefix: str) -> None:
+        splits.append(Split(name, Path(f"{prefix}.{o.source_lang}"), Path(f"{prefix}.{o.target_lang}"), name == "train"))
+
+    if o.trainpref:
+        add("train", o.trainpref)
+    for kind, prefs in (("valid", o.validpref), ("test", o.testpref)):
+        for i, prefix in enumerate(p.strip() for p in (prefs or "").split(",") if p.strip()):
+            add(f"{kind}{i or ''}", prefix)
+    return splits
+
+
+def check_options(o: PreprocessOptions) -> None:
+    if o.source_lang == o.target_lang:
+        raise XfError(f"--source-lang and --target-lang are both {o.source_lang!r}")
+    if not o.trainpref and not o.spm_model:
+        raise XfError("--trainpref is required (or --spm-model to binarize valid/test sets only)")
+    if o.workers < 1:
+        raise XfError(f"--workers must be at least 1, got {o.workers}")
+    if o.max_len < 1 or o.max_len_ratio < 1:
+        raise XfError("--max-len must be at least 1 and --max-len-ratio at least 1.0")
+    if o.bpe_sample_lines < 1 or o.bpe_vocab_size < 8:
+        raise XfError("--bpe-sample-lines must be positive and --bpe-vocab-size at least 8")
+    dest = Path(o.destdir)
+    if dest.exists() and not dest.is_dir():
+        raise XfError(f"destdir {dest} exists and is not a directory")
+    if dest.is_dir() and any(dest.iterdir()) and not o.overwrite:
+        raise XfError(f"destdir {dest} exists and is not empty (pass --overwrite to replace it)")
+
+
+# --------------------------------------------------------------------------- reading text
+
+
+def count_lines(path: Path, on_bytes=lambda n: None) -> int:
+    """Lines of a file, the last one counting even without a final newline."""
+    try:
+        with open(path, "rb") as f:
+            lines, last = 0, b"\n"
+            while block := f.read(1 << 24):
+                lines += block.count(b"\n")
+                last = block[-1:]
+                on_bytes(len(block))
+    except FileNotFoundError:
+        raise XfError(f"{path}: no such file") from None
+    except OSError as e:
+        raise XfError(f"cannot read {path}: {e.strerror}") from None
+    return lines + (last != b"\n")
+
+
+def read_chunks(split: Split) -> Iterator[tuple[int, list[bytes], list[bytes]]]:
+    """(first line index, source lines, target lines) in chunks of CHUNK_LINES, as raw bytes."""
+    with open(split.src, "rb") as fs, open(split.tgt, "rb") as ft:
+        start = 0
+        while True:
+            src, tgt = list(itertools.islice(fs, CHUNK_LINES)), list(itertools.islice(ft, CHUNK_LINES))
+            if len(src) != len(tgt):  # the files changed since they were counted
+                raise XfError(f"{split.src} and {split.tgt} have different line counts (near line {start + 1})")
+            if not src:
+                return
+            yield start, src, tgt
+            start += len(src)
+
+
+def decode_line(line: bytes, path: Path, lineno: int, invalid: str) -> str | None:
+    """One line as text, without its LF or CRLF (and a UTF-8 byte order mark on line 1).
+
+    invalid: what to do with invalid UTF-8: "error" (XfError naming file and line), "skip"
+    (return None) or "replace" (U+FFFD for the bad bytes).
+    """
+    line = line.rstrip(b"\r\n")
+    try:
+        text = line.decode("utf-8")
+    except UnicodeDecodeError as e:
+        if invalid == "error":
+            raise XfError(
+                f"{path}:{lineno}: invalid UTF-8 ({e.reason} at byte {e.start}); fix the file or pass --skip-invalid"
+            ) from None
+        if invalid == "skip":
+            return None
+        text = line.decode("utf-8", errors="replace")
+    return text.lstrip("\ufeff") if lineno == 1 else text
+
+
+# --------------------------------------------------------------------------- subwords
+
+
+def sample_for_bpe(split: Split, pairs: int, seed: int, out: Path, invalid: str, advance) -> int:
+    """Write about ``pairs`` random training pairs (both sides, one sentence a line) to ``out``.
+
+    Each pair is kept with probability pairs/N, so memory never depends on N; returns the number
+    of sentences written. Empty lines are left out.
+    """
+    keep_p = min(1.0, pairs / max(split.lines, 1))
+    rng = np.random.default_rng(seed)
+    written = 0
+    with open(out, "w", encoding="utf-8") as f:
+        for start, src, tgt in read_chunks(split):
+            keep = np.flatnonzero(rng.random(len(src)) < keep_p)
+            for i in keep.tolist():
+                for path, line in ((split.src, src[i]), (split.tgt, tgt[i])):
+                    text = decode_line(line, path, start + i + 1, invalid)
+                    if text and not text.isspace():
+                        f.write(text + "\n")
+                        written += 1
+            advance(len(src))
+    return written
+
+
+def learn_bpe(sample: Path, model_prefix: Path, vocab_size: int, max_sentences: int, threads: int) -> None:
+    """Train the BPE model on ``sample``, at most ``max_sentences`` of it (0: all)."""
+    import sentencepiece as spm
+
+    try:
+        spm.SentencePieceTrainer.train(
+            input=str(sample),
+            model_prefix=str(model_prefix),
+            model_type="bpe",
+            vocab_size=vocab_size,
+            character_coverage=1.0,  # keep every character of the sample: no <unk> from rare letters
+            normalization_rule_name="nmt_nfkc",  # sentencepiece's default, stated to be explicit
+            pad_id=PAD_ID, unk_id=UNK_ID, bos_id=BOS_ID, eos_id=EOS_ID,
+            pad_piece="<pad>", unk_piece="<unk>", bos_piece="<s>", eos_piece="</s>",
+            input_sentence_size=max_sentences,
+            shuffle_input_sentence=True,
+            num_threads=threads,
+            minloglevel=2,  # its own log is pages long; rich reports progress instead
+        )
+    except RuntimeError as e:
+        limit = re.search(r"Vocabulary size too high \((\d+)\)\. Please set it to a value <= (\d+)", str(e))
+        if limit:
+            raise XfError(
+                f"--bpe-vocab-size {limit[1]} is too large for this training data: sentencepiece can make at "
+                f"most {limit[2]} pieces from it; pass --bpe-vocab-size {limit[2]} or less"
+            ) from None
+        raise XfError(f"sentencepiece training failed: {e}") from None
+
+
+def load_spm(path: Path):
+    """A SentencePieceProcessor whose special ids match the model's (pad 0, unk 1, bos 2, eos 3)."""
+    import sentencepiece as spm
+
+    try:
+        sp = spm.SentencePieceProcessor(model_file=str(path))
+    except (OSError, RuntimeError) as e:
+        raise XfError(f"{path}: not a readable sentencepiece model ({e})") from None
+    ids = (sp.pad_id(), sp.unk_id(), sp.bos_id(), sp.eos_id())
+    if ids != (PAD_ID, UNK_ID, BOS_ID, EOS_ID):
+        raise XfError(
+            f"{path}: special ids pad/unk/bos/eos are {ids}, xf needs {(PAD_ID, UNK_ID, BOS_ID, EOS_ID)} "
+            "(train it with --pad_id=0 --unk_id=1 --bos_id=2 --eos_id=3)"
+        )
+    return sp
+
+
+# --------------------------------------------------------------------------- encoding (worker side)
+
+_worker: dict = {}  # per process: the sentencepiece model and the cleaning options
+
+
+def init_worker(spm_path: str, dtype: str, max_len: int, max_len_ratio: float, skip_invalid: bool,
+                in_pool: bool = False) -> None:
+    if in_pool:  # Ctrl-C: the main process stops the pool; no traceback from every worker
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+    _worker.update(sp=load_spm(Path(spm_path)), dtype=np.dtype(dtype), max_len=max_len,
+                   max_len_ratio=max_len_ratio, skip_invalid=skip_invalid)
+
+
+def encode_chunk(task: tuple) -> tuple:
+    """Decode, encode and (train only) clean one chunk of pairs.
+
+    Returns (src tokens, src sizes, tgt tokens, tgt sizes, stats) of the kept pairs, tokens flat.
+    """
+    src_path, tgt_path, clean, start, src_lines, tgt_lines = task
+    w = _worker
+    invalid = "skip" if w["skip_invalid"] else "error"
+    stats = collections.Counter(pairs_in=len(src_lines))
+    src_text, tgt_text = [], []
+    for i, (s, t) in enumerate(zip(src_lines, tgt_lines)):
+        lineno = start + i + 1
+        s2, t2 = decode_line(s, src_path, lineno, invalid), decode_line(t, tgt_path, lineno, invalid)
+        if s2 is None or t2 is None:  # only with --skip-invalid
+            if clean:
+                stats["invalid_utf8"] += 1
+                continue
+            # valid/test keep every line, so that outputs stay aligned with their references
+            stats["replaced_invalid_utf8"] += 1
+            s2 = s2 if s2 is not None else decode_line(s, src_path, lineno, "replace")
+            t2 = t2 if t2 is not None else decode_line(t, tgt_path, lineno, "replace")
+        src_text.append(s2)
+        tgt_text.append(t2)
+    src_ids = w["sp"].encode(src_text, num_threads=1)  # one thread: the parallelism is the workers
+    tgt_ids = w["sp"].encode(tgt_text, num_threads=1)
+    src_sizes = np.fromiter(map(len, src_ids), np.int32, len(src_ids))
+    tgt_sizes = np.fromiter(map(len, tgt_ids), np.int32, len(tgt_ids))
+    if clean:  # as Moses clean-corpus-n.perl (1..max_len, -ratio), but counted in subwords
+        empty = (src_sizes == 0) | (tgt_sizes == 0)
+        too_long = ~empty & ((src_sizes > w["max_len"]) | (tgt_sizes > w["max_len"]))
+        ratio = ~empty & ~too_long & (
+            np.maximum(src_sizes, tgt_sizes) > w["max_len_ratio"] * np.minimum(src_sizes, tgt_sizes))
+        stats.update(empty=int(empty.sum()), too_long=int(too_long.sum()), ratio=int(ratio.sum()))
+        keep = np.flatnonzero(~(empty | too_long | ratio))
+        if len(keep) < len(src_ids):
+            src_ids, tgt_ids = [src_ids[i] for i in keep], [tgt_ids[i] for i in keep]
+            src_sizes, tgt_sizes = src_sizes[keep], tgt_sizes[keep]
+    src_tokens = np.fromiter(itertools.chain.from_iterable(src_ids), w["dtype"], int(src_sizes.sum()))
+    tgt_tokens = np.fromiter(itertools.chain.from_iterable(tgt_ids), w["dtype"], int(tgt_sizes.sum()))
+    stats.update(pairs=len(src_sizes), src_tokens=len(src_tokens), tgt_tokens=len(tgt_tokens),
+                 src_unk=int(np.count_nonzero(src_tokens == UNK_ID)),
+                 tgt_unk=int(np.count_nonzero(tgt_tokens == UNK_ID)))
+    return src_tokens, src_sizes, tgt_tokens, tgt_sizes, dict(stats)
+
+
+def ordered_map(fn, tasks: Iterable, pool, window: int) -> Iterator:
+    """``map(fn, tasks)`` on a process pool, in input order, with at most ``window`` tasks in
+    flight (Pool.imap would read the whole input ahead into memory when workers are slower)."""
+    if pool is None:
+        yield from map(fn, tasks)
+        return
+    pending: collections.deque = collections.deque()
+    for task in tasks:
+        pending.append(pool.apply_async(fn, (task,)))
+        if len(pending) >= window:
+            yield pending.popleft().get()
+    while pending:
+        yield pending.popleft().get()
+
+
+def binarize(split: Split, out: Path, o: PreprocessOptions, dtype: np.dtype, pool, advance) -> dict:
+    """Encode one split into ``out/{split}.{lang}.bin/.idx``; returns its counts."""
+    writers = TokenArrayWriter(out / f"{split.name}.{o.source_lang}", dtype), TokenArrayWriter(
+        out / f"{split.name}.{o.target_lang}", dtype)
+    totals: collections.Counter = collections.Counter({k: 0 for k in DROP_REASONS})
+    tasks = ((split.src, split.tgt, split.clean, start, s, t) for start, s, t in read_chunks(split))
+    for src_tokens, src_sizes, tgt_tokens, tgt_sizes, stats in ordered_map(encode_chunk, tasks, pool, 2 * o.workers):
+        writers[0].add_flat(src_tokens, src_sizes)
+        writers[1].add_flat(tgt_tokens, tgt_sizes)
+        totals.update(stats)
+        advance(stats["pairs_in"])
+    for w in writers:
+        w.close()
+    t = dict(totals)
+    return dict(
+        src_file=str(split.src), tgt_file=str(split.tgt), pairs_in=t.get("pairs_in", 0), pairs=t.get("pairs", 0),
+        dropped={k: t[k] for k in DROP_REASONS},
+        replaced_invalid_utf8=t.get("replaced_invalid_utf8", 0),
+        src_tokens=t.get("src_tokens", 0), tgt_tokens=t.get("tgt_tokens", 0),
+        unk_rate={o.source_lang: t.get("src_unk", 0) / max(t.get("src_tokens", 0), 1),
+                  o.target_lang: t.get("tgt_unk", 0) / max(t.get("tgt_tokens", 0), 1)},
+    )
+
+
+# --------------------------------------------------------------------------- the command
+
+
+class RateColumn(ProgressColumn):
+    def render(self, task) -> Text:
+        return Text(f"{task.speed:,.0f}/s" if task.speed else "", style="cyan")
+
+
+def make_progress(console: Console) -> Progress:
+    return Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(bar_width=20), MofNCompleteColumn(),
+                    RateColumn(), TimeElapsedColumn(), TimeRemainingColumn(), console=console)
+
+
+def write_vocab(sp, path: Path) -> None:
+    path.write_text("".join(f"{sp.id_to_piece(i)}\t{sp.get_score(i):g}\n" for i in range(sp.get_piece_size())), encoding="utf-8")
+
+
+def replace_dir(tmp: Path, dest: Path) -> None:
+    """Move the finished ``tmp`` to ``dest``; an old ``dest`` is moved aside first, then removed."""
+    old = None
+    if dest.exists():
+        if any(dest.iterdir()):
+            old = dest.with_name(f".{dest.name}.old-{secrets.token_hex(4)}")
+            dest.rename(old)
+        else:
+            dest.rmdir()
+    tmp.rename(dest)
+    fsync_dir(dest.parent)
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
+
+
+def preprocess(o: PreprocessOptions) -> dict:
+    """Run ``xf preprocess``; returns the meta.json dict written into ``o.destdir``."""
+    check_options(o)
+    splits = plan_splits(o)
+    console = Console(stderr=True)
+    dest = Path(o.destdir)
+    began = time.perf_counter()
+
+    with make_progress(console) as progress:
+        # 1. check: every file readable, line counts equal
+        sizes = [p.stat().st_size for s in splits for p in (s.src, s.tgt) if p.is_file()]
+        task = progress.add_task("checking inputs, MB", total=sum(sizes) / 1e6)
+        for s in splits:
+            s.lines = count_lines(s.src, lambda n: progress.advance(task, n / 1e6))
+            tgt_lines = count_lines(s.tgt, lambda n: progress.advance(task, n / 1e6))
+            if s.lines != tgt_lines:
+                raise XfError(f"line counts differ: {s.src} has {s.lines} lines but {s.tgt} has {tgt_lines}")
+        train = splits[0] if splits and splits[0].name == "train" else None
+        if train is not None and train.lines == 0:
+            raise XfError(f"empty training set: {train.src} and {train.tgt} have no lines")
+
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        tmp = dest.with_name(f".{dest.name}.tmp-{secrets.token_hex(4)}")
+        tmp.mkdir()
+        try:
+            # 2-3. subwords: sample and learn, or reuse
+            if o.spm_model:
+                spm_path = Path(o.spm_model)
+                if not spm_path.is_file():
+                    raise XfError(f"--spm-model {spm_path}: no such file")
+                load_spm(spm_path)  # check before copying
+                shutil.copyfile(spm_path, tmp / "spm.model")
+                bpe = dict(learned=False, source=str(spm_path))
+            else:
+                sample = tmp / "bpe-sample.txt"
+                task = progress.add_task("sampling for BPE", total=train.lines)
+                invalid = "skip" if o.skip_invalid else "error"
+                sentences = sample_for_bpe(train, o.bpe_sample_lines, o.seed, sample, invalid,
+                                           lambda n: progress.advance(task, n))
+                if sentences == 0:
+                    raise XfError(f"no non-empty lines in {train.src} / {train.tgt} to learn BPE from")
+                task = progress.add_task(f"learning BPE {o.bpe_vocab_size}", total=None)
+                import sentencepiece as spm
+
+                spm.set_random_generator_seed(o.seed)
+                # the sample is random already; sentencepiece's shuffle only trims a Bernoulli excess
+                bound = max(2 * o.bpe_sample_lines, 101)  # sentencepiece takes 0 (all) or over 100
+                learn_bpe(sample, tmp / "spm", o.bpe_vocab_size, bound if sentences > bound else 0, o.workers)
+                sample.unlink()
+                progress.update(task, total=sentences, completed=sentences)
+                bpe = dict(learned=True, model_type="bpe", normalization="nmt_nfkc", character_coverage=1.0,
+                           sample_sentences=sentences)
+            sp = load_spm(tmp / "spm.model")
+            write_vocab(sp, tmp / "spm.vocab")
+            vocab_size = sp.get_piece_size()
+            dtype = smallest_dtype(vocab_size)
+
+            # 4. encode every split, in worker processes when --workers > 1
+            init_args = (str(tmp / "spm.model"), dtype.str, o.max_len, o.max_len_ratio, o.skip_invalid)
+            pool = None
+            if o.workers > 1:  # spawn: no fork of a process that runs rich's refresh thread
+                pool = multiprocessing.get_context("spawn").Pool(o.workers, init_worker, (*init_args, True))
+            else:
+                init_worker(*init_args)
+            try:
+                for s in splits:
+                    task = progress.add_task(f"encoding {s.name}", total=s.lines)
+                    s.stats = binarize(s, tmp, o, dtype, pool, lambda n, task=task: progress.advance(task, n))
+            finally:
+                if pool is not None:
+                    pool.terminate()
+                    pool.join()
+            if train is not None and train.stats["pairs"] == 0:
+                raise XfError(f"empty training set after cleaning: all {train.lines} pairs of {train.src} / "
+                              f"{train.tgt} were dropped ({describe_drops(train.stats['dropped'])})")
+
+            meta = dict(
+                format_version=FORMAT_VERSION,
+                xf_version=__version__,
+                source_lang=o.source_lang,
+                target_lang=o.target_lang,
+                vocab_size=vocab_size,
+                dtype=dtype.name,
+                special_ids=dict(pad=PAD_ID, unk=UNK_ID, bos=BOS_ID, eos=EOS_ID),
+                spm_sha256=hashlib.sha256((tmp / "spm.model").read_bytes()).hexdigest(),
+                bpe=bpe,
+                splits=[s.name for s in splits],
+                stats={s.name: s.stats for s in splits},
+                options=dataclasses.asdict(o),
+                seconds=round(time.perf_counter() - began, 1),
+            )
+            with open(tmp / "meta.json", "w", encoding="utf-8") as f:  # last: marks the directory complete
+                f.write(json.dumps(meta, indent=1) + "\n")
+                f.flush()
+                os.fsync(f.fileno())
+            replace_dir(tmp, dest)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+
+    console.print(summary_table(meta, dest))
+    return meta
+
+
+def describe_drops(dropped: dict) -> str:
+    return ", ".join(f"{k.replace('_', ' ')} {v}" for k, v in dropped.items() if v) or "none"
+
+
+def summary_table(meta: dict, dest: Path) -> Table:
+    """One column per split, one row per count (fits a terminal for any number of splits)."""
+    src, tgt, o = meta["source_lang"], meta["target_lang"], meta["options"]
+    table = Table(title=f"xf preprocess: {dest} (vocab {meta['vocab_size']}, {meta['dtype']}, {meta['seconds']}s)")
+    table.add_column("")
+    stats = [meta["stats"][name] for name in meta["splits"]]
+    for name in meta["splits"]:
+        table.add_column(name, justify="right")
+    rows = [
+        ("pairs read", lambda s: f"{s['pairs_in']:,}"),
+        ("pairs kept", lambda s: f"{s['pairs']:,}"),
+        ("dropped: empty", lambda s: f"{s['dropped']['empty']:,}"),
+        (f"dropped: over {o['max_len']} subwords", lambda s: f"{s['dropped']['too_long']:,}"),
+        (f"dropped: ratio over {o['max_len_ratio']}", lambda s: f"{s['dropped']['ratio']:,}"),
+        ("dropped: invalid UTF-8", lambda s: f"{s['dropped']['invalid_utf8']:,}"),
+        ("invalid UTF-8 replaced", lambda s: f"{s['replaced_invalid_utf8']:,}"),
+        (f"{src} subwords", lambda s: f"{s['src_tokens']:,}"),
+        (f"{tgt} subwords", lambda s: f"{s['tgt_tokens']:,}"),
+        (f"{src} unknown", lambda s: f"{s['unk_rate'][src]:.3%}"),
+        (f"{tgt} unknown", lambda s: f"{s['unk_rate'][tgt]:.3%}"),
+    ]
+    for label, cell in rows:
+        if label.startswith("invalid") and not any(s["replaced_invalid_utf8"] for s in stats):
+            continue
+        table.add_row(label, *(cell(s) for s in stats))
+    return table
