@@ -1,0 +1,304 @@
+"""The recipes, end to end on tiny slices of real data, so that none of them can rot.
+
+The WMT14 recipes run with WMT14_DIR pointed at archives built here in the official layout from
+../shared/data (newstest2013 and a News Commentary sample), so nothing is downloaded. Every run
+uses a tiny configuration (tests/recipes_tiny.yaml style, written below) and takes seconds.
+
+The end-to-end tests need `xf train`, `xf average-checkpoints` and `xf translate`; they are
+skipped, saying so, in a tree where those commands do not exist yet.
+"""
+
+import gzip
+import importlib.util
+import io
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tarfile
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+SHARED = (REPO / ".." / "shared" / "data").resolve()
+RECIPES = REPO / "recipes"
+
+PIPELINE_MODULES = ("xformer_cli.train", "xformer_cli.average", "xformer_cli.translate")
+needs_pipeline = pytest.mark.skipif(
+    not all(importlib.util.find_spec(m) for m in PIPELINE_MODULES),
+    reason="end to end: waits for xf train, xf average-checkpoints and xf translate to land",
+)
+
+TINY = """\
+# a model that trains in seconds: tests only
+preprocess:
+  bpe_vocab_size: 300
+  workers: 1
+train:
+  arch: tiny
+  max_update: 6
+  max_tokens: 600
+  save_interval_updates: 2
+  keep_last_checkpoints: 3
+  warmup_updates: 2
+  log_interval: 1
+  device: cpu
+  precision: fp32
+average_checkpoints:
+  num_update_checkpoints: 2
+translate:
+  beam: 2
+  max_len_a: 0
+  max_len_b: 6
+  batch_size: 256
+  device: cpu
+"""
+
+
+def read(path: Path) -> list[str]:
+    return path.read_text(encoding="utf-8").splitlines()
+
+
+def write(path: Path, lines) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
+    return path
+
+
+def shared(*parts) -> Path:
+    path = SHARED.joinpath(*parts)
+    if not path.exists():
+        pytest.skip(f"{path} not found")
+    return path
+
+
+def run_recipe(script: str, env: dict, *args, check=True) -> subprocess.CompletedProcess:
+    """Run a recipe script with xf from this interpreter's environment first on PATH."""
+    full_env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}", "NGPU": "0"}
+    full_env.update({k: str(v) for k, v in env.items()})
+    out = subprocess.run(
+        ["bash", str(RECIPES / script), *args], env=full_env, capture_output=True, text=True, timeout=600
+    )
+    if check and out.returncode != 0:
+        raise AssertionError(f"{script} failed ({out.returncode}):\n{out.stdout[-3000:]}\n{out.stderr[-5000:]}")
+    return out
+
+
+# -- WMT14 archives in the official layout, made from the shared samples -------------------------
+def add(tar: tarfile.TarFile, name: str, data: bytes) -> None:
+    info = tarfile.TarInfo(name)
+    info.size = len(data)
+    tar.addfile(info, io.BytesIO(data))
+
+
+def text(lines) -> bytes:
+    return "".join(line + "\n" for line in lines).encode("utf-8")
+
+
+def sgm(lines, kind: str, lang: str) -> bytes:
+    segs = "".join(f'<seg id="{i}"> {line}  </seg>\n' for i, line in enumerate(lines, 1))
+    head = f'<{kind}set setid="newstest2014" srclang="en" trglang="{lang}">\n<doc sysid="ref" docid="x" origlang="en">\n'
+    return (head + segs + f"</doc>\n</{kind}set>\n").encode("utf-8")
+
+
+def make_wmt14_dir(root: Path, tgt: str) -> dict:
+    """Archives named and laid out like statmt.org's, with tiny corpora. Returns what they hold."""
+    en13, tgt13 = read(shared("wmt14", f"newstest2013.en-{tgt}.en")), read(shared("wmt14", f"newstest2013.en-{tgt}.{tgt}"))
+    if tgt == "fr":  # a real WMT training corpus sample
+        src_train, tgt_train = read(shared("wmt_sample", "news-commentary.en-fr.en")), read(shared("wmt_sample", "news-commentary.en-fr.fr"))
+    else:  # no EN-DE training sample is shared: newstest2013 stands in
+        src_train, tgt_train = en13, tgt13
+    corpora = {
+        "de": [
+            ("training-parallel-europarl-v7.tgz", "training/europarl-v7.de-en"),
+            ("training-parallel-commoncrawl.tgz", "commoncrawl.de-en"),
+            ("training-parallel-nc-v9.tgz", "training/news-commentary-v9.de-en"),
+        ],
+        "fr": [
+            ("training-parallel-europarl-v7.tgz", "training/europarl-v7.fr-en"),
+            ("training-parallel-commoncrawl.tgz", "commoncrawl.fr-en"),
+            ("training-parallel-un.tgz", "un/undoc.2000.fr-en"),
+            ("training-parallel-nc-v9.tgz", "training/news-commentary-v9.fr-en"),
+            ("training-giga-fren.tar", "giga-fren.release2.fixed"),
+        ],
+    }[tgt]
+    root.mkdir(parents=True, exist_ok=True)
+    train_src, train_tgt = [], []
+    for i, (archive, stem) in enumerate(corpora):
+        part = slice(100 * i, 100 * i + 100)  # 100 pairs per corpus
+        s, t = src_train[part], tgt_train[part]
+        train_src += s
+        train_tgt += t
+        mode = "w" if archive.endswith(".tar") else "w:gz"
+        with tarfile.open(root / archive, mode) as tar:
+            if archive.endswith(".tar"):  # giga-fren: gzipped files inside a plain tar
+                add(tar, f"{stem}.en.gz", gzip.compress(text(s)))
+                add(tar, f"{stem}.{tgt}.gz", gzip.compress(text(t)))
+            else:
+                add(tar, f"{stem}.en", text(s))
+                add(tar, f"{stem}.{tgt}", text(t))
+    with tarfile.open(root / "dev.tgz", "w:gz") as tar:
+        add(tar, "dev/newstest2013.en", text(en13))
+        add(tar, f"dev/newstest2013.{tgt}", text(tgt13))
+        add(tar, "dev/newstest2013-src.en.sgm", sgm(en13, "src", tgt))  # present in the real one
+    # newstest2014 stands in as newstest2013 plus 3 lines: the full set's 3003
+    test_src, test_tgt = en13 + en13[:3], tgt13 + tgt13[:3]
+    pair = f"{tgt}en"
+    with tarfile.open(root / "test-full.tgz", "w:gz") as tar:
+        add(tar, f"test-full/newstest2014-{pair}-src.en.sgm", sgm(test_src, "src", tgt))
+        add(tar, f"test-full/newstest2014-{pair}-ref.{tgt}.sgm", sgm(test_tgt, "ref", tgt))
+    return {"train": (train_src, train_tgt), "test": (test_src, test_tgt), "valid": (en13, tgt13)}
+
+
+@pytest.mark.parametrize("tgt", ["de", "fr"])
+def test_wmt14_prepare_from_local_archives(tmp_path, tgt):
+    expected = make_wmt14_dir(tmp_path / "wmt14", tgt)
+    out = tmp_path / "work" / "raw"
+    result = run_recipe(f"wmt14_en_{tgt}/prepare.sh", {"WMT14_DIR": tmp_path / "wmt14"}, str(out))
+    assert read(out / "train.en") == expected["train"][0]
+    assert read(out / f"train.{tgt}") == expected["train"][1]
+    assert read(out / "valid.en") == expected["valid"][0] and len(read(out / f"valid.{tgt}")) == 3000
+    # the sgm segments come out whitespace-normalized, as sacrebleu reads them
+    assert read(out / "test.en") == [" ".join(line.split()) for line in expected["test"][0]]
+    assert read(out / f"test.{tgt}") == [" ".join(line.split()) for line in expected["test"][1]]
+    assert "WARNING" in result.stderr  # tiny corpora: the line counts are not WMT14's
+    assert not (tmp_path / "work" / "wmt14-downloads").exists() or not any((tmp_path / "work" / "wmt14-downloads").iterdir())
+
+
+def test_wmt14_prepare_rejects_a_short_test_set(tmp_path):
+    make_wmt14_dir(tmp_path / "wmt14", "de")
+    with tarfile.open(tmp_path / "wmt14" / "test-full.tgz", "w:gz") as tar:  # 10 lines, not 3003
+        add(tar, "test-full/newstest2014-deen-src.en.sgm", sgm([f"s{i}" for i in range(10)], "src", "de"))
+        add(tar, "test-full/newstest2014-deen-ref.de.sgm", sgm([f"r{i}" for i in range(10)], "ref", "de"))
+    out = tmp_path / "work" / "raw"
+    result = run_recipe("wmt14_en_de/prepare.sh", {"WMT14_DIR": tmp_path / "wmt14"}, str(out), check=False)
+    assert result.returncode != 0
+    assert "newstest2014 (full) has 10 lines, expected 3003" in result.stderr
+    assert not out.exists()  # nothing half-written
+
+
+def test_wmt14_prepare_names_a_missing_corpus(tmp_path):
+    make_wmt14_dir(tmp_path / "wmt14", "de")
+    with tarfile.open(tmp_path / "wmt14" / "training-parallel-commoncrawl.tgz", "w:gz") as tar:
+        add(tar, "commoncrawl.de-en.en", text(["only one side"]))
+    result = run_recipe(
+        "wmt14_en_de/prepare.sh", {"WMT14_DIR": tmp_path / "wmt14"}, str(tmp_path / "work" / "raw"), check=False
+    )
+    assert result.returncode != 0
+    assert "commoncrawl.de-en.de not found" in result.stderr
+
+
+def test_multi30k_download_is_checked(tmp_path):
+    """A download whose content is not the pinned dataset's is refused (here: a local 'mirror')."""
+    mirror = tmp_path / "mirror"
+    mirror.mkdir()
+    for name in ["train.en", "train.de", "val.en", "val.de", "test_2016_flickr.en", "test_2016_flickr.de"]:
+        (mirror / f"{name}.gz").write_bytes(gzip.compress(b"not the dataset\n"))
+    if shutil.which("curl") is None and shutil.which("wget") is None:
+        pytest.skip("neither curl nor wget")
+    result = run_recipe(
+        "multi30k/run.sh",
+        {"MULTI30K_DIR": tmp_path / "data", "MULTI30K_URL": f"file://{mirror}", "WORK_DIR": tmp_path / "work"},
+        "en-de",
+        check=False,
+    )
+    assert result.returncode != 0
+    assert "train.en.gz: unexpected sha256" in result.stderr
+    assert not (tmp_path / "data" / "train.en").exists()
+
+
+def test_recipes_reject_bad_arguments(tmp_path):
+    result = run_recipe("multi30k/run.sh", {"WORK_DIR": tmp_path}, "en-xx", check=False)
+    assert result.returncode != 0 and "usage:" in result.stderr
+    result = run_recipe("wmt14_en_de/run.sh", {"WORK_DIR": tmp_path}, "huge", check=False)
+    assert result.returncode != 0 and "usage:" in result.stderr
+
+
+def test_configs_load_as_options():
+    """Every YAML of every recipe is valid for every subcommand it has a section for."""
+    from xformer_cli.config import load_options
+    from xformer_cli.options import AverageOptions, PreprocessOptions, ScoreOptions, TrainOptions, TranslateOptions
+
+    configs = sorted(RECIPES.glob("*/*.yaml"))
+    assert len(configs) >= 6
+    for config in configs:
+        load_options(PreprocessOptions, config, {"destdir": "d"}, section="preprocess")
+        train = load_options(TrainOptions, config, {"data": "d"}, section="train")
+        average = load_options(AverageOptions, config, {"inputs": ("d",), "output": "o"}, section="average_checkpoints")
+        translate = load_options(TranslateOptions, config, {"path": ("c",)}, section="translate")
+        load_options(ScoreOptions, config, {"ref": ("r",)}, section="score")
+        assert average.num_update_checkpoints <= train.keep_last_checkpoints, config
+        assert translate.beam == 4 and translate.lenpen == 0.6, config  # the paper's decoding
+    for pair in ("en_de", "en_fr"):
+        base = load_options(TrainOptions, RECIPES / f"wmt14_{pair}" / "base.yaml", {"data": "d"}, section="train")
+        big = load_options(TrainOptions, RECIPES / f"wmt14_{pair}" / "big.yaml", {"data": "d"}, section="train")
+        assert (base.arch, base.max_update, base.warmup_updates, base.label_smoothing) == ("base", 100_000, 4000, 0.1)
+        assert (big.arch, big.max_update) == ("big", 300_000)
+        assert big.dropout == (0.1 if pair == "en_fr" else None)  # EN-DE big keeps the preset's 0.3
+
+
+# -- end to end ----------------------------------------------------------------------------------
+def multi30k_slice(root: Path) -> Path:
+    """The first lines of Multi30k: 400 train, 40 val, 30 test2016 pairs, all three languages."""
+    src = shared("multi30k")
+    for split, n in (("train", 400), ("val", 40), ("test2016", 30)):
+        for lang in ("en", "de", "fr"):
+            write(root / f"{split}.{lang}", read(src / f"{split}.{lang}")[:n])
+    return root
+
+
+def tiny_config(tmp_path: Path) -> Path:
+    return write(tmp_path / "tiny.yaml", TINY.splitlines())
+
+
+def check_results(work: Path, stdout: str, test_lines: int, tokenized: bool = True) -> dict:
+    scores = json.loads((work / "score.json").read_text())
+    assert scores["lines"] == test_lines
+    assert 0 <= scores["bleu"]["score"] <= 100 and "chrf" in scores and "ter" in scores
+    assert ("tokenized_bleu" in scores) == tokenized
+    assert "results" in stdout and "sacreBLEU" in stdout and f"{scores['bleu']['score']:.2f}" in stdout
+    assert len(read(work / next(p.name for p in work.glob("test.hyp.*")))) == test_lines
+    assert (work / "averaged.pt").exists() and (work / "checkpoints" / "train.done").exists()
+    return scores
+
+
+@needs_pipeline
+def test_quickstart_end_to_end_and_resume(tmp_path):
+    pytest.importorskip("sacremoses")
+    env = {"MULTI30K_DIR": multi30k_slice(tmp_path / "m30k"), "WORK_DIR": tmp_path / "work", "CONFIG": tiny_config(tmp_path)}
+    first = run_recipe("quickstart.sh", env)
+    check_results(tmp_path / "work", first.stdout, 30)
+    assert "example translations" in first.stdout and "reference" in first.stdout
+    assert "(paper:" not in first.stdout  # Multi30k has no paper number
+    # a re-run resumes: every step is skipped and the results are the same
+    again = run_recipe("quickstart.sh", env)
+    assert again.stderr.count("skipped") == 5
+    assert again.stdout.split("results")[1] == first.stdout.split("results")[1]
+
+
+@needs_pipeline
+def test_multi30k_en_fr_end_to_end(tmp_path):
+    env = {"MULTI30K_DIR": multi30k_slice(tmp_path / "m30k"), "WORK_DIR": tmp_path / "work", "CONFIG": tiny_config(tmp_path)}
+    result = run_recipe("multi30k/run.sh", env, "en-fr")
+    check_results(tmp_path / "work", result.stdout, 30, tokenized=importlib.util.find_spec("sacremoses") is not None)
+    assert (tmp_path / "work" / "test.hyp.fr").exists()
+
+
+@needs_pipeline
+@pytest.mark.parametrize("tgt,paper", [("de", "27.3"), ("fr", "38.1")])
+def test_wmt14_end_to_end(tmp_path, tgt, paper):
+    pytest.importorskip("sacremoses")
+    make_wmt14_dir(tmp_path / "wmt14", tgt)
+    env = {
+        "WMT14_DIR": tmp_path / "wmt14",
+        "WORK_DIR": tmp_path / "work" / "run",
+        "CONFIG": tiny_config(tmp_path),
+        "TOKENS_PER_UPDATE": 1200,  # instead of the paper's 25000: with max_tokens 600, update_freq 2
+    }
+    result = run_recipe(f"wmt14_en_{tgt}/run.sh", env, "base")
+    assert "1 device(s) x 600 tokens x update_freq 2" in result.stderr
+    scores = check_results(tmp_path / "work" / "run", result.stdout, 3003)
+    assert f"(paper: {paper})" in result.stdout
+    assert "tok:moses-" + tgt in scores["tokenized_bleu"]["signature"]
