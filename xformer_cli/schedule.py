@@ -1,0 +1,41 @@
+"""Learning-rate schedules as pure functions of the update number (1-based: the update being made).
+
+``noam`` is the paper's formula (Sec. 5.3) verbatim; ``inverse_sqrt`` is fairseq's form of the
+same shape with an explicit peak learning rate, which is how most later recipes state it.
+"""
+
+from __future__ import annotations
+
+import math
+
+
+def noam(step: int, d_model: int, warmup: int, factor: float = 1.0) -> float:
+    """lrate = d_model^-0.5 * min(step^-0.5, step * warmup^-1.5), times ``factor`` (paper: 1).
+
+    Rises linearly for ``warmup`` steps, then decays with 1/sqrt(step); the peak, at step ==
+    warmup, is (d_model * warmup)^-0.5: 6.988e-4 for d_model 512 and warmup 4000.
+    """
+    step = max(step, 1)  # step 0 would divide by zero; the first update is step 1
+    return factor * d_model**-0.5 * min(step**-0.5, step * warmup**-1.5)
+
+
+def inverse_sqrt(step: int, peak: float, warmup: int, init: float = 0.0) -> float:
+    """fairseq's inverse_sqrt: linear from ``init`` to ``peak`` over ``warmup`` steps, then
+    peak * sqrt(warmup / step). With peak = (d_model * warmup)^-0.5 and init 0 it equals noam."""
+    if warmup > 0 and step < warmup:
+        return init + (peak - init) * step / warmup
+    return peak * math.sqrt(max(warmup, 1) / max(step, 1))
+
+
+def learning_rate(step: int, scheduler: str, d_model: int, warmup: int, lr: float | None, init: float) -> float:
+    """The learning rate of update ``step`` for the options of ``xf train``.
+
+    noam: ``lr`` (default 1) multiplies the paper's formula; inverse_sqrt: ``lr`` is the peak.
+    """
+    if scheduler == "noam":
+        return noam(step, d_model, warmup, 1.0 if lr is None else lr)
+    if scheduler == "inverse_sqrt":
+        if lr is None:
+            raise ValueError("inverse_sqrt needs a peak learning rate (--lr)")
+        return inverse_sqrt(step, lr, warmup, init)
+    raise ValueError(f"unknown lr scheduler {scheduler!r}")
