@@ -87,37 +87,42 @@ class TrainOptions:
 
 @dataclass(frozen=True)
 class AverageOptions:
-    inputs: tuple[str, ...] = option(help="checkpoint directory or files")
+    inputs: tuple[str, ...] = option(help="checkpoint directory (or directories) or checkpoint files")
     output: str = option(help="averaged checkpoint to write")
-    num_update_checkpoints: int = option(0, "average the last N checkpoint_<epoch>_<update>.pt")
-    num_epoch_checkpoints: int = option(0, "average the last N epoch-end checkpoints")
+    num_update_checkpoints: int = option(
+        0, "average the last N checkpoint_<epoch>_<update>.pt by update number (paper: 5 base, 20 big)"
+    )
+    num_epoch_checkpoints: int = option(0, "average the last N epoch-end checkpoints by epoch number")
 
 
 @dataclass(frozen=True)
 class TranslateOptions:
-    path: tuple[str, ...] = option(help="checkpoint(s); several form an ensemble")
+    path: tuple[str, ...] = option(help="checkpoint(s); several form an ensemble (probabilities averaged)")
     input: Optional[str] = option(None, "read this file instead of stdin")
-    output: Optional[str] = option(None, "write this file instead of stdout")
+    output: Optional[str] = option(None, "write this file instead of stdout (atomically)")
     beam: int = option(4, "beam size (paper: 4); 1 is greedy")
     lenpen: float = option(0.6, "length penalty alpha (paper: 0.6)")
     lenpen_style: Literal["gnmt", "length"] = option(
-        "gnmt", "gnmt: ((5+|Y|)/6)^alpha as the paper (via GNMT); length: |Y|^alpha as fairseq"
+        "gnmt", "gnmt: ((5+|Y|)/6)^alpha, the paper's (from GNMT); length: |Y|^alpha as fairseq"
     )
-    max_len_a: float = option(1.0, "maximum output length a*|X|+b (paper: |X|+50)")
-    max_len_b: int = option(50, "maximum output length a*|X|+b")
+    max_len_a: float = option(1.0, "maximum output length a*|X|+b subwords (paper: |X|+50)")
+    max_len_b: int = option(50, "maximum output length a*|X|+b subwords (paper: |X|+50)")
     batch_size: int = option(64, "sentences per batch")
-    max_tokens: int = option(0, "source tokens per batch (0: use batch_size)")
+    max_tokens: int = option(0, "padded source subwords per batch instead of --batch-size (0: use batch_size)")
     buffer_size: int = option(2000, "lines read ahead and sorted by length into batches")
-    nbest: int = option(1, "hypotheses per sentence")
-    sampling: bool = option(False, "sample instead of beam search")
+    nbest: int = option(1, "hypotheses per sentence (text: Moses n-best lines 'ID ||| text ||| score')")
+    sampling: bool = option(False, "sample instead of beam search (--nbest samples per sentence)")
     temperature: float = option(1.0, "sampling temperature")
     topk: int = option(0, "sample from the k most likely tokens (0: all)")
     topp: float = option(1.0, "nucleus sampling probability mass")
     seed: int = option(1, "sampling seed")
-    output_format: Literal["text", "jsonl"] = option("text", "plain lines or JSON lines")
+    output_format: Literal["text", "jsonl"] = option(
+        "text", "text lines, or JSON lines with source, hypotheses, scores and positional scores"
+    )
     device: Literal["auto", "cpu", "cuda"] = option("auto", "device")
-    precision: Literal["fp32", "bf16", "fp16"] = option("fp32", "inference precision")
+    precision: Literal["fp32", "bf16", "fp16"] = option("fp32", "inference precision (bf16/fp16: CUDA only)")
     threads: int = option(0, "CPU threads for torch (0: torch's default)")
+    quiet: bool = option(False, "no progress bar or summary table on stderr (warnings are still shown)")
 
 
 @dataclass(frozen=True)

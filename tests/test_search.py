@@ -1,0 +1,265 @@
+"""Search: the length penalty and filters by hand, beam search against exhaustive search, and the
+invariants (beam 1 = greedy, batched = one by one, cached = full prefix, ensembles)."""
+
+import itertools
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from xformer_cli.model import BOS_ID, EOS_ID, PAD_ID, build_model
+from xformer_cli.search import (
+    DecoderState,
+    beam_search,
+    ensemble_log_probs,
+    fairseq_length_penalty,
+    gnmt_length_penalty,
+    greedy_search,
+    length_penalty,
+    max_output_lengths,
+    sample,
+    top_k_top_p_filter,
+)
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    """Tiny tensors gain nothing from threads, and on a busy 2-core machine lose a lot."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def tiny(vocab_size=40, seed=0, **overrides):
+    torch.manual_seed(seed)
+    shape = dict(d_model=32, d_ff=64, heads=4, encoder_layers=2, decoder_layers=2)
+    return build_model("tiny", vocab_size=vocab_size, **{**shape, **overrides}).eval()
+
+
+def batch(*sentences):
+    """Right-padded source batch of ids + [eos]."""
+    src = torch.full((len(sentences), max(map(len, sentences)) + 1), PAD_ID)
+    for i, s in enumerate(sentences):
+        src[i, : len(s)] = torch.tensor(s)
+        src[i, len(s)] = EOS_ID
+    return src
+
+
+SOURCES = ([5, 6, 7, 8, 9, 10], [11, 12], [13, 14, 15, 16], [17])
+
+
+def assert_same(a, b, atol=1e-4):
+    assert len(a) == len(b)
+    for hyps_a, hyps_b in zip(a, b):
+        assert [h.tokens for h in hyps_a] == [h.tokens for h in hyps_b]
+        for ha, hb in zip(hyps_a, hyps_b):
+            assert ha.score == pytest.approx(hb.score, abs=atol)
+            assert ha.positional_scores == pytest.approx(hb.positional_scores, abs=atol)
+
+
+# -- the math, by hand -----------------------------------------------------------------------------
+def test_gnmt_length_penalty_by_hand():
+    assert gnmt_length_penalty(1, 0.6) == 1.0  # ((5+1)/6)^a
+    assert gnmt_length_penalty(7, 0.6) == pytest.approx(2**0.6)  # (12/6)^0.6 = 1.5157
+    assert gnmt_length_penalty(7, 0.6) == pytest.approx(1.515716566510398)
+    assert gnmt_length_penalty(25, 1.0) == pytest.approx(5.0)
+    assert gnmt_length_penalty(13, 0.0) == 1.0
+    t = gnmt_length_penalty(torch.tensor([1.0, 7.0]), 0.6)
+    assert t.tolist() == pytest.approx([1.0, 1.515716566510398])
+
+
+def test_fairseq_length_penalty_by_hand():
+    assert fairseq_length_penalty(4, 0.5) == pytest.approx(2.0)
+    assert fairseq_length_penalty(9, 1.0) == 9.0
+    assert length_penalty(4, 0.5, "length") == pytest.approx(2.0)
+    with pytest.raises(ValueError):
+        length_penalty(4, 0.5, "other")
+
+
+def test_max_output_lengths():
+    lengths = torch.tensor([3, 10, 2000])
+    assert max_output_lengths(lengths, 1.0, 50, 1024).tolist() == [53, 60, 1023]  # the paper's |X|+50
+    assert max_output_lengths(lengths, 1.5, 2, 1024).tolist() == [6, 17, 1023]  # floor(1.5*3+2)
+    assert max_output_lengths(lengths, 0.0, 0, 1024).tolist() == [0, 0, 0]
+
+
+def test_ensemble_log_probs_average_probabilities():
+    p1, p2 = torch.tensor([[0.5, 0.5]]), torch.tensor([[0.9, 0.1]])
+    out = ensemble_log_probs([p1.log(), p2.log()])
+    assert out.exp().tolist()[0] == pytest.approx([0.7, 0.3])  # not exp(mean log p)
+    assert torch.equal(ensemble_log_probs([p1.log()]), p1.log())
+
+
+def test_top_k_top_p_filter_by_hand():
+    logits = torch.tensor([[0.5, 0.3, 0.15, 0.05]]).log()
+    kept = lambda out: torch.isfinite(out[0]).tolist()  # noqa: E731
+    assert kept(top_k_top_p_filter(logits, top_k=2)) == [True, True, False, False]
+    assert kept(top_k_top_p_filter(logits, top_p=0.7)) == [True, True, False, False]  # 0.5 < 0.7 <= 0.8
+    assert kept(top_k_top_p_filter(logits, top_p=0.81)) == [True, True, True, False]
+    assert kept(top_k_top_p_filter(logits, top_p=0.3)) == [True, False, False, False]  # the best survives
+    assert kept(top_k_top_p_filter(logits)) == [True] * 4
+    shuffled = logits[:, [2, 0, 3, 1]]  # the filter follows probabilities, not positions
+    assert kept(top_k_top_p_filter(shuffled, top_p=0.7)) == [False, True, False, True]
+
+
+# -- beam search against exhaustive search ---------------------------------------------------------
+def exhaustive(model, src_row, max_len, alpha, style, nbest):
+    """Score every output of at most max_len tokens (+ eos) by full teacher-forced decoding."""
+    vocab = model.cfg.vocab_size
+    allowed = [t for t in range(vocab) if t not in (PAD_ID, BOS_ID, EOS_ID)]
+    results = []
+    with torch.no_grad():
+        for n in range(max_len + 1):
+            for body in itertools.product(allowed, repeat=n):
+                out = list(body) + [EOS_ID]
+                prev = torch.tensor([[BOS_ID] + out[:-1]])
+                lprobs = F.log_softmax(model(src_row[None], prev).float(), dim=-1)[0]
+                logp = lprobs.gather(1, torch.tensor(out)[:, None]).sum().item()
+                results.append((logp / length_penalty(len(out), alpha, style), out))
+    results.sort(key=lambda r: -r[0])
+    return results[:nbest]
+
+
+@pytest.mark.parametrize("alpha,style", [(0.6, "gnmt"), (1.0, "length"), (0.0, "gnmt"), (-0.5, "gnmt")])
+@pytest.mark.parametrize("max_len,beam", [(1, 6), (2, 12), (3, 36)])
+def test_wide_beam_equals_exhaustive_search(max_len, beam, alpha, style):
+    # Vocabulary of 6: pad unk bos eos + 2 words, so 3 tokens can continue a hypothesis and 4 can
+    # follow it. A beam of 4 * 3^(max_len-1) keeps every prefix and sees every eos; at max_len 1
+    # that is a beam as wide as the vocabulary (6).
+    model = tiny(vocab_size=6, seed=3)
+    src = batch([4, 5, 4], [5])
+    found = beam_search([model], src, beam_size=beam, nbest=3, lenpen=alpha, lenpen_style=style,
+                        max_len_a=0, max_len_b=max_len)
+    for i in range(src.size(0)):
+        best = exhaustive(model, src[i, : (src[i] != PAD_ID).sum()], max_len, alpha, style, nbest=3)
+        assert [h.tokens for h in found[i]] == [out for _, out in best]
+        assert [h.score for h in found[i]] == pytest.approx([s for s, _ in best], abs=1e-5)
+
+
+# -- invariants ------------------------------------------------------------------------------------
+def test_beam_one_equals_greedy():
+    model = tiny()
+    src = batch(*SOURCES)
+    for lenpen in (0.6, 0.0):
+        beam = beam_search([model], src, beam_size=1, lenpen=lenpen, max_len_a=1.0, max_len_b=3)
+        greedy = greedy_search([model], src, lenpen=lenpen, max_len_a=1.0, max_len_b=3)
+        assert_same(beam, greedy)
+
+
+def test_batched_equals_one_by_one():
+    model = tiny()
+    together = beam_search([model], batch(*SOURCES), beam_size=4, nbest=3, max_len_b=6)
+    alone = [beam_search([model], batch(s), beam_size=4, nbest=3, max_len_b=6)[0] for s in SOURCES]
+    assert_same(together, alone)
+    together = greedy_search([model], batch(*SOURCES), max_len_b=6)
+    alone = [greedy_search([model], batch(s), max_len_b=6)[0] for s in SOURCES]
+    assert_same(together, alone)
+
+
+def test_cached_decoding_equals_full_prefix_decoding():
+    for positions in ("sinusoidal", "rope"):
+        model = tiny(positions=positions)
+        src = batch(*SOURCES)
+        cached = beam_search([model], src, beam_size=4, nbest=2, max_len_b=6)
+        full = beam_search([model], src, beam_size=4, nbest=2, max_len_b=6, use_cache=False)
+        assert_same(cached, full)
+        assert_same(greedy_search([model], src, max_len_b=6), greedy_search([model], src, max_len_b=6, use_cache=False))
+
+
+def test_ensemble_of_one_model_equals_that_model():
+    model = tiny()
+    src = batch(*SOURCES)
+    single = beam_search([model], src, beam_size=4, nbest=2, max_len_b=5)
+    assert_same(beam_search([model, model], src, beam_size=4, nbest=2, max_len_b=5), single)
+
+
+def test_ensemble_averages_probabilities():
+    a, b = tiny(seed=1), tiny(seed=2)
+    src = batch(*SOURCES[:2])
+    prefix = torch.tensor([[BOS_ID, 7, 8], [BOS_ID, 9, 9]])
+    with torch.no_grad():
+        pa = F.softmax(a(src, prefix)[:, -1], dim=-1)
+        pb = F.softmax(b(src, prefix)[:, -1], dim=-1)
+        state = DecoderState([a, b], src, use_cache=False)
+        got = state.log_probs(prefix)
+    assert torch.allclose(got.exp(), (pa + pb) / 2, atol=1e-6)
+
+
+def test_hypotheses_are_consistent():
+    model = tiny()
+    src = batch(*SOURCES)
+    max_len = max_output_lengths(src.ne(PAD_ID).sum(1) - 1, 1.0, 3, model.cfg.max_positions)
+    for hyps, limit in zip(beam_search([model], src, beam_size=5, nbest=5, max_len_b=3), max_len.tolist()):
+        assert len(hyps) == 5
+        assert [h.score for h in hyps] == sorted((h.score for h in hyps), reverse=True)
+        assert len({tuple(h.tokens) for h in hyps}) == 5
+        for h in hyps:
+            assert h.tokens[-1] == EOS_ID and EOS_ID not in h.tokens[:-1]
+            assert not {PAD_ID, BOS_ID} & set(h.tokens)
+            assert len(h.tokens) <= limit + 1 and len(h.positional_scores) == len(h.tokens)
+            assert h.score == pytest.approx(sum(h.positional_scores) / gnmt_length_penalty(len(h.tokens), 0.6), abs=1e-5)
+
+
+def test_nbest_larger_than_beam_is_refused():
+    with pytest.raises(ValueError, match="nbest"):
+        beam_search([tiny()], batch([5]), beam_size=2, nbest=3)
+
+
+def test_training_mode_is_refused():
+    with pytest.raises(ValueError, match="eval"):
+        greedy_search([tiny().train()], batch([5]))
+
+
+def _count_decoder_rows(model):
+    rows = []
+    decode = model.decode
+
+    def spy(prev_output, *args, **kwargs):
+        rows.append(prev_output.size(0))
+        return decode(prev_output, *args, **kwargs)
+
+    model.decode = spy
+    return rows
+
+
+def test_finished_sentences_leave_the_batch():
+    model = tiny()
+    rows = _count_decoder_rows(model)
+    # max length a*|X|: the 1-word sentence stops after 1 token, the 6-word one after 6.
+    beam_search([model], batch(*SOURCES), beam_size=3, max_len_a=1.0, max_len_b=0)
+    # step 0: one row per sentence; then 3 beams each; a sentence leaves after its forced eos.
+    assert rows == [4, 4 * 3, 3 * 3, 2 * 3, 2 * 3, 3, 3]
+
+
+def test_search_stops_when_the_best_cannot_be_beaten():
+    model = tiny()
+    rows = _count_decoder_rows(model)
+    decode = model.decode
+
+    def likes_eos(*args, **kwargs):  # eos 8 nats more likely than anything else
+        logits = decode(*args, **kwargs).clone()
+        logits[..., EOS_ID] += 8.0
+        return logits
+
+    model.decode = likes_eos
+    hyps = beam_search([model], batch([5, 6, 7]), beam_size=4, max_len_b=50)
+    assert hyps[0][0].tokens == [EOS_ID]
+    assert len(rows) <= 3  # far from the 53 steps allowed
+
+
+def test_sampling():
+    model = tiny()
+    src = batch(*SOURCES)
+    draw = lambda seed, **kw: sample([model], src, generator=torch.Generator().manual_seed(seed), max_len_b=6, **kw)  # noqa: E731
+    first, again = draw(1, nbest=3), draw(1, nbest=3)
+    assert_same(first, again)
+    assert [len(h) for h in first] == [3] * len(SOURCES)
+    assert [h.tokens for hs in draw(2, nbest=3) for h in hs] != [h.tokens for hs in first for h in hs]
+    # top-k 1 leaves no choice: greedy
+    greedy = greedy_search([model], src, max_len_b=6)
+    assert_same(draw(3, top_k=1), greedy)
+    assert_same(draw(4, top_p=1e-6), greedy)
+    with pytest.raises(ValueError):
+        draw(1, temperature=0.0)

@@ -1,0 +1,346 @@
+"""Search: beam search, greedy decoding and sampling over one model or an ensemble.
+
+Pure functions of models and token ids; no text, no files. Every search takes a right-padded
+source batch ``src`` (B, S) of ids + [eos] and returns, per sentence, a list of ``Hypothesis``
+sorted best first.
+
+How the batch is decoded (all sentences of a batch and all their beams at once):
+- the encoder runs once per batch, and cross-attention keys/values are computed once per
+  sentence at the first step, then copied to its beams;
+- every step decodes only the newest token of each row against the key/value cache;
+- candidates are chosen with one top-k over beam * vocabulary for all sentences together;
+- a sentence that is done leaves the batch (its rows are dropped from every tensor and cache).
+
+Scores: ``positional_scores`` are the log-probabilities of each output token (eos included);
+``score`` is their sum divided by the length penalty of the output length |Y| (eos included).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Callable, Optional, Sequence
+
+import torch
+import torch.nn.functional as F
+
+from .model import BOS_ID, EOS_ID, PAD_ID, Transformer
+
+LOG_ZERO = float("-inf")
+
+
+@dataclass
+class Hypothesis:
+    tokens: list[int]  # output ids, ending with eos
+    score: float  # sum(positional_scores) / length_penalty(len(tokens))
+    positional_scores: list[float]  # log p(token | prefix, source) of each token, eos included
+
+
+# -- the math ------------------------------------------------------------------------------------
+def gnmt_length_penalty(length, alpha: float):
+    """lp(Y) = ((5 + |Y|) / 6)^alpha (Wu et al., 2016, GNMT), the penalty the paper used (Sec. 6.1).
+
+    Works on floats and tensors. Scores are divided by it, so alpha > 0 favours longer outputs.
+    """
+    return ((5.0 + length) / 6.0) ** alpha
+
+
+def fairseq_length_penalty(length, alpha: float):
+    """lp(Y) = |Y|^alpha, fairseq's --lenpen (not the paper's)."""
+    return length**alpha
+
+
+def length_penalty(length, alpha: float, style: str = "gnmt"):
+    if style == "gnmt":
+        return gnmt_length_penalty(length, alpha)
+    if style == "length":
+        return fairseq_length_penalty(length, alpha)
+    raise ValueError(f"unknown length penalty style {style!r} (gnmt or length)")
+
+
+def max_output_lengths(src_lengths: torch.Tensor, a: float, b: float, max_positions: int) -> torch.Tensor:
+    """Most output tokens before eos for each sentence: floor(a * |X| + b), |X| in source subwords.
+
+    The paper allows input length + 50 (a=1, b=50). |X| excludes the source's eos (fairseq counts
+    it, so its a*|X|+b is one larger for a=1). Capped so that bos + output fits in max_positions.
+    """
+    limit = torch.floor(a * src_lengths.double() + b).long()
+    return limit.clamp(min=0, max=max_positions - 1)
+
+
+def ensemble_log_probs(log_probs: Sequence[torch.Tensor]) -> torch.Tensor:
+    """log((1/M) sum_m p_m): the models' next-token distributions averaged in probability space."""
+    if len(log_probs) == 1:
+        return log_probs[0]
+    return torch.logsumexp(torch.stack(list(log_probs)), dim=0) - math.log(len(log_probs))
+
+
+def top_k_top_p_filter(logits: torch.Tensor, top_k: int = 0, top_p: float = 1.0) -> torch.Tensor:
+    """logits (N, V) with everything outside the top k tokens and outside the smallest set of
+    most likely tokens whose probability reaches top_p (nucleus, Holtzman et al.) set to -inf.
+    top_k 0 and top_p 1.0 disable the filters; the most likely token always survives."""
+    if top_k > 0 and top_k < logits.size(-1):
+        kth = logits.topk(top_k, dim=-1).values[..., -1:]
+        logits = logits.masked_fill(logits < kth, LOG_ZERO)
+    if top_p < 1.0:
+        sorted_logits, order = logits.sort(dim=-1, descending=True)
+        probs = sorted_logits.softmax(dim=-1)
+        # Drop a token when the tokens ranked above it already reach top_p.
+        drop_sorted = probs.cumsum(dim=-1) - probs >= top_p
+        drop = drop_sorted.scatter(-1, order, drop_sorted)
+        logits = logits.masked_fill(drop, LOG_ZERO)
+    return logits
+
+
+# -- models and their decoder state --------------------------------------------------------------
+class DecoderState:
+    """Encoder outputs and key/value caches of one or more models for the rows being decoded.
+
+    Rows start as the sentences of ``src``; ``select`` copies, reorders or drops rows.
+    use_cache False decodes the whole prefix at every step instead (the slow reference).
+    """
+
+    def __init__(self, models: Sequence[Transformer], src: torch.Tensor, use_cache: bool = True):
+        for model in models:
+            if model.training:
+                raise ValueError("search needs models in eval mode (call model.eval())")
+        self.models = list(models)
+        self.encoded = [model.encode(src) for model in self.models]  # (memory (N, S, D), src_pad (N, S))
+        self.caches = [model.new_cache() if use_cache else None for model in self.models]
+
+    def log_probs(self, tokens: torch.Tensor) -> torch.Tensor:
+        """tokens (N, t): every row's prefix, bos first -> log p(next token) (N, V), float32."""
+        out = []
+        for model, (memory, src_pad), cache in zip(self.models, self.encoded, self.caches):
+            step_input = tokens[:, -1:] if cache is not None else tokens
+            logits = model.decode(step_input, memory, src_pad, cache)[:, -1]
+            out.append(F.log_softmax(logits.float(), dim=-1))
+        return ensemble_log_probs(out)
+
+    def select(self, rows: torch.Tensor) -> None:
+        """Keep rows ``rows`` (LongTensor, may repeat) of everything: drop or copy whole sentences."""
+        self.encoded = [(memory.index_select(0, rows), pad.index_select(0, rows)) for memory, pad in self.encoded]
+        for model, cache in zip(self.models, self.caches):
+            if cache is not None:
+                model.reorder_cache(cache, rows)
+
+    def reorder_beams(self, rows: torch.Tensor) -> None:
+        """Follow beams within their sentences: only the self-attention caches change, because
+        the encoder output and cross-attention keys/values are the same for every beam of a
+        sentence (copying them each step would cost as much as the step's matmuls)."""
+        for cache in self.caches:
+            if cache is not None:
+                for layer in cache:
+                    part = layer["self"]
+                    for key in part:
+                        part[key] = part[key].index_select(0, rows)
+
+
+def _source_lengths(src: torch.Tensor) -> torch.Tensor:
+    return src.ne(PAD_ID).sum(dim=1) - 1  # without the source's eos
+
+
+def _max_positions(models: Sequence[Transformer]) -> int:
+    return min(model.cfg.max_positions for model in models)
+
+
+def _forbid_specials(lprobs: torch.Tensor, at_max: torch.Tensor) -> torch.Tensor:
+    """Never emit pad or bos; rows that reached their maximum length may only emit eos."""
+    lprobs[:, PAD_ID] = LOG_ZERO
+    lprobs[:, BOS_ID] = LOG_ZERO
+    if at_max.any():
+        eos = lprobs[:, EOS_ID].clone()
+        lprobs.masked_fill_(at_max[:, None], LOG_ZERO)
+        lprobs[:, EOS_ID] = eos
+    return lprobs
+
+
+# -- beam search ---------------------------------------------------------------------------------
+@torch.inference_mode()
+def beam_search(
+    models: Sequence[Transformer],
+    src: torch.Tensor,
+    beam_size: int = 4,
+    nbest: int = 1,
+    lenpen: float = 0.6,
+    lenpen_style: str = "gnmt",
+    max_len_a: float = 1.0,
+    max_len_b: float = 50,
+    use_cache: bool = True,
+) -> list[list[Hypothesis]]:
+    """Beam search over a batch src (B, S); returns the nbest hypotheses of each sentence.
+
+    At each step the 2k best extensions (k = beam_size) of a sentence's k live hypotheses are
+    ranked; those ending in eos among the first k are finished, and the first k others are the
+    next beam (as fairseq). A sentence is done when it has k finished hypotheses, or when its
+    nbest-th best finished score cannot be beaten by any live hypothesis (live scores only fall,
+    so score / lp(longest possible output) bounds them), or at its maximum length.
+    """
+    if not 1 <= nbest <= beam_size:
+        raise ValueError(f"nbest {nbest} must be between 1 and the beam size {beam_size}")
+    k, device = beam_size, src.device
+    lp = lambda length: length_penalty(length, lenpen, lenpen_style)  # noqa: E731
+    nsent = src.size(0)
+    max_len = max_output_lengths(_source_lengths(src), max_len_a, max_len_b, _max_positions(models))
+    state = DecoderState(models, src, use_cache)
+    finished: list[list[Hypothesis]] = [[] for _ in range(nsent)]
+
+    sent_ids = torch.arange(nsent, device=device)  # original index of each active sentence
+    tokens = torch.full((nsent, 1), BOS_ID, dtype=torch.long, device=device)  # (rows, t + 1)
+    pos_scores = torch.zeros(nsent, 0, device=device)  # (rows, t)
+    scores = torch.zeros(nsent, device=device)  # (rows,) cumulative log-probability
+    fin_count = torch.zeros(nsent, dtype=torch.long, device=device)
+    fin_best = torch.full((nsent, nbest), LOG_ZERO, device=device)  # best finished scores, sorted
+    beam_offsets = torch.arange(k, device=device)
+
+    for step in range(int(max_len.max()) + 1):
+        lprobs = state.log_probs(tokens)  # (rows, V)
+        vocab = lprobs.size(1)
+        if step == 0:
+            # All beams of a sentence start identical: decode one row per sentence, then copy it
+            # k times with only the first copy live, so the top-k picks k different tokens.
+            expand = torch.arange(nsent, device=device).repeat_interleave(k)
+            state.select(expand)
+            lprobs, tokens, pos_scores = lprobs[expand], tokens[expand], pos_scores[expand]
+            scores = torch.zeros(nsent, k, device=device)
+            scores[:, 1:] = LOG_ZERO
+            scores = scores.view(-1)
+        row_max_len = max_len.repeat_interleave(k)
+        lprobs = _forbid_specials(lprobs, row_max_len <= step)
+
+        # One top-k over beam * vocab for every sentence at once.
+        cand = (scores[:, None] + lprobs).view(-1, k * vocab)  # (sents, k V)
+        top_scores, top_idx = cand.topk(2 * k, dim=1)  # (sents, 2k)
+        top_beam, top_token = top_idx // vocab, top_idx % vocab
+        top_lprobs = lprobs.view(-1, k * vocab).gather(1, top_idx)
+        base_rows = torch.arange(top_idx.size(0), device=device)[:, None] * k  # (sents, 1)
+
+        # Finished: eos among the first k candidates, with a finite score.
+        is_eos = top_token.eq(EOS_ID)
+        final = is_eos[:, :k] & torch.isfinite(top_scores[:, :k])  # (sents, k)
+        norm = top_scores[:, :k] / lp(step + 1.0)
+        if final.any():
+            fin_count += final.sum(dim=1)
+            fin_best = torch.cat([fin_best, norm.masked_fill(~final, LOG_ZERO)], dim=1).topk(nbest, dim=1).values
+            sent, rank = final.nonzero(as_tuple=True)
+            rows = (base_rows[:, 0][sent] + top_beam[sent, rank]).tolist()
+            done_tokens = tokens[rows, 1:].tolist()
+            done_pos = pos_scores[rows].tolist()
+            for i, row_tokens, row_pos, s, lpr in zip(
+                sent_ids[sent].tolist(), done_tokens, done_pos, norm[sent, rank].tolist(), top_lprobs[sent, rank].tolist()
+            ):
+                finished[i].append(Hypothesis(row_tokens + [EOS_ID], s, row_pos + [lpr]))
+
+        # The next beam: the first k candidates that do not end in eos (there are at least k,
+        # since each live hypothesis contributes at most one eos).
+        order = (is_eos.long() * 2 * k + torch.arange(2 * k, device=device)).topk(k, dim=1, largest=False).indices
+        beam = top_beam.gather(1, order)
+        rows = (base_rows + beam).view(-1)
+        scores = top_scores.gather(1, order).view(-1)
+        tokens = torch.cat([tokens[rows], top_token.gather(1, order).view(-1, 1)], dim=1)
+        pos_scores = torch.cat([pos_scores[rows], top_lprobs.gather(1, order).view(-1, 1)], dim=1)
+        state.reorder_beams(rows)
+
+        # Done sentences leave the batch.
+        best_live = scores.view(-1, k).max(dim=1).values
+        bound = best_live / torch.maximum(lp(torch.full_like(best_live, step + 2.0)), lp(max_len.double() + 1).float())
+        done = fin_count.ge(k) | fin_best[:, -1].ge(bound) | max_len.le(step)
+        if done.all():
+            break
+        if done.any():
+            keep = (~done).nonzero().view(-1)
+            keep_rows = (keep[:, None] * k + beam_offsets).view(-1)
+            state.select(keep_rows)
+            sent_ids, max_len, fin_count, fin_best = sent_ids[keep], max_len[keep], fin_count[keep], fin_best[keep]
+            tokens, pos_scores, scores = tokens[keep_rows], pos_scores[keep_rows], scores[keep_rows]
+
+    return [sorted(hyps, key=lambda h: -h.score)[:nbest] for hyps in finished]
+
+
+# -- greedy decoding and sampling ----------------------------------------------------------------
+def _single_path_search(
+    models: Sequence[Transformer],
+    src: torch.Tensor,
+    paths: int,
+    choose: Callable[[torch.Tensor], torch.Tensor],
+    lenpen: float,
+    lenpen_style: str,
+    max_len_a: float,
+    max_len_b: float,
+    use_cache: bool,
+) -> list[list[Hypothesis]]:
+    """``paths`` independent left-to-right paths per sentence; ``choose(lprobs (N, V)) -> (N,)``
+    picks each row's next token. Rows leave the batch as soon as they emit eos."""
+    device, nsent = src.device, src.size(0)
+    max_len = max_output_lengths(_source_lengths(src), max_len_a, max_len_b, _max_positions(models))
+    state = DecoderState(models, src, use_cache)
+    row_ids = torch.arange(nsent, device=device).repeat_interleave(paths)  # sentence of each row
+    if paths > 1:
+        state.select(row_ids)
+    max_len = max_len[row_ids]
+    tokens = torch.full((row_ids.numel(), 1), BOS_ID, dtype=torch.long, device=device)
+    pos_scores = torch.zeros(row_ids.numel(), 0, device=device)
+    finished: list[list[Hypothesis]] = [[] for _ in range(nsent)]
+
+    for step in range(int(max_len.max()) + 1):
+        lprobs = _forbid_specials(state.log_probs(tokens), max_len.le(step))
+        next_token = choose(lprobs)  # (rows,)
+        tokens = torch.cat([tokens, next_token[:, None]], dim=1)
+        pos_scores = torch.cat([pos_scores, lprobs.gather(1, next_token[:, None])], dim=1)
+        ended = next_token.eq(EOS_ID)
+        if ended.any():
+            norm = pos_scores.sum(dim=1) / float(length_penalty(step + 1.0, lenpen, lenpen_style))
+            idx = ended.nonzero().view(-1)
+            for i, row_tokens, row_pos, s in zip(
+                row_ids[idx].tolist(), tokens[idx, 1:].tolist(), pos_scores[idx].tolist(), norm[idx].tolist()
+            ):
+                finished[i].append(Hypothesis(row_tokens, s, row_pos))
+            if ended.all():
+                break
+            keep = (~ended).nonzero().view(-1)
+            state.select(keep)
+            row_ids, max_len, tokens, pos_scores = row_ids[keep], max_len[keep], tokens[keep], pos_scores[keep]
+    return [sorted(hyps, key=lambda h: -h.score) for hyps in finished]
+
+
+@torch.inference_mode()
+def greedy_search(
+    models: Sequence[Transformer],
+    src: torch.Tensor,
+    lenpen: float = 0.6,
+    lenpen_style: str = "gnmt",
+    max_len_a: float = 1.0,
+    max_len_b: float = 50,
+    use_cache: bool = True,
+) -> list[list[Hypothesis]]:
+    """The most likely next token at every step (the result of beam search with beam 1)."""
+    return _single_path_search(
+        models, src, 1, lambda lprobs: lprobs.argmax(dim=-1), lenpen, lenpen_style, max_len_a, max_len_b, use_cache
+    )
+
+
+@torch.inference_mode()
+def sample(
+    models: Sequence[Transformer],
+    src: torch.Tensor,
+    nbest: int = 1,
+    temperature: float = 1.0,
+    top_k: int = 0,
+    top_p: float = 1.0,
+    generator: Optional[torch.Generator] = None,
+    lenpen: float = 0.6,
+    lenpen_style: str = "gnmt",
+    max_len_a: float = 1.0,
+    max_len_b: float = 50,
+) -> list[list[Hypothesis]]:
+    """nbest independent samples per sentence from softmax(log p / temperature), restricted to
+    the top_k tokens and the top_p nucleus. Scores are the model's own log-probabilities
+    (before temperature and filtering); the samples of a sentence are sorted by score."""
+    if temperature <= 0:
+        raise ValueError("temperature must be positive")
+
+    def choose(lprobs: torch.Tensor) -> torch.Tensor:
+        logits = top_k_top_p_filter(lprobs / temperature, top_k, top_p)
+        return torch.multinomial(logits.softmax(dim=-1), 1, generator=generator).view(-1)
+
+    return _single_path_search(models, src, nbest, choose, lenpen, lenpen_style, max_len_a, max_len_b, True)
