@@ -1,0 +1,134 @@
+"""xf average-checkpoints: the element-wise mean, chosen by checkpoint numbers, tied weights kept
+tied, dtypes kept, and clear refusals."""
+
+import os
+
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from xformer_cli.average import average_checkpoints
+from xformer_cli.checkpoint import load_checkpoint, make_checkpoint, model_from_checkpoint, save_checkpoint
+from xformer_cli.cli import app
+from xformer_cli.errors import XfError
+from xformer_cli.model import build_model
+from xformer_cli.options import AverageOptions
+
+SPM = b"stand-in sentencepiece model"
+TIED = ("encoder_embed.weight", "decoder_embed.weight", "output_proj.weight")
+
+
+def write(path, seed, epoch=1, update=1, end_of_epoch=False, spm=SPM, dtype=torch.float32, **overrides):
+    torch.manual_seed(seed)
+    shape = {"d_model": 16, "d_ff": 32, "heads": 2, **overrides}
+    model = build_model("tiny", vocab_size=50, **shape).to(dtype)
+    meta = {"epoch": epoch, "num_updates": update, "end_of_epoch": end_of_epoch}
+    save_checkpoint(path, make_checkpoint(model, spm, train_state={"optimizer": {"step": update}}, meta=meta))
+    return path
+
+
+def average(tmp_path, inputs, **kw):
+    out = tmp_path / "averaged.pt"
+    average_checkpoints(AverageOptions(inputs=tuple(map(str, inputs)), output=str(out), **kw))
+    return load_checkpoint(out)
+
+
+def test_two_checkpoints_average_to_their_mean(tmp_path):
+    a, b = write(tmp_path / "a.pt", 1), write(tmp_path / "b.pt", 2)
+    avg = average(tmp_path, [a, b])
+    sa, sb = load_checkpoint(a)["model"], load_checkpoint(b)["model"]
+    assert set(avg["model"]) == set(sa)
+    for key, value in avg["model"].items():
+        expected = ((sa[key].double() + sb[key].double()) / 2).float()
+        assert value.dtype == torch.float32
+        assert torch.equal(value, expected), key
+    assert not torch.equal(avg["model"]["decoder_layers.0.ffn.fc1.weight"], sa["decoder_layers.0.ffn.fc1.weight"])
+    # configuration and vocabulary kept, optimizer state dropped
+    assert avg["model_config"] == load_checkpoint(a)["model_config"]
+    assert avg["spm_model"] == SPM and avg["train_state"] is None
+    assert avg["meta"]["averaged_from"] == ["a.pt", "b.pt"]
+    model_from_checkpoint(avg)
+
+
+def test_tied_weights_are_averaged_once_and_stay_tied(tmp_path):
+    avg = average(tmp_path, [write(tmp_path / "a.pt", 1), write(tmp_path / "b.pt", 2)])
+    state = avg["model"]
+    assert len({state[k].untyped_storage().data_ptr() for k in TIED}) == 1
+    model = model_from_checkpoint(avg)
+    assert model.encoder_embed.weight is model.output_proj.weight
+
+
+def test_dtype_is_kept(tmp_path):
+    a = write(tmp_path / "a.pt", 1, dtype=torch.bfloat16)
+    b = write(tmp_path / "b.pt", 2, dtype=torch.bfloat16)
+    avg = average(tmp_path, [a, b])
+    key = "encoder_layers.0.ffn.fc2.weight"
+    sa, sb = load_checkpoint(a)["model"][key], load_checkpoint(b)["model"][key]
+    assert avg["model"][key].dtype == torch.bfloat16
+    assert torch.equal(avg["model"][key], ((sa.double() + sb.double()) / 2).to(torch.bfloat16))
+
+
+def test_last_n_by_update_number_not_by_file_time(tmp_path):
+    names = ["checkpoint_1_100.pt", "checkpoint_1_200.pt", "checkpoint_2_300.pt", "checkpoint_3_1000.pt"]
+    for i, name in enumerate(names):
+        write(tmp_path / name, seed=i, update=int(name[13:-3].split("_")[-1]))
+    (tmp_path / "checkpoint_last.pt").write_bytes((tmp_path / names[0]).read_bytes())  # not numbered: ignored
+    for i, name in enumerate(names):  # the oldest file gets the newest mtime
+        os.utime(tmp_path / name, (1e9 - i * 1000, 1e9 - i * 1000))
+    out_dir = tmp_path / "out"
+    out_dir.mkdir()
+    avg = average(out_dir, [tmp_path], num_update_checkpoints=2)
+    assert avg["meta"]["averaged_from"] == ["checkpoint_3_1000.pt", "checkpoint_2_300.pt"]  # 1000 > 300 as numbers
+    assert avg["meta"]["num_updates"] == 1000
+    key = "decoder_layers.1.self_attn.in_proj.weight"
+    expected = (load_checkpoint(tmp_path / names[3])["model"][key].double() + load_checkpoint(tmp_path / names[2])["model"][key].double()) / 2
+    assert torch.equal(avg["model"][key], expected.float())
+
+
+def test_last_n_epoch_end_checkpoints(tmp_path):
+    write(tmp_path / "checkpoint_1_50.pt", 1, epoch=1, update=50)
+    write(tmp_path / "checkpoint_1_100.pt", 2, epoch=1, update=100, end_of_epoch=True)
+    write(tmp_path / "checkpoint_2_150.pt", 3, epoch=2, update=150)
+    write(tmp_path / "checkpoint_2_200.pt", 4, epoch=2, update=200, end_of_epoch=True)
+    write(tmp_path / "checkpoint_3_230.pt", 5, epoch=3, update=230)  # stopped mid-epoch
+    out_dir = tmp_path / "out"
+    out_dir.mkdir()
+    avg = average(out_dir, [tmp_path], num_epoch_checkpoints=2)
+    assert avg["meta"]["averaged_from"] == ["checkpoint_2_200.pt", "checkpoint_1_100.pt"]
+    with pytest.raises(XfError, match="asked for the last 3 epoch-end checkpoints but .* holds 2"):
+        average(out_dir, [tmp_path], num_epoch_checkpoints=3)
+
+
+def test_refusals(tmp_path):
+    a = write(tmp_path / "checkpoint_1_1.pt", 1)
+    with pytest.raises(XfError, match="architecture differs .*d_ff 64 vs 32"):
+        average(tmp_path, [a, write(tmp_path / "wide.pt", 2, d_ff=64)])
+    with pytest.raises(XfError, match="vocabulary .* differs"):
+        average(tmp_path, [a, write(tmp_path / "other_vocab.pt", 2, spm=b"another model")])
+    with pytest.raises(XfError, match="asked for the last 5 checkpoints but .* holds 1"):
+        average(tmp_path, [a], num_update_checkpoints=5)
+    (tmp_path / "junk.pt").write_bytes(b"junk")
+    with pytest.raises(XfError, match="junk.pt: not a valid xf checkpoint"):
+        average(tmp_path, [a, tmp_path / "junk.pt"])
+    torch.save({"model": {}}, tmp_path / "foreign.pt")
+    with pytest.raises(XfError, match="foreign.pt: not an xf checkpoint"):
+        average(tmp_path, [a, tmp_path / "foreign.pt"])
+    assert not (tmp_path / "averaged.pt").exists()  # nothing written by a refusal
+
+
+def test_cli_errors_are_one_line(tmp_path):
+    a = write(tmp_path / "checkpoint_1_1.pt", 1)
+    result = runner_invoke(["--inputs", str(tmp_path), "--num-update-checkpoints", "3", "--output", str(tmp_path / "o.pt")])
+    assert result.exit_code == 1 and "asked for the last 3 checkpoints" in result.output
+    result = runner_invoke(["--inputs", str(tmp_path), "--output", str(tmp_path / "o.pt")])
+    assert result.exit_code == 2 and "is a directory" in result.output
+    result = runner_invoke(["--inputs", str(a), "--num-update-checkpoints", "1", "--num-epoch-checkpoints", "1",
+                            "--output", str(tmp_path / "o.pt")])
+    assert result.exit_code == 2 and "give one of" in result.output
+    result = runner_invoke(["--inputs", str(tmp_path), "--num-update-checkpoints", "1", "--output", str(tmp_path / "o.pt")])
+    assert result.exit_code == 0, result.output
+    assert load_checkpoint(tmp_path / "o.pt")["meta"]["averaged_from"] == ["checkpoint_1_1.pt"]
+
+
+def runner_invoke(args):
+    return CliRunner().invoke(app, ["average-checkpoints", *args])

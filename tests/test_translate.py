@@ -1,0 +1,223 @@
+"""xf translate: one output line per input line, in order, whatever the input holds; formats,
+ensembles and errors. A tiny random model with a tiny sentencepiece model learned on Multi30k."""
+
+import io
+import json
+import select
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from xformer_cli.checkpoint import make_checkpoint, save_checkpoint
+from xformer_cli.cli import app
+from xformer_cli.model import build_model
+from xformer_cli.options import TranslateOptions
+from xformer_cli.search import gnmt_length_penalty
+from xformer_cli.translate import Stats, load_ensemble, make_batches, translate, translate_buffer
+
+runner = CliRunner()
+MAX_POSITIONS = 128  # so that a long line must be truncated
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def learn_spm(lines, vocab_size=200) -> bytes:
+    import sentencepiece as spm
+
+    model = io.BytesIO()
+    spm.SentencePieceTrainer.train(
+        sentence_iterator=iter(lines), model_writer=model, vocab_size=vocab_size, model_type="bpe",
+        character_coverage=1.0, pad_id=0, unk_id=1, bos_id=2, eos_id=3, minloglevel=2,
+    )
+    return model.getvalue()
+
+
+def tiny_checkpoint(path, spm_model: bytes, seed: int):
+    torch.manual_seed(seed)
+    model = build_model("tiny", vocab_size=200, d_model=32, d_ff=64, heads=4, max_positions=MAX_POSITIONS)
+    save_checkpoint(path, make_checkpoint(model, spm_model, meta={"epoch": 1, "num_updates": 1, "end_of_epoch": True}))
+    return str(path)
+
+
+@pytest.fixture(scope="module")
+def spm_model(multi30k_dir) -> bytes:
+    lines = []
+    for lang in ("en", "de"):
+        lines += (multi30k_dir / f"train.{lang}").read_text(encoding="utf-8").splitlines()[:300]
+    return learn_spm(lines)
+
+
+@pytest.fixture(scope="module")
+def ckpt(spm_model, tmp_path_factory):
+    return tiny_checkpoint(tmp_path_factory.mktemp("ckpt") / "tiny.pt", spm_model, seed=0)
+
+
+@pytest.fixture(scope="module")
+def sentences(multi30k_dir):
+    return (multi30k_dir / "test2016.en").read_text(encoding="utf-8").splitlines()[:7]
+
+
+def run(tmp_path, ckpt, data: bytes, **overrides):
+    (tmp_path / "in.txt").write_bytes(data)
+    out = tmp_path / "out.txt"
+    options = dict(path=(ckpt,), input=str(tmp_path / "in.txt"), output=str(out), max_len_a=0.5, max_len_b=3, quiet=True)
+    translate(TranslateOptions(**{**options, **overrides}))
+    return out.read_bytes().decode("utf-8")
+
+
+def one_by_one(ckpt, lines, **overrides):
+    """Each line translated alone, as the reference for order."""
+    models, sp = load_ensemble([ckpt], torch.device("cpu"))
+    options = TranslateOptions(path=(ckpt,), max_len_a=0.5, max_len_b=3, **overrides)
+    return ["".join(translate_buffer(models, sp, [line], 0, options, Stats(), torch.device("cpu"))) for line in lines]
+
+
+def test_make_batches():
+    lengths = [3, 1, 2, 5]
+    assert make_batches(lengths, batch_size=2) == [[3, 0], [2, 1]]  # longest first
+    assert make_batches(lengths, batch_size=64, max_tokens=6) == [[3], [0, 2], [1]]  # 5*1, 3*2, 1*...
+    assert make_batches([], batch_size=2) == []
+
+
+def test_output_is_aligned_with_input(tmp_path, ckpt, sentences, capsys):
+    long_line = " ".join(sentences)  # far more than MAX_POSITIONS subwords
+    lines = [
+        sentences[0].encode(),
+        b"",
+        b"   \t ",
+        long_line.encode(),
+        sentences[1].encode() + b"\r",  # a CRLF line
+        b"bad \xff\xfe bytes " + sentences[2].encode(),
+        sentences[3].encode(),
+        b"",
+        sentences[4].encode(),
+        sentences[5].encode(),
+        sentences[6].encode(),
+    ]
+    data = b"\n".join(lines)  # and no newline at the end
+    out = run(tmp_path, ckpt, data, buffer_size=3, batch_size=2).split("\n")
+    assert out[-1] == "" and len(out) - 1 == len(lines)  # one line per input line, each ended
+    out = out[:-1]
+    assert out[1] == out[2] == out[7] == ""
+    texts = [raw.rstrip(b"\r").decode("utf-8", errors="replace") for raw in lines]
+    expected = [line.rstrip("\n") for line in one_by_one(ckpt, texts)]
+    assert out == expected
+    assert all(out[i] for i in (0, 3, 4, 5, 6, 8, 9, 10))
+    err = capsys.readouterr().err
+    assert "1 line(s) had invalid UTF-8" in err and "first: line 6" in err
+    assert "1 line(s) longer than the model's 127 source subwords were truncated (first: line 4)" in err
+
+
+def test_same_output_whatever_the_batching(tmp_path, ckpt, sentences):
+    data = ("\n".join(sentences) + "\n").encode()
+    reference = run(tmp_path, ckpt, data)
+    assert run(tmp_path, ckpt, data, buffer_size=2, batch_size=3) == reference
+    assert run(tmp_path, ckpt, data, max_tokens=20) == reference
+    assert reference.count("\n") == len(sentences)
+
+
+def test_stdin_to_stdout(ckpt, sentences):
+    data = ("\n".join(sentences[:3]) + "\n\n").encode()
+    result = runner.invoke(app, ["translate", "--path", ckpt, "--max-len-b", "3", "--quiet"], input=data)
+    assert result.exit_code == 0, result.output
+    lines = result.stdout_bytes.decode().split("\n")
+    assert len(lines) == 5 and all(lines[:3]) and lines[3:] == ["", ""]
+
+
+def test_jsonl(tmp_path, ckpt, sentences):
+    data = (sentences[0] + "\n\n" + sentences[1] + "\n").encode()
+    out = run(tmp_path, ckpt, data, output_format="jsonl", nbest=2, beam=3).splitlines()
+    assert len(out) == 3
+    records = [json.loads(line) for line in out]
+    assert [r["id"] for r in records] == [0, 1, 2]
+    assert records[0]["source"] == sentences[0] and records[1]["source"] == ""
+    for record in (records[0], records[2]):
+        hyps = record["hypotheses"]
+        assert len(hyps) == 2 and hyps[0]["score"] >= hyps[1]["score"]
+        for h in hyps:
+            assert h["tokens"][-1] == "</s>" and len(h["positional_scores"]) == len(h["tokens"])
+            lp = gnmt_length_penalty(len(h["tokens"]), 0.6)
+            assert h["score"] == pytest.approx(sum(h["positional_scores"]) / lp, abs=1e-4)
+    assert records[1]["hypotheses"][0]["text"] == ""
+    text = run(tmp_path, ckpt, data, beam=3).splitlines()
+    assert text[0] == records[0]["hypotheses"][0]["text"]
+
+
+def test_nbest_text_is_moses_format(tmp_path, ckpt, sentences):
+    out = run(tmp_path, ckpt, (sentences[0] + "\n\n").encode(), nbest=3, beam=4).splitlines()
+    assert len(out) == 6
+    assert [line.split(" ||| ")[0] for line in out] == ["0", "0", "0", "1", "1", "1"]
+    scores = [float(line.split(" ||| ")[2]) for line in out[:3]]
+    assert scores == sorted(scores, reverse=True)
+
+
+def test_sampling_is_reproducible(tmp_path, ckpt, sentences):
+    data = ("\n".join(sentences) + "\n").encode()
+    first = run(tmp_path, ckpt, data, sampling=True, seed=3, max_len_b=6)
+    assert run(tmp_path, ckpt, data, sampling=True, seed=3, max_len_b=6) == first
+    assert run(tmp_path, ckpt, data, sampling=True, seed=4, max_len_b=6) != first
+    assert first.count("\n") == len(sentences)
+
+
+def test_ensemble(tmp_path, ckpt, spm_model, sentences):
+    other = tiny_checkpoint(tmp_path / "other.pt", spm_model, seed=1)
+    data = ("\n".join(sentences) + "\n").encode()
+    out = run(tmp_path, ckpt, data, path=(ckpt, other))
+    assert out.count("\n") == len(sentences)
+    assert run(tmp_path, ckpt, data, path=(ckpt, ckpt)) == run(tmp_path, ckpt, data)
+
+
+def test_errors_are_one_line(tmp_path, ckpt, multi30k_dir):
+    def fails(args, message, code=1):
+        result = runner.invoke(app, ["translate", *args], input=b"a man\n")
+        assert result.exit_code == code, result.output
+        assert message in result.output and "Traceback" not in result.output
+
+    fails(["--path", str(tmp_path / "missing.pt")], "checkpoint not found")
+    (tmp_path / "junk.pt").write_bytes(b"not a checkpoint")
+    fails(["--path", str(tmp_path / "junk.pt")], "not a valid xf checkpoint")
+    torch.save({"weights": torch.zeros(2)}, tmp_path / "other.pt")
+    fails(["--path", str(tmp_path / "other.pt")], "not an xf checkpoint")
+    lines = (multi30k_dir / "train.fr").read_text(encoding="utf-8").splitlines()[:300]
+    french = tiny_checkpoint(tmp_path / "fr.pt", learn_spm(lines), seed=0)
+    fails(["--path", ckpt, "--path", french], "an ensemble needs checkpoints trained on the same vocabulary")
+    fails(["--path", ckpt, "--nbest", "5", "--beam", "4"], "--nbest 5 is larger than --beam 4", code=2)
+    fails(["--path", ckpt, "--precision", "fp16", "--device", "cpu"], "is for CUDA", code=2)
+    fails(["--path", ckpt, "--input", str(tmp_path / "nope.txt")], "nope.txt: input file not found")
+
+
+def test_streams_line_by_line(ckpt, sentences, tmp_path):
+    # A filter answers each buffer as soon as it is full, before the input ends.
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "xformer_cli", "translate", "--path", ckpt, "--buffer-size", "1",
+         "--max-len-b", "3", "--quiet", "--threads", "1"],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    )
+    try:
+        proc.stdin.write((sentences[0] + "\n").encode())
+        proc.stdin.flush()
+        deadline = time.monotonic() + 60
+        ready = []
+        while not ready and time.monotonic() < deadline and proc.poll() is None:
+            ready, _, _ = select.select([proc.stdout], [], [], 1.0)
+        assert ready, "no output before the end of the input"
+        first = proc.stdout.readline()
+        assert first.strip()
+        proc.stdin.write(b"\n")
+        proc.stdin.close()
+        rest = proc.stdout.read()
+        assert rest == b"\n"
+        assert proc.wait(timeout=60) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
