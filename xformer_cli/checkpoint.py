@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import hashlib
 import pickle
+import struct
 import zipfile
 from pathlib import Path
 from typing import Any, Optional
@@ -75,7 +76,8 @@ def load_checkpoint(path: str | Path) -> dict:
         raise XfError(
             f"{path}: not a valid xf checkpoint (refused to load objects that could run code: {first})"
         ) from None
-    except (RuntimeError, EOFError, zipfile.BadZipFile, OSError, ValueError) as e:
+    # Garbage bytes fail deep inside the unpickler with almost any error (struct.error, IndexError, ...).
+    except (RuntimeError, EOFError, zipfile.BadZipFile, OSError, ValueError, struct.error, IndexError, KeyError) as e:
         raise XfError(f"{path}: not a valid xf checkpoint (corrupt or truncated: {e})") from None
     if not isinstance(ckpt, dict) or ckpt.get("format") != CHECKPOINT_FORMAT:
         raise XfError(f"{path}: not an xf checkpoint")
