@@ -144,11 +144,11 @@ def _max_positions(models: Sequence[Transformer]) -> int:
     return min(model.cfg.max_positions for model in models)
 
 
-def _forbid_specials(lprobs: torch.Tensor, at_max: torch.Tensor) -> torch.Tensor:
-    """Never emit pad or bos; rows that reached their maximum length may only emit eos."""
+def _forbid_specials(lprobs: torch.Tensor, at_max: Optional[torch.Tensor]) -> torch.Tensor:
+    """Never emit pad or bos; rows where ``at_max`` (bool (N,), None: no row) may only emit eos."""
     lprobs[:, PAD_ID] = LOG_ZERO
     lprobs[:, BOS_ID] = LOG_ZERO
-    if at_max.any():
+    if at_max is not None:
         eos = lprobs[:, EOS_ID].clone()
         lprobs.masked_fill_(at_max[:, None], LOG_ZERO)
         lprobs[:, EOS_ID] = eos
@@ -172,9 +172,10 @@ def beam_search(
 
     At each step the 2k best extensions (k = beam_size) of a sentence's k live hypotheses are
     ranked; those ending in eos among the first k are finished, and the first k others are the
-    next beam (as fairseq). A sentence is done when it has k finished hypotheses, or when its
-    nbest-th best finished score cannot be beaten by any live hypothesis (live scores only fall,
-    so score / lp(longest possible output) bounds them), or at its maximum length.
+    next beam. A sentence is done when it has k finished hypotheses (as fairseq), at its maximum
+    length, or, earlier, when its nbest-th best finished score cannot be beaten by any live
+    hypothesis: log-probabilities only fall, so score / max lp(any length still reachable)
+    bounds every continuation. That last rule (not fairseq's) never changes the result.
     """
     if not 1 <= nbest <= beam_size:
         raise ValueError(f"nbest {nbest} must be between 1 and the beam size {beam_size}")
@@ -191,7 +192,10 @@ def beam_search(
     scores = torch.zeros(nsent, device=device)  # (rows,) cumulative log-probability
     fin_count = torch.zeros(nsent, dtype=torch.long, device=device)
     fin_best = torch.full((nsent, nbest), LOG_ZERO, device=device)  # best finished scores, sorted
+    max_lp = lp(max_len.double() + 1).float()  # penalty of the longest output each sentence may have
+    shortest = int(max_len.min())  # host copy: which step first forces eos, without a device sync
     beam_offsets = torch.arange(k, device=device)
+    two_k = torch.arange(2 * k, device=device)
 
     for step in range(int(max_len.max()) + 1):
         lprobs = state.log_probs(tokens)  # (rows, V)
@@ -205,8 +209,8 @@ def beam_search(
             scores = torch.zeros(nsent, k, device=device)
             scores[:, 1:] = LOG_ZERO
             scores = scores.view(-1)
-        row_max_len = max_len.repeat_interleave(k)
-        lprobs = _forbid_specials(lprobs, row_max_len <= step)
+        at_max = max_len.le(step).repeat_interleave(k) if step >= shortest else None
+        lprobs = _forbid_specials(lprobs, at_max)
 
         # One top-k over beam * vocab for every sentence at once.
         cand = (scores[:, None] + lprobs).view(-1, k * vocab)  # (sents, k V)
@@ -218,41 +222,45 @@ def beam_search(
         # Finished: eos among the first k candidates, with a finite score.
         is_eos = top_token.eq(EOS_ID)
         final = is_eos[:, :k] & torch.isfinite(top_scores[:, :k])  # (sents, k)
-        norm = top_scores[:, :k] / lp(step + 1.0)
-        if final.any():
-            fin_count += final.sum(dim=1)
-            fin_best = torch.cat([fin_best, norm.masked_fill(~final, LOG_ZERO)], dim=1).topk(nbest, dim=1).values
-            sent, rank = final.nonzero(as_tuple=True)
-            rows = (base_rows[:, 0][sent] + top_beam[sent, rank]).tolist()
-            done_tokens = tokens[rows, 1:].tolist()
-            done_pos = pos_scores[rows].tolist()
-            for i, row_tokens, row_pos, s, lpr in zip(
-                sent_ids[sent].tolist(), done_tokens, done_pos, norm[sent, rank].tolist(), top_lprobs[sent, rank].tolist()
-            ):
-                finished[i].append(Hypothesis(row_tokens + [EOS_ID], s, row_pos + [lpr]))
+        norm = (top_scores[:, :k] / lp(step + 1.0)).masked_fill(~final, LOG_ZERO)
+        fin_count += final.sum(dim=1)
+        fin_best = torch.cat([fin_best, norm], dim=1).topk(nbest, dim=1).values
 
         # The next beam: the first k candidates that do not end in eos (there are at least k,
         # since each live hypothesis contributes at most one eos).
-        order = (is_eos.long() * 2 * k + torch.arange(2 * k, device=device)).topk(k, dim=1, largest=False).indices
-        beam = top_beam.gather(1, order)
-        rows = (base_rows + beam).view(-1)
+        order = (is_eos.long() * 2 * k + two_k).topk(k, dim=1, largest=False).indices
+        rows = (base_rows + top_beam.gather(1, order)).view(-1)
+        prev_tokens, prev_pos_scores = tokens, pos_scores
         scores = top_scores.gather(1, order).view(-1)
         tokens = torch.cat([tokens[rows], top_token.gather(1, order).view(-1, 1)], dim=1)
         pos_scores = torch.cat([pos_scores[rows], top_lprobs.gather(1, order).view(-1, 1)], dim=1)
         state.reorder_beams(rows)
 
-        # Done sentences leave the batch.
+        # A sentence is done with k finished, when no live hypothesis can beat its nbest-th
+        # finished one, or at its maximum length.
         best_live = scores.view(-1, k).max(dim=1).values
-        bound = best_live / torch.maximum(lp(torch.full_like(best_live, step + 2.0)), lp(max_len.double() + 1).float())
+        bound = best_live / torch.maximum(lp(torch.full_like(best_live, step + 2.0)), max_lp)
         done = fin_count.ge(k) | fin_best[:, -1].ge(bound) | max_len.le(step)
-        if done.all():
+        any_final, all_done, any_done = torch.stack((final.any(), done.all(), done.any())).tolist()  # one sync
+
+        if any_final:
+            sent, rank = final.nonzero(as_tuple=True)
+            done_rows = base_rows[:, 0][sent] + top_beam[sent, rank]
+            for i, row_tokens, row_pos, s, last in zip(
+                sent_ids[sent].tolist(), prev_tokens[done_rows, 1:].tolist(), prev_pos_scores[done_rows].tolist(),
+                norm[sent, rank].tolist(), top_lprobs[sent, rank].tolist(),
+            ):
+                finished[i].append(Hypothesis(row_tokens + [EOS_ID], s, row_pos + [last]))
+        if all_done:
             break
-        if done.any():
+        if any_done:  # done sentences leave the batch
             keep = (~done).nonzero().view(-1)
             keep_rows = (keep[:, None] * k + beam_offsets).view(-1)
             state.select(keep_rows)
-            sent_ids, max_len, fin_count, fin_best = sent_ids[keep], max_len[keep], fin_count[keep], fin_best[keep]
+            sent_ids, max_len, max_lp = sent_ids[keep], max_len[keep], max_lp[keep]
+            fin_count, fin_best = fin_count[keep], fin_best[keep]
             tokens, pos_scores, scores = tokens[keep_rows], pos_scores[keep_rows], scores[keep_rows]
+            shortest = int(max_len.min())
 
     return [sorted(hyps, key=lambda h: -h.score)[:nbest] for hyps in finished]
 
@@ -282,24 +290,28 @@ def _single_path_search(
     pos_scores = torch.zeros(row_ids.numel(), 0, device=device)
     finished: list[list[Hypothesis]] = [[] for _ in range(nsent)]
 
+    shortest = int(max_len.min())
     for step in range(int(max_len.max()) + 1):
-        lprobs = _forbid_specials(state.log_probs(tokens), max_len.le(step))
+        at_max = max_len.le(step) if step >= shortest else None
+        lprobs = _forbid_specials(state.log_probs(tokens), at_max)
         next_token = choose(lprobs)  # (rows,)
         tokens = torch.cat([tokens, next_token[:, None]], dim=1)
         pos_scores = torch.cat([pos_scores, lprobs.gather(1, next_token[:, None])], dim=1)
         ended = next_token.eq(EOS_ID)
-        if ended.any():
+        any_ended, all_ended = torch.stack((ended.any(), ended.all())).tolist()  # one sync
+        if any_ended:
             norm = pos_scores.sum(dim=1) / float(length_penalty(step + 1.0, lenpen, lenpen_style))
             idx = ended.nonzero().view(-1)
             for i, row_tokens, row_pos, s in zip(
                 row_ids[idx].tolist(), tokens[idx, 1:].tolist(), pos_scores[idx].tolist(), norm[idx].tolist()
             ):
                 finished[i].append(Hypothesis(row_tokens, s, row_pos))
-            if ended.all():
+            if all_ended:
                 break
             keep = (~ended).nonzero().view(-1)
             state.select(keep)
             row_ids, max_len, tokens, pos_scores = row_ids[keep], max_len[keep], tokens[keep], pos_scores[keep]
+            shortest = int(max_len.min())
     return [sorted(hyps, key=lambda h: -h.score) for hyps in finished]
 
 
