@@ -11,7 +11,8 @@ test2016.de, is reported too). Without it, a randomly initialised `small` model 
 8000-subword sentencepiece model learned on Multi30k stands in; it never chooses eos, so its
 outputs are capped at the source length (max_len_a 1, max_len_b 0), about the length of real
 translations. XF_BENCH_SOURCE changes the input (default test2016.en); XF_BENCH_SENTENCES=N uses
-the first N lines only (a quick check that the bench runs).
+the first N lines only (a quick check that the bench runs); XF_BENCH_THREADS=N sets torch's
+threads (on a machine shared with other jobs, 1 thread can beat 2: see the README).
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ CHECKPOINT = os.environ.get("XF_BENCH_CHECKPOINT")
 SENTENCES = int(os.environ.get("XF_BENCH_SENTENCES", "1000"))
 NO_CACHE_SENTENCES = 200  # the prefix-recomputing loop is slow: compared on the first 200 lines
 BATCH = 64
+THREADS = int(os.environ.get("XF_BENCH_THREADS", "0"))  # 0: torch's default (one per core)
 
 
 def random_checkpoint(directory: Path) -> str:
@@ -68,6 +70,8 @@ def run_case(checkpoint: str, lines: list[str], beam: int, mode: str, trained: b
     from xformer_cli.search import beam_search
     from xformer_cli.translate import Stats, load_ensemble, make_batches, source_batch, translate_buffer
 
+    if THREADS:
+        torch.set_num_threads(THREADS)
     cpu = torch.device("cpu")
     models, sp = load_ensemble([checkpoint], cpu)
     limits = {} if trained else dict(max_len_a=1.0, max_len_b=0)
