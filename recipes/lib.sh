@@ -185,7 +185,7 @@ scores_path, timings_path, name, paper = sys.argv[1:5]
 s = json.load(open(scores_path, encoding="utf-8"))
 get = lambda key: f"{s[key]['score']:.2f}" if key in s else "-"
 steps = [line.rstrip("\n").split("\t") for line in open(timings_path, encoding="utf-8")] if os.path.exists(timings_path) else []
-minutes = lambda sec: f"{sec / 60:.1f} min"
+minutes = lambda sec: f"{sec // 3600}:{sec // 60 % 60:02d}:{sec % 60:02d}"  # h:mm:ss
 rows = [
     ("recipe", name),
     ("test set", f"{os.path.basename(s['refs'][0])} ({s['lines']} lines)"),

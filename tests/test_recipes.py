@@ -2,7 +2,7 @@
 
 The WMT14 recipes run with WMT14_DIR pointed at archives built here in the official layout from
 ../shared/data (newstest2013 and a News Commentary sample), so nothing is downloaded. Every run
-uses a tiny configuration (tests/recipes_tiny.yaml style, written below) and takes seconds.
+uses a tiny configuration (TINY below) and takes seconds.
 
 The end-to-end tests need `xf train`, `xf average-checkpoints` and `xf translate`; they are
 skipped, saying so, in a tree where those commands do not exist yet.
@@ -167,16 +167,19 @@ def test_wmt14_prepare_from_local_archives(tmp_path, tgt):
     assert not (tmp_path / "work" / "wmt14-downloads").exists() or not any((tmp_path / "work" / "wmt14-downloads").iterdir())
 
 
-def test_wmt14_prepare_rejects_a_short_test_set(tmp_path):
+def test_wmt14_run_prepares_and_rejects_a_short_test_set(tmp_path):
+    """run.sh runs prepare.sh on WMT14_DIR when the raw text is missing; prepare checks the counts."""
     make_wmt14_dir(tmp_path / "wmt14", "de")
     with tarfile.open(tmp_path / "wmt14" / "test-full.tgz", "w:gz") as tar:  # 10 lines, not 3003
         add(tar, "test-full/newstest2014-deen-src.en.sgm", sgm([f"s{i}" for i in range(10)], "src", "de"))
         add(tar, "test-full/newstest2014-deen-ref.de.sgm", sgm([f"r{i}" for i in range(10)], "ref", "de"))
-    out = tmp_path / "work" / "raw"
-    result = run_recipe("wmt14_en_de/prepare.sh", {"WMT14_DIR": tmp_path / "wmt14"}, str(out), check=False)
+    raw = tmp_path / "raw"
+    env = {"WMT14_DIR": tmp_path / "wmt14", "WORK_DIR": tmp_path / "work", "RAW": raw}
+    result = run_recipe("wmt14_en_de/run.sh", env, "base", check=False)
     assert result.returncode != 0
     assert "newstest2014 (full) has 10 lines, expected 3003" in result.stderr
-    assert not out.exists()  # nothing half-written
+    assert not raw.exists()  # nothing half-written
+    assert not (tmp_path / "work").exists()  # and nothing trained
 
 
 def test_wmt14_prepare_names_a_missing_corpus(tmp_path):
@@ -279,26 +282,26 @@ def test_quickstart_end_to_end_and_resume(tmp_path):
 
 
 @needs_pipeline
-def test_multi30k_en_fr_end_to_end(tmp_path):
-    env = {"MULTI30K_DIR": multi30k_slice(tmp_path / "m30k"), "WORK_DIR": tmp_path / "work", "CONFIG": tiny_config(tmp_path)}
-    result = run_recipe("multi30k/run.sh", env, "en-fr")
-    check_results(tmp_path / "work", result.stdout, 30, tokenized=importlib.util.find_spec("sacremoses") is not None)
-    assert (tmp_path / "work" / "test.hyp.fr").exists()
-
-
-@needs_pipeline
 @pytest.mark.parametrize("tgt,paper", [("de", "27.3"), ("fr", "38.1")])
 def test_wmt14_end_to_end(tmp_path, tgt, paper):
+    """run.sh base on prepare.sh's output from the local archives, its 3000-line newstest2013
+    and 3003-line newstest2014 cut to 40 lines so that validation and translation take seconds."""
     pytest.importorskip("sacremoses")
     make_wmt14_dir(tmp_path / "wmt14", tgt)
+    raw = tmp_path / "raw"
+    run_recipe(f"wmt14_en_{tgt}/prepare.sh", {"WMT14_DIR": tmp_path / "wmt14"}, str(raw))
+    for split in ("valid", "test"):
+        for lang in ("en", tgt):
+            write(raw / f"{split}.{lang}", read(raw / f"{split}.{lang}")[:40])
     env = {
-        "WMT14_DIR": tmp_path / "wmt14",
-        "WORK_DIR": tmp_path / "work" / "run",
+        "RAW": raw,
+        "WORK_DIR": tmp_path / "work",
         "CONFIG": tiny_config(tmp_path),
         "TOKENS_PER_UPDATE": 1200,  # instead of the paper's 25000: with max_tokens 600, update_freq 2
     }
     result = run_recipe(f"wmt14_en_{tgt}/run.sh", env, "base")
+    assert "prepare: skipped" in result.stderr
     assert "1 device(s) x 600 tokens x update_freq 2" in result.stderr
-    scores = check_results(tmp_path / "work" / "run", result.stdout, 3003)
+    scores = check_results(tmp_path / "work", result.stdout, 40)
     assert f"(paper: {paper})" in result.stdout
     assert "tok:moses-" + tgt in scores["tokenized_bleu"]["signature"]
