@@ -90,20 +90,23 @@ class TokenArrayWriter:
         os.fsync(self._bin.fileno())  # the directory is renamed into place next: data first
         self._bin.close()
         self._sizes.close()
-        sizes = np.memmap(self._sizes_path, np.int32, "r") if self.count else np.zeros(0, np.int32)
+
+        def size_chunks():  # plain reads, not a memmap: mapped pages would count as resident memory
+            with open(self._sizes_path, "rb") as sizes:
+                while len(part := np.fromfile(sizes, np.int32, chunk)):
+                    yield part
+
         with open(_with(self.prefix, ".idx"), "wb") as f:
             f.write(_HEADER.pack(MAGIC, INDEX_VERSION, _CODE_OF[self.dtype], self.count))
             start = 0
-            for i in range(0, self.count, chunk):  # offsets = exclusive cumsum of sizes, by chunks
-                part = sizes[i : i + chunk].astype(np.int64)
-                offsets = np.cumsum(part) - part + start
-                start += int(part.sum())
-                f.write(offsets.tobytes())
-            for i in range(0, self.count, chunk):
-                f.write(np.ascontiguousarray(sizes[i : i + chunk]).tobytes())
+            for part in size_chunks():  # offsets = exclusive cumsum of sizes, chunk by chunk
+                ends = np.cumsum(part, dtype=np.int64) + start
+                f.write((ends - part).tobytes())
+                start = int(ends[-1])
+            for part in size_chunks():
+                f.write(part.tobytes())
             f.flush()
             os.fsync(f.fileno())
-        del sizes
         self._sizes_path.unlink()
 
 

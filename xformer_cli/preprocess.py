@@ -30,6 +30,8 @@ import secrets
 import shutil
 import signal
 import time
+from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable, Iterator
@@ -278,19 +280,22 @@ def encode_chunk(task: tuple) -> tuple:
     return src_tokens, src_sizes, tgt_tokens, tgt_sizes, dict(stats)
 
 
-def ordered_map(fn, tasks: Iterable, pool, window: int) -> Iterator:
+def ordered_map(fn, tasks: Iterable, pool: ProcessPoolExecutor | None, window: int) -> Iterator:
     """``map(fn, tasks)`` on a process pool, in input order, with at most ``window`` tasks in
     flight (Pool.imap would read the whole input ahead into memory when workers are slower)."""
     if pool is None:
         yield from map(fn, tasks)
         return
     pending: collections.deque = collections.deque()
-    for task in tasks:
-        pending.append(pool.apply_async(fn, (task,)))
-        if len(pending) >= window:
-            yield pending.popleft().get()
-    while pending:
-        yield pending.popleft().get()
+    try:
+        for task in tasks:
+            pending.append(pool.submit(fn, task))
+            if len(pending) >= window:
+                yield pending.popleft().result()
+        while pending:
+            yield pending.popleft().result()
+    except BrokenProcessPool:
+        raise XfError("a worker process died unexpectedly (killed, or out of memory?); try fewer --workers") from None
 
 
 def binarize(split: Split, out: Path, o: PreprocessOptions, dtype: np.dtype, pool, advance) -> dict:
@@ -410,7 +415,8 @@ def preprocess(o: PreprocessOptions) -> dict:
             init_args = (str(tmp / "spm.model"), dtype.str, o.max_len, o.max_len_ratio, o.skip_invalid)
             pool = None
             if o.workers > 1:  # spawn: no fork of a process that runs rich's refresh thread
-                pool = multiprocessing.get_context("spawn").Pool(o.workers, init_worker, (*init_args, True))
+                pool = ProcessPoolExecutor(o.workers, multiprocessing.get_context("spawn"), init_worker,
+                                           (*init_args, True))
             else:
                 init_worker(*init_args)
             try:
@@ -419,8 +425,7 @@ def preprocess(o: PreprocessOptions) -> dict:
                     s.stats = binarize(s, tmp, o, dtype, pool, lambda n, task=task: progress.advance(task, n))
             finally:
                 if pool is not None:
-                    pool.terminate()
-                    pool.join()
+                    pool.shutdown(cancel_futures=True)
             if train is not None and train.stats["pairs"] == 0:
                 raise XfError(f"empty training set after cleaning: all {train.lines} pairs of {train.src} / "
                               f"{train.tgt} were dropped ({describe_drops(train.stats['dropped'])})")
