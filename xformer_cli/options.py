@@ -76,6 +76,7 @@ class TrainOptions:
     seed: int = option(1, "random seed")
     # checkpoints, validation, logging
     save_interval_updates: int = option(0, "also save checkpoint_<epoch>_<update>.pt every N updates")
+    save_interval_minutes: float = option(10.0, "also refresh checkpoint_last.pt every N minutes (0: off)")
     keep_last_checkpoints: int = option(10, "keep this many update checkpoints (0: all)")
     validate_interval_updates: int = option(0, "validate every N updates (and at each epoch end)")
     patience: int = option(0, "stop after N validations without improvement (0: off)")

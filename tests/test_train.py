@@ -1,0 +1,284 @@
+"""xf train on a tiny slice of Multi30k: learning, checkpoints, exact resume, signals, DDP,
+non-finite updates, and bad input. Models are a few thousand parameters; runs take seconds."""
+
+import dataclasses
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import yaml
+
+from xformer_cli import train as train_module
+from xformer_cli.checkpoint import load_checkpoint
+from xformer_cli.config import ConfigError, load_options
+from xformer_cli.errors import XfError
+from xformer_cli.options import PreprocessOptions, TrainOptions
+from xformer_cli.preprocess import preprocess
+from xformer_cli.train import epoch_order, rank_share, remove_old_checkpoints, train
+
+REPO = Path(__file__).resolve().parents[1]
+# A model small enough that an update takes milliseconds.
+MICRO = dict(arch="tiny", d_model=32, d_ff=64, heads=2, encoder_layers=1, decoder_layers=1,
+             max_tokens=300, warmup_updates=4, log_interval=1, device="cpu", seed=3, threads=1)
+
+
+def slice_multi30k(src_dir: Path, out: Path, train_lines: int, valid_lines: int) -> Path:
+    out.mkdir(parents=True, exist_ok=True)
+    for split, n in (("train", train_lines), ("val", valid_lines)):
+        for lang in ("en", "de"):
+            lines = (src_dir / f"{split}.{lang}").read_text(encoding="utf-8").splitlines()[:n]
+            (out / f"{split}.{lang}").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return out
+
+
+def make_data(raw: Path, dest: Path, vocab: int) -> Path:
+    preprocess(PreprocessOptions(destdir=str(dest), trainpref=str(raw / "train"), validpref=str(raw / "val"),
+                                 bpe_vocab_size=vocab, workers=1))
+    return dest
+
+
+@pytest.fixture(scope="session")
+def raw_slice(tmp_path_factory, multi30k_dir) -> Path:
+    return slice_multi30k(multi30k_dir, tmp_path_factory.mktemp("m30k-raw"), 160, 40)
+
+
+@pytest.fixture(scope="session")
+def data_dir(tmp_path_factory, raw_slice) -> Path:
+    return make_data(raw_slice, tmp_path_factory.mktemp("m30k") / "bin", 300)
+
+
+def opts(data_dir, save_dir, **kw) -> TrainOptions:
+    return TrainOptions(data=str(data_dir), save_dir=str(save_dir), **{**MICRO, **kw})
+
+
+def params(path) -> dict:
+    return load_checkpoint(path)["model"]
+
+
+def records(save_dir, kind):
+    lines = (Path(save_dir) / "train_log.jsonl").read_text().splitlines()
+    return [r for r in map(json.loads, lines) if r["type"] == kind]
+
+
+# -- pure pieces ---------------------------------------------------------------------------------
+def test_epoch_order_is_a_seeded_permutation():
+    a, b = epoch_order(50, 1, 1), epoch_order(50, 1, 2)
+    assert sorted(a.tolist()) == list(range(50)) and not np.array_equal(a, b)
+    assert np.array_equal(a, epoch_order(50, 1, 1))
+
+
+def test_rank_share_is_disjoint_and_pads_a_short_last_update():
+    order = np.arange(10)
+    assert [rank_share(order[0:4], order, r, 2).tolist() for r in (0, 1)] == [[0, 2], [1, 3]]
+    assert [rank_share(order[9:10], order, r, 2).tolist() for r in (0, 1)] == [[9], [0]]
+
+
+def test_remove_old_checkpoints_keeps_the_newest_by_update(tmp_path):
+    for name in ("checkpoint_1_5.pt", "checkpoint_1_10.pt", "checkpoint_2_20.pt", "checkpoint_last.pt"):
+        (tmp_path / name).write_bytes(b"x")
+    remove_old_checkpoints(tmp_path, 2)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["checkpoint_1_10.pt", "checkpoint_2_20.pt", "checkpoint_last.pt"]
+
+
+# -- training ------------------------------------------------------------------------------------
+def test_trains_to_falling_validation_loss_with_all_outputs(data_dir, tmp_path):
+    save = tmp_path / "ck"
+    summary = train(opts(data_dir, save, max_epoch=3, keep_last_checkpoints=2, warmup_updates=20, dropout=0.0))
+    assert summary["stop_reason"] == "reached --max-epoch 3"
+    valid = [r["loss"] for r in records(save, "valid")]
+    assert len(valid) == 3 and valid[2] < valid[1] < valid[0], valid
+    names = sorted(p.name for p in save.iterdir())
+    numbered = [n for n in names if n.startswith("checkpoint_") and n.count("_") == 2]
+    assert [n.split("_")[1] for n in numbered] == ["2", "3"]  # epoch-end checkpoints, the last 2 kept
+    assert {"checkpoint_last.pt", "checkpoint_best.pt", "config.yaml", "train_log.jsonl"} <= set(names)
+    assert not [n for n in names if n.endswith(".tmp")]
+
+    ckpt = torch.load(save / "checkpoint_last.pt", weights_only=True)  # plain data only
+    state = ckpt["train_state"]
+    assert state["position"]["epoch"] == 4 and state["position"]["batch_offset"] == 0
+    assert state["scheduler"]["num_updates"] == summary["num_updates"]
+    assert isinstance(state["rng"]["python"], list) and isinstance(state["rng"]["numpy"][1], list)
+    assert state["options"]["arch"] == "tiny" and state["options"]["dropout"] == 0.0
+    assert ckpt["meta"]["valid_loss"] == pytest.approx(valid[-1])
+    best = load_checkpoint(save / "checkpoint_best.pt")
+    assert best["meta"]["valid_loss"] == pytest.approx(min(valid))
+
+    # config.yaml is the effective configuration, and reusable as --config
+    again = load_options(TrainOptions, save / "config.yaml", section="train")
+    assert again.d_model == 32 and again.dropout == 0.0 and again.max_epoch == 3
+    train_log = records(save, "train")
+    assert len(train_log) == summary["num_updates"]
+    assert {"loss", "nll", "ppl", "lr", "gnorm", "src_tok_s", "tgt_tok_s", "ups"} <= set(train_log[-1])
+    assert records(save, "summary")[0]["num_updates"] == summary["num_updates"]
+
+    # the same command again: nothing left to do, nothing rewritten
+    before = (save / "checkpoint_last.pt").stat().st_mtime_ns
+    assert train(opts(data_dir, save, max_epoch=3, keep_last_checkpoints=2, warmup_updates=20, dropout=0.0))["stop_reason"] == "already done"
+    assert (save / "checkpoint_last.pt").stat().st_mtime_ns == before
+
+
+def test_resume_is_bit_exact(data_dir, tmp_path):
+    """N+M updates in one run == N updates, stop, resume for M (CPU, fp32, with dropout, and
+    across an epoch boundary, with gradient accumulation)."""
+    kw = dict(update_freq=2, dropout=0.2, max_tokens=200, max_epoch=2)
+    full = train(opts(data_dir, tmp_path / "full", **kw))
+    n = full["num_updates"]
+    part = train(opts(data_dir, tmp_path / "part", max_update=n // 2 - 1, **kw))  # stops inside epoch 1
+    assert part["num_updates"] == n // 2 - 1 and part["epoch"] == 1
+    resumed = train(opts(data_dir, tmp_path / "part", **kw))
+    assert resumed["num_updates"] == n and resumed["epoch"] == 3
+    a, b = load_checkpoint(tmp_path / "full" / "checkpoint_last.pt"), load_checkpoint(tmp_path / "part" / "checkpoint_last.pt")
+    for name in a["model"]:
+        assert torch.equal(a["model"][name], b["model"][name]), name
+    sa, sb = a["train_state"]["optimizer"]["state"], b["train_state"]["optimizer"]["state"]
+    for k in sa:
+        for key in sa[k]:
+            assert torch.equal(sa[k][key], sb[k][key])
+    assert a["train_state"]["position"] == b["train_state"]["position"]
+
+
+def test_bf16_autocast_and_eval_bleu(data_dir, tmp_path):
+    save = tmp_path / "ck"
+    summary = train(opts(data_dir, save, max_update=2, precision="bf16", eval_bleu=True))
+    assert summary["num_updates"] == 2 and summary["skipped_updates"] == 0
+    valid = records(save, "valid")[-1]
+    assert 0.0 <= valid["bleu"] <= 100.0 and np.isfinite(valid["loss"])
+    assert summary["best_metric"] == "bleu"
+
+
+def test_non_finite_updates_are_skipped_then_stop_naming_the_last_good_checkpoint(data_dir, tmp_path, monkeypatch):
+    real = train_module.label_smoothed_loss
+    calls = {"n": 0}
+
+    def poisoned(logits, target, eps):
+        calls["n"] += 1
+        loss, nll = real(logits, target, eps)
+        if calls["n"] == 3 or calls["n"] >= 6:  # update 3 is bad once; from update 6 on, always
+            loss = loss * float("nan")
+        return loss, nll
+
+    monkeypatch.setattr(train_module, "label_smoothed_loss", poisoned)
+    save = tmp_path / "ck"
+    with pytest.raises(XfError, match=r"3 consecutive updates .* Last good checkpoint: .*checkpoint_\d+_5\.pt \(update 5\)"):
+        train(opts(data_dir, save, max_update=50, save_interval_updates=1, max_nan_updates=3))
+    assert [r["update"] for r in records(save, "skip")] == [3, 6, 7, 8]
+
+    def at(update):
+        (path,) = save.glob(f"checkpoint_*_{update}.pt")
+        return params(path)
+
+    # a skipped update leaves the weights as they were; the next good one moves them
+    assert all(torch.equal(at(2)[k], at(3)[k]) for k in at(2))
+    assert not all(torch.equal(at(3)[k], at(4)[k]) for k in at(3))
+
+
+# -- checkpoints that cannot run code, and bad input -------------------------------------------
+class Evil:
+    def __reduce__(self):
+        return (os.system, (f"touch {Evil.marker}",))
+
+
+def test_malicious_checkpoint_is_refused_and_not_run(data_dir, tmp_path):
+    save = tmp_path / "ck"
+    save.mkdir()
+    Evil.marker = tmp_path / "pwned"
+    torch.save({"format": "xf-checkpoint", "payload": Evil()}, save / "checkpoint_last.pt")
+    before = (save / "checkpoint_last.pt").read_bytes()
+    with pytest.raises(XfError, match="not a valid xf checkpoint"):
+        train(opts(data_dir, save, max_update=1))
+    assert not Evil.marker.exists()
+    assert (save / "checkpoint_last.pt").read_bytes() == before
+    assert sorted(p.name for p in save.iterdir()) == ["checkpoint_last.pt"]
+
+
+def test_vocabulary_mismatch_on_resume_changes_nothing(data_dir, raw_slice, tmp_path):
+    save = tmp_path / "ck"
+    train(opts(data_dir, save, max_update=1))
+    other = make_data(raw_slice, tmp_path / "other", 200)
+    files = {p.name: p.read_bytes() for p in save.iterdir()}
+    with pytest.raises(XfError, match="another vocabulary"):
+        train(opts(other, save, max_update=2))
+    assert {p.name: p.read_bytes() for p in save.iterdir()} == files
+
+
+@pytest.mark.parametrize("change,message", [
+    (dict(data="missing-dir"), "does not exist"),
+    (dict(arch="huge"), "unknown arch 'huge'"),
+    (dict(lr_scheduler="inverse_sqrt"), "needs a peak learning rate"),
+    (dict(precision="fp16"), "fp16 needs a CUDA device"),
+    (dict(max_tokens=0), "--max-tokens must be at least 1"),
+])
+def test_bad_options_are_one_line_errors(data_dir, tmp_path, change, message):
+    o = dataclasses.replace(opts(data_dir, tmp_path / "ck", max_update=1), **change)
+    with pytest.raises(XfError, match=message) as e:
+        train(o)
+    assert "\n" not in str(e.value)
+    assert not (tmp_path / "ck").exists()
+
+
+def test_incomplete_data_dir_and_unwritable_save_dir(data_dir, tmp_path):
+    incomplete = tmp_path / "incomplete"
+    incomplete.mkdir()
+    with pytest.raises(XfError, match="no meta.json"):
+        train(opts(incomplete, tmp_path / "ck", max_update=1))
+    (tmp_path / "file").write_text("")
+    with pytest.raises(XfError, match="not writable"):
+        train(opts(data_dir, tmp_path / "file" / "ck", max_update=1))
+
+
+# -- processes: signals and DDP ------------------------------------------------------------------
+def cli_args(data_dir, save_dir, **kw) -> list[str]:
+    args = [str(data_dir), "--save-dir", str(save_dir)]
+    for k, v in {**MICRO, **kw}.items():
+        args += [f"--{k.replace('_', '-')}", str(v)]
+    return args
+
+
+def test_sigterm_finishes_the_update_saves_and_resumes(data_dir, tmp_path):
+    save = tmp_path / "ck"
+    args = [sys.executable, "-m", "xformer_cli", "train", *cli_args(data_dir, save, max_update=100000)]
+    proc = subprocess.Popen(args, stderr=subprocess.PIPE, text=True, cwd=tmp_path)
+    log = save / "train_log.jsonl"
+    deadline = time.monotonic() + 60
+    while not (log.exists() and '"type": "train"' in log.read_text()):
+        assert proc.poll() is None and time.monotonic() < deadline, proc.stderr.read() if proc.poll() is not None else "timeout"
+        time.sleep(0.1)
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 128 + signal.SIGTERM, err
+    assert "Resume by running the same command again" in err and "Traceback" not in err
+    stopped = load_checkpoint(save / "checkpoint_last.pt")["train_state"]["position"]["num_updates"]
+    assert stopped >= 1
+    summary = train(opts(data_dir, save, max_update=stopped + 2))
+    assert summary["num_updates"] == stopped + 2
+    assert records(save, "start")[-1]["update"] == stopped
+
+
+def test_ddp_two_gloo_processes_equal_one_process_accumulating(data_dir, tmp_path):
+    """One update with world size 2 (one micro-batch each) == one process with update_freq 2."""
+    kw = dict(max_update=1, dropout=0.0, lr_scheduler="inverse_sqrt", lr=1e-3, warmup_updates=1)
+    single = train(opts(data_dir, tmp_path / "single", update_freq=2, **kw))
+    assert single["num_updates"] == 1
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    out = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+         "-m", "xformer_cli", "train", *cli_args(data_dir, tmp_path / "ddp", **kw)],
+        capture_output=True, text=True, env=env, cwd=tmp_path, timeout=180,
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    a, b = params(tmp_path / "single" / "checkpoint_last.pt"), params(tmp_path / "ddp" / "checkpoint_last.pt")
+    init = train_module.Transformer(train_module.build_config(opts(data_dir, "x", **kw), 300))
+    moved = 0.0
+    for name in a:
+        torch.testing.assert_close(a[name], b[name], rtol=0, atol=1e-5)
+        moved = max(moved, (a[name] - init.state_dict()[name]).abs().max().item()) if name in init.state_dict() else moved
+    assert moved > 1e-4  # the update did move the weights: the comparison means something
+    ddp_log = records(tmp_path / "ddp", "start")[0]
+    assert ddp_log["world_size"] == 2

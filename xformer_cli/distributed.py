@@ -1,0 +1,88 @@
+"""Data-parallel training on PyTorch's own machinery: nothing home-made.
+
+``torchrun --nproc-per-node G [--nnodes N ...] -m xformer_cli train ...`` starts one process per
+device and sets RANK, LOCAL_RANK and WORLD_SIZE; ``init_process_group`` reads them (NCCL between
+GPUs, gloo between CPU processes) and ``DistributedDataParallel`` all-reduces the gradients.
+Without torchrun this is a world of one and every collective below is a no-op.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Sequence
+
+import torch
+import torch.distributed as dist
+
+from .errors import XfError
+
+
+@dataclass(frozen=True)
+class Env:
+    """Where this process stands: its rank among ``world_size`` processes and its device."""
+
+    rank: int
+    world_size: int
+    local_rank: int
+    device: torch.device
+
+    @property
+    def is_main(self) -> bool:
+        """Rank 0 alone writes checkpoints and logs and shows progress."""
+        return self.rank == 0
+
+    @property
+    def distributed(self) -> bool:
+        return self.world_size > 1
+
+    def sum(self, values: Sequence[float]) -> list[float]:
+        """Element-wise sum of ``values`` over all ranks (one collective), as Python floats."""
+        if not self.distributed:
+            return [float(v) for v in values]
+        t = torch.tensor(values, dtype=torch.float64, device=self.device)
+        dist.all_reduce(t)
+        return t.tolist()
+
+    def sum_tensor(self, t: torch.Tensor) -> torch.Tensor:
+        """In-place sum of a tensor over all ranks; returns it."""
+        if self.distributed:
+            dist.all_reduce(t)
+        return t
+
+    def gather(self, obj) -> list:
+        """Every rank's ``obj`` (picklable), in rank order, on every rank."""
+        if not self.distributed:
+            return [obj]
+        out: list = [None] * self.world_size
+        dist.all_gather_object(out, obj)
+        return out
+
+
+def resolve_device(option: str, local_rank: int = 0) -> torch.device:
+    """cpu, cuda (this process's GPU under torchrun), or auto: cuda when there is one."""
+    if option == "auto":
+        option = "cuda" if torch.cuda.is_available() else "cpu"
+    if option == "cuda":
+        if not torch.cuda.is_available():
+            raise XfError("--device cuda: no CUDA device is available (use --device cpu)")
+        return torch.device("cuda", local_rank)
+    return torch.device("cpu")
+
+
+def setup(device_option: str) -> Env:
+    """Join the process group that torchrun describes in the environment (if any)."""
+    world_size = int(os.environ.get("WORLD_SIZE", "1"))
+    rank = int(os.environ.get("RANK", "0"))
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    device = resolve_device(device_option, local_rank)
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    if world_size > 1 and not dist.is_initialized():
+        dist.init_process_group(backend="nccl" if device.type == "cuda" else "gloo")
+    return Env(rank, world_size, local_rank, device)
+
+
+def shutdown() -> None:
+    if dist.is_initialized():
+        dist.destroy_process_group()
