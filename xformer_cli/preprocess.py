@@ -176,10 +176,11 @@ def sample_for_bpe(split: Split, pairs: int, seed: int, out: Path, invalid: str,
     return written
 
 
-def learn_bpe(sample: Path, model_prefix: Path, vocab_size: int, max_sentences: int, threads: int) -> None:
+def learn_bpe(sample: Path, model_prefix: Path, vocab_size: int, max_sentences: int, threads: int, seed: int) -> None:
     """Train the BPE model on ``sample``, at most ``max_sentences`` of it (0: all)."""
     import sentencepiece as spm
 
+    spm.set_random_generator_seed(seed)
     try:
         spm.SentencePieceTrainer.train(
             input=str(sample),
@@ -339,11 +340,13 @@ def write_vocab(sp, path: Path) -> None:
     path.write_text("".join(f"{sp.id_to_piece(i)}\t{sp.get_score(i):g}\n" for i in range(sp.get_piece_size())), encoding="utf-8")
 
 
-def replace_dir(tmp: Path, dest: Path) -> None:
+def replace_dir(tmp: Path, dest: Path, overwrite: bool) -> None:
     """Move the finished ``tmp`` to ``dest``; an old ``dest`` is moved aside first, then removed."""
     old = None
     if dest.exists():
         if any(dest.iterdir()):
+            if not overwrite:  # checked at the start too; this is for a destdir filled meanwhile
+                raise XfError(f"destdir {dest} exists and is not empty (pass --overwrite to replace it)")
             old = dest.with_name(f".{dest.name}.old-{secrets.token_hex(4)}")
             dest.rename(old)
         else:
@@ -354,6 +357,65 @@ def replace_dir(tmp: Path, dest: Path) -> None:
         shutil.rmtree(old, ignore_errors=True)
 
 
+def check_inputs(splits: list[Split], progress: Progress) -> Split | None:
+    """Stage 1: count every file's lines (into ``split.lines``); returns the training split."""
+    sizes = [p.stat().st_size for s in splits for p in (s.src, s.tgt) if p.is_file()]
+    task = progress.add_task("checking inputs, MB", total=sum(sizes) / 1e6)
+    for s in splits:
+        s.lines = count_lines(s.src, lambda n: progress.advance(task, n / 1e6))
+        tgt_lines = count_lines(s.tgt, lambda n: progress.advance(task, n / 1e6))
+        if s.lines != tgt_lines:
+            raise XfError(f"line counts differ: {s.src} has {s.lines} lines but {s.tgt} has {tgt_lines}")
+    train = splits[0] if splits and splits[0].name == "train" else None
+    if train is not None and train.lines == 0:
+        raise XfError(f"empty training set: {train.src} and {train.tgt} have no lines")
+    return train
+
+
+def make_spm(o: PreprocessOptions, train: Split | None, out: Path, progress: Progress) -> dict:
+    """Stages 2-3: ``out/spm.model``, learned on a sample of ``train`` or copied from --spm-model.
+
+    Returns how it was made (for meta.json)."""
+    if o.spm_model:
+        spm_path = Path(o.spm_model)
+        if not spm_path.is_file():
+            raise XfError(f"--spm-model {spm_path}: no such file")
+        load_spm(spm_path)  # check the special ids before copying
+        shutil.copyfile(spm_path, out / "spm.model")
+        return dict(learned=False, source=str(spm_path))
+    sample = out / "bpe-sample.txt"
+    task = progress.add_task("sampling for BPE", total=train.lines)
+    invalid = "skip" if o.skip_invalid else "error"
+    sentences = sample_for_bpe(train, o.bpe_sample_lines, o.seed, sample, invalid, lambda n: progress.advance(task, n))
+    if sentences == 0:
+        raise XfError(f"no non-empty lines in {train.src} / {train.tgt} to learn BPE from")
+    task = progress.add_task(f"learning BPE {o.bpe_vocab_size}", total=None)
+    # the sample is random already; sentencepiece's shuffle only trims a Bernoulli excess
+    bound = max(2 * o.bpe_sample_lines, 101)  # sentencepiece takes 0 (all) or over 100
+    learn_bpe(sample, out / "spm", o.bpe_vocab_size, bound if sentences > bound else 0, o.workers, o.seed)
+    sample.unlink()
+    progress.update(task, total=sentences, completed=sentences)
+    return dict(learned=True, model_type="bpe", normalization="nmt_nfkc", character_coverage=1.0,
+                sample_sentences=sentences)
+
+
+def encode_splits(o: PreprocessOptions, splits: list[Split], out: Path, dtype: np.dtype, progress: Progress) -> None:
+    """Stage 4: binarize every split into ``out`` (stats into ``split.stats``)."""
+    init_args = (str(out / "spm.model"), dtype.str, o.max_len, o.max_len_ratio, o.skip_invalid)
+    pool = None
+    if o.workers > 1:  # spawn: no fork of a process that runs rich's refresh thread
+        pool = ProcessPoolExecutor(o.workers, multiprocessing.get_context("spawn"), init_worker, (*init_args, True))
+    else:
+        init_worker(*init_args)
+    try:
+        for s in splits:
+            task = progress.add_task(f"encoding {s.name}", total=s.lines)
+            s.stats = binarize(s, out, o, dtype, pool, lambda n, task=task: progress.advance(task, n))
+    finally:
+        if pool is not None:
+            pool.shutdown(cancel_futures=True)
+
+
 def preprocess(o: PreprocessOptions) -> dict:
     """Run ``xf preprocess``; returns the meta.json dict written into ``o.destdir``."""
     check_options(o)
@@ -361,75 +423,21 @@ def preprocess(o: PreprocessOptions) -> dict:
     console = Console(stderr=True)
     dest = Path(o.destdir)
     began = time.perf_counter()
-
     with make_progress(console) as progress:
-        # 1. check: every file readable, line counts equal
-        sizes = [p.stat().st_size for s in splits for p in (s.src, s.tgt) if p.is_file()]
-        task = progress.add_task("checking inputs, MB", total=sum(sizes) / 1e6)
-        for s in splits:
-            s.lines = count_lines(s.src, lambda n: progress.advance(task, n / 1e6))
-            tgt_lines = count_lines(s.tgt, lambda n: progress.advance(task, n / 1e6))
-            if s.lines != tgt_lines:
-                raise XfError(f"line counts differ: {s.src} has {s.lines} lines but {s.tgt} has {tgt_lines}")
-        train = splits[0] if splits and splits[0].name == "train" else None
-        if train is not None and train.lines == 0:
-            raise XfError(f"empty training set: {train.src} and {train.tgt} have no lines")
-
+        train = check_inputs(splits, progress)
         dest.parent.mkdir(parents=True, exist_ok=True)
-        tmp = dest.with_name(f".{dest.name}.tmp-{secrets.token_hex(4)}")
+        tmp = dest.with_name(f".{dest.name}.tmp-{secrets.token_hex(4)}")  # renamed to dest when complete
         tmp.mkdir()
         try:
-            # 2-3. subwords: sample and learn, or reuse
-            if o.spm_model:
-                spm_path = Path(o.spm_model)
-                if not spm_path.is_file():
-                    raise XfError(f"--spm-model {spm_path}: no such file")
-                load_spm(spm_path)  # check before copying
-                shutil.copyfile(spm_path, tmp / "spm.model")
-                bpe = dict(learned=False, source=str(spm_path))
-            else:
-                sample = tmp / "bpe-sample.txt"
-                task = progress.add_task("sampling for BPE", total=train.lines)
-                invalid = "skip" if o.skip_invalid else "error"
-                sentences = sample_for_bpe(train, o.bpe_sample_lines, o.seed, sample, invalid,
-                                           lambda n: progress.advance(task, n))
-                if sentences == 0:
-                    raise XfError(f"no non-empty lines in {train.src} / {train.tgt} to learn BPE from")
-                task = progress.add_task(f"learning BPE {o.bpe_vocab_size}", total=None)
-                import sentencepiece as spm
-
-                spm.set_random_generator_seed(o.seed)
-                # the sample is random already; sentencepiece's shuffle only trims a Bernoulli excess
-                bound = max(2 * o.bpe_sample_lines, 101)  # sentencepiece takes 0 (all) or over 100
-                learn_bpe(sample, tmp / "spm", o.bpe_vocab_size, bound if sentences > bound else 0, o.workers)
-                sample.unlink()
-                progress.update(task, total=sentences, completed=sentences)
-                bpe = dict(learned=True, model_type="bpe", normalization="nmt_nfkc", character_coverage=1.0,
-                           sample_sentences=sentences)
+            bpe = make_spm(o, train, tmp, progress)
             sp = load_spm(tmp / "spm.model")
             write_vocab(sp, tmp / "spm.vocab")
             vocab_size = sp.get_piece_size()
             dtype = smallest_dtype(vocab_size)
-
-            # 4. encode every split, in worker processes when --workers > 1
-            init_args = (str(tmp / "spm.model"), dtype.str, o.max_len, o.max_len_ratio, o.skip_invalid)
-            pool = None
-            if o.workers > 1:  # spawn: no fork of a process that runs rich's refresh thread
-                pool = ProcessPoolExecutor(o.workers, multiprocessing.get_context("spawn"), init_worker,
-                                           (*init_args, True))
-            else:
-                init_worker(*init_args)
-            try:
-                for s in splits:
-                    task = progress.add_task(f"encoding {s.name}", total=s.lines)
-                    s.stats = binarize(s, tmp, o, dtype, pool, lambda n, task=task: progress.advance(task, n))
-            finally:
-                if pool is not None:
-                    pool.shutdown(cancel_futures=True)
+            encode_splits(o, splits, tmp, dtype, progress)
             if train is not None and train.stats["pairs"] == 0:
                 raise XfError(f"empty training set after cleaning: all {train.lines} pairs of {train.src} / "
                               f"{train.tgt} were dropped ({describe_drops(train.stats['dropped'])})")
-
             meta = dict(
                 format_version=FORMAT_VERSION,
                 xf_version=__version__,
@@ -449,11 +457,10 @@ def preprocess(o: PreprocessOptions) -> dict:
                 f.write(json.dumps(meta, indent=1) + "\n")
                 f.flush()
                 os.fsync(f.fileno())
-            replace_dir(tmp, dest)
+            replace_dir(tmp, dest, o.overwrite)
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
             raise
-
     console.print(summary_table(meta, dest))
     return meta
 
