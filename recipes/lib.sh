@@ -155,7 +155,7 @@ pipeline() {
     to_file "$scores" xf score --config "$CONFIG" --ref "$TESTPREF.$TGT" --hyp "$hyp" --json \
     "${tokenized[@]}" "${score_args[@]}"
 
-  results_table "$scores" "$WORK_DIR/timings.tsv" "$NAME" "${PAPER:-}" | tee "$WORK_DIR/results.txt"
+  NGPU=$NGPU results_table "$scores" "$WORK_DIR/timings.tsv" "$NAME" "${PAPER:-}" | tee "$WORK_DIR/results.txt"
   if [[ -n ${EXAMPLES:-} ]]; then
     examples "$TESTPREF.$SRC" "$TESTPREF.$TGT" "$hyp" "$EXAMPLES"
   fi
@@ -180,7 +180,7 @@ to_file() {
 # results_table SCORE_JSON TIMINGS NAME PAPER: the final table (stdout).
 results_table() {
   python3 - "$@" <<'EOF'
-import json, platform, os, sys
+import json, os, platform, shutil, subprocess, sys
 scores_path, timings_path, name, paper = sys.argv[1:5]
 s = json.load(open(scores_path, encoding="utf-8"))
 get = lambda key: f"{s[key]['score']:.2f}" if key in s else "-"
@@ -196,7 +196,13 @@ rows = [
 ]
 rows += [(f"time: {step}", minutes(int(sec))) for step, sec in steps]
 rows.append(("time: total", minutes(sum(int(sec) for _, sec in steps))))
-rows.append(("machine", f"{platform.machine()}, {os.cpu_count()} CPU threads"))
+cpu = next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")), platform.machine()) if os.path.exists("/proc/cpuinfo") else platform.machine()
+machine = f"{cpu}, {os.cpu_count()} CPU threads"
+if int(os.environ.get("NGPU") or 0) > 0:
+    query = ["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"]
+    gpu = subprocess.run(query, capture_output=True, text=True).stdout.split("\n")[0].strip() if shutil.which("nvidia-smi") else ""
+    machine += f", {os.environ['NGPU']} x {gpu}" if gpu else f", NGPU={os.environ['NGPU']}"
+rows.append(("machine", machine))
 width = max(len(k) for k, _ in rows)
 print(f"\n{'results':=^{width + 40}}")
 for key, value in rows:
