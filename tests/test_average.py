@@ -18,11 +18,11 @@ SPM = b"stand-in sentencepiece model"
 TIED = ("encoder_embed.weight", "decoder_embed.weight", "output_proj.weight")
 
 
-def write(path, seed, epoch=1, update=1, end_of_epoch=False, spm=SPM, dtype=torch.float32, **overrides):
+def write(path, seed, epoch=1, update=1, end_of_epoch=False, spm=SPM, dtype=torch.float32, meta=None, **overrides):
     torch.manual_seed(seed)
     shape = {"d_model": 16, "d_ff": 32, "heads": 2, **overrides}
     model = build_model("tiny", vocab_size=50, **shape).to(dtype)
-    meta = {"epoch": epoch, "num_updates": update, "end_of_epoch": end_of_epoch}
+    meta = meta if meta is not None else {"epoch": epoch, "num_updates": update, "end_of_epoch": end_of_epoch}
     save_checkpoint(path, make_checkpoint(model, spm, train_state={"optimizer": {"step": update}}, meta=meta))
     return path
 
@@ -97,6 +97,9 @@ def test_last_n_epoch_end_checkpoints(tmp_path):
     assert avg["meta"]["averaged_from"] == ["checkpoint_2_200.pt", "checkpoint_1_100.pt"]
     with pytest.raises(XfError, match="asked for the last 3 epoch-end checkpoints but .* holds 2"):
         average(out_dir, [tmp_path], num_epoch_checkpoints=3)
+    write(tmp_path / "checkpoint_4_300.pt", 6, meta={"epoch": 4, "num_updates": 300})
+    with pytest.raises(XfError, match="checkpoint_4_300.pt: its meta does not say whether it ends an epoch"):
+        average(out_dir, [tmp_path], num_epoch_checkpoints=2)
 
 
 def test_refusals(tmp_path):

@@ -117,8 +117,12 @@ def average_checkpoints(options: AverageOptions) -> None:
                 break
             ckpt = load_checkpoint(path)
             meta = ckpt.get("meta") or {}
-            if options.num_epoch_checkpoints and not meta.get("end_of_epoch"):
-                continue  # the last checkpoint of an epoch that did not finish
+            if options.num_epoch_checkpoints:
+                if "end_of_epoch" not in meta:
+                    raise XfError(f"{path}: its meta does not say whether it ends an epoch (no 'end_of_epoch'); "
+                                  "use --num-update-checkpoints")
+                if not meta["end_of_epoch"]:
+                    continue  # the last checkpoint of an epoch that did not finish
             state = ckpt["model"]
             if not used:
                 first = {**ckpt, "train_state": None}  # keep no optimizer state in memory
