@@ -12,7 +12,7 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from xformer_cli.checkpoint import make_checkpoint, save_checkpoint
+from xformer_cli.checkpoint import load_checkpoint, make_checkpoint, save_checkpoint
 from xformer_cli.cli import app
 from xformer_cli.model import build_model
 from xformer_cli.options import TranslateOptions
@@ -78,7 +78,7 @@ def run(tmp_path, ckpt, data: bytes, **overrides):
 def one_by_one(ckpt, lines, **overrides):
     """Each line translated alone, as the reference for order."""
     models, sp = load_ensemble([ckpt], torch.device("cpu"))
-    options = TranslateOptions(path=(ckpt,), max_len_a=0.5, max_len_b=3, **overrides)
+    options = TranslateOptions(path=(ckpt,), **{"max_len_a": 0.5, "max_len_b": 3, **overrides})
     return ["".join(translate_buffer(models, sp, [line], 0, options, Stats(), torch.device("cpu"))) for line in lines]
 
 
@@ -221,3 +221,43 @@ def test_streams_line_by_line(ckpt, sentences, tmp_path):
     finally:
         if proc.poll() is None:
             proc.kill()
+
+
+@pytest.mark.slow
+def test_end_to_end_through_the_cli(tmp_path, multi30k_dir):
+    """preprocess, train a tiny model briefly, average, translate: the output matches the input."""
+    raw = tmp_path / "raw"
+    raw.mkdir()
+    for split, first, count in (("train", 0, 300), ("val", 0, 40), ("test", 0, 12)):
+        name = "test2016" if split == "test" else split
+        for lang in ("en", "de"):
+            lines = (multi30k_dir / f"{name}.{lang}").read_text(encoding="utf-8").splitlines()[first : first + count]
+            (raw / f"{split}.{lang}").write_text("\n".join(lines) + "\n", encoding="utf-8")
+
+    def xf(*args):
+        result = runner.invoke(app, [str(a) for a in args])
+        assert result.exit_code == 0, result.output
+        return result
+
+    data, ckpts = tmp_path / "data-bin", tmp_path / "checkpoints"
+    xf("preprocess", "--destdir", data, "--trainpref", raw / "train", "--validpref", raw / "val",
+       "--bpe-vocab-size", 300, "--workers", 1)
+    xf("train", data, "--save-dir", ckpts, "--arch", "tiny", "--d-model", 32, "--d-ff", 64, "--heads", 2,
+       "--encoder-layers", 1, "--decoder-layers", 1, "--max-tokens", 400, "--warmup-updates", 4,
+       "--max-update", 12, "--save-interval-updates", 3, "--device", "cpu", "--threads", 1, "--seed", 3)
+    xf("average-checkpoints", "--inputs", ckpts, "--num-update-checkpoints", 3, "--output", tmp_path / "avg.pt")
+    averaged = load_checkpoint(tmp_path / "avg.pt")
+    updates = [int(name[: -len(".pt")].split("_")[2]) for name in averaged["meta"]["averaged_from"]]
+    assert updates == [12, 9, 6] and averaged["train_state"] is None
+
+    source = (raw / "test.en").read_text(encoding="utf-8").splitlines()
+    source = source[:4] + ["", "  "] + source[4:] + [""]
+    (raw / "input.en").write_text("\n".join(source) + "\n", encoding="utf-8")
+    xf("translate", "--path", tmp_path / "avg.pt", "--input", raw / "input.en", "--output", tmp_path / "hyp.de",
+       "--max-len-b", 8, "--batch-size", 5, "--buffer-size", 7, "--quiet")
+    hyps = (tmp_path / "hyp.de").read_text(encoding="utf-8").split("\n")
+    assert hyps[-1] == "" and len(hyps) - 1 == len(source)
+    hyps = hyps[:-1]
+    assert hyps[4] == hyps[5] == hyps[-1] == ""
+    expected = [line.rstrip("\n") for line in one_by_one(str(tmp_path / "avg.pt"), source, max_len_a=1.0, max_len_b=8)]
+    assert hyps == expected
