@@ -118,7 +118,7 @@ def rows() -> list[dict]:
         for beam in (4, 1):
             r = measure(checkpoint, lines, beam, "translate", trained)
             seconds, tokens, peak, hyps, threads = r["seconds"], r["tokens"], r["peak"], r["outputs"], r["threads"]
-            note = f"{which}; {threads} threads"
+            note = f"{which}; {threads} thread{'s' if threads > 1 else ''}"
             if trained and REFERENCE.exists() and beam == 4:
                 import sacrebleu
 
