@@ -389,9 +389,11 @@ class Transformer(nn.Module):
         x = self.decoder_norm(x)
         return x if features_only else self.output_proj(x)
 
-    def forward(self, src: torch.Tensor, prev_output: torch.Tensor) -> torch.Tensor:
+    def forward(self, src: torch.Tensor, prev_output: torch.Tensor, features_only: bool = False) -> torch.Tensor:
+        """Logits (B, T, V), or with features_only the decoder outputs (B, T, D) before the
+        output projection (the trainer projects them inside its fused loss)."""
         memory, src_pad = self.encode(src)
-        return self.decode(prev_output, memory, src_pad)
+        return self.decode(prev_output, memory, src_pad, features_only=features_only)
 
     # -- incremental decoding ------------------------------------------------------------------
     def new_cache(self) -> list:
