@@ -6,7 +6,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from xformer_cli.loss import label_smoothed_loss
+from xformer_cli.loss import fused_output_loss, label_smoothed_loss
 
 
 def test_hand_computed():
@@ -47,3 +47,36 @@ def test_low_precision_logits_sum_in_float32():
     loss16, _ = label_smoothed_loss(logits.bfloat16(), target, 0.1)
     assert loss16.dtype == torch.float32
     assert loss16.item() == pytest.approx(loss32.item(), rel=2e-2)
+
+
+@pytest.mark.parametrize("epsilon,chunk_rows", [(0.1, 5), (0.0, 64), (0.1, 0)])
+def test_fused_output_loss_equals_projection_then_loss(epsilon, chunk_rows):
+    torch.manual_seed(0)
+    x = torch.randn(3, 8, 16, dtype=torch.float64, requires_grad=True)
+    w = torch.randn(40, 16, dtype=torch.float64, requires_grad=True)
+    target = torch.randint(1, 40, (3, 8))
+    target[1, 4:] = 0
+    ref_loss, ref_nll = label_smoothed_loss(x @ w.t(), target, epsilon)
+    ref_grads = torch.autograd.grad(2.5 * ref_loss, (x, w))
+    loss, nll = fused_output_loss(x, w, target, epsilon, chunk_rows)
+    grads = torch.autograd.grad(2.5 * loss, (x, w))
+    assert loss.item() == pytest.approx(ref_loss.item(), rel=1e-12)
+    assert nll.item() == pytest.approx(ref_nll.item(), rel=1e-12) and not nll.requires_grad
+    for g, r in zip(grads, ref_grads):
+        torch.testing.assert_close(g, r, rtol=1e-10, atol=1e-12)
+    assert grads[0][1, 4:].abs().max() == 0  # padding rows get no gradient
+
+
+def test_fused_output_loss_without_grad_and_under_bf16_autocast():
+    torch.manual_seed(0)
+    x, w = torch.randn(2, 5, 16), 0.3 * torch.randn(30, 16)
+    target = torch.randint(1, 30, (2, 5))
+    ref, _ = label_smoothed_loss(x @ w.t(), target, 0.1)
+    with torch.no_grad():
+        loss, _ = fused_output_loss(x, w, target, 0.1)
+    assert loss.item() == pytest.approx(ref.item(), rel=1e-5)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        loss16, _ = fused_output_loss(x.requires_grad_(), w, target, 0.1)
+    loss16.backward()
+    assert loss16.dtype == torch.float32 and loss16.item() == pytest.approx(ref.item(), rel=2e-2)
+    assert x.grad.dtype == torch.float32 and torch.isfinite(x.grad).all()

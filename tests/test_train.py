@@ -154,17 +154,17 @@ def test_bf16_autocast_and_eval_bleu(data_dir, tmp_path):
 
 
 def test_non_finite_updates_are_skipped_then_stop_naming_the_last_good_checkpoint(data_dir, tmp_path, monkeypatch):
-    real = train_module.label_smoothed_loss
+    real = train_module.fused_output_loss
     calls = {"n": 0}
 
-    def poisoned(logits, target, eps):
+    def poisoned(features, weight, target, eps):
         calls["n"] += 1
-        loss, nll = real(logits, target, eps)
+        loss, nll = real(features, weight, target, eps)
         if calls["n"] == 3 or calls["n"] >= 6:  # update 3 is bad once; from update 6 on, always
             loss = loss * float("nan")
         return loss, nll
 
-    monkeypatch.setattr(train_module, "label_smoothed_loss", poisoned)
+    monkeypatch.setattr(train_module, "fused_output_loss", poisoned)
     save = tmp_path / "ck"
     with pytest.raises(XfError, match=r"3 consecutive updates .* Last good checkpoint: .*checkpoint_\d+_5\.pt \(update 5\)"):
         train(opts(data_dir, save, max_update=50, save_interval_updates=1, max_nan_updates=3))

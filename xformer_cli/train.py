@@ -42,7 +42,7 @@ from .config import ConfigError, to_dict
 from .data import DataDir, batch_by_size, collate
 from .errors import XfError
 from .fileio import atomic_write, atomic_write_text
-from .loss import label_smoothed_loss
+from .loss import fused_output_loss
 from .model import ModelConfig, Transformer, config_to_dict, model_config
 from .options import TrainOptions
 from .schedule import learning_rate
@@ -117,6 +117,15 @@ def cpu_has_native_bf16() -> bool:
         return bool(check()) if check is not None else True
     except RuntimeError:
         return True
+
+
+def peak_memory_mib(device: torch.device) -> float:
+    """Peak CUDA memory allocated by tensors, or the process's peak resident set on CPU."""
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device) / 2**20
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
 
 
 # -- state in and out of checkpoints -----------------------------------------------------------
@@ -438,13 +447,15 @@ def _train(o: TrainOptions, env: distributed.Env, stop: StopSignal) -> dict:
                     sync = contextlib.nullcontext() if last_micro or not env.distributed else train_model.no_sync()
                     with sync:
                         with autocast:
-                            logits = train_model(batch["src"].to(device, non_blocking=True),
-                                                 batch["prev_output"].to(device, non_blocking=True))
-                        loss, nll = label_smoothed_loss(logits, batch["target"].to(device, non_blocking=True),
-                                                        o.label_smoothing)
+                            features = train_model(batch["src"].to(device, non_blocking=True),
+                                                   batch["prev_output"].to(device, non_blocking=True),
+                                                   features_only=True)
+                            loss, nll = fused_output_loss(features, model.output_proj.weight,
+                                                          batch["target"].to(device, non_blocking=True),
+                                                          o.label_smoothing)
                         scaler.scale(loss * grad_scale).backward()
                     update_loss += torch.stack([loss.detach().double(), nll.double()])
-                    del logits, loss, nll
+                    del features, loss, nll
 
                 # -- optimizer step, skipped on a non-finite gradient (fp16: an overflow) ------
                 if scaler.is_enabled():
@@ -559,6 +570,7 @@ def _train(o: TrainOptions, env: distributed.Env, stop: StopSignal) -> dict:
         "src_tok_s": timed["src"] / timed["seconds"] if timed["seconds"] else None,
         "tgt_tok_s": timed["tgt"] / timed["seconds"] if timed["seconds"] else None,
         "ups": timed["updates"] / timed["seconds"] if timed["seconds"] else None,
+        "peak_memory_mib": round(peak_memory_mib(device), 1),
     }
     report.record("summary", summary)
     report.table("training summary", [
@@ -570,6 +582,7 @@ def _train(o: TrainOptions, env: distributed.Env, stop: StopSignal) -> dict:
         ("training time", format_seconds(timed["seconds"]) + " (excluding start-up and validation)"),
         ("speed", f"{summary['src_tok_s']:,.0f} src tok/s, {summary['tgt_tok_s']:,.0f} tgt tok/s, "
                   f"{summary['ups']:.2f} upd/s" if timed["seconds"] else "- (the first update is not timed)"),
+        ("peak memory", f"{summary['peak_memory_mib']:,.0f} MiB ({'CUDA allocated' if device.type == 'cuda' else 'RSS'})"),
         ("checkpoints", str(save_dir)),
     ])
     report.close()

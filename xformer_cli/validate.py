@@ -15,7 +15,7 @@ import torch
 
 from .data import ParallelDataset, batch_by_size, collate
 from .distributed import Env
-from .loss import label_smoothed_loss
+from .loss import fused_output_loss
 from .model import EOS_ID, Transformer
 from .search import greedy_search
 
@@ -44,8 +44,8 @@ def validation_loss(
     for idx in batches[env.rank :: env.world_size]:
         batch = _to(collate([dataset[i] for i in idx]), env.device)
         with autocast:
-            logits = model(batch["src"], batch["prev_output"])
-        loss, nll = label_smoothed_loss(logits, batch["target"], label_smoothing)
+            features = model(batch["src"], batch["prev_output"], features_only=True)
+            loss, nll = fused_output_loss(features, model.output_proj.weight, batch["target"], label_smoothing)
         sums += torch.stack([loss.double(), nll.double(), torch.tensor(float(batch["ntokens"]), device=env.device, dtype=torch.float64)])
     loss, nll, ntokens = env.sum_tensor(sums).tolist()
     model.train(was_training)
