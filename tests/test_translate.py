@@ -85,7 +85,7 @@ def one_by_one(ckpt, lines, **overrides):
 def test_make_batches():
     lengths = [3, 1, 2, 5]
     assert make_batches(lengths, batch_size=2) == [[3, 0], [2, 1]]  # longest first
-    assert make_batches(lengths, batch_size=64, max_tokens=6) == [[3], [0, 2], [1]]  # 5*1, 3*2, 1*...
+    assert make_batches(lengths, batch_size=64, max_tokens=6) == [[3], [0, 2], [1]]  # 5 * 2 > 6, 3 * 2 <= 6
     assert make_batches([], batch_size=2) == []
 
 
@@ -194,6 +194,7 @@ def test_errors_are_one_line(tmp_path, ckpt, multi30k_dir):
     fails(["--path", ckpt, "--nbest", "5", "--beam", "4"], "--nbest 5 is larger than --beam 4", code=2)
     fails(["--path", ckpt, "--precision", "fp16", "--device", "cpu"], "is for CUDA", code=2)
     fails(["--path", ckpt, "--input", str(tmp_path / "nope.txt")], "nope.txt: input file not found")
+    fails(["--path", ckpt, "--output", str(tmp_path / "no" / "out.txt")], "out.txt: its directory does not exist")
 
 
 def test_streams_line_by_line(ckpt, sentences, tmp_path):

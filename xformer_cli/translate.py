@@ -15,6 +15,7 @@ import stat
 import sys
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import IO, Iterator, Optional, Sequence
 
 import torch
@@ -223,13 +224,13 @@ def translate_buffer(models, sp, lines: list[str], first_index: int, options: Tr
             stats.first_truncated = stats.first_truncated or first_index + i + 1
             pieces[i] = ids = ids[:max_source]
         todo.append(i)
-    for batch in make_batches([len(pieces[i]) for i in todo], options.batch_size, options.max_tokens):
+    for batch in make_batches([len(pieces[i]) + 1 for i in todo], options.batch_size, options.max_tokens):
         idx = [todo[j] for j in batch]
         src = source_batch([pieces[i] for i in idx], device)
         for i, hyps in zip(idx, search(models, src, options, generator)):
             results[i] = hyps
             stats.src_tokens += len(pieces[i]) + 1
-            stats.tgt_tokens += len(hyps[0].tokens)
+            stats.tgt_tokens += len(hyps[0].tokens) if hyps else 0
     out = []
     for i, hyps in enumerate(results):
         # Output stays one line: sentencepiece pieces never hold line breaks, but be sure.
@@ -282,6 +283,10 @@ def translate(options: TranslateOptions) -> None:
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
     check_options(options)
+    if options.input is not None and not Path(options.input).is_file():
+        raise XfError(f"{options.input}: input file not found")
+    if options.output is not None and not Path(options.output).resolve().parent.is_dir():
+        raise XfError(f"{options.output}: its directory does not exist")
     device, dtype = resolve_device(options.device, options.precision)
     if options.threads > 0:
         torch.set_num_threads(options.threads)
