@@ -127,7 +127,7 @@ class DecoderState:
     def reorder_beams(self, rows: torch.Tensor) -> None:
         """Follow beams within their sentences: only the self-attention caches change, because
         the encoder output and cross-attention keys/values are the same for every beam of a
-        sentence (copying them each step would cost as much as the step's matmuls)."""
+        sentence; copying them at every step would only move memory around."""
         for cache in self.caches:
             if cache is not None:
                 for layer in cache:
