@@ -179,6 +179,24 @@ def test_non_finite_updates_are_skipped_then_stop_naming_the_last_good_checkpoin
     assert not all(torch.equal(at(3)[k], at(4)[k]) for k in at(3))
 
 
+def test_fp16_overflows_skip_lower_the_scale_then_stop(data_dir, tmp_path, monkeypatch):
+    """The dynamic loss scaling path (CUDA in real use), run on CPU's fp16 autocast."""
+    monkeypatch.setattr(train_module, "check_options", lambda o, device: None)
+    real = train_module.fused_output_loss
+    calls = {"n": 0}
+
+    def overflowing(features, weight, target, eps):
+        calls["n"] += 1
+        loss, nll = real(features, weight, target, eps)
+        return (loss * float("inf") if calls["n"] >= 2 else loss), nll
+
+    monkeypatch.setattr(train_module, "fused_output_loss", overflowing)
+    save = tmp_path / "ck"
+    with pytest.raises(XfError, match=r"3 consecutive updates with fp16 gradient overflows \(the loss scale fell to 8192\)"):
+        train(opts(data_dir, save, max_update=50, precision="fp16", max_nan_updates=3))
+    assert [r["scale"] for r in records(save, "overflow")] == [32768.0, 16384.0, 8192.0]
+
+
 # -- checkpoints that cannot run code, and bad input -------------------------------------------
 class Evil:
     def __reduce__(self):
