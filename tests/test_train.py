@@ -197,6 +197,17 @@ def test_fp16_overflows_skip_lower_the_scale_then_stop(data_dir, tmp_path, monke
     assert [r["scale"] for r in records(save, "overflow")] == [32768.0, 16384.0, 8192.0]
 
 
+def test_patience_stops_after_validations_without_improvement(data_dir, tmp_path, monkeypatch):
+    losses = iter([3.0, 2.0, 2.5, 2.6, 1.0])
+    monkeypatch.setattr(train_module, "validation_loss",
+                        lambda *args: {"loss": next(losses), "nll": 1.0, "ppl": 2.7})
+    save = tmp_path / "ck"
+    summary = train(opts(data_dir, save, max_update=50, validate_interval_updates=1, patience=2))
+    assert summary["stop_reason"] == "no improvement in 2 validations (--patience)"
+    assert summary["num_updates"] == 4 and summary["best"] == 2.0
+    assert load_checkpoint(save / "checkpoint_best.pt")["meta"]["num_updates"] == 2
+
+
 # -- checkpoints that cannot run code, and bad input -------------------------------------------
 class Evil:
     def __reduce__(self):
@@ -259,7 +270,8 @@ def cli_args(data_dir, save_dir, **kw) -> list[str]:
     return args
 
 
-def test_sigterm_finishes_the_update_saves_and_resumes(data_dir, tmp_path):
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+def test_signal_finishes_the_update_saves_and_resumes(data_dir, tmp_path, signum):
     save = tmp_path / "ck"
     args = [sys.executable, "-m", "xformer_cli", "train", *cli_args(data_dir, save, max_update=100000)]
     proc = subprocess.Popen(args, stderr=subprocess.PIPE, text=True, cwd=tmp_path)
@@ -268,9 +280,9 @@ def test_sigterm_finishes_the_update_saves_and_resumes(data_dir, tmp_path):
     while not (log.exists() and '"type": "train"' in log.read_text()):
         assert proc.poll() is None and time.monotonic() < deadline, proc.stderr.read() if proc.poll() is not None else "timeout"
         time.sleep(0.1)
-    proc.send_signal(signal.SIGTERM)
+    proc.send_signal(signum)
     _, err = proc.communicate(timeout=60)
-    assert proc.returncode == 128 + signal.SIGTERM, err
+    assert proc.returncode == 128 + signum, err
     assert "Resume by running the same command again" in err and "Traceback" not in err
     stopped = load_checkpoint(save / "checkpoint_last.pt")["train_state"]["position"]["num_updates"]
     assert stopped >= 1
