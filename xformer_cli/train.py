@@ -195,7 +195,8 @@ def check_resumable(ckpt: dict, path: Path, spm_model: bytes, data_path: Path, c
             f"{data_path}/spm.model is {ours[:12]}...); use the original data or another --save-dir"
         )
     wanted = config_to_dict(cfg)
-    diffs = [f"{k} {ckpt['model_config'].get(k)!r} vs {v!r}" for k, v in wanted.items() if ckpt["model_config"].get(k) != v]
+    diffs = [f"{k} {ckpt['model_config'].get(k)!r} there, {v!r} here" for k, v in wanted.items()
+             if ckpt["model_config"].get(k) != v]
     if diffs:
         raise XfError(f"{path}: the checkpoint's model differs from the options ({'; '.join(diffs)}); "
                       "use the same options to resume, or another --save-dir")
@@ -323,8 +324,8 @@ def _train(o: TrainOptions, env: distributed.Env, stop: StopSignal) -> dict:
     if o.max_update and o.max_epoch:
         total_updates = min(o.max_update, o.max_epoch * updates_per_epoch)
     if (o.max_update and pos.num_updates >= o.max_update) or (o.max_epoch and pos.epoch > o.max_epoch):
-        console.print(f"{last_path} has already reached --max-update/--max-epoch "
-                      f"(update {pos.num_updates}, epoch {pos.epoch - 1} done); nothing to do")
+        console.print(f"{last_path} has already reached --max-update/--max-epoch (update "
+                      f"{pos.num_updates:,}, epoch {pos.epoch}); nothing to do. Raise them to train on")
         return {"num_updates": pos.num_updates, "epoch": pos.epoch, "stop_reason": "already done"}
 
     # -- start-up report, effective configuration, log --------------------------------------------
