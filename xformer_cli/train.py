@@ -25,6 +25,7 @@ import random
 import re
 import shutil
 import signal
+import sys
 import tempfile
 import threading
 import time
@@ -123,9 +124,15 @@ def peak_memory_mib(device: torch.device) -> float:
     """Peak CUDA memory allocated by tensors, or the process's peak resident set on CPU."""
     if device.type == "cuda":
         return torch.cuda.max_memory_allocated(device) / 2**20
+    try:  # Linux: VmHWM is this process's own peak (ru_maxrss may be inherited from its parent)
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+    except OSError:
+        pass
     import resource
 
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / (1024 if sys.platform != "darwin" else 2**20)
 
 
 # -- state in and out of checkpoints -----------------------------------------------------------
