@@ -32,6 +32,7 @@ need xf "install xf (make venv) and put its bin/ on PATH, or run through make (m
 need python3 "python3 is needed to print the results table"
 
 # step NAME DONE CMD...: run CMD unless the file DONE exists; log the step's wall time.
+# (CMD runs where `set -e` does not apply, so the helpers below check their own commands.)
 step() {
   local name=$1 done=$2 start=$SECONDS
   shift 2
@@ -40,9 +41,12 @@ step() {
     return 0
   fi
   log "$name"
-  "$@"
-  [[ -e $done ]] || die "$name finished without writing $done"
+  local rc=0
+  "$@" || rc=$?
+  # an interrupted step's time counts too: the table adds up the runs that finished it
   printf '%s\t%s\n' "$name" "$((SECONDS - start))" >>"$WORK_DIR/timings.tsv"
+  ((rc == 0)) || die "$name failed (exit $rc); a re-run resumes here, finished steps are kept"
+  [[ -e $done ]] || die "$name finished without writing $done"
 }
 
 # yaml_get FILE SECTION KEY: a scalar from a two-level YAML file such as our configs.
@@ -155,7 +159,7 @@ pipeline() {
     to_file "$scores" xf score --config "$CONFIG" --ref "$TESTPREF.$TGT" --hyp "$hyp" --json \
     "${tokenized[@]}" "${score_args[@]}"
 
-  NGPU=$NGPU results_table "$scores" "$WORK_DIR/timings.tsv" "$NAME" "${PAPER:-}" | tee "$WORK_DIR/results.txt"
+  NGPU=$NGPU CONFIG=$CONFIG results_table "$scores" "$WORK_DIR/timings.tsv" "$NAME" "${PAPER:-}" | tee "$WORK_DIR/results.txt"
   if [[ -n ${EXAMPLES:-} ]]; then
     examples "$TESTPREF.$SRC" "$TESTPREF.$TGT" "$hyp" "$EXAMPLES"
   fi
@@ -165,7 +169,7 @@ pipeline() {
 train_then_mark() {
   local done=$1
   shift
-  "$@"
+  "$@" || return
   touch "$done"
 }
 
@@ -184,18 +188,21 @@ import json, os, platform, shutil, subprocess, sys
 scores_path, timings_path, name, paper = sys.argv[1:5]
 s = json.load(open(scores_path, encoding="utf-8"))
 get = lambda key: f"{s[key]['score']:.2f}" if key in s else "-"
-steps = [line.rstrip("\n").split("\t") for line in open(timings_path, encoding="utf-8")] if os.path.exists(timings_path) else []
+steps = {}  # step -> seconds, over all the runs that worked on it
+for line in open(timings_path, encoding="utf-8") if os.path.exists(timings_path) else []:
+    step, sec = line.rstrip("\n").split("\t")
+    steps[step] = steps.get(step, 0) + int(sec)
 minutes = lambda sec: f"{sec // 3600}:{sec // 60 % 60:02d}:{sec % 60:02d}"  # h:mm:ss
 rows = [
-    ("recipe", name),
+    ("recipe", f"{name} ({os.path.basename(os.environ.get('CONFIG', '?'))})"),
     ("test set", f"{os.path.basename(s['refs'][0])} ({s['lines']} lines)"),
     ("sacreBLEU", get("bleu") + (f"   ({s['bleu']['signature']})" if "bleu" in s else "")),
     ("BLEU tokenized, compound-split", get("tokenized_bleu") + (f"   (paper: {paper})" if paper else "")),
     ("chrF2", get("chrf")),
     ("TER", get("ter")),
 ]
-rows += [(f"time: {step}", minutes(int(sec))) for step, sec in steps]
-rows.append(("time: total", minutes(sum(int(sec) for _, sec in steps))))
+rows += [(f"time: {step}", minutes(sec)) for step, sec in steps.items()]
+rows.append(("time: total", minutes(sum(steps.values()))))
 cpu = next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")), platform.machine()) if os.path.exists("/proc/cpuinfo") else platform.machine()
 machine = f"{cpu}, {os.cpu_count()} CPU threads"
 if int(os.environ.get("NGPU") or 0) > 0:

@@ -305,3 +305,19 @@ def test_wmt14_end_to_end(tmp_path, tgt, paper):
     scores = check_results(tmp_path / "work", result.stdout, 40)
     assert f"(paper: {paper})" in result.stdout
     assert "tok:moses-" + tgt in scores["tokenized_bleu"]["signature"]
+
+
+@needs_pipeline
+def test_a_failing_step_stops_the_recipe_and_keeps_finished_steps(tmp_path):
+    env = {
+        "MULTI30K_DIR": multi30k_slice(tmp_path / "m30k"),
+        "WORK_DIR": tmp_path / "work",
+        "CONFIG": tiny_config(tmp_path),
+        "TRAIN_ARGS": "--arch no-such-preset",
+    }
+    result = run_recipe("multi30k/run.sh", env, "en-de", check=False)
+    assert result.returncode != 0
+    assert "train failed (exit" in result.stderr and "a re-run resumes here" in result.stderr
+    assert (tmp_path / "work" / "data-bin" / "meta.json").exists()
+    assert not (tmp_path / "work" / "checkpoints" / "train.done").exists()
+    assert not (tmp_path / "work" / "score.json").exists()
