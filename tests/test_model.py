@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from xformer_cli import build_model
-from xformer_cli.model import PAD_ID, PRESETS, model_config, sinusoidal_positions, Transformer
+from xformer_cli.model import PAD_ID, PRESETS, Dropout, attention, model_config, sinusoidal_positions, Transformer
 
 V = 40
 
@@ -171,3 +171,60 @@ def test_learns_copy_task():
     with torch.no_grad():
         acc = (model(src, prev).argmax(-1) == gold).float().mean().item()
     assert acc >= 0.99, acc
+
+
+@pytest.mark.parametrize("t, s", [(5, 7), (1, 9), (6, 6)])
+@pytest.mark.parametrize("kind", ["bool", "float", "causal", "none"])
+def test_matmul_attention_equals_sdpa(kind, t, s):
+    """The CPU matmul path for short sequences computes what SDPA computes, forward and backward."""
+    torch.manual_seed(0)
+    if kind == "causal":
+        s = t
+    q, k, v = (torch.randn(3, 2, n, 8, dtype=torch.float64, requires_grad=True) for n in (t, s, s))
+    mask = None
+    if kind == "bool":
+        mask = torch.rand(3, 1, t, s) > 0.3
+        mask[..., 0] = True  # every query sees at least one key
+    elif kind == "float":
+        mask = torch.randn(1, 2, t, s, dtype=torch.float64)
+    ours = attention(q, k, v, mask, causal=kind == "causal")
+    ref = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=kind == "causal")
+    torch.testing.assert_close(ours, ref)
+    grads = torch.autograd.grad(ours.square().sum(), (q, k, v))
+    ref_grads = torch.autograd.grad(ref.square().sum(), (q, k, v))
+    for g, r in zip(grads, ref_grads):
+        torch.testing.assert_close(g, r)
+
+
+def test_matmul_attention_fully_masked_row_stays_finite():
+    q, k, v = torch.randn(1, 1, 2, 4), torch.randn(1, 1, 3, 4), torch.randn(1, 1, 3, 4)
+    mask = torch.tensor([[True, True, False], [False, False, False]]).view(1, 1, 2, 3)
+    assert torch.isfinite(attention(q, k, v, mask)).all()
+
+
+@pytest.mark.parametrize("p", [0.1, 0.3])
+def test_dropout_keeps_the_expectation(p):
+    torch.manual_seed(0)
+    drop = Dropout(p).train()
+    x = torch.ones(400, 1000, requires_grad=True)
+    y = drop(x)
+    kept = y.ne(0)
+    assert abs(kept.float().mean().item() - (1 - p)) < 0.005  # 400k draws: sd 0.0007
+    torch.testing.assert_close(y[kept], torch.full_like(y[kept], 1 / (1 - p)), rtol=1e-4, atol=0)
+    assert abs(y.mean().item() - 1.0) < 0.01
+    # lanes are independent: rows do not repeat each other's pattern
+    assert not torch.equal(kept[0], kept[1])
+    y.sum().backward()
+    assert torch.equal(x.grad.ne(0), kept)  # the gradient flows through the kept elements only
+    torch.testing.assert_close(x.grad[kept], y[kept].detach())
+
+
+def test_dropout_is_identity_in_eval_and_reproducible_from_the_seed():
+    x = torch.randn(50, 30)
+    assert Dropout(0.5).eval()(x) is x
+    torch.manual_seed(3)
+    a = Dropout(0.5).train()(x)
+    torch.manual_seed(3)
+    b = Dropout(0.5).train()(x)
+    assert torch.equal(a, b)
+    assert torch.equal(Dropout(1.0).train()(x), torch.zeros_like(x))

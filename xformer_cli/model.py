@@ -105,6 +105,36 @@ def alibi_slopes(heads: int) -> torch.Tensor:
     return torch.tensor([2 ** (-8 * (i + 1) / heads) for i in range(heads)])
 
 
+# Up to this many query x key positions per head, CPUs run attention as two plain matmuls and a
+# softmax: 1.4-1.8x faster than SDPA's flash kernel, forward + backward, for captions and
+# sentences (T = 16-48) and for single-token decoding steps; longer sequences take SDPA, whose
+# memory does not grow with T x S. Measured on 2 cores with B x T = 4096 tokens, H 4, K 64.
+MATMUL_ATTENTION_MAX_POSITIONS = 64 * 64
+
+
+def attention(q, k, v, mask=None, causal: bool = False, dropout: float = 0.0) -> torch.Tensor:
+    """softmax(q k^T / sqrt(K) + mask) v for q (B, H, T, K), k and v (B, H, S, K) -> (B, H, T, K).
+
+    mask: boolean, True where attention is allowed, or an additive float bias; broadcast to
+    (B, H, T, S). causal: mask future keys instead (T == S). dropout: on the attention weights.
+    """
+    t, s = q.size(-2), k.size(-2)
+    if q.device.type != "cpu" or t * s > MATMUL_ATTENTION_MAX_POSITIONS:
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout, is_causal=causal)
+    scores = (q * q.size(-1) ** -0.5) @ k.transpose(-1, -2)  # (B, H, T, S)
+    if causal:
+        mask = torch.ones(t, s, dtype=torch.bool, device=q.device).tril(s - t)
+    if mask is not None and mask.dtype == torch.bool:
+        # the dtype's lowest value, not -inf: a fully masked row (padding) stays finite, as in SDPA
+        scores = scores.masked_fill(~mask, torch.finfo(scores.dtype).min)
+    elif mask is not None:
+        scores = scores + mask
+    weights = scores.softmax(dim=-1)
+    if dropout:
+        weights = F.dropout(weights, dropout, True)
+    return weights @ v
+
+
 class MultiHeadAttention(nn.Module):
     """h heads of scaled dot-product attention (Sec. 3.2) with one fused q/k/v projection.
 
@@ -168,16 +198,56 @@ class MultiHeadAttention(nn.Module):
                 k, v = self.project_kv(memory)
                 if cache is not None:
                     cache["k"], cache["v"] = k, v
-        out = F.scaled_dot_product_attention(
-            q,
-            k,
-            v,
-            attn_mask=mask,
-            dropout_p=self.dropout if self.training else 0.0,
-            is_causal=causal and mask is None,
-        )  # (B, H, T, K)
+        out = attention(q, k, v, mask, causal and mask is None, self.dropout if self.training else 0.0)
         b, _, t, _ = out.shape
         return self.out_proj(out.transpose(1, 2).reshape(b, t, d))
+
+
+class _MaskedScale(torch.autograd.Function):
+    """x * mask * scale with the mask kept as bool (1 byte an element) for the backward."""
+
+    @staticmethod
+    def forward(ctx, x, mask, scale: float):
+        ctx.save_for_backward(mask)
+        ctx.scale = scale
+        return x * mask * scale
+
+    @staticmethod
+    def backward(ctx, grad):
+        (mask,) = ctx.saved_tensors
+        return grad * mask * ctx.scale, None, None
+
+
+class Dropout(nn.Module):
+    """Inverted dropout, as nn.Dropout, with a faster mask on CPUs.
+
+    On CPUs, torch's dropout draws one Bernoulli sample per element from mt19937, which took about
+    9% of a training step of the small preset (2 cores). Here one 64-bit draw makes four 16-bit
+    uniform lanes and an element is kept when its lane is at least p * 2^16: the keep probability
+    is 1 - round(p * 2^16) / 2^16 (within 8e-6 of 1 - p) and the scale is its exact inverse, so the
+    expectation is unchanged. 3-4x faster; same global generator, so runs stay reproducible from
+    the seed. Other devices use F.dropout (CUDA's is fused and fast).
+    """
+
+    def __init__(self, p: float):
+        super().__init__()
+        if not 0.0 <= p <= 1.0:
+            raise ValueError(f"dropout probability must be in [0, 1], got {p}")
+        self.p = p
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not self.training or self.p == 0.0:
+            return x
+        drop = round(self.p * 65536)
+        if x.device.type != "cpu" or drop == 65536:
+            return F.dropout(x, self.p, True)
+        n = x.numel()
+        bits = torch.randint(-(2**63), 2**63 - 1, ((n + 3) // 4,), dtype=torch.int64)
+        keep = bits.view(torch.int16)[:n].view(x.shape) >= drop - 32768
+        return _MaskedScale.apply(x, keep, 65536 / (65536 - drop))
+
+    def extra_repr(self) -> str:
+        return f"p={self.p}"
 
 
 class FeedForward(nn.Module):
@@ -189,7 +259,7 @@ class FeedForward(nn.Module):
         # SwiGLU has a gate and a value projection; both live in fc1 (2 * d_ff outputs).
         self.fc1 = nn.Linear(d_model, 2 * d_ff if activation == "swiglu" else d_ff)
         self.fc2 = nn.Linear(d_ff, d_model)
-        self.activation_dropout = nn.Dropout(activation_dropout)
+        self.activation_dropout = Dropout(activation_dropout)
         for lin in (self.fc1, self.fc2):
             nn.init.xavier_uniform_(lin.weight)
             nn.init.zeros_(lin.bias)
@@ -217,7 +287,7 @@ class Sublayer(nn.Module):
     def __init__(self, d_model: int, dropout: float, normalize_before: bool):
         super().__init__()
         self.norm = nn.LayerNorm(d_model)
-        self.dropout = nn.Dropout(dropout)
+        self.dropout = Dropout(dropout)
         self.normalize_before = normalize_before
 
     def forward(self, x: torch.Tensor, fn) -> torch.Tensor:
@@ -300,7 +370,7 @@ class Transformer(nn.Module):
             self.register_buffer("rope_sin", sin, persistent=False)
         elif cfg.positions == "alibi":
             self.register_buffer("alibi_slopes", alibi_slopes(cfg.heads), persistent=False)
-        self.dropout = nn.Dropout(cfg.dropout)
+        self.dropout = Dropout(cfg.dropout)
 
         self.encoder_layers = nn.ModuleList(EncoderLayer(cfg) for _ in range(cfg.encoder_layers))
         self.decoder_layers = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.decoder_layers))
