@@ -3,7 +3,8 @@
 
 Each configuration runs ``xf train`` in its own process (so peak memory is its own) for
 XF_BENCH_TRAIN_UPDATES updates, or until XF_BENCH_TRAIN_SECONDS have passed, when it is stopped
-with SIGTERM and reports what it did (xf train's graceful stop). Speeds exclude start-up (the
+with SIGTERM and reports what it did (xf train's graceful stop). XF_BENCH_TRAIN_PRECISIONS picks
+the precisions (default fp32,bf16). Speeds exclude start-up (the
 first update) and validation: they are xf train's own summary. MFU divides the model FLOPs of
 the tokens trained (forward + backward, counted by torch's FlopCounterMode on real batches) by a
 matrix-multiply peak measured in this run, in the same dtype and with the same threads.
@@ -29,6 +30,7 @@ REPO = Path(__file__).resolve().parents[1]
 MULTI30K = Path(os.environ.get("MULTI30K_DIR", REPO / ".." / "shared" / "data" / "multi30k")).resolve()
 UPDATES = int(os.environ.get("XF_BENCH_TRAIN_UPDATES", "60"))
 SECONDS = float(os.environ.get("XF_BENCH_TRAIN_SECONDS", "600"))
+PRECISIONS = os.environ.get("XF_BENCH_TRAIN_PRECISIONS", "fp32,bf16").split(",")
 ARCH, MAX_TOKENS = "small", 4096
 FAIRSEQ_FP32_TGT_TOK_S = 2400.0  # issue 4's reference
 
@@ -111,9 +113,8 @@ def rows() -> list[dict]:
     with tempfile.TemporaryDirectory() as tmp:
         data = prepare_data(Path(tmp))
         per_token = flops_per_target_token(data)
-        configs = [("cpu", "fp32"), ("cpu", "bf16")]
-        if torch.cuda.is_available():
-            configs += [("cuda", "fp32"), ("cuda", "bf16")]
+        devices = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+        configs = [(device, precision) for device in devices for precision in PRECISIONS]
         fp32_speed = {}
         for device, precision in configs:
             dtype = torch.float32 if precision == "fp32" else torch.bfloat16
