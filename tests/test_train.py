@@ -312,3 +312,36 @@ def test_ddp_two_gloo_processes_equal_one_process_accumulating(data_dir, tmp_pat
     assert moved > 1e-4  # the update did move the weights: the comparison means something
     ddp_log = records(tmp_path / "ddp", "start")[0]
     assert ddp_log["world_size"] == 2
+
+
+def test_tensorboard_scalars_match_the_jsonl_log(data_dir, tmp_path):
+    pytest.importorskip("tensorboard")
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    save, logdir = tmp_path / "ck", tmp_path / "tb"
+    train(opts(data_dir, save, max_update=3, validate_interval_updates=3, tensorboard_logdir=str(logdir)))
+    events = EventAccumulator(str(logdir))
+    events.Reload()
+    tags = set(events.Tags()["scalars"])
+    assert {"train/loss", "train/lr", "train/tgt_tok_s", "valid/loss", "valid/ppl"} <= tags, tags
+    logged = records(save, "train")
+    assert [(e.step, e.value) for e in events.Scalars("train/loss")] == pytest.approx(
+        [(r["update"], r["loss"]) for r in logged], rel=1e-6)
+    assert [e.step for e in events.Scalars("valid/loss")] == [3]
+
+
+def test_stop_time_hours_counts_resumed_time_and_leaves_a_numbered_checkpoint(data_dir, tmp_path):
+    save = tmp_path / "ck"
+    # 0.36 ms: over after the first update at the latest, so the second update is the last
+    summary = train(opts(data_dir, save, max_epoch=5, stop_time_hours=1e-7))
+    assert summary["stop_reason"] == "reached --stop-time-hours 1e-07"
+    n = summary["num_updates"]
+    assert n in (1, 2)
+    assert (save / f"checkpoint_1_{n}.pt").exists()  # not an interval: written because training stopped
+    state = load_checkpoint(save / "checkpoint_last.pt")["train_state"]
+    assert state["elapsed_seconds"] > 0
+    # the time already spent counts after a resume: nothing left to do
+    assert train(opts(data_dir, save, max_epoch=5, stop_time_hours=1e-7))["stop_reason"] == "already done"
+    # a larger budget trains on from where it stopped
+    more = train(opts(data_dir, save, max_epoch=5, stop_time_hours=1.0, max_update=4))
+    assert more["num_updates"] == 4

@@ -59,6 +59,8 @@ class TrainOptions:
     update_freq: int = option(1, "micro-batches accumulated per update")
     max_update: int = option(0, "stop after this many updates (0: no limit)")
     max_epoch: int = option(0, "stop after this many epochs (0: no limit)")
+    stop_time_hours: float = option(0.0, "stop after this many hours of training wall time, resumes "
+                                    "included (0: no limit)")
     # optimization
     optimizer: Literal["adam"] = option("adam", "Adam (beta1 0.9, beta2 0.98, eps 1e-9)")
     adam_betas: tuple[float, ...] = option((0.9, 0.98), "Adam betas (paper: 0.9 0.98)")

@@ -61,7 +61,7 @@ def check_options(o: TrainOptions, device: torch.device) -> None:
     positive = ("max_tokens", "update_freq", "log_interval", "max_nan_updates")
     non_negative = ("max_update", "max_epoch", "save_interval_updates", "keep_last_checkpoints",
                     "validate_interval_updates", "patience", "clip_norm", "weight_decay", "threads",
-                    "warmup_updates", "save_interval_minutes")
+                    "warmup_updates", "save_interval_minutes", "stop_time_hours")
     for name in positive:
         if getattr(o, name) < 1:
             raise ConfigError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(o, name)}")
@@ -306,6 +306,7 @@ def _train(o: TrainOptions, env: distributed.Env, stop: StopSignal) -> dict:
     scaler = torch.amp.GradScaler(device.type, enabled=o.precision == "fp16")
     autocast = autocast_context(o.precision, device)
     pos = Position()
+    elapsed_before = 0.0  # training wall time of earlier runs (--stop-time-hours counts it)
     if ckpt is not None:
         model.load_state_dict(ckpt["model"])
         state = ckpt["train_state"]
@@ -314,6 +315,7 @@ def _train(o: TrainOptions, env: distributed.Env, stop: StopSignal) -> dict:
             scaler.load_state_dict(state["scaler"])
         set_rng_states(state["rng"])
         pos = Position(**state["position"])
+        elapsed_before = float(state.get("elapsed_seconds", 0.0))
         if state.get("num_batches") != len(batches):
             console.print(f"[yellow]warning:[/yellow] the batches differ from those of {last_path} (another "
                           f"--max-tokens or data?): epoch {pos.epoch} restarts from its beginning")
@@ -330,8 +332,10 @@ def _train(o: TrainOptions, env: distributed.Env, stop: StopSignal) -> dict:
     total_updates = o.max_update or (o.max_epoch * updates_per_epoch if o.max_epoch else None)
     if o.max_update and o.max_epoch:
         total_updates = min(o.max_update, o.max_epoch * updates_per_epoch)
-    if (o.max_update and pos.num_updates >= o.max_update) or (o.max_epoch and pos.epoch > o.max_epoch):
-        console.print(f"{last_path} has already reached --max-update/--max-epoch (update "
+    time_limit = 3600.0 * o.stop_time_hours
+    if ((o.max_update and pos.num_updates >= o.max_update) or (o.max_epoch and pos.epoch > o.max_epoch)
+            or (time_limit and elapsed_before >= time_limit)):
+        console.print(f"{last_path} has already reached --max-update/--max-epoch/--stop-time-hours (update "
                       f"{pos.num_updates:,}, epoch {pos.epoch}); nothing to do. Raise them to train on")
         return {"num_updates": pos.num_updates, "epoch": pos.epoch, "stop_reason": "already done"}
 
@@ -380,6 +384,7 @@ def _train(o: TrainOptions, env: distributed.Env, stop: StopSignal) -> dict:
             "options": effective_options(o, cfg),
             "world_size": env.world_size,
             "num_batches": len(batches),
+            "elapsed_seconds": elapsed(),
         }
         meta = {"epoch": pos.epoch, "num_updates": pos.num_updates, "source_lang": data.source_lang,
                 "target_lang": data.target_lang, **{f"valid_{k}": v for k, v in valid.items()}}
@@ -415,6 +420,11 @@ def _train(o: TrainOptions, env: distributed.Env, stop: StopSignal) -> dict:
     first_update_of_process = True
     last_save_time = time.monotonic()
     stop_reason = None
+    loop_start = time.monotonic()
+
+    def elapsed() -> float:
+        return elapsed_before + time.monotonic() - loop_start
+
     model.train()
     try:
         while stop_reason is None:
@@ -429,8 +439,10 @@ def _train(o: TrainOptions, env: distributed.Env, stop: StopSignal) -> dict:
                 micro = [collate([train_set[i] for i in batches[b]]) for b in share]
                 # One collective per update: the token counts of all ranks (to normalize the
                 # gradient by the whole update's target tokens) and whether a rank was signalled.
-                ntokens, src_tokens, signalled = env.sum(
-                    [sum(b["ntokens"] for b in micro), sum(b["src_tokens"] for b in micro), stop.signum]
+                # Rank 0's clock decides --stop-time-hours for all: this update is the last.
+                ntokens, src_tokens, signalled, out_of_time = env.sum(
+                    [sum(b["ntokens"] for b in micro), sum(b["src_tokens"] for b in micro), stop.signum,
+                     int(env.is_main and bool(time_limit) and elapsed() >= time_limit)]
                 )
                 if signalled:
                     stop_reason = "signal"
@@ -518,6 +530,8 @@ def _train(o: TrainOptions, env: distributed.Env, stop: StopSignal) -> dict:
                 eta = None
                 if total_updates and timed["updates"]:
                     eta = (total_updates - pos.num_updates) * timed["seconds"] / timed["updates"]
+                if time_limit:
+                    eta = min(eta if eta is not None else math.inf, max(0.0, time_limit - elapsed()))
                 report.advance(pos.num_updates, epoch, eta)
 
                 # -- log -------------------------------------------------------------------------
@@ -545,10 +559,14 @@ def _train(o: TrainOptions, env: distributed.Env, stop: StopSignal) -> dict:
                     stop_reason = f"reached --max-update {o.max_update}"
                 elif end_of_epoch and o.max_epoch and epoch >= o.max_epoch:
                     stop_reason = f"reached --max-epoch {o.max_epoch}"
+                elif out_of_time:
+                    stop_reason = f"reached --stop-time-hours {o.stop_time_hours:g}"
                 validate_now = end_of_epoch or stop_reason is not None or (
                     o.validate_interval_updates and pos.num_updates % o.validate_interval_updates == 0)
                 names = []
-                if end_of_epoch or (o.save_interval_updates and pos.num_updates % o.save_interval_updates == 0):
+                # a numbered checkpoint at every stop too, so that averaging sees the final weights
+                if end_of_epoch or stop_reason is not None or (
+                        o.save_interval_updates and pos.num_updates % o.save_interval_updates == 0):
                     names.append(f"checkpoint_{epoch}_{pos.num_updates}.pt")
                 if validate_now:
                     last_valid, improved = validate(epoch)

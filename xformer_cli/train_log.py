@@ -103,6 +103,7 @@ class Reporter:
             TimeElapsedColumn(),
             TextColumn("ETA {task.fields[eta]}"),
             console=self.console,
+            refresh_per_second=2,  # an update takes about a second on CPU; rendering costs CPU too
         )
         self.progress.start()
         of = f"/{total:,}" if total else ""
