@@ -135,6 +135,16 @@ def peak_memory_mib(device: torch.device) -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / (1024 if sys.platform != "darwin" else 2**20)
 
 
+def make_optimizer(model: torch.nn.Module, o: TrainOptions) -> torch.optim.Optimizer:
+    """Adam(W) with the fused kernel (one kernel per tensor: ~2x faster than foreach on CPU, and
+    far less sensitive to other jobs on the cores); the foreach one where fused is unavailable."""
+    kwargs = dict(lr=0.0, betas=tuple(o.adam_betas), eps=o.adam_eps, weight_decay=o.weight_decay)
+    try:
+        return torch.optim.AdamW(model.parameters(), fused=True, **kwargs)
+    except (RuntimeError, ValueError):
+        return torch.optim.AdamW(model.parameters(), foreach=True, **kwargs)
+
+
 # -- state in and out of checkpoints -----------------------------------------------------------
 @dataclasses.dataclass
 class Position:
@@ -301,8 +311,7 @@ def _train(o: TrainOptions, env: distributed.Env, stop: StopSignal) -> dict:
     torch.manual_seed(o.seed)
     model = Transformer(cfg).to(device)
     # Decoupled weight decay as fairseq's Adam; with --weight-decay 0 (default) this is Adam.
-    optimizer = torch.optim.AdamW(model.parameters(), lr=0.0, betas=tuple(o.adam_betas), eps=o.adam_eps,
-                                  weight_decay=o.weight_decay, foreach=True)
+    optimizer = make_optimizer(model, o)
     scaler = torch.amp.GradScaler(device.type, enabled=o.precision == "fp16")
     autocast = autocast_context(o.precision, device)
     pos = Position()
