@@ -3,12 +3,12 @@ layer), and forward+backward time of the small and base presets on a fixed batch
 
 from __future__ import annotations
 
-import resource
 import time
 
 import torch
 
 from xformer_cli.model import MultiHeadAttention, build_model
+from xformer_cli.train import peak_memory_mib
 
 
 def _time(fn, repeat: int) -> float:
@@ -20,7 +20,7 @@ def _time(fn, repeat: int) -> float:
 
 
 def _peak_rss_mb() -> float:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    return peak_memory_mib(torch.device("cpu"))  # VmHWM: this process's own peak, not its parent's
 
 
 def _attention_case(n: int, d: int, heads: int, batch: int, queue) -> None:

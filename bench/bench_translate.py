@@ -20,7 +20,6 @@ from __future__ import annotations
 import io
 import json
 import os
-import resource
 import subprocess
 import sys
 import tempfile
@@ -68,6 +67,7 @@ def run_case(checkpoint: str, lines: list[str], beam: int, mode: str, trained: b
 
     from xformer_cli.options import TranslateOptions
     from xformer_cli.search import beam_search
+    from xformer_cli.train import peak_memory_mib
     from xformer_cli.translate import Stats, load_ensemble, make_batches, source_batch, translate_buffer
 
     if THREADS:
@@ -94,7 +94,7 @@ def run_case(checkpoint: str, lines: list[str], beam: int, mode: str, trained: b
             for i, h in zip(batch, hyps):
                 outputs[i], tokens = sp.decode(h[0].tokens[:-1]), tokens + len(h[0].tokens)
         seconds = time.perf_counter() - start
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    peak = peak_memory_mib(cpu)  # VmHWM: ru_maxrss would include the parent's peak (exec keeps it)
     return dict(seconds=seconds, tokens=tokens, peak=peak, outputs=outputs, threads=torch.get_num_threads())
 
 

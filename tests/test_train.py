@@ -243,6 +243,7 @@ def test_vocabulary_mismatch_on_resume_changes_nothing(data_dir, raw_slice, tmp_
     (dict(lr_scheduler="inverse_sqrt"), "needs a peak learning rate"),
     (dict(precision="fp16"), "fp16 needs a CUDA device"),
     (dict(max_tokens=0), "--max-tokens must be at least 1"),
+    (dict(stop_time_hours=-0.5), "--stop-time-hours must not be negative"),
 ])
 def test_bad_options_are_one_line_errors(data_dir, tmp_path, change, message):
     o = dataclasses.replace(opts(data_dir, tmp_path / "ck", max_update=1), **change)
