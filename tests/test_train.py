@@ -97,6 +97,7 @@ def test_trains_to_falling_validation_loss_with_all_outputs(data_dir, tmp_path):
     names = sorted(p.name for p in save.iterdir())
     numbered = [n for n in names if n.startswith("checkpoint_") and n.count("_") == 2]
     assert [n.split("_")[1] for n in numbered] == ["2", "3"]  # epoch-end checkpoints, the last 2 kept
+    assert all(load_checkpoint(save / n)["meta"]["end_of_epoch"] for n in numbered)  # for --num-epoch-checkpoints
     assert {"checkpoint_last.pt", "checkpoint_best.pt", "config.yaml", "train_log.jsonl"} <= set(names)
     assert not [n for n in names if n.endswith(".tmp")]
 
@@ -339,7 +340,8 @@ def test_stop_time_hours_counts_resumed_time_and_leaves_a_numbered_checkpoint(da
     assert summary["stop_reason"] == "reached --stop-time-hours 1e-07"
     n = summary["num_updates"]
     assert n in (1, 2)
-    assert (save / f"checkpoint_1_{n}.pt").exists()  # not an interval: written because training stopped
+    stopped = load_checkpoint(save / f"checkpoint_1_{n}.pt")  # not an interval: written because training stopped
+    assert stopped["meta"]["end_of_epoch"] is False
     state = load_checkpoint(save / "checkpoint_last.pt")["train_state"]
     assert state["elapsed_seconds"] > 0
     # the time already spent counts after a resume: nothing left to do

@@ -395,7 +395,9 @@ def _train(o: TrainOptions, env: distributed.Env, stop: StopSignal) -> dict:
             "num_batches": len(batches),
             "elapsed_seconds": elapsed(),
         }
-        meta = {"epoch": pos.epoch, "num_updates": pos.num_updates, "source_lang": data.source_lang,
+        # an epoch has just ended when the position is at the start of the next one
+        meta = {"epoch": pos.epoch, "num_updates": pos.num_updates, "end_of_epoch": pos.batch_offset == 0,
+                "source_lang": data.source_lang,
                 "target_lang": data.target_lang, **{f"valid_{k}": v for k, v in valid.items()}}
         paths = [save_dir / name for name in names]
         save_checkpoint(paths[0], make_checkpoint(model, spm_model, train_state, meta))

@@ -3,7 +3,7 @@
 #   xf preprocess (joint BPE) -> xf train -> xf average-checkpoints -> xf translate test2016
 #   -> xf score (sacreBLEU, chrF, TER, and tokenized BLEU where sacremoses is installed)
 #
-#   bash recipes/multi30k/run.sh [en-de|en-fr]                             # cpu.yaml: ~45 min, 2 cores
+#   bash recipes/multi30k/run.sh [en-de|en-fr]                             # cpu.yaml: ~35 min, 2 cores
 #   CONFIG=recipes/multi30k/quick.yaml bash recipes/multi30k/run.sh en-de  # ~10 min (make demo)
 #   TRAIN_ARGS="--max-update 300" WORK_DIR=/tmp/m30k bash recipes/multi30k/run.sh en-fr
 #
