@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# What `make demo` runs: the Multi30k EN-DE recipe in a short setting (about 10 minutes on a
+# What `make demo` runs: the Multi30k EN-DE recipe in a short setting (10-13 minutes on a
 # 2-core CPU), ending with its BLEU and a few example translations.
 #
 #   bash recipes/quickstart.sh                      # outputs in work-dirs/quickstart

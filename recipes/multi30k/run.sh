@@ -4,7 +4,7 @@
 #   -> xf score (sacreBLEU, chrF, TER, and tokenized BLEU where sacremoses is installed)
 #
 #   bash recipes/multi30k/run.sh [en-de|en-fr]                             # cpu.yaml: ~35 min, 2 cores
-#   CONFIG=recipes/multi30k/quick.yaml bash recipes/multi30k/run.sh en-de  # ~10 min (make demo)
+#   CONFIG=recipes/multi30k/quick.yaml bash recipes/multi30k/run.sh en-de  # 10-13 min (make demo)
 #   TRAIN_ARGS="--max-update 300" WORK_DIR=/tmp/m30k bash recipes/multi30k/run.sh en-fr
 #
 # Data: MULTI30K_DIR (train/val/test2016 .en/.de/.fr; missing files are downloaded into it), else
