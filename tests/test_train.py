@@ -258,7 +258,7 @@ def test_non_finite_updates_are_skipped_then_stop_naming_the_last_good_checkpoin
 
 def test_fp16_overflows_skip_lower_the_scale_then_stop(data_dir, tmp_path, monkeypatch):
     """The dynamic loss scaling path (CUDA in real use), run on CPU's fp16 autocast."""
-    monkeypatch.setattr(train_module, "check_options", lambda o, device: None)
+    monkeypatch.setattr(train_module, "check_precision", lambda o, device: None)
     real = train_module.fused_output_loss
     calls = {"n": 0}
 
@@ -325,9 +325,8 @@ def test_vocabulary_mismatch_on_resume_changes_nothing(data_dir, raw_slice, tmp_
     (dict(stop_time_hours=-0.5), "--stop-time-hours must not be negative"),
 ])
 def test_bad_options_are_one_line_errors(data_dir, tmp_path, change, message):
-    o = dataclasses.replace(opts(data_dir, tmp_path / "ck", max_update=1), **change)
-    with pytest.raises(XfError, match=message) as e:
-        train(o)
+    with pytest.raises(XfError, match=message) as e:  # impossible values: already when the options are made
+        train(dataclasses.replace(opts(data_dir, tmp_path / "ck", max_update=1), **change))
     assert "\n" not in str(e.value)
     assert not (tmp_path / "ck").exists()
 

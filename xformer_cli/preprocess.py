@@ -80,17 +80,9 @@ def plan_splits(o: PreprocessOptions) -> list[Split]:
     return splits
 
 
-def check_options(o: PreprocessOptions) -> None:
-    if o.source_lang == o.target_lang:
-        raise XfError(f"--source-lang and --target-lang are both {o.source_lang!r}")
-    if not o.trainpref and not o.spm_model:
-        raise XfError("--trainpref is required (or --spm-model to binarize valid/test sets only)")
-    if o.workers < 1:
-        raise XfError(f"--workers must be at least 1, got {o.workers}")
-    if o.max_len < 1 or o.max_len_ratio < 1:
-        raise XfError("--max-len must be at least 1 and --max-len-ratio at least 1.0")
-    if o.bpe_sample_lines < 1 or o.bpe_vocab_size < 8:
-        raise XfError("--bpe-sample-lines must be positive and --bpe-vocab-size at least 8")
+def check_destdir(o: PreprocessOptions) -> None:
+    """The destination is a directory, empty unless --overwrite (the option values themselves
+    are checked by PreprocessOptions)."""
     dest = Path(o.destdir)
     if dest.exists() and not dest.is_dir():
         raise XfError(f"destdir {dest} exists and is not a directory")
@@ -418,7 +410,7 @@ def encode_splits(o: PreprocessOptions, splits: list[Split], out: Path, dtype: n
 
 def preprocess(o: PreprocessOptions) -> dict:
     """Run ``xf preprocess``; returns the meta.json dict written into ``o.destdir``."""
-    check_options(o)
+    check_destdir(o)
     splits = plan_splits(o)
     console = Console(stderr=True)
     dest = Path(o.destdir)

@@ -1,6 +1,6 @@
 """xf train: the paper's training recipe (Sec. 5), on one CPU, one GPU or many under torchrun.
 
-Read top to bottom: option checks and checkpoint state; the policy, a pure function that says
+Read top to bottom: helpers and checkpoint state; the policy, a pure function that says
 after each update whether to log, validate, write which checkpoints, and stop (and why);
 ``train_step``, one update:
 
@@ -45,51 +45,31 @@ from .data import DataDir, ParallelDataset, batch_by_size, collate
 from .errors import XfError
 from .fileio import atomic_write, atomic_write_text
 from .loss import fused_output_loss
-from .model import ModelConfig, Transformer, config_to_dict, model_config
-from .options import TrainOptions
+from .model import Transformer, config_to_dict
+from .options import MODEL_OVERRIDES, ModelConfig, TrainOptions, model_config
 from .schedule import learning_rate
 from .train_log import Reporter, format_seconds
 from .validate import validation_bleu, validation_loss
 
-# TrainOptions fields that override a preset's ModelConfig field of the same name.
-MODEL_FIELDS = [f.name for f in dataclasses.fields(ModelConfig) if f.name in TrainOptions.__dataclass_fields__]
 CHECKPOINT_NAME = re.compile(r"checkpoint_(\d+)_(\d+)\.pt")
 
 
 # -- options -----------------------------------------------------------------------------------
-def check_options(o: TrainOptions, device: torch.device) -> None:
-    """Reject impossible combinations before anything is read or written."""
-    positive = ("max_tokens", "update_freq", "log_interval", "max_nan_updates")
-    non_negative = ("max_update", "max_epoch", "save_interval_updates", "keep_last_checkpoints",
-                    "validate_interval_updates", "patience", "clip_norm", "weight_decay", "threads",
-                    "warmup_updates", "save_interval_minutes", "stop_time_hours")
-    for name in positive:
-        if getattr(o, name) < 1:
-            raise ConfigError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(o, name)}")
-    for name in non_negative:
-        if getattr(o, name) < 0:
-            raise ConfigError(f"--{name.replace('_', '-')} must not be negative, got {getattr(o, name)}")
-    if not 0 <= o.label_smoothing < 1:
-        raise ConfigError(f"--label-smoothing must be in [0, 1), got {o.label_smoothing}")
-    if len(o.adam_betas) != 2 or not all(0 <= b < 1 for b in o.adam_betas):
-        raise ConfigError(f"--adam-betas needs two values in [0, 1), got {list(o.adam_betas)}")
-    if o.lr_scheduler == "noam" and o.warmup_updates < 1:
-        raise ConfigError("--lr-scheduler noam needs --warmup-updates of at least 1")
-    if o.lr_scheduler == "inverse_sqrt" and o.lr is None:
-        raise ConfigError("--lr-scheduler inverse_sqrt needs a peak learning rate: --lr (e.g. 5e-4)")
+def check_precision(o: TrainOptions, device: torch.device) -> None:
+    """The one check that needs the device (the others are TrainOptions.__post_init__'s)."""
     if o.precision == "fp16" and device.type != "cuda":
         raise ConfigError("--precision fp16 needs a CUDA device (on CPU use bf16 or fp32)")
 
 
 def build_config(o: TrainOptions, vocab_size: int) -> ModelConfig:
     """The preset named by --arch with the model options given on the command line applied."""
-    return model_config(o.arch, vocab_size=vocab_size, **{name: getattr(o, name) for name in MODEL_FIELDS})
+    return model_config(o.arch, vocab_size=vocab_size, **{name: getattr(o, name) for name in MODEL_OVERRIDES})
 
 
 def effective_options(o: TrainOptions, cfg: ModelConfig) -> dict:
     """The options as run: model overrides left unset are filled with the preset's values."""
     values = to_dict(o)
-    for name in MODEL_FIELDS:
+    for name in MODEL_OVERRIDES:
         values[name] = getattr(cfg, name)
     return values
 
@@ -774,7 +754,7 @@ def train(options: TrainOptions) -> dict:
     """Train as ``options`` say; returns the final summary (also the last line of train_log.jsonl)."""
     env = distributed.setup(options.device)
     try:
-        check_options(options, env.device)
+        check_precision(options, env.device)
         with StopSignal() as stop:
             run = set_up(options, env)
             done = already_done(run)
