@@ -21,8 +21,8 @@ from xformer_cli.config import ConfigError, load_options
 from xformer_cli.errors import XfError
 from xformer_cli.options import PreprocessOptions, TrainOptions
 from xformer_cli.preprocess import preprocess
-from xformer_cli.train import (AfterUpdate, Plan, epoch_order, improves, plan_after_validation, plan_update,
-                               rank_share, remove_old_checkpoints, train)
+from xformer_cli.train import (AfterUpdate, Plan, improves, plan_after_validation, plan_update,
+                               remove_old_checkpoints, train)
 
 REPO = Path(__file__).resolve().parents[1]
 # A model small enough that an update takes milliseconds.
@@ -69,18 +69,6 @@ def records(save_dir, kind):
 
 
 # -- pure pieces ---------------------------------------------------------------------------------
-def test_epoch_order_is_a_seeded_permutation():
-    a, b = epoch_order(50, 1, 1), epoch_order(50, 1, 2)
-    assert sorted(a.tolist()) == list(range(50)) and not np.array_equal(a, b)
-    assert np.array_equal(a, epoch_order(50, 1, 1))
-
-
-def test_rank_share_is_disjoint_and_pads_a_short_last_update():
-    order = np.arange(10)
-    assert [rank_share(order[0:4], order, r, 2).tolist() for r in (0, 1)] == [[0, 2], [1, 3]]
-    assert [rank_share(order[9:10], order, r, 2).tolist() for r in (0, 1)] == [[9], [0]]
-
-
 def test_remove_old_checkpoints_keeps_the_newest_by_update(tmp_path):
     for name in ("checkpoint_1_5.pt", "checkpoint_1_10.pt", "checkpoint_2_20.pt", "checkpoint_last.pt"):
         (tmp_path / name).write_bytes(b"x")

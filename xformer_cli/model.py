@@ -6,7 +6,7 @@ and decoder layers, then the model. Defaults are the paper's (post-LN, ReLU, sin
 positions, three-way tied embeddings); options from later practice are marked where they differ.
 
 Shapes: B batch, S source length, T target length, D d_model, H heads, K = D / H head size.
-Token ids: pad 0, unk 1, bos 2, eos 3 (the sentencepiece model is trained with these ids).
+Token ids: pad 0, unk 1, bos 2, eos 3 (``vocab.py``).
 """
 
 from __future__ import annotations
@@ -22,8 +22,7 @@ from torch import nn
 
 from .config import build_options
 from .options import PRESETS, ModelConfig, model_config  # noqa: F401 - the configuration, as data, torch-free
-
-PAD_ID, UNK_ID, BOS_ID, EOS_ID = 0, 1, 2, 3
+from .vocab import BOS_ID, EOS_ID, PAD_ID, UNK_ID  # noqa: F401 - defined there; search imports them from here
 
 
 def sinusoidal_positions(length: int, d_model: int) -> torch.Tensor:

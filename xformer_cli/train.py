@@ -41,7 +41,7 @@ from rich.console import Console
 from . import distributed
 from .checkpoint import load_checkpoint, make_checkpoint, save_checkpoint, spm_digest
 from .config import ConfigError, to_dict
-from .data import DataDir, ParallelDataset, batch_by_size, collate
+from .data import DataDir, ParallelDataset, batch_by_size, collate, epoch_order, update_batches
 from .errors import XfError
 from .fileio import atomic_write, atomic_write_text
 from .loss import fused_output_loss
@@ -50,6 +50,7 @@ from .options import MODEL_OVERRIDES, ModelConfig, TrainOptions, model_config
 from .schedule import learning_rate
 from .train_log import Reporter, format_seconds
 from .validate import validation_bleu, validation_loss
+from .vocab import load_sentencepiece
 
 CHECKPOINT_NAME = re.compile(r"checkpoint_(\d+)_(\d+)\.pt")
 
@@ -164,22 +165,6 @@ def dropout_seed(seed: int, epoch: int, batch_offset: int, rank: int) -> int:
     """The seed of an update's dropout masks: a function of where it is in the data and of the
     rank, so a resumed run draws the same masks as an uninterrupted one, and ranks differ."""
     return int(np.random.SeedSequence([seed, epoch, batch_offset, rank]).generate_state(1)[0])
-
-
-def epoch_order(num_batches: int, seed: int, epoch: int) -> np.ndarray:
-    """The order of the length-grouped batches in ``epoch``: shuffled, reproducibly from the seed."""
-    return np.random.default_rng([seed, epoch]).permutation(num_batches)
-
-
-def rank_share(chunk: np.ndarray, order: np.ndarray, rank: int, world_size: int) -> np.ndarray:
-    """This rank's micro-batches of one update: every world_size-th batch of ``chunk``.
-
-    The last update of an epoch may have fewer batches than ranks; it borrows batches from the
-    start of the epoch so that every rank takes part in the gradient all-reduce.
-    """
-    if len(chunk) < world_size:
-        chunk = np.concatenate([chunk, order[: world_size - len(chunk)]])
-    return chunk[rank::world_size]
 
 
 def check_resumable(ckpt: dict, path: Path, spm_model: bytes, data_path: Path, cfg: ModelConfig) -> None:
@@ -453,8 +438,6 @@ def set_up(o: TrainOptions, env: distributed.Env) -> Run:
         prepare_save_dir(Path(o.save_dir))
     sp = None
     if o.eval_bleu:
-        from .translate import load_sentencepiece
-
         sp = load_sentencepiece(data.spm_model_bytes, str(data.path / "spm.model"))
 
     torch.manual_seed(o.seed)
@@ -657,8 +640,7 @@ class Loop:
 
 def micro_batches(run: Run, order: np.ndarray) -> list[dict]:
     """This rank's collated micro-batches of the next update."""
-    chunk = order[run.pos.batch_offset : run.pos.batch_offset + run.per_update]
-    share = rank_share(chunk, order, run.env.rank, run.env.world_size)
+    share = update_batches(order, run.pos.batch_offset, run.o.update_freq, run.env.rank, run.env.world_size)
     return [collate([run.train_set[i] for i in run.batches[b]]) for b in share]
 
 
