@@ -23,12 +23,15 @@ import os
 import struct
 import warnings
 from pathlib import Path
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
 import numpy as np
 
 from .errors import XfError
 from .vocab import BOS_ID, EOS_ID, PAD_ID
+
+if TYPE_CHECKING:
+    import torch
 
 MAGIC = b"XFIDX\x00\x00\x00"
 INDEX_VERSION = 1  # of the .idx/.bin pair; bump and add an upgrade path on any layout change

@@ -23,7 +23,6 @@ import dataclasses
 import math
 import os
 import random
-import re
 import shutil
 import signal
 import sys
@@ -39,7 +38,7 @@ import yaml
 from rich.console import Console
 
 from . import distributed
-from .checkpoint import load_checkpoint, make_checkpoint, save_checkpoint, spm_digest
+from .checkpoint import checkpoint_numbers, load_checkpoint, make_checkpoint, numbered_name, save_checkpoint, spm_digest
 from .config import ConfigError, to_dict
 from .data import DataDir, ParallelDataset, batch_by_size, collate, epoch_order, update_batches
 from .errors import XfError
@@ -52,7 +51,6 @@ from .train_log import Reporter, format_seconds
 from .validate import validation_bleu, validation_loss
 from .vocab import load_sentencepiece
 
-CHECKPOINT_NAME = re.compile(r"checkpoint_(\d+)_(\d+)\.pt")
 
 
 # -- options -----------------------------------------------------------------------------------
@@ -196,9 +194,9 @@ def remove_old_checkpoints(save_dir: Path, keep: int) -> None:
         return
     numbered = []
     for p in save_dir.glob("checkpoint_*_*.pt"):
-        m = CHECKPOINT_NAME.fullmatch(p.name)
-        if m:
-            numbered.append((int(m.group(2)), int(m.group(1)), p))
+        numbers = checkpoint_numbers(p)
+        if numbers:
+            numbered.append((numbers[1], numbers[0], p))
     for _, _, p in sorted(numbered)[:-keep]:
         p.unlink(missing_ok=True)
 
@@ -258,10 +256,6 @@ def every(num_updates: int, interval: int) -> bool:
     return bool(interval) and num_updates % interval == 0
 
 
-def numbered_checkpoint(epoch: int, num_updates: int) -> str:
-    return f"checkpoint_{epoch}_{num_updates}.pt"
-
-
 def plan_update(o: TrainOptions, s: AfterUpdate) -> Plan:
     """Log? validate? which checkpoints? stop, and why? Decided before validation; validation at
     each epoch end and at every stop, a numbered checkpoint at every stop too (so that averaging
@@ -275,7 +269,7 @@ def plan_update(o: TrainOptions, s: AfterUpdate) -> Plan:
         stop = f"reached --stop-time-hours {o.stop_time_hours:g}"
     validate = s.end_of_epoch or stop is not None or every(s.num_updates, o.validate_interval_updates)
     numbered = s.end_of_epoch or stop is not None or every(s.num_updates, o.save_interval_updates)
-    checkpoints = (numbered_checkpoint(s.epoch, s.num_updates),) if numbered else ()
+    checkpoints = (numbered_name(s.epoch, s.num_updates),) if numbered else ()
     periodic = bool(o.save_interval_minutes) and s.seconds_since_save >= 60 * o.save_interval_minutes
     return Plan(log=every(s.num_updates, o.log_interval), validate=validate, checkpoints=checkpoints,
                 save=numbered or validate or periodic, stop=stop)
@@ -289,7 +283,7 @@ def plan_after_validation(o: TrainOptions, plan: Plan, s: AfterUpdate, improved:
     if o.patience and bad_validations >= o.patience:
         stop = f"no improvement in {o.patience} validations (--patience)"
         if not checkpoints:
-            checkpoints = (numbered_checkpoint(s.epoch, s.num_updates),)
+            checkpoints = (numbered_name(s.epoch, s.num_updates),)
     if improved:
         checkpoints += ("checkpoint_best.pt",)
     return dataclasses.replace(plan, checkpoints=checkpoints, stop=stop)
