@@ -235,4 +235,4 @@ def test_several_valid_and_test_sets(tmp_path, corpus):
     p = corpus["prefix"]
     meta = run(tmp_path / "out", trainpref=p, validpref=f"{p},{p}", testpref=f"{p},{p},{p}", spm_model=corpus["spm"])
     assert meta["splits"] == ["train", "valid", "valid1", "test", "test1", "test2"]
-    assert dataclasses.asdict(PreprocessOptions(destdir="x", trainpref="t")).keys() == meta["options"].keys()
+    assert dataclasses.asdict(PreprocessOptions(destdir="x")).keys() == meta["options"].keys()

@@ -134,8 +134,6 @@ class PreprocessOptions:
     def __post_init__(self) -> None:
         if self.source_lang == self.target_lang:
             raise ConfigError(f"--source-lang and --target-lang are both {self.source_lang!r}")
-        if not self.trainpref and not self.spm_model:
-            raise ConfigError("--trainpref is required (or --spm-model to binarize valid/test sets only)")
         at_least(self, 1, "workers", "max_len", "bpe_sample_lines")
         at_least(self, 8, "bpe_vocab_size")
         if self.max_len_ratio < 1:

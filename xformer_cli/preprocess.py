@@ -81,9 +81,11 @@ def plan_splits(o: PreprocessOptions) -> list[Split]:
     return splits
 
 
-def check_destdir(o: PreprocessOptions) -> None:
-    """The destination is a directory, empty unless --overwrite (the option values themselves
-    are checked by PreprocessOptions)."""
+def check_destination(o: PreprocessOptions) -> None:
+    """Something to read, and a destination that is a directory, empty unless --overwrite (the
+    option values themselves are checked by PreprocessOptions)."""
+    if not o.trainpref and not o.spm_model:
+        raise XfError("--trainpref is required (or --spm-model to binarize valid/test sets only)")
     dest = Path(o.destdir)
     if dest.exists() and not dest.is_dir():
         raise XfError(f"destdir {dest} exists and is not a directory")
@@ -374,7 +376,7 @@ def encode_splits(o: PreprocessOptions, splits: list[Split], out: Path, dtype: n
 
 def preprocess(o: PreprocessOptions) -> dict:
     """Run ``xf preprocess``; returns the meta.json dict written into ``o.destdir``."""
-    check_destdir(o)
+    check_destination(o)
     splits = plan_splits(o)
     console = Console(stderr=True)
     dest = Path(o.destdir)
