@@ -68,7 +68,7 @@ def test_missing_required():
 
 
 def test_to_dict_round_trips():
-    opts = load_options(TrainOptions, None, {"data": "d", "lr": 5e-4})
+    opts = load_options(TrainOptions, None, {"data": "d", "lr_scheduler": "inverse_sqrt", "lr": 5e-4})
     assert load_options(TrainOptions, None, to_dict(opts)) == opts
 
 
@@ -87,6 +87,9 @@ def test_every_model_option_is_a_train_option_declared_once():
     (TrainOptions, {"data": "d", "dropout": 1.5}, r"--dropout must be in \[0, 1\)"),
     (TrainOptions, {"data": "d", "heads": 7}, "d_model 512 is not divisible by heads 7"),
     (TrainOptions, {"data": "d", "arch": "huge"}, "unknown arch 'huge'"),
+    (TrainOptions, {"data": "d", "lr": 2.0}, "--lr is the peak of --lr-scheduler inverse_sqrt"),
+    (TrainOptions, {"data": "d", "lr_scheduler": "inverse_sqrt", "lr": 1e-3, "lr_factor": 2.0}, "--lr-factor scales noam"),
+    (TrainOptions, {"data": "d", "weight_decay": 0.01}, "use --optimizer adamw"),
     (PreprocessOptions, {"destdir": "x", "trainpref": "t", "workers": 0}, "--workers must be at least 1"),
 ])
 def test_impossible_values_are_one_line_config_errors_naming_the_file(tmp_path, cls, values, pattern):

@@ -76,6 +76,14 @@ def test_remove_old_checkpoints_keeps_the_newest_by_update(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["checkpoint_1_10.pt", "checkpoint_2_20.pt", "checkpoint_last.pt"]
 
 
+def test_optimizer_names_say_what_they_build(tmp_path):
+    model = torch.nn.Linear(2, 2)
+    adam = train_module.make_optimizer(model, TrainOptions(data="d"))
+    adamw = train_module.make_optimizer(model, TrainOptions(data="d", optimizer="adamw", weight_decay=0.01))
+    assert type(adam) is torch.optim.Adam and adam.param_groups[0]["weight_decay"] == 0.0
+    assert type(adamw) is torch.optim.AdamW and adamw.param_groups[0]["weight_decay"] == 0.01
+
+
 # -- the policy: after an update, what to do ------------------------------------------------------
 def policy_opts(**kw) -> TrainOptions:
     return TrainOptions(data="d", **{"log_interval": 10, "save_interval_minutes": 0.0, **kw})

@@ -154,16 +154,19 @@ class TrainOptions:
     stop_time_hours: float = option(0.0, "stop after this many hours of training wall time, resumes "
                                     "included (0: no limit)")
     # optimization
-    optimizer: Literal["adam"] = option("adam", "Adam (beta1 0.9, beta2 0.98, eps 1e-9)")
+    optimizer: Literal["adam", "adamw"] = option(
+        "adam", "adam: the paper's Adam; adamw: Adam with decoupled --weight-decay (fairseq's 'adam')"
+    )
     adam_betas: tuple[float, ...] = option((0.9, 0.98), "Adam betas (paper: 0.9 0.98)")
     adam_eps: float = option(1e-9, "Adam epsilon (paper: 1e-9)")
     lr_scheduler: Literal["noam", "inverse_sqrt"] = option("noam", "learning-rate schedule")
     warmup_updates: int = option(4000, "warmup steps (paper: 4000)")
-    lr: Optional[float] = option(None, "peak learning rate (inverse_sqrt); noam: a factor on the formula")
+    lr: Optional[float] = option(None, "inverse_sqrt: the peak learning rate, reached after warmup")
+    lr_factor: float = option(1.0, "noam: a factor on the paper's formula (paper: 1)")
     warmup_init_lr: float = option(1e-7, "inverse_sqrt: learning rate at step 0")
     label_smoothing: float = option(0.1, "label smoothing epsilon (paper: 0.1)")
     clip_norm: float = option(0.0, "clip gradient norm (0: off)")
-    weight_decay: float = option(0.0, "weight decay")
+    weight_decay: float = option(0.0, "decoupled weight decay (--optimizer adamw)")
     precision: Literal["fp32", "bf16", "fp16"] = option("fp32", "training precision")
     device: Literal["auto", "cpu", "cuda"] = option("auto", "device")
     threads: int = option(0, "CPU threads for torch (0: torch's default)")
@@ -191,6 +194,13 @@ class TrainOptions:
             raise ConfigError("--lr-scheduler noam needs --warmup-updates of at least 1")
         if self.lr_scheduler == "inverse_sqrt" and self.lr is None:
             raise ConfigError("--lr-scheduler inverse_sqrt needs a peak learning rate: --lr (e.g. 5e-4)")
+        if self.lr_scheduler == "noam" and self.lr is not None:
+            raise ConfigError("--lr is the peak of --lr-scheduler inverse_sqrt; noam's formula sets the peak "
+                              "itself, scaled by --lr-factor")
+        if self.lr_scheduler == "inverse_sqrt" and self.lr_factor != 1.0:
+            raise ConfigError("--lr-factor scales noam's formula; with inverse_sqrt set the peak with --lr")
+        if self.weight_decay and self.optimizer == "adam":
+            raise ConfigError("--weight-decay is decoupled weight decay: use --optimizer adamw")
         model_config(self.arch, **{name: getattr(self, name) for name in MODEL_OVERRIDES})  # the model's checks
 
 
