@@ -1,14 +1,13 @@
 """xf train: the paper's training recipe (Sec. 5), on one CPU, one GPU or many under torchrun.
 
-Read top to bottom: helpers and checkpoint state; the policy, a pure function that says
-after each update whether to log, validate, write which checkpoints, and stop (and why);
-``train_step``, one update:
+Read top to bottom: helpers and checkpoint state; ``train_step``, one update:
 
     forward/backward over update_freq micro-batches (DDP syncs gradients on the last only),
     loss summed over target tokens and divided by the token count of the whole update,
     grad norm (and clipping), optimizer step with the scheduled learning rate;
 
-then set-up (data, model, optimizer, resume) and the loop that runs the step and follows the plan.
+then set-up (data, model, optimizer, resume) and the loop that runs the step and follows the
+plan of ``train_policy`` (after each update: log? validate? which checkpoints? stop, and why?).
 
 A run resumes by re-running the same command: everything needed to continue exactly where it
 stopped is in ``checkpoint_last.pt`` (weights, optimizer, schedule, loss scale, RNG states and
@@ -38,7 +37,7 @@ import yaml
 from rich.console import Console
 
 from . import distributed
-from .checkpoint import checkpoint_numbers, load_checkpoint, make_checkpoint, numbered_name, save_checkpoint, spm_digest
+from .checkpoint import checkpoint_numbers, load_checkpoint, make_checkpoint, save_checkpoint, spm_digest
 from .config import ConfigError, to_dict
 from .data import DataDir, ParallelDataset, batch_by_size, collate, epoch_order, update_batches
 from .errors import XfError
@@ -48,6 +47,7 @@ from .model import Transformer, config_to_dict
 from .options import MODEL_OVERRIDES, ModelConfig, TrainOptions, model_config
 from .schedule import learning_rate
 from .train_log import Reporter, format_seconds
+from .train_policy import AfterUpdate, improves, plan_after_validation, plan_update
 from .validate import validation_bleu, validation_loss
 from .vocab import load_sentencepiece
 
@@ -227,73 +227,6 @@ class StopSignal:
     def __exit__(self, *exc):
         for s, handler in self._previous.items():
             signal.signal(s, handler)
-
-
-# -- the policy: after an update, what to do (pure functions) ---------------------------------
-@dataclasses.dataclass(frozen=True)
-class AfterUpdate:
-    """All that the policy looks at after an update."""
-
-    epoch: int  # the epoch the update belongs to
-    num_updates: int  # counting this update
-    end_of_epoch: bool  # the update took the epoch's last batches
-    out_of_time: bool  # --stop-time-hours is spent (rank 0's clock decides for all ranks)
-    seconds_since_save: float  # since checkpoint_last.pt was last written
-
-
-@dataclasses.dataclass(frozen=True)
-class Plan:
-    """What to do after an update. When ``save``, checkpoint_last.pt is written, and the files
-    of ``checkpoints`` with it (the same contents)."""
-
-    log: bool
-    validate: bool
-    checkpoints: tuple[str, ...]
-    save: bool
-    stop: Optional[str]  # why training stops after this update; None: it goes on
-
-
-def every(num_updates: int, interval: int) -> bool:
-    """True every ``interval`` updates (never when the interval is 0: off)."""
-    return bool(interval) and num_updates % interval == 0
-
-
-def plan_update(o: TrainOptions, s: AfterUpdate) -> Plan:
-    """Log? validate? which checkpoints? stop, and why? Decided before validation; validation at
-    each epoch end and at every stop, a numbered checkpoint at every stop too (so that averaging
-    sees the final weights)."""
-    stop = None
-    if o.max_update and s.num_updates >= o.max_update:
-        stop = f"reached --max-update {o.max_update}"
-    elif s.end_of_epoch and o.max_epoch and s.epoch >= o.max_epoch:
-        stop = f"reached --max-epoch {o.max_epoch}"
-    elif s.out_of_time:
-        stop = f"reached --stop-time-hours {o.stop_time_hours:g}"
-    validate = s.end_of_epoch or stop is not None or every(s.num_updates, o.validate_interval_updates)
-    numbered = s.end_of_epoch or stop is not None or every(s.num_updates, o.save_interval_updates)
-    checkpoints = (numbered_name(s.epoch, s.num_updates),) if numbered else ()
-    periodic = bool(o.save_interval_minutes) and s.seconds_since_save >= 60 * o.save_interval_minutes
-    return Plan(log=every(s.num_updates, o.log_interval), validate=validate, checkpoints=checkpoints,
-                save=numbered or validate or periodic, stop=stop)
-
-
-def plan_after_validation(o: TrainOptions, plan: Plan, s: AfterUpdate, improved: bool,
-                          bad_validations: int) -> Plan:
-    """The plan once validation has spoken: checkpoint_best.pt when the score improved, and the
-    --patience stop, which writes a numbered checkpoint like every other stop."""
-    checkpoints, stop = plan.checkpoints, plan.stop
-    if o.patience and bad_validations >= o.patience:
-        stop = f"no improvement in {o.patience} validations (--patience)"
-        if not checkpoints:
-            checkpoints = (numbered_name(s.epoch, s.num_updates),)
-    if improved:
-        checkpoints += ("checkpoint_best.pt",)
-    return dataclasses.replace(plan, checkpoints=checkpoints, stop=stop)
-
-
-def improves(score: float, best: Optional[float], higher_is_better: bool) -> bool:
-    """Whether a validation score beats the best so far (BLEU: higher; loss: lower)."""
-    return best is None or (score > best if higher_is_better else score < best)
 
 
 # -- one update ----------------------------------------------------------------------------------
