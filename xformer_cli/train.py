@@ -38,7 +38,7 @@ import yaml
 from rich.console import Console
 
 from . import distributed
-from .checkpoint import load_checkpoint, make_checkpoint, save_checkpoint, spm_digest
+from .checkpoint import load_last_checkpoint, make_checkpoint, same_vocabulary, save_checkpoint
 from .config import ConfigError, to_dict
 from .data import DataDir, batch_by_size, collate
 from .errors import XfError
@@ -46,6 +46,7 @@ from .fileio import atomic_write, atomic_write_text
 from .loss import fused_output_loss
 from .model import ModelConfig, Transformer, config_to_dict, model_config
 from .options import TrainOptions
+from .safety import SaveDirLock
 from .schedule import learning_rate
 from .train_log import Reporter, format_seconds
 from .validate import validation_bleu, validation_loss
@@ -205,11 +206,10 @@ def check_resumable(ckpt: dict, path: Path, spm_model: bytes, data_path: Path, c
     """A checkpoint to resume must hold training state and match the data's vocabulary and the model."""
     if not ckpt.get("train_state"):
         raise XfError(f"{path}: has no training state (an averaged or exported checkpoint?); cannot resume from it")
-    theirs, ours = ckpt.get("spm_sha256"), spm_digest(spm_model)
-    if theirs != ours:
+    if not same_vocabulary(ckpt["spm_model"], spm_model):
         raise XfError(
-            f"{path}: trained with another vocabulary (spm.model sha256 {str(theirs)[:12]}..., "
-            f"{data_path}/spm.model is {ours[:12]}...); use the original data or another --save-dir"
+            f"{path}: trained with another vocabulary (its sentencepiece pieces differ from "
+            f"{data_path}/spm.model's); use the original data or another --save-dir"
         )
     wanted = config_to_dict(cfg)
     diffs = [f"{k} {ckpt['model_config'].get(k)!r} there, {v!r} here" for k, v in wanted.items()
@@ -269,13 +269,13 @@ def train(options: TrainOptions) -> dict:
     env = distributed.setup(options.device)
     try:
         check_options(options, env.device)
-        with StopSignal() as stop:
-            return _train(options, env, stop)
+        with StopSignal() as stop, SaveDirLock(options.save_dir, env.is_main) as lock:  # one run per save dir
+            return _train(options, env, stop, lock)
     finally:
         distributed.shutdown()
 
 
-def _train(o: TrainOptions, env: distributed.Env, stop: StopSignal) -> dict:
+def _train(o: TrainOptions, env: distributed.Env, stop: StopSignal, lock: SaveDirLock) -> dict:
     console = Console(stderr=True, quiet=not env.is_main)
     device = env.device
     if o.threads:
@@ -296,11 +296,12 @@ def _train(o: TrainOptions, env: distributed.Env, stop: StopSignal) -> dict:
     cfg = build_config(o, data.vocab_size)
     save_dir = Path(o.save_dir)
     last_path = save_dir / "checkpoint_last.pt"
-    ckpt = load_checkpoint(last_path) if last_path.exists() else None
+    ckpt = load_last_checkpoint(last_path) if last_path.exists() else None
     if ckpt is not None:
         check_resumable(ckpt, last_path, spm_model, data.path, cfg)
     if env.is_main:
         prepare_save_dir(save_dir)
+        lock.acquire()
     sp = None
     if o.eval_bleu:
         from .translate import load_sentencepiece
