@@ -46,6 +46,12 @@ class ModelConfig:
     )
 
     def __post_init__(self) -> None:
+        for name in ("vocab_size", "encoder_layers", "decoder_layers", "d_model", "d_ff", "heads", "max_positions"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
+        for name in ("dropout", "attention_dropout", "activation_dropout"):
+            if not 0 <= getattr(self, name) < 1:
+                raise ValueError(f"{name} must be in [0, 1), got {getattr(self, name)}")
         if self.d_model % self.heads:
             raise ValueError(f"d_model {self.d_model} is not divisible by heads {self.heads}")
         if self.positions == "rope" and (self.d_model // self.heads) % 2:
