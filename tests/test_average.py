@@ -111,7 +111,7 @@ def test_refusals(tmp_path):
     with pytest.raises(XfError, match="asked for the last 5 checkpoints but .* holds 1"):
         average(tmp_path, [a], num_update_checkpoints=5)
     (tmp_path / "junk.pt").write_bytes(b"junk")
-    with pytest.raises(XfError, match="junk.pt: not a valid xf checkpoint"):
+    with pytest.raises(XfError, match="junk.pt: not an xf checkpoint .not a zip archive"):
         average(tmp_path, [a, tmp_path / "junk.pt"])
     torch.save({"model": {}}, tmp_path / "foreign.pt")
     with pytest.raises(XfError, match="foreign.pt: not an xf checkpoint"):
@@ -135,3 +135,25 @@ def test_cli_errors_are_one_line(tmp_path):
 
 def runner_invoke(args):
     return CliRunner().invoke(app, ["average-checkpoints", *args])
+
+
+def test_output_is_never_an_input_and_a_training_checkpoint_only_with_overwrite(tmp_path, monkeypatch):
+    a, b = write(tmp_path / "checkpoint_1_1.pt", 1), write(tmp_path / "checkpoint_1_2.pt", 2)
+    (tmp_path / "link.pt").symlink_to(a)
+    before = {p.name: p.read_bytes() for p in tmp_path.glob("checkpoint_*.pt")}
+    monkeypatch.chdir(tmp_path)
+    for output, inputs in (("checkpoint_1_1.pt", [a, b]), ("link.pt", [a, b]), ("./checkpoint_1_2.pt", [tmp_path])):
+        for overwrite in (False, True):  # an input: never, --overwrite or not
+            with pytest.raises(XfError, match=rf"--output {output} is the input .*checkpoint_1_\d\.pt"):
+                average_checkpoints(AverageOptions(inputs=tuple(map(str, inputs)), output=output,
+                                                   num_update_checkpoints=2 if inputs == [tmp_path] else 0,
+                                                   overwrite=overwrite))
+    last = write(tmp_path / "checkpoint_last.pt", 3)
+    state = last.read_bytes()
+    result = runner_invoke(["--inputs", str(a), "--inputs", str(b), "--output", "checkpoint_last.pt"])
+    assert result.exit_code == 1 and "is a training checkpoint" in result.output and "--overwrite" in result.output
+    assert last.read_bytes() == state
+    assert {p.name: p.read_bytes() for p in tmp_path.glob("checkpoint_*_*.pt")} == before
+    result = runner_invoke(["--inputs", str(a), "--inputs", str(b), "--output", "checkpoint_last.pt", "--overwrite"])
+    assert result.exit_code == 0, result.output
+    assert load_checkpoint(last)["meta"]["averaged_from"] == ["checkpoint_1_1.pt", "checkpoint_1_2.pt"]

@@ -42,6 +42,17 @@ def test_unknown_section(tmp_path):
         load_options(TrainOptions, cfg, section="train")
 
 
+@pytest.mark.parametrize("text,nearest", [
+    ("trian: {data: d}\n", "train"),  # the only section, misspelled: not read as an unknown option
+    ("transalte:\n  beam: 2\n", "translate"),
+    ("average: {output: a.pt}\n", "average_checkpoints"),
+    ("preprocess: {seed: 2}\ntrian: {data: d}\n", "train"),
+])
+def test_misspelled_section_names_the_nearest_section(tmp_path, text, nearest):
+    with pytest.raises(ConfigError, match=rf"unknown section '\w+' \(did you mean '{nearest}'\?\)"):
+        load_options(TrainOptions, write(tmp_path, text), section="train")
+
+
 @pytest.mark.parametrize(
     "text,pattern",
     [

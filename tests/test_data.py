@@ -113,9 +113,73 @@ def test_datadir_errors(tmp_path):
     (d / "meta.json").write_text(json.dumps({**meta, "format_version": 0}))
     with pytest.raises(XfError, match="format version 0"):
         DataDir.open(d)
+    for wrong in ("1", 1.0, True, None):  # never "version 1, this xf reads version 1"
+        (d / "meta.json").write_text(json.dumps({**meta, "format_version": wrong}))
+        with pytest.raises(XfError, match=r"meta\.json: format_version is .*, not an integer") as e:
+            DataDir.open(d)
+        assert f"version {FORMAT_VERSION}, this xf reads version {FORMAT_VERSION}" not in str(e.value)
+    (d / "meta.json").write_text(json.dumps({**meta, "vocab_size": "70000"}))
+    with pytest.raises(XfError, match="'vocab_size' is '70000', expected a int"):
+        DataDir.open(d)
     (d / "meta.json").unlink()
     with pytest.raises(XfError, match="no meta.json"):
         DataDir.open(d)
+
+
+def corrupt(path, dtype, index, value):
+    """Overwrite one element of a file in place (its size unchanged)."""
+    data = np.fromfile(path, dtype)
+    data[index] = value
+    data.tofile(path)
+
+
+def test_opening_a_split_finds_corruption_that_keeps_file_sizes(tmp_path):
+    pairs = [([4, 5, 6], [7]), ([8], [9, 10]), ([11, 12], [13])]
+    d = make_datadir(tmp_path / "d", pairs)
+    meta = json.loads((d / "meta.json").read_text())
+    (d / "meta.json").write_text(json.dumps({**meta, "vocab_size": 14}))
+    DataDir.open(d).split("train")  # intact: ids 4..13 < 14
+    header, n = 24, len(pairs)  # .idx: header, n int64 offsets, n int32 sizes (as int32 pairs below)
+    idx = d / "train.en.idx"
+    good = idx.read_bytes()
+    # offsets [0, 3, 4] (the last one is checked against the .bin's size when the index is read)
+    for i, value, starts in ((1, 0, "sentence 1 starts at token 0 instead of 3"),  # out of order
+                             (1, 5, "sentence 1 starts at token 5 instead of 3"),
+                             (0, 1, "sentence 0 starts at token 1 instead of 0")):
+        data = bytearray(good)
+        data[header + 8 * i : header + 8 * i + 8] = np.int64(value).tobytes()
+        idx.write_bytes(bytes(data))
+        with pytest.raises(XfError, match=f"train.en.idx: corrupt: {starts}"):
+            DataDir.open(d).split("train")
+    # sizes [3, 1, 2] -> [4, -1, 2]: they still add up to the .bin's 6 tokens
+    data = bytearray(good)
+    data[header + 8 * n : header + 8 * n + 8] = np.array([4, -1], np.int32).tobytes()
+    idx.write_bytes(bytes(data))
+    with pytest.raises(XfError, match="train.en.idx: corrupt: sentence 1 has size -1"):
+        DataDir.open(d).split("train")
+    idx.write_bytes(good)
+    corrupt(d / "train.de.bin", np.uint16, 2, 14)  # an id the vocabulary does not have
+    with pytest.raises(XfError, match="train.de.bin: corrupt: token id 14 is outside the vocabulary of 14"):
+        DataDir.open(d).split("train")
+
+
+def test_verify_is_chunked_without_losing_the_boundaries(tmp_path):
+    rng = np.random.default_rng(0)
+    sentences = [rng.integers(0, 50, rng.integers(0, 6)).tolist() for _ in range(1000)]
+    write_array(tmp_path / "x", sentences)
+    arr = TokenArray(tmp_path / "x")
+    for chunk in (1, 7, 999, 1000, 4096):
+        arr.verify(50, chunk=chunk)
+    with pytest.raises(XfError, match="outside the vocabulary of 49"):
+        arr.verify(49, chunk=7)
+    offsets = np.fromfile(tmp_path / "x.idx", np.int64, 1000, offset=24)
+    bad = int(np.flatnonzero(np.diff(offsets))[500]) + 1  # a sentence after a non-empty one, past chunk 7's edge
+    corrupt_at = np.fromfile(tmp_path / "x.idx", np.uint8)
+    corrupt_at[24 + 8 * bad : 24 + 8 * bad + 8] = np.frombuffer(np.int64(offsets[bad] - 1).tobytes(), np.uint8)
+    corrupt_at.tofile(tmp_path / "x.idx")
+    for chunk in (1, 7, bad, 4096):
+        with pytest.raises(XfError, match=f"sentence {bad} starts at token {offsets[bad] - 1} instead of {offsets[bad]}"):
+            TokenArray(tmp_path / "x").verify(50, chunk=chunk)
 
 
 def test_batch_by_size_hand_checked():

@@ -228,3 +228,16 @@ def test_dropout_is_identity_in_eval_and_reproducible_from_the_seed():
     b = Dropout(0.5).train()(x)
     assert torch.equal(a, b)
     assert torch.equal(Dropout(1.0).train()(x), torch.zeros_like(x))
+
+
+@pytest.mark.parametrize("field,value", [
+    ("d_model", 0), ("heads", 0), ("d_ff", 0), ("encoder_layers", 0), ("decoder_layers", -1),
+    ("vocab_size", 0), ("max_positions", 0), ("dropout", 1.0), ("attention_dropout", -0.1),
+])
+def test_non_positive_sizes_are_one_line_config_errors(field, value):
+    from xformer_cli.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=rf"{field} must be .*, got {value}") as e:
+        build_model("tiny", **{"vocab_size": V, field: value})
+    assert "\n" not in str(e.value)
+

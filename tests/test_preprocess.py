@@ -235,4 +235,63 @@ def test_several_valid_and_test_sets(tmp_path, corpus):
     p = corpus["prefix"]
     meta = run(tmp_path / "out", trainpref=p, validpref=f"{p},{p}", testpref=f"{p},{p},{p}", spm_model=corpus["spm"])
     assert meta["splits"] == ["train", "valid", "valid1", "test", "test1", "test2"]
-    assert dataclasses.asdict(PreprocessOptions(destdir="x")).keys() == meta["options"].keys()
+    not_recorded = {"destdir", "overwrite", "verify"}  # where and whether to write, not what
+    assert dataclasses.asdict(PreprocessOptions(destdir="x")).keys() - not_recorded == meta["options"].keys()
+
+
+def test_the_same_command_gives_the_same_bytes_in_every_file(tmp_path, corpus):
+    """Two identical runs into two directories: every file equal, byte for byte."""
+    p = corpus["prefix"]
+    for dest in ("one", "two"):
+        run(tmp_path / dest, trainpref=p, validpref=p, bpe_vocab_size=60, workers=2)
+    names = sorted(f.name for f in (tmp_path / "one").iterdir())
+    assert names == sorted(f.name for f in (tmp_path / "two").iterdir()) and "spm.model" in names
+    for name in names:
+        assert (tmp_path / "one" / name).read_bytes() == (tmp_path / "two" / name).read_bytes(), name
+    assert b".tmp-" not in (tmp_path / "one" / "spm.model").read_bytes()  # no temporary path recorded
+
+
+def test_verify_checks_every_file_against_meta_checksums(tmp_path, corpus):
+    dest = tmp_path / "bin"
+    meta = run(dest, trainpref=corpus["prefix"], validpref=corpus["prefix"], spm_model=corpus["spm"])
+    assert set(meta["files"]) == {f.name for f in dest.iterdir()} - {"meta.json"}
+    runner = CliRunner()
+    result = runner.invoke(app, ["preprocess", "--destdir", str(dest), "--verify"])
+    assert result.exit_code == 0 and "files match" in result.output, result.output
+    data = bytearray((dest / "valid.de.bin").read_bytes())
+    data[3] ^= 1  # one bit: the structure stays valid, only the checksum can tell
+    (dest / "valid.de.bin").write_bytes(bytes(data))
+    (dest / "spm.vocab").unlink()
+    result = runner.invoke(app, ["preprocess", "--destdir", str(dest), "--verify"])
+    assert result.exit_code == 1 and "Traceback" not in result.output
+    assert "2 file(s) differ from meta.json's checksums: spm.vocab (missing), valid.de.bin (content changed)" \
+        in result.output.replace("\n", "")
+
+
+def test_bare_carriage_return_line_endings_are_named(tmp_path, corpus):
+    prefix = write_pair(tmp_path / "raw", ["a b", "b a", "a"], ["B A", "A B", "A"])
+    (tmp_path / "raw.de").write_bytes(b"B A\rA B\rA\r")
+    with pytest.raises(XfError, match=r"raw\.de:1: lines end with a bare carriage return"):
+        run(tmp_path / "out", trainpref=prefix, bpe_vocab_size=9)
+    assert nothing_left(tmp_path / "out")
+    # a stray carriage return inside a line is text, not a line ending
+    (tmp_path / "raw.de").write_bytes(b"B\rA\nA B\nA\n")
+    assert run(tmp_path / "out", trainpref=prefix, spm_model=corpus["spm"])["stats"]["train"]["pairs_in"] == 3
+
+
+def test_training_text_empty_after_normalization_is_named(tmp_path):
+    invisible = ["\u200b", "\u200b\u200b", "\x07"] * 10  # zero-width spaces, a control character
+    prefix = write_pair(tmp_path / "raw", invisible, invisible)
+    with pytest.raises(XfError, match=r"raw\.en, .*raw\.de: no text to learn BPE from: every line is empty after "
+                                      r"sentencepiece's nmt_nfkc normalization.*\(line 1: '\\u200b'\)"):
+        run(tmp_path / "out", trainpref=prefix)
+    assert nothing_left(tmp_path / "out")
+
+
+def test_overwrite_never_replaces_a_destdir_holding_an_input(tmp_path, corpus):
+    dest = tmp_path / "bin"
+    run(dest, trainpref=corpus["prefix"], spm_model=corpus["spm"])
+    prefix = write_pair(dest / "raw", corpus["src"], corpus["tgt"])
+    with pytest.raises(XfError, match=r"the input .*raw\.en is inside destdir .*--overwrite would replace"):
+        run(tmp_path / "." / "bin", trainpref=prefix, spm_model=corpus["spm"], overwrite=True)
+    assert (dest / "raw.en").exists() and (dest / "meta.json").exists()

@@ -219,11 +219,12 @@ def test_malicious_checkpoint_is_refused_and_not_run(data_dir, tmp_path):
     Evil.marker = tmp_path / "pwned"
     torch.save({"format": "xf-checkpoint", "payload": Evil()}, save / "checkpoint_last.pt")
     before = (save / "checkpoint_last.pt").read_bytes()
-    with pytest.raises(XfError, match="not a valid xf checkpoint"):
+    with pytest.raises(XfError, match="not an xf checkpoint .it holds Python objects") as e:
         train(opts(data_dir, save, max_update=1))
+    assert "weights_only" not in str(e.value)
     assert not Evil.marker.exists()
     assert (save / "checkpoint_last.pt").read_bytes() == before
-    assert sorted(p.name for p in save.iterdir()) == ["checkpoint_last.pt"]
+    assert sorted(p.name for p in save.iterdir()) == ["checkpoint_last.pt", "train.lock"]
 
 
 def test_vocabulary_mismatch_on_resume_changes_nothing(data_dir, raw_slice, tmp_path):
@@ -243,6 +244,8 @@ def test_vocabulary_mismatch_on_resume_changes_nothing(data_dir, raw_slice, tmp_
     (dict(precision="fp16"), "fp16 needs a CUDA device"),
     (dict(max_tokens=0), "--max-tokens must be at least 1"),
     (dict(stop_time_hours=-0.5), "--stop-time-hours must not be negative"),
+    (dict(d_model=0), "d_model must be at least 1, got 0"),  # not a ZeroDivisionError
+    (dict(heads=0), "heads must be at least 1, got 0"),
 ])
 def test_bad_options_are_one_line_errors(data_dir, tmp_path, change, message):
     with pytest.raises(XfError, match=message) as e:  # impossible values: already when the options are made
@@ -346,3 +349,13 @@ def test_stop_time_hours_counts_resumed_time_and_leaves_a_numbered_checkpoint(da
     # a larger budget trains on from where it stopped
     more = train(opts(data_dir, save, max_epoch=5, stop_time_hours=1.0, max_update=4))
     assert more["num_updates"] == 4
+
+
+def test_a_corrupt_checkpoint_last_names_the_checkpoint_to_resume_from(data_dir, tmp_path):
+    save = tmp_path / "ck"
+    train(opts(data_dir, save, max_update=3, save_interval_updates=1))
+    last = save / "checkpoint_last.pt"
+    last.write_bytes(last.read_bytes()[:1000])  # a disk that filled up under another tool
+    with pytest.raises(XfError, match=rf"checkpoint_last\.pt: not an xf checkpoint \(a truncated zip archive.*\); "
+                                      rf"the newest intact checkpoint is {save}/checkpoint_\d+_3\.pt: copy it to"):
+        train(opts(data_dir, save, max_update=4))

@@ -7,6 +7,7 @@ import select
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -178,7 +179,7 @@ def test_errors_are_one_line(tmp_path, ckpt, multi30k_dir):
 
     fails(["--path", str(tmp_path / "missing.pt")], "checkpoint not found")
     (tmp_path / "junk.pt").write_bytes(b"not a checkpoint")
-    fails(["--path", str(tmp_path / "junk.pt")], "not a valid xf checkpoint")
+    fails(["--path", str(tmp_path / "junk.pt")], "not an xf checkpoint (not a zip archive")
     torch.save({"weights": torch.zeros(2)}, tmp_path / "other.pt")
     fails(["--path", str(tmp_path / "other.pt")], "not an xf checkpoint")
     lines = (multi30k_dir / "train.fr").read_text(encoding="utf-8").splitlines()[:300]
@@ -255,3 +256,25 @@ def test_end_to_end_through_the_cli(tmp_path, multi30k_dir):
     assert hyps[4] == hyps[5] == hyps[-1] == ""
     expected = [line.rstrip("\n") for line in one_by_one(str(tmp_path / "avg.pt"), source, max_len_a=1.0, max_len_b=8)]
     assert hyps == expected
+
+
+def test_output_over_an_input_or_the_model_is_refused(tmp_path, ckpt, monkeypatch):
+    source = tmp_path / "src.txt"
+    source.write_bytes(b"a man\n")
+    (tmp_path / "alias.txt").symlink_to(source)
+    monkeypatch.chdir(tmp_path)
+    for output in ("src.txt", "./alias.txt", str(source)):
+        result = runner.invoke(app, ["translate", "--path", ckpt, "--input", "src.txt", "--output", output])
+        assert result.exit_code == 1 and f"--output {output} is the input src.txt" in result.output, result.output
+    model = Path(ckpt).read_bytes()
+    result = runner.invoke(app, ["translate", "--path", ckpt, "--input", "src.txt", "--output", ckpt])
+    assert result.exit_code == 1 and "is the input" in result.output
+    assert source.read_bytes() == b"a man\n" and Path(ckpt).read_bytes() == model
+
+
+@pytest.mark.parametrize("a,b", [(1.0, -5), (1.0, -1), (0.0, 0), (0.5, 0), (-0.1, 50)])
+def test_a_length_limit_that_allows_no_output_is_an_option_error(ckpt, a, b):
+    result = runner.invoke(app, ["translate", "--path", ckpt, "--max-len-a", str(a), "--max-len-b", str(b)],
+                           input=b"a man\n")
+    assert result.exit_code == 2 and "allow no output for some sentences" in result.output, result.output
+    assert TranslateOptions(path=(ckpt,), max_len_a=0.0, max_len_b=1).max_len_b == 1  # one subword: allowed

@@ -13,9 +13,11 @@ from typing import Optional
 
 import torch
 
-from .checkpoint import checkpoint_numbers, load_checkpoint, model_from_checkpoint, save_checkpoint
+from .checkpoint import checkpoint_numbers, is_training_checkpoint, load_checkpoint, model_from_checkpoint
+from .checkpoint import same_vocabulary, save_checkpoint
 from .errors import ConfigError, XfError
 from .options import AverageOptions
+from .safety import refuse_overwriting_inputs
 
 # Fields that change training, not the function the weights compute.
 TRAINING_ONLY_FIELDS = ("dropout", "attention_dropout", "activation_dropout")
@@ -72,6 +74,15 @@ def select_inputs(options: AverageOptions) -> list[Path]:
     return paths
 
 
+def check_output(options: AverageOptions, inputs: list[Path]) -> None:
+    """Never write over an input; over a checkpoint xf train resumes from only with --overwrite."""
+    refuse_overwriting_inputs(options.output, inputs)
+    output = Path(options.output)
+    if output.exists() and is_training_checkpoint(output) and not options.overwrite:
+        raise XfError(f"--output {output} is a training checkpoint (xf train resumes from checkpoint_last.pt, and "
+                      "an average has no optimizer state); pass --overwrite to replace it anyway")
+
+
 def _tied_groups(state: dict[str, torch.Tensor]) -> list[list[str]]:
     """Keys of the state dict grouped by the tensor they share (tied embeddings: one group)."""
     groups: dict[tuple, list[str]] = {}
@@ -96,6 +107,7 @@ def average_checkpoints(options: AverageOptions) -> None:
     from rich.table import Table
 
     paths = select_inputs(options)
+    check_output(options, paths)
     wanted = options.num_epoch_checkpoints or len(paths)
     console = Console(stderr=True)
     sums: dict[str, torch.Tensor] = {}
@@ -168,7 +180,7 @@ def average_checkpoints(options: AverageOptions) -> None:
 
 def _check_compatible(first: dict, ckpt: dict, first_path, path: Path, groups: list[list[str]]) -> None:
     """Refuse to average checkpoints of different architectures or vocabularies."""
-    if ckpt.get("spm_sha256") != first.get("spm_sha256"):
+    if not same_vocabulary(ckpt["spm_model"], first["spm_model"]):
         raise XfError(f"{path}: its vocabulary (sentencepiece model) differs from {first_path}'s; cannot average")
     diff = _same_architecture(first["model_config"], ckpt["model_config"])
     if diff:

@@ -8,7 +8,8 @@ with ``torch.load(weights_only=True)``, so a malicious pickle is refused instead
     model_config      dict of ModelConfig fields
     model             state dict (tied weights stored once, shared on load)
     spm_model         bytes of the sentencepiece model (translation needs nothing else)
-    spm_sha256        hex digest of spm_model (vocabulary identity)
+    spm_sha256        hex digest of spm_model's bytes (vocabularies are compared by content:
+                      ``same_vocabulary``)
     train_state       optional: optimizer, scheduler, scaler, RNG, data position, options, ...
     meta              optional plain dict (epoch, num_updates, validation loss, ...)
 """
@@ -76,7 +77,47 @@ def make_checkpoint(
 def save_checkpoint(path: str | Path, checkpoint: dict) -> None:
     """Atomic save: temporary file, fsync, rename. The previous file survives any crash."""
     with atomic_write(path, "wb") as f:
-        torch.save(checkpoint, f)
+        writer = _RecordingWriter(f)
+        try:
+            torch.save(checkpoint, writer)
+        except RuntimeError:
+            # torch reports a failed write as "[enforce fail at inline_container.cc] unexpected pos";
+            # the OSError underneath (a full disk: ENOSPC) is the message the user needs
+            if writer.error is None:
+                raise
+            raise XfError(f"cannot write {path}: {writer.error.strerror or writer.error}") from None
+
+
+class _RecordingWriter:
+    """A file object that remembers the OSError of a failed write (torch.save hides it)."""
+
+    def __init__(self, f):
+        self.f, self.error = f, None
+
+    def write(self, data) -> int:
+        try:
+            return self.f.write(data)
+        except OSError as e:
+            self.error = e
+            raise
+
+    def flush(self) -> None:
+        self.f.flush()
+
+
+def _sniff(path: Path) -> Optional[str]:
+    """Why ``path`` cannot be a checkpoint without reading it as one, or None. Checkpoints are
+    PyTorch zip archives; a text or random file would otherwise reach the legacy unpickler, whose
+    error blames weights_only and suggests the unsafe weights_only=False."""
+    with open(path, "rb") as f:
+        head = f.read(4)
+    if not head:
+        return "an empty file"
+    if head != b"PK\x03\x04":
+        return "not a zip archive, as PyTorch checkpoints are"
+    if not zipfile.is_zipfile(path):
+        return "a truncated zip archive (the copy or save did not finish?)"
+    return None
 
 
 def load_checkpoint(path: str | Path) -> dict:
@@ -85,19 +126,25 @@ def load_checkpoint(path: str | Path) -> dict:
     if not path.is_file():
         raise XfError(f"{path}: checkpoint not found")
     try:
-        ckpt = torch.load(path, map_location="cpu", weights_only=True)
-    except pickle.UnpicklingError as e:
-        first = str(e).strip().splitlines()[0] if str(e).strip() else "unsafe content"
-        raise XfError(
-            f"{path}: not a valid xf checkpoint (refused to load objects that could run code: {first})"
-        ) from None
-    # Garbage bytes fail deep inside the unpickler with almost any error (struct.error, IndexError, ...).
+        why = _sniff(path)
+        if why is None:
+            ckpt = torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError:
+        why = ("it holds Python objects other than tensors and plain data, which xf never writes; "
+               "they were not loaded, as loading them could run code")
+    # Corrupt bytes fail deep inside the zip reader or unpickler with almost any error.
     except (RuntimeError, EOFError, zipfile.BadZipFile, OSError, ValueError, struct.error, IndexError, KeyError) as e:
-        raise XfError(f"{path}: not a valid xf checkpoint (corrupt or truncated: {e})") from None
+        first = (str(e).strip().splitlines() or [type(e).__name__])[0].split(". ")[0]
+        why = f"corrupt: {first}"
+    if why is not None:
+        raise XfError(f"{path}: not an xf checkpoint ({why})")
     if not isinstance(ckpt, dict) or ckpt.get("format") != CHECKPOINT_FORMAT:
-        raise XfError(f"{path}: not an xf checkpoint")
+        raise XfError(f"{path}: not an xf checkpoint (a PyTorch file without the xf header "
+                      f"'format: {CHECKPOINT_FORMAT}')")
     version = ckpt.get("version")
-    if not isinstance(version, int) or version > CHECKPOINT_VERSION:
+    if not isinstance(version, int) or isinstance(version, bool) or version < 1:
+        raise XfError(f"{path}: corrupt xf checkpoint: its format version is {version!r}, not a positive integer")
+    if version > CHECKPOINT_VERSION:
         raise XfError(
             f"{path}: checkpoint format version {version} is newer than this xf "
             f"(reads up to {CHECKPOINT_VERSION}); upgrade xf"
@@ -109,6 +156,60 @@ def load_checkpoint(path: str | Path) -> dict:
         if key not in ckpt:
             raise XfError(f"{path}: xf checkpoint is missing '{key}'")
     return ckpt
+
+
+def load_last_checkpoint(path: Path) -> dict:
+    """``checkpoint_last.pt`` to resume from; when it is unreadable, the error names the newest
+    numbered checkpoint beside it that loads."""
+    try:
+        return load_checkpoint(path)
+    except XfError as e:
+        newest = newest_intact_checkpoint(path.parent)
+        hint = (f"; the newest intact checkpoint is {newest}: copy it to {path} to resume from it"
+                if newest else "; no intact numbered checkpoint is beside it")
+        raise XfError(f"{e}{hint}") from None
+
+
+def newest_intact_checkpoint(save_dir: Path) -> Optional[Path]:
+    """The checkpoint_<epoch>_<update>.pt with the highest update number that loads, or None."""
+    numbered = [p for p in save_dir.glob("checkpoint_*_*.pt") if checkpoint_numbers(p)]
+    for p in sorted(numbered, key=lambda p: checkpoint_numbers(p)[::-1], reverse=True):
+        try:
+            ckpt = load_checkpoint(p)
+        except XfError:
+            continue
+        if ckpt.get("train_state"):
+            return p
+    return None
+
+
+def is_training_checkpoint(path: Path) -> bool:
+    """Whether ``path`` is named as the checkpoints xf train writes (and resumes from)."""
+    return path.name in ("checkpoint_last.pt", "checkpoint_best.pt") or checkpoint_numbers(path) is not None
+
+
+def vocab_digest(spm_model: bytes) -> str:
+    """The identity of a vocabulary: sha256 of its pieces, scores and types in id order.
+
+    Two sentencepiece models can differ in bytes (trainer settings or file paths recorded in
+    them) and still be the same vocabulary; resuming, averaging and ensembling need only that.
+    """
+    import sentencepiece
+
+    sp = sentencepiece.SentencePieceProcessor()
+    try:
+        sp.LoadFromSerializedProto(spm_model)
+    except (RuntimeError, OSError, TypeError):
+        return "unreadable:" + spm_digest(spm_model)
+    h = hashlib.sha256()
+    for i in range(sp.get_piece_size()):  # the score orders BPE merges, so it is part of the vocabulary
+        kind = "c" if sp.is_control(i) else "u" if sp.is_unknown(i) else "n"
+        h.update(f"{i}\t{sp.id_to_piece(i)}\t{sp.get_score(i)!r}\t{kind}\n".encode("utf-8"))
+    return h.hexdigest()
+
+
+def same_vocabulary(a: bytes, b: bytes) -> bool:
+    return a == b or vocab_digest(a) == vocab_digest(b)
 
 
 def model_from_checkpoint(ckpt: dict, path: str | Path = "checkpoint") -> Transformer:

@@ -124,7 +124,8 @@ def read_yaml(path: str | Path, section: str | None) -> dict[str, Any]:
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: expected a mapping of option names to values")
     data = {str(k).replace("-", "_"): v for k, v in data.items()}
-    if any(k in SECTIONS for k in data):
+    # No option takes a mapping: a key holding one is a section, maybe a misspelled one
+    if any(k in SECTIONS or isinstance(v, dict) for k, v in data.items()):
         for key in data:
             if key not in SECTIONS:
                 raise ConfigError(

@@ -17,6 +17,7 @@ read. This is fairseq's MMapIndexedDataset idea, with offsets in tokens instead 
 
 from __future__ import annotations
 
+import hashlib
 import itertools
 import json
 import os
@@ -119,7 +120,7 @@ class TokenArray:
     """Read-only view of one ``PREFIX.bin`` / ``PREFIX.idx`` pair through memory maps."""
 
     def __init__(self, prefix: str | Path):
-        prefix = Path(prefix)
+        self.prefix = prefix = Path(prefix)
         idx, bin_ = _with(prefix, ".idx"), _with(prefix, ".bin")
         try:
             with open(idx, "rb") as f:
@@ -148,6 +149,38 @@ class TokenArray:
             raise XfError(f"{bin_}: truncated or corrupt ({bin_bytes} bytes, index says {num_tokens} tokens)")
         # np.memmap cannot map an empty file (a split of empty sentences only)
         self.tokens = np.memmap(bin_, self.dtype, "r") if num_tokens else np.zeros(0, self.dtype)
+
+    def verify(self, vocab_size: int, chunk: int = 1 << 20) -> None:
+        """Check what the header cannot: each sentence starts where the one before it ends (so
+        offsets are monotonic, inside the .bin and consistent with the sizes) and every id is
+        below ``vocab_size``. Vectorized, a chunk at a time, the .bin by plain reads into one
+        small buffer (mapped pages would count as resident memory): see bench/bench_data.py."""
+        idx, bin_ = _with(self.prefix, ".idx"), _with(self.prefix, ".bin")
+        end = 0  # where the sentence before the chunk ends
+        for start in range(0, len(self.sizes), chunk):
+            sizes = self.sizes[start : start + chunk]
+            offsets = self.offsets[start : start + chunk]
+            if sizes.min() < 0:
+                i = start + int(np.argmax(sizes < 0))
+                raise XfError(f"{idx}: corrupt: sentence {i} has size {int(self.sizes[i])}")
+            ends = np.cumsum(sizes, dtype=np.int64)
+            ends += end
+            if offsets[0] != end or not np.array_equal(offsets[1:], ends[:-1]):
+                wrong = np.flatnonzero(offsets != np.concatenate(([end], ends[:-1])))[0]
+                i = start + int(wrong)
+                should = end if wrong == 0 else int(ends[wrong - 1])
+                raise XfError(f"{idx}: corrupt: sentence {i} starts at token {int(self.offsets[i])} instead of "
+                              f"{should} (where the one before it ends)")
+            end = int(ends[-1])
+        if not len(self.tokens) or np.iinfo(self.dtype).max < vocab_size:  # every id it can hold is valid
+            return
+        largest = 0
+        buffer = np.empty(chunk, self.dtype)
+        with open(bin_, "rb", buffering=0) as f:
+            while read := f.readinto(memoryview(buffer).cast("B")):
+                largest = max(largest, int(buffer[: read // self.dtype.itemsize].max()))
+        if largest >= vocab_size:
+            raise XfError(f"{bin_}: corrupt: token id {largest} is outside the vocabulary of {vocab_size}")
 
     def __len__(self) -> int:
         return len(self.sizes)
@@ -203,11 +236,18 @@ class DataDir:
             meta = json.loads(meta_path.read_text(encoding="utf-8"))
         except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
             raise XfError(f"{meta_path}: unreadable ({e})") from None
-        version = meta.get("format_version") if isinstance(meta, dict) else None
+        if not isinstance(meta, dict) or "format_version" not in meta:
+            raise XfError(f"{meta_path}: not an xf data directory's meta.json (no format_version)")
+        version = meta["format_version"]
+        if not isinstance(version, int) or isinstance(version, bool):
+            raise XfError(f"{meta_path}: format_version is {version!r}, not an integer (the file is damaged)")
         if version != FORMAT_VERSION:
             raise XfError(
                 f"{path}: data format version {version}, this xf reads version {FORMAT_VERSION} (re-run xf preprocess)"
             )
+        for key, kind in (("source_lang", str), ("target_lang", str), ("vocab_size", int), ("splits", list)):
+            if not isinstance(meta.get(key), kind):
+                raise XfError(f"{meta_path}: '{key}' is {meta.get(key)!r}, expected a {kind.__name__} (the file is damaged)")
         if not (path / "spm.model").exists():
             raise XfError(f"{path}: spm.model is missing")
         return cls(path, meta)
@@ -221,7 +261,33 @@ class DataDir:
             raise XfError(f"{self.path} has no split {name!r} (it has: {', '.join(self.splits) or 'none'})")
         src = TokenArray(self.path / f"{name}.{self.source_lang}")
         tgt = TokenArray(self.path / f"{name}.{self.target_lang}")
+        for side in (src, tgt):
+            side.verify(self.vocab_size)
         return ParallelDataset(src, tgt, name)
+
+    def verify_checksums(self) -> list[str]:
+        """The files whose sha256 differs from meta.json's ``files`` (missing ones included).
+
+        Reads every byte (``xf preprocess --verify``); opening a split checks structure only."""
+        recorded = self.meta.get("files")
+        if not isinstance(recorded, dict):
+            raise XfError(f"{self.path / 'meta.json'}: no file checksums (written by an older xf preprocess)")
+        bad = []
+        for name, digest in sorted(recorded.items()):
+            try:
+                if file_sha256(self.path / name) != digest:
+                    bad.append(f"{name} (content changed)")
+            except FileNotFoundError:
+                bad.append(f"{name} (missing)")
+        return bad
+
+
+def file_sha256(path: Path, block: int = 1 << 22) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(block):
+            h.update(chunk)
+    return h.hexdigest()
 
 
 # --------------------------------------------------------------------------- batching

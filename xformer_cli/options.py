@@ -130,6 +130,8 @@ class PreprocessOptions:
     )
     overwrite: bool = option(False, "replace an existing non-empty destdir")
     seed: int = option(1, "seed for BPE sampling")
+    verify: bool = option(False, "instead of writing destdir, check it: every file against the sha256 in its "
+                          "meta.json, every index against its .bin and the vocabulary")
 
     def __post_init__(self) -> None:
         if self.source_lang == self.target_lang:
@@ -212,6 +214,8 @@ class AverageOptions:
         0, "average the last N checkpoint_<epoch>_<update>.pt by update number (paper: 5 base, 20 big)"
     )
     num_epoch_checkpoints: int = option(0, "average the last N epoch-end checkpoints by epoch number")
+    overwrite: bool = option(False, "replace --output even when it is a training checkpoint (checkpoint_last.pt, "
+                             "checkpoint_best.pt, checkpoint_<epoch>_<update>.pt); an input is never replaced")
 
 
 @dataclass(frozen=True)
@@ -242,6 +246,13 @@ class TranslateOptions:
     precision: Literal["fp32", "bf16", "fp16"] = option("fp32", "inference precision (bf16/fp16: CUDA only)")
     threads: int = option(0, "CPU threads for torch (0: torch's default)")
     quiet: bool = option(False, "no progress bar or summary table on stderr (warnings are still shown)")
+
+    def __post_init__(self) -> None:
+        # floor(a*|X| + b) output subwords for a source of |X| >= 1 subwords: at least 1 for every |X|
+        if self.max_len_a < 0 or self.max_len_a + self.max_len_b < 1:
+            raise ValueError(f"--max-len-a {self.max_len_a:g} --max-len-b {self.max_len_b} allow no output for "
+                             "some sentences: the limit a*|X|+b must be at least 1 for every source length |X| >= 1 "
+                             "(a >= 0 and a + b >= 1)")
 
 
 @dataclass(frozen=True)

@@ -21,6 +21,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 import hashlib
+import io
 import itertools
 import json
 import multiprocessing
@@ -44,7 +45,7 @@ from rich.table import Table
 from rich.text import Text
 
 from . import __version__
-from .data import FORMAT_VERSION, TokenArrayWriter, smallest_dtype
+from .data import FORMAT_VERSION, DataDir, TokenArrayWriter, file_sha256, smallest_dtype
 from .errors import XfError
 from .fileio import fsync_dir
 from .options import PreprocessOptions
@@ -91,6 +92,12 @@ def check_destination(o: PreprocessOptions) -> None:
         raise XfError(f"destdir {dest} exists and is not a directory")
     if dest.is_dir() and any(dest.iterdir()) and not o.overwrite:
         raise XfError(f"destdir {dest} exists and is not empty (pass --overwrite to replace it)")
+    if dest.is_dir():  # --overwrite removes the old destdir: never with an input inside it
+        inputs = [p for s in plan_splits(o) for p in (s.src, s.tgt)] + ([Path(o.spm_model)] if o.spm_model else [])
+        for path in inputs:
+            if path.resolve().is_relative_to(dest.resolve()):
+                raise XfError(f"the input {path} is inside destdir {dest}, which --overwrite would replace; "
+                              "write the output elsewhere")
 
 
 # --------------------------------------------------------------------------- reading text
@@ -110,6 +117,21 @@ def count_lines(path: Path, on_bytes=lambda n: None) -> int:
     except OSError as e:
         raise XfError(f"cannot read {path}: {e.strerror}") from None
     return lines + (last != b"\n")
+
+
+def check_line_endings(path: Path, head_bytes: int = 1 << 20) -> None:
+    """Refuse a file whose lines end in a bare CR (classic Mac OS): read by LF it would be one
+    huge line. A stray CR inside a line is left alone; only a file mostly split by CR is refused."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(head_bytes)
+    except OSError:
+        return  # count_lines reports it
+    bare = head.count(b"\r") - head.count(b"\r\n")
+    if bare and bare >= head.count(b"\n"):
+        line = head[: re.search(rb"\r(?!\n)", head).start()].count(b"\n") + 1
+        raise XfError(f"{path}:{line}: lines end with a bare carriage return (\\r, old Mac "
+                      f"line endings), so the file reads as one line; convert it first: tr '\\r' '\\n'")
 
 
 def read_chunks(split: Split) -> Iterator[tuple[int, list[bytes], list[bytes]]]:
@@ -152,25 +174,33 @@ def sample_for_bpe(split: Split, pairs: int, seed: int, out: Path, invalid: str,
 
 
 def learn_bpe(sample: Path, model_prefix: Path, vocab_size: int, max_sentences: int, threads: int, seed: int) -> None:
-    """Train the BPE model on ``sample``, at most ``max_sentences`` of it (0: all)."""
+    """Train the BPE model on ``sample``, at most ``max_sentences`` of it (0: all).
+
+    The sample is fed as an iterator and the model comes back as bytes: given a file name,
+    sentencepiece records the (temporary) paths in the model, so two identical runs would differ.
+    """
     import sentencepiece as spm
 
     spm.set_random_generator_seed(seed)
+    model = io.BytesIO()
     try:
-        spm.SentencePieceTrainer.train(
-            input=str(sample),
-            model_prefix=str(model_prefix),
-            model_type="bpe",
-            vocab_size=vocab_size,
-            character_coverage=1.0,  # keep every character of the sample: no <unk> from rare letters
-            normalization_rule_name="nmt_nfkc",  # sentencepiece's default, stated to be explicit
-            pad_id=PAD_ID, unk_id=UNK_ID, bos_id=BOS_ID, eos_id=EOS_ID,
-            pad_piece="<pad>", unk_piece="<unk>", bos_piece="<s>", eos_piece="</s>",
-            input_sentence_size=max_sentences,
-            shuffle_input_sentence=True,
-            num_threads=threads,
-            minloglevel=2,  # its own log is pages long; rich reports progress instead
-        )
+        with open(sample, encoding="utf-8") as lines:
+            spm.SentencePieceTrainer.train(
+                sentence_iterator=(line.rstrip("\n") for line in lines),
+                model_writer=model,
+                model_type="bpe",
+                vocab_size=vocab_size,
+                character_coverage=1.0,  # keep every character of the sample: no <unk> from rare letters
+                normalization_rule_name="nmt_nfkc",  # sentencepiece's default, stated to be explicit
+                pad_id=PAD_ID, unk_id=UNK_ID, bos_id=BOS_ID, eos_id=EOS_ID,
+                pad_piece="<pad>", unk_piece="<unk>", bos_piece="<s>", eos_piece="</s>",
+                input_sentence_size=max_sentences,
+                shuffle_input_sentence=True,
+                num_threads=threads,
+                minloglevel=2,  # its own log is pages long; rich reports progress instead
+            )
+        with open(model_prefix.with_name(model_prefix.name + ".model"), "wb") as f:
+            f.write(model.getvalue())
     except RuntimeError as e:
         limit = re.search(r"Vocabulary size too high \((\d+)\)\. Please set it to a value <= (\d+)", str(e))
         if limit:
@@ -179,6 +209,24 @@ def learn_bpe(sample: Path, model_prefix: Path, vocab_size: int, max_sentences: 
                 f"most {limit[2]} pieces from it; pass --bpe-vocab-size {limit[2]} or less"
             ) from None
         raise XfError(f"sentencepiece training failed: {e}") from None
+
+
+def explain_no_text(sample: Path, train: Split) -> None:
+    """After a failed BPE training: an XfError naming the files when no sampled line has any text
+    left after sentencepiece's normalization (zero-width or control characters only, ...)."""
+    import sentencepiece as spm
+
+    if not hasattr(spm, "SentencePieceNormalizer"):  # sentencepiece < 0.2
+        return
+    normalizer = spm.SentencePieceNormalizer(rule_name="nmt_nfkc")
+    with open(sample, encoding="utf-8") as f:
+        for line in f:
+            if normalizer.normalize(line.rstrip("\n")).strip("\u2581"):
+                return
+    with open(train.src, "rb") as f:
+        first = decode_line(f.readline(), train.src, 1, "replace")
+    raise XfError(f"{train.src}, {train.tgt}: no text to learn BPE from: every line is empty after sentencepiece's "
+                  f"nmt_nfkc normalization, which removes control and zero-width characters (line 1: {first!r})")
 
 
 # --------------------------------------------------------------------------- encoding (worker side)
@@ -320,6 +368,8 @@ def check_inputs(splits: list[Split], progress: Progress) -> Split | None:
     sizes = [p.stat().st_size for s in splits for p in (s.src, s.tgt) if p.is_file()]
     task = progress.add_task("checking inputs, MB", total=sum(sizes) / 1e6)
     for s in splits:
+        check_line_endings(s.src)
+        check_line_endings(s.tgt)
         s.lines = count_lines(s.src, lambda n: progress.advance(task, n / 1e6))
         tgt_lines = count_lines(s.tgt, lambda n: progress.advance(task, n / 1e6))
         if s.lines != tgt_lines:
@@ -350,7 +400,11 @@ def make_spm(o: PreprocessOptions, train: Split | None, out: Path, progress: Pro
     task = progress.add_task(f"learning BPE {o.bpe_vocab_size}", total=None)
     # the sample is random already; sentencepiece's shuffle only trims a Bernoulli excess
     bound = max(2 * o.bpe_sample_lines, 101)  # sentencepiece takes 0 (all) or over 100
-    learn_bpe(sample, out / "spm", o.bpe_vocab_size, bound if sentences > bound else 0, o.workers, o.seed)
+    try:
+        learn_bpe(sample, out / "spm", o.bpe_vocab_size, bound if sentences > bound else 0, o.workers, o.seed)
+    except XfError:
+        explain_no_text(sample, train)
+        raise
     sample.unlink()
     progress.update(task, total=sentences, completed=sentences)
     return dict(learned=True, model_type="bpe", normalization="nmt_nfkc", character_coverage=1.0,
@@ -376,6 +430,8 @@ def encode_splits(o: PreprocessOptions, splits: list[Split], out: Path, dtype: n
 
 def preprocess(o: PreprocessOptions) -> dict:
     """Run ``xf preprocess``; returns the meta.json dict written into ``o.destdir``."""
+    if o.verify:
+        return verify(Path(o.destdir))
     check_destination(o)
     splits = plan_splits(o)
     console = Console(stderr=True)
@@ -408,8 +464,8 @@ def preprocess(o: PreprocessOptions) -> dict:
                 bpe=bpe,
                 splits=[s.name for s in splits],
                 stats={s.name: s.stats for s in splits},
-                options=dataclasses.asdict(o),
-                seconds=round(time.perf_counter() - began, 1),
+                options=recorded_options(o),
+                files={p.name: file_sha256(p) for p in sorted(tmp.iterdir())},  # for --verify
             )
             with open(tmp / "meta.json", "w", encoding="utf-8") as f:  # last: marks the directory complete
                 f.write(json.dumps(meta, indent=1) + "\n")
@@ -419,18 +475,39 @@ def preprocess(o: PreprocessOptions) -> dict:
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
             raise
-    console.print(summary_table(meta, dest))
+    console.print(summary_table(meta, dest, round(time.perf_counter() - began, 1)))
     return meta
+
+
+def recorded_options(o: PreprocessOptions) -> dict:
+    """The options for meta.json: those that decide the content. Where it goes (destdir) and
+    whether to replace it are left out, so that one command gives the same bytes in any directory."""
+    return {k: v for k, v in dataclasses.asdict(o).items() if k not in ("destdir", "overwrite", "verify")}
+
+
+def verify(dest: Path) -> dict:
+    """``xf preprocess --verify``: every file against meta.json's checksums, every split's index
+    against its .bin and the vocabulary. Returns meta.json's dict; raises XfError on a mismatch."""
+    data = DataDir.open(dest)
+    bad = data.verify_checksums()
+    if bad:
+        raise XfError(f"{dest}: {len(bad)} file(s) differ from meta.json's checksums: {', '.join(bad)}; "
+                      "re-run xf preprocess")
+    for name in data.splits:
+        data.split(name)  # checks offsets, sizes and token ids
+    Console(stderr=True).print(f"{dest}: {len(data.meta['files'])} files match meta.json's checksums; "
+                               f"splits {', '.join(data.splits)} are consistent", soft_wrap=True)
+    return data.meta
 
 
 def describe_drops(dropped: dict) -> str:
     return ", ".join(f"{k.replace('_', ' ')} {v}" for k, v in dropped.items() if v) or "none"
 
 
-def summary_table(meta: dict, dest: Path) -> Table:
+def summary_table(meta: dict, dest: Path, seconds: float) -> Table:
     """One column per split, one row per count (fits a terminal for any number of splits)."""
     src, tgt, o = meta["source_lang"], meta["target_lang"], meta["options"]
-    table = Table(title=f"xf preprocess: {dest} (vocab {meta['vocab_size']}, {meta['dtype']}, {meta['seconds']}s)")
+    table = Table(title=f"xf preprocess: {dest} (vocab {meta['vocab_size']}, {meta['dtype']}, {seconds}s)")
     table.add_column("")
     stats = [meta["stats"][name] for name in meta["splits"]]
     for name in meta["splits"]:

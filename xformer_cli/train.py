@@ -37,7 +37,7 @@ import yaml
 from rich.console import Console
 
 from . import distributed
-from .checkpoint import checkpoint_numbers, load_checkpoint, make_checkpoint, save_checkpoint, spm_digest
+from .checkpoint import checkpoint_numbers, load_last_checkpoint, make_checkpoint, same_vocabulary, save_checkpoint
 from .config import ConfigError, to_dict
 from .data import DataDir, ParallelDataset, batch_by_size, collate, epoch_order, update_batches
 from .errors import XfError
@@ -45,6 +45,7 @@ from .fileio import atomic_write, atomic_write_text
 from .loss import fused_output_loss
 from .model import Transformer, config_to_dict
 from .options import MODEL_OVERRIDES, ModelConfig, TrainOptions, model_config
+from .safety import SaveDirLock
 from .schedule import learning_rate
 from .train_log import Reporter, format_seconds
 from .train_policy import AfterUpdate, improves, plan_after_validation, plan_update
@@ -171,11 +172,10 @@ def check_resumable(ckpt: dict, path: Path, spm_model: bytes, data_path: Path, c
     """A checkpoint to resume must hold training state and match the data's vocabulary and the model."""
     if not ckpt.get("train_state"):
         raise XfError(f"{path}: has no training state (an averaged or exported checkpoint?); cannot resume from it")
-    theirs, ours = ckpt.get("spm_sha256"), spm_digest(spm_model)
-    if theirs != ours:
+    if not same_vocabulary(ckpt["spm_model"], spm_model):
         raise XfError(
-            f"{path}: trained with another vocabulary (spm.model sha256 {str(theirs)[:12]}..., "
-            f"{data_path}/spm.model is {ours[:12]}...); use the original data or another --save-dir"
+            f"{path}: trained with another vocabulary (its sentencepiece pieces differ from "
+            f"{data_path}/spm.model's); use the original data or another --save-dir"
         )
     wanted = config_to_dict(cfg)
     diffs = [f"{k} {ckpt['model_config'].get(k)!r} there, {v!r} here" for k, v in wanted.items()
@@ -342,7 +342,7 @@ class Run:
         return total
 
 
-def set_up(o: TrainOptions, env: distributed.Env) -> Run:
+def set_up(o: TrainOptions, env: distributed.Env, lock: SaveDirLock) -> Run:
     """Data, save dir, model configuration and what to resume from (all checked before anything
     is written), then model, optimizer and loss scaler (the same initial weights on every rank)."""
     console = Console(stderr=True, quiet=not env.is_main)
@@ -360,11 +360,12 @@ def set_up(o: TrainOptions, env: distributed.Env) -> Run:
     valid_batches = batch_by_size(valid_set.src_sizes, valid_set.tgt_sizes, o.max_tokens)
     cfg = build_config(o, data.vocab_size)
     last_path = Path(o.save_dir) / "checkpoint_last.pt"
-    ckpt = load_checkpoint(last_path) if last_path.exists() else None
+    ckpt = load_last_checkpoint(last_path) if last_path.exists() else None
     if ckpt is not None:
         check_resumable(ckpt, last_path, data.spm_model_bytes, data.path, cfg)
     if env.is_main:
         prepare_save_dir(Path(o.save_dir))
+        lock.acquire()
     sp = None
     if o.eval_bleu:
         sp = load_sentencepiece(data.spm_model_bytes, str(data.path / "spm.model"))
@@ -666,8 +667,8 @@ def train(options: TrainOptions) -> dict:
     env = distributed.setup(options.device)
     try:
         check_precision(options, env.device)
-        with StopSignal() as stop:
-            run = set_up(options, env)
+        with StopSignal() as stop, SaveDirLock(options.save_dir, env.is_main) as lock:  # one run per save dir
+            run = set_up(options, env, lock)
             done = already_done(run)
             if done:
                 run.console.print(done)

@@ -21,12 +21,13 @@ from typing import IO, Iterator, Optional, Sequence
 import torch
 
 from . import distributed
-from .checkpoint import load_checkpoint, model_from_checkpoint
+from .checkpoint import load_checkpoint, model_from_checkpoint, same_vocabulary
 from .data import batch_by_size, collate_source
 from .errors import ConfigError, XfError
 from .fileio import atomic_write
 from .model import Transformer
 from .options import TranslateOptions
+from .safety import refuse_overwriting_inputs
 from .search import Hypothesis, beam_search, greedy_search, sample
 from .vocab import decode_line, load_sentencepiece
 
@@ -37,18 +38,17 @@ DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 def load_ensemble(paths: Sequence[str], device: torch.device, dtype: torch.dtype = torch.float32):
     """Models of ``paths`` in eval mode on ``device`` and the sentencepiece model they share.
 
-    An ensemble must share one vocabulary: the same sentencepiece model (by its sha256).
+    An ensemble must share one vocabulary: the same sentencepiece pieces and ids.
     """
     if not paths:
         raise ConfigError("give a checkpoint with --path")
     models: list[Transformer] = []
-    sp, first_sha = None, None
+    sp, first_spm = None, None
     for path in paths:
         ckpt = load_checkpoint(path)
-        sha = ckpt.get("spm_sha256")
         if sp is None:
-            sp, first_sha = load_sentencepiece(ckpt["spm_model"], str(path)), sha
-        elif sha != first_sha:
+            sp, first_spm = load_sentencepiece(ckpt["spm_model"], str(path)), ckpt["spm_model"]
+        elif not same_vocabulary(ckpt["spm_model"], first_spm):
             raise XfError(
                 f"{path}: its vocabulary (sentencepiece model) differs from {paths[0]}'s; "
                 "an ensemble needs checkpoints trained on the same vocabulary"
@@ -241,6 +241,7 @@ def translate(options: TranslateOptions) -> None:
         raise XfError(f"{options.input}: input file not found")
     if options.output is not None and not Path(options.output).resolve().parent.is_dir():
         raise XfError(f"{options.output}: its directory does not exist")
+    refuse_overwriting_inputs(options.output, [options.input, *options.path])
     device, dtype = resolve_device(options.device, options.precision)
     if options.threads > 0:
         torch.set_num_threads(options.threads)
