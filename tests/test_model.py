@@ -237,7 +237,8 @@ def test_dropout_is_identity_in_eval_and_reproducible_from_the_seed():
 def test_non_positive_sizes_are_one_line_config_errors(field, value):
     from xformer_cli.errors import ConfigError
 
-    with pytest.raises(ConfigError, match=rf"{field} must be .*, got {value}") as e:
+    name = field.replace("_", "[-_]")  # --d-model on the command line, d_model in YAML
+    with pytest.raises(ConfigError, match=rf"{name} must be .*, got {value}") as e:
         build_model("tiny", **{"vocab_size": V, field: value})
     assert "\n" not in str(e.value)
 

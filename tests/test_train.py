@@ -244,7 +244,7 @@ def test_vocabulary_mismatch_on_resume_changes_nothing(data_dir, raw_slice, tmp_
     (dict(precision="fp16"), "fp16 needs a CUDA device"),
     (dict(max_tokens=0), "--max-tokens must be at least 1"),
     (dict(stop_time_hours=-0.5), "--stop-time-hours must not be negative"),
-    (dict(d_model=0), "d_model must be at least 1, got 0"),  # not a ZeroDivisionError
+    (dict(d_model=0), "d.model must be at least 1, got 0"),  # not a ZeroDivisionError
     (dict(heads=0), "heads must be at least 1, got 0"),
 ])
 def test_bad_options_are_one_line_errors(data_dir, tmp_path, change, message):
