@@ -35,11 +35,11 @@ from typing import Optional
 import numpy as np
 import torch
 import yaml
-from rich.console import Console
 
 from . import distributed
 from .checkpoint import load_checkpoint, make_checkpoint, save_checkpoint, spm_digest
 from .config import ConfigError, to_dict
+from .console import stderr_console
 from .data import DataDir, batch_by_size, collate
 from .errors import XfError
 from .fileio import atomic_write, atomic_write_text
@@ -276,7 +276,7 @@ def train(options: TrainOptions) -> dict:
 
 
 def _train(o: TrainOptions, env: distributed.Env, stop: StopSignal) -> dict:
-    console = Console(stderr=True, quiet=not env.is_main)
+    console = stderr_console(quiet=not env.is_main)  # one line per record when stderr is a log file
     device = env.device
     if o.threads:
         torch.set_num_threads(o.threads)

@@ -1,6 +1,9 @@
 """What ``xf train`` shows and records: a live progress line and log lines on stderr, tables at
 start-up, after each validation and at the end, ``train_log.jsonl`` in the save directory, and
 TensorBoard scalars when asked. Only rank 0 reports; on other ranks every method does nothing.
+
+When stderr is not a terminal (a cluster job's log) there is no live line, and every record,
+tables included, is one line (see console.py).
 """
 
 from __future__ import annotations
@@ -15,6 +18,9 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 from rich.text import Text
+
+from .console import print_table
+from .fileio import reporting_write_errors
 
 
 def format_seconds(seconds: Optional[float]) -> str:
@@ -55,7 +61,11 @@ class Reporter:
         self.enabled = enabled
         self.progress: Optional[Progress] = None
         self.task = None
-        self._jsonl = open(save_dir / "train_log.jsonl", "a", encoding="utf-8") if enabled else None
+        self._jsonl_path = save_dir / "train_log.jsonl"
+        self._jsonl = None
+        if enabled:
+            with reporting_write_errors(self._jsonl_path):
+                self._jsonl = open(self._jsonl_path, "a", encoding="utf-8")
         self._tb = None
         if enabled and tensorboard_logdir:
             try:
@@ -71,8 +81,9 @@ class Reporter:
         """One JSON line (and TensorBoard scalars under ``kind/``)."""
         if not self.enabled:
             return
-        self._jsonl.write(json.dumps({"type": kind, "time": round(time.time(), 3), **values}) + "\n")
-        self._jsonl.flush()
+        with reporting_write_errors(self._jsonl_path):
+            self._jsonl.write(json.dumps({"type": kind, "time": round(time.time(), 3), **values}) + "\n")
+            self._jsonl.flush()
         if self._tb is not None and "update" in values:
             for key, value in values.items():
                 if isinstance(value, (int, float)) and key not in ("update", "epoch"):
@@ -90,11 +101,11 @@ class Reporter:
         table.add_column()
         for name, value in rows:
             table.add_row(name, str(value))
-        self.console.print(table)
+        print_table(self.console, table)
 
     # -- the live line -------------------------------------------------------------------------
     def start(self, total: Optional[int], done: int, epoch: int) -> None:
-        if not self.enabled:
+        if not self.enabled or not self.console.is_terminal:  # a log file gets the log lines only
             return
         self.progress = TrainProgress(
             TextColumn("[bold]epoch {task.fields[epoch]}"),
@@ -136,7 +147,7 @@ class Reporter:
             cells.append(f"{r['bleu']:.2f}")
         cells.append("new best" if best else f"{r['best']:.3f}" if r.get("best") is not None else "")
         table.add_row(*cells)
-        self.console.print(table)
+        print_table(self.console, table)
 
     def warn(self, message: str, kind: Optional[str] = None, values: Optional[dict] = None) -> None:
         if not self.enabled:
@@ -153,8 +164,9 @@ class Reporter:
     def close(self) -> None:
         self.stop()
         if self._jsonl is not None:
-            self._jsonl.close()
-            self._jsonl = None
+            jsonl, self._jsonl = self._jsonl, None
+            with reporting_write_errors(self._jsonl_path):
+                jsonl.close()
         if self._tb is not None:
             self._tb.close()
             self._tb = None
