@@ -14,3 +14,8 @@ def multi30k_dir() -> Path:
     if not (path / "train.en").exists():
         pytest.skip(f"Multi30k not found at {path}")
     return path
+
+
+def pytest_addoption(parser):
+    parser.addoption("--slow", action="store_true", default=False,
+                     help="run the long variants of the fault-injection tests (tests/test_faults.py)")

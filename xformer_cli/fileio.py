@@ -8,6 +8,7 @@ cause ("no space left on device"), with the previous content of the file intact.
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import stat
 import tempfile
@@ -34,15 +35,20 @@ def write_error(path: str | Path, e: OSError) -> XfError:
     return XfError(f"cannot write {path}: {reason[:1].lower()}{reason[1:]}")
 
 
+DISK_FULL = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
+
+
 @contextlib.contextmanager
 def reporting_write_errors(path: str | Path) -> Iterator[None]:
-    """Turn an OSError raised while writing ``path`` (or its temporary file beside it) into
-    ``write_error``'s XfError. An error that names another file passes through unchanged."""
+    """Turn an OSError raised while writing ``path`` (its temporary file, or the files inside a
+    directory ``path``) into ``write_error``'s XfError: a full disk, or an error of a write
+    (which names no file). An error that names another file passes through unchanged."""
     path = Path(path)
     try:
         yield
     except OSError as e:
-        if e.filename is not None and not Path(e.filename).name.startswith((path.name, f".{path.name}.")):
+        ours = e.filename is None or Path(e.filename).name.startswith((path.name, f".{path.name}."))
+        if not ours and e.errno not in DISK_FULL:
             raise
         raise write_error(path, e) from None
 

@@ -47,7 +47,7 @@ from . import __version__
 from .data import BOS_ID, EOS_ID, FORMAT_VERSION, PAD_ID, UNK_ID, TokenArrayWriter, smallest_dtype
 from .console import print_table, stderr_console
 from .errors import XfError
-from .fileio import fsync_dir
+from .fileio import fsync_dir, reporting_write_errors
 from .options import PreprocessOptions
 
 CHUNK_LINES = 10_000  # pairs per worker task: large enough that inter-process traffic is noise
@@ -466,7 +466,7 @@ def preprocess(o: PreprocessOptions) -> dict:
     console = stderr_console()
     dest = Path(o.destdir)
     began = time.perf_counter()
-    with make_progress(console) as progress:
+    with make_progress(console) as progress, reporting_write_errors(dest):  # a full disk: names destdir
         train = check_inputs(splits, progress)
         dest.parent.mkdir(parents=True, exist_ok=True)
         tmp = dest.with_name(f".{dest.name}.tmp-{secrets.token_hex(4)}")  # renamed to dest when complete

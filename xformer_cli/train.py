@@ -42,7 +42,7 @@ from .config import ConfigError, to_dict
 from .console import stderr_console
 from .data import DataDir, batch_by_size, collate
 from .errors import XfError
-from .fileio import atomic_write, atomic_write_text
+from .fileio import atomic_write, atomic_write_text, remove_stale_temporaries
 from .loss import fused_output_loss
 from .model import ModelConfig, Transformer, config_to_dict, model_config
 from .options import TrainOptions
@@ -301,6 +301,7 @@ def _train(o: TrainOptions, env: distributed.Env, stop: StopSignal) -> dict:
         check_resumable(ckpt, last_path, spm_model, data.path, cfg)
     if env.is_main:
         prepare_save_dir(save_dir)
+        remove_stale_temporaries(save_dir)  # of atomic writes killed by kill -9
     sp = None
     if o.eval_bleu:
         from .translate import load_sentencepiece

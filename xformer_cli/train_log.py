@@ -44,6 +44,25 @@ def format_train_stats(r: dict) -> str:
     return " | ".join(parts)
 
 
+def drop_torn_line(path: Path) -> None:
+    """Cut a last line without its newline (a run killed mid-write, a full disk) off ``path``,
+    so that every line of the log stays a whole JSON record."""
+    with open(path, "r+b") as f:
+        end = f.seek(0, 2)
+        start = end
+        while start > 0:
+            start = max(0, start - (1 << 16))
+            f.seek(start)
+            block = f.read(end - start)
+            if block.endswith(b"\n"):
+                return
+            newline = block.rfind(b"\n")
+            if newline >= 0:
+                f.truncate(start + newline + 1)
+                return
+        f.truncate(0)
+
+
 class TrainProgress(Progress):
     """A progress bar (epoch, update, elapsed, ETA) with the latest training numbers below it."""
 
@@ -66,6 +85,7 @@ class Reporter:
         if enabled:
             with reporting_write_errors(self._jsonl_path):
                 self._jsonl = open(self._jsonl_path, "a", encoding="utf-8")
+                drop_torn_line(self._jsonl_path)
         self._tb = None
         if enabled and tensorboard_logdir:
             try:
