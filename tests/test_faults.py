@@ -306,3 +306,106 @@ def test_sigterm_during_translate_removes_the_temporary_output(data_dir, tmp_pat
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == 143 and err.strip().splitlines()[-1] == "xf: error: stopped by SIGTERM", err
     assert sorted(p.name for p in tmp_path.iterdir()) == ["in.txt", "model.pt"]
+
+
+# -- two torchrun nodes on loopback ------------------------------------------------------------
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def listening(port: int) -> bool:
+    import socket
+
+    with socket.socket() as s:
+        return s.connect_ex(("127.0.0.1", port)) == 0
+
+
+def start_nodes(data_dir, save: Path, logs: Path, tag: str, **kw) -> list[subprocess.Popen]:
+    """Two torchrun "nodes" of one process each, c10d rendezvous on 127.0.0.1. Node a starts
+    first and hosts the rendezvous store. Output goes to logs/{a,b}.log."""
+    port = free_port()
+    logs.mkdir(exist_ok=True)
+    nodes = []
+    for name in ("a", "b"):
+        with open(logs / f"{name}.log", "w") as out:
+            nodes.append(subprocess.Popen(
+                [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc-per-node", "1",
+                 "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", tag,
+                 "--max-restarts", "0", "-m", "xformer_cli", "train", *cli_args(data_dir, save, **kw)],
+                stdout=out, stderr=subprocess.STDOUT, env={**ENV, "XF_TEST_TAG": f"{tag}-{name}"}, cwd=logs))
+        if name == "a":
+            deadline = time.monotonic() + 60
+            while not listening(port):
+                assert nodes[0].poll() is None and time.monotonic() < deadline, (logs / "a.log").read_text()
+                time.sleep(0.05)
+    return nodes
+
+
+def stop_all(tag: str) -> None:
+    for name in ("a", "b"):
+        for pid in tagged_processes(f"{tag}-{name}"):
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+
+@pytest.mark.skipif(not Path("/proc/self/environ").exists(), reason="needs Linux /proc")
+def test_two_nodes_on_loopback_equal_one_process_accumulating(data_dir, tmp_path):
+    kw = dict(max_update=2, dropout=0.0, lr_scheduler="inverse_sqrt", lr=1e-3, warmup_updates=1)
+    train(opts(data_dir, tmp_path / "single", update_freq=2, **kw))
+    tag = f"mn-eq-{os.getpid()}"
+    try:
+        nodes = start_nodes(data_dir, tmp_path / "nodes", tmp_path / "logs", tag, **kw)
+        for node, name in zip(nodes, "ab"):
+            assert node.wait(timeout=240) == 0, (tmp_path / "logs" / f"{name}.log").read_text()[-3000:]
+    finally:
+        stop_all(tag)
+    assert records(tmp_path / "nodes", "start")[0]["world_size"] == 2
+    a = load_checkpoint(tmp_path / "single" / "checkpoint_last.pt")
+    b = load_checkpoint(tmp_path / "nodes" / "checkpoint_last.pt")
+    for name in a["model"]:  # the all-reduce sums in another order than one process does
+        torch.testing.assert_close(a["model"][name], b["model"][name], rtol=0, atol=1e-5)
+    assert a["train_state"]["position"] == b["train_state"]["position"]
+
+
+@pytest.mark.skipif(not Path("/proc/self/environ").exists(), reason="needs Linux /proc")
+def test_a_dead_node_stops_the_other_with_a_message_and_the_job_resumes(data_dir, tmp_path):
+    """kill -9 node b (its torchrun agent and its worker) mid-run: node a must not hang. gloo sees
+    the closed connection at once; a hung peer would take --ddp-timeout-minutes (1 here). The bound
+    asserted is that timeout plus a minute for torchrun's own shutdown."""
+    save, logs, tag = tmp_path / "ck", tmp_path / "logs", f"mn-kill-{os.getpid()}"
+    kw = dict(max_update=100000, save_interval_updates=3, log_interval=10, ddp_timeout_minutes=1.0)
+    try:
+        node_a, node_b = start_nodes(data_dir, save, logs, tag, **kw)
+        last = save / "checkpoint_last.pt"
+        wait_for(lambda: last.exists() and load_checkpoint(last)["meta"]["num_updates"] >= 6, node_a,
+                 what="a few checkpoints")
+        for pid in tagged_processes(f"{tag}-b"):
+            os.kill(pid, signal.SIGKILL)
+        began = time.monotonic()
+        node_a.wait(timeout=120)
+        waited = time.monotonic() - began
+    finally:
+        stop_all(tag)
+    log_a = (logs / "a.log").read_text()
+    assert node_a.returncode != 0
+    assert re.search(r"xf: error: rank \d of 2: lost another training process \(.+\); stopping\. "
+                     r"Start every node again to resume from .*checkpoint_last\.pt", log_a), log_a[-3000:]
+    assert tagged_processes(f"{tag}-a") == []  # its worker exited too: nothing left training or waiting
+    print(f"node a exited {waited:.1f} s after node b was killed:",
+          *[line for line in log_a.splitlines() if line.startswith("xf: error")])
+
+    stopped = load_checkpoint(save / "checkpoint_last.pt")["meta"]["num_updates"]
+    try:
+        nodes = start_nodes(data_dir, save, logs, tag, **{**kw, "max_update": stopped + 2})
+        for node, name in zip(nodes, "ab"):
+            assert node.wait(timeout=240) == 0, (logs / f"{name}.log").read_text()[-3000:]
+    finally:
+        stop_all(tag)
+    assert records(save, "start")[-1]["update"] == stopped
+    assert load_checkpoint(save / "checkpoint_last.pt")["meta"]["num_updates"] == stopped + 2

@@ -86,6 +86,9 @@ class TrainOptions:
     log_interval: int = option(50, "updates between log lines")
     tensorboard_logdir: Optional[str] = option(None, "write TensorBoard scalars here")
     max_nan_updates: int = option(20, "stop after this many consecutive non-finite updates")
+    ddp_timeout_minutes: float = option(
+        10.0, "torchrun: a process that waits this long for another (dead or hung) stops with an error"
+    )
 
 
 @dataclass(frozen=True)

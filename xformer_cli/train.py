@@ -62,6 +62,8 @@ def check_options(o: TrainOptions, device: torch.device) -> None:
     non_negative = ("max_update", "max_epoch", "save_interval_updates", "keep_last_checkpoints",
                     "validate_interval_updates", "patience", "clip_norm", "weight_decay", "threads",
                     "warmup_updates", "save_interval_minutes", "stop_time_hours")
+    if o.ddp_timeout_minutes <= 0:
+        raise ConfigError(f"--ddp-timeout-minutes must be positive, got {o.ddp_timeout_minutes}")
     for name in positive:
         if getattr(o, name) < 1:
             raise ConfigError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(o, name)}")
@@ -266,10 +268,11 @@ class StopSignal:
 # -- the command -------------------------------------------------------------------------------
 def train(options: TrainOptions) -> dict:
     """Train as ``options`` say; returns the final summary (also the last line of train_log.jsonl)."""
-    env = distributed.setup(options.device)
+    env = distributed.setup(options.device, options.ddp_timeout_minutes)
     try:
         check_options(options, env.device)
-        with StopSignal() as stop:
+        resume = f"Start every node again to resume from {Path(options.save_dir) / 'checkpoint_last.pt'}"
+        with StopSignal() as stop, distributed.peer_failures(env, resume):
             return _train(options, env, stop)
     finally:
         distributed.shutdown()
