@@ -136,6 +136,7 @@ def test_kill_9_at_random_moments_then_resume_equals_an_uninterrupted_run(data_d
             load_checkpoint(p)
         killed_after.append(load_checkpoint(save / "checkpoint_last.pt")["train_state"]["position"]["num_updates"]
                             if (save / "checkpoint_last.pt").exists() else 0)
+    print(f"checkpoint_last.pt after each kill -9: update {killed_after} of {kw['max_update']}")
     assert len(killed_after) >= 2, killed_after  # the kills did land while it trained
     final = subprocess.run(command, capture_output=True, text=True, env=ENV, timeout=300)
     assert final.returncode == 0, final.stderr[-2000:]
