@@ -6,10 +6,9 @@ import re
 import subprocess
 import sys
 
-import pytest
 from rich.table import Table
 
-from test_train import cli_args, make_data, slice_multi30k
+from test_train import cli_args, data_dir, raw_slice  # noqa: F401 - fixtures
 from xformer_cli.console import print_table, stderr_console, table_line
 
 BOX = re.compile("[\u2500-\u257f]")  # rich's box-drawing characters
@@ -44,12 +43,6 @@ def test_a_long_record_is_not_wrapped_when_stderr_is_not_a_terminal(capsys, monk
     print_table(console, t)
     lines = capsys.readouterr().err.splitlines()
     assert lines[0] == record and len(lines) == 2 and not BOX.search(lines[1])
-
-
-@pytest.fixture(scope="module")
-def data_dir(tmp_path_factory, multi30k_dir):
-    raw = slice_multi30k(multi30k_dir, tmp_path_factory.mktemp("raw"), 160, 40)
-    return make_data(raw, tmp_path_factory.mktemp("m30k") / "bin", 300)
 
 
 def test_train_log_in_a_file_is_one_line_per_record(data_dir, tmp_path):

@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 import torch
 
-from test_train import MICRO, cli_args, make_data, opts, records, slice_multi30k
+from test_train import cli_args, data_dir, opts, raw_slice, records  # noqa: F401 - fixtures
 from xformer_cli.checkpoint import load_checkpoint, make_checkpoint, save_checkpoint
 from xformer_cli.config import load_options
 from xformer_cli.options import TrainOptions
@@ -29,16 +29,6 @@ from xformer_cli.train import train
 REPO = Path(__file__).resolve().parents[1]
 XF = [sys.executable, "-m", "xformer_cli"]
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
-
-
-@pytest.fixture(scope="module")
-def raw_slice(tmp_path_factory, multi30k_dir) -> Path:
-    return slice_multi30k(multi30k_dir, tmp_path_factory.mktemp("m30k-raw"), 160, 40)
-
-
-@pytest.fixture(scope="module")
-def data_dir(tmp_path_factory, raw_slice) -> Path:
-    return make_data(raw_slice, tmp_path_factory.mktemp("m30k") / "bin", 300)
 
 
 @pytest.fixture(scope="session")
