@@ -117,7 +117,7 @@ def test_kill_9_at_random_moments_then_resume_equals_an_uninterrupted_run(data_d
         while count_starts(log) == starts and proc.poll() is None:  # until it is about to train
             assert time.monotonic() < deadline, "xf train did not start"
             time.sleep(0.01)
-        time.sleep(rng.uniform(0, 2 * run_seconds / kills))  # on average, a kills-th of the run
+        time.sleep(rng.uniform(0, run_seconds / kills))  # on average half a kills-th of the run: all land
         if proc.poll() is not None:
             break  # it finished first
         proc.kill()
@@ -127,7 +127,7 @@ def test_kill_9_at_random_moments_then_resume_equals_an_uninterrupted_run(data_d
         killed_after.append(load_checkpoint(save / "checkpoint_last.pt")["train_state"]["position"]["num_updates"]
                             if (save / "checkpoint_last.pt").exists() else 0)
     print(f"checkpoint_last.pt after each kill -9: update {killed_after} of {kw['max_update']}")
-    assert len(killed_after) >= 2, killed_after  # the kills did land while it trained
+    assert sum(u < kw["max_update"] for u in killed_after) >= 2, killed_after  # (all, usually) mid-training
     final = subprocess.run(command, capture_output=True, text=True, env=ENV, timeout=300)
     assert final.returncode == 0, final.stderr[-2000:]
 
@@ -142,7 +142,7 @@ def test_kill_9_at_random_moments_then_resume_equals_an_uninterrupted_run(data_d
 def test_disk_full_at_every_train_write_site(data_dir, tmp_path, enospc):
     save = tmp_path / "ck"
     args = cli_args(data_dir, save)
-    assert xf("train", *args, "--max-update", "2").returncode == 0
+    train(opts(data_dir, save, max_update=2))
     good = files(save)
     for site, name in (("checkpoint", r"checkpoint_1_4\.pt"), ("config.yaml", r"config\.yaml"),
                        ("train_log.jsonl", r"train_log\.jsonl")):
@@ -160,8 +160,7 @@ def test_disk_full_at_every_train_write_site(data_dir, tmp_path, enospc):
         assert now["train_log.jsonl"].startswith(before["train_log.jsonl"])  # appended to, at most
         assert not list(save.glob(".*.tmp"))
     # resumable: with space again, the same command ends where an uninterrupted run does
-    out = xf("train", *args, "--max-update", "4")
-    assert out.returncode == 0, out.stderr[-2000:]
+    assert train(opts(data_dir, save, max_update=4))["num_updates"] == 4
     train(opts(data_dir, tmp_path / "reference", max_update=4))
     assert_same_training_state(tmp_path / "reference" / "checkpoint_last.pt", save / "checkpoint_last.pt")
     assert [r["update"] for r in records(save, "start")][-1] == 2  # every log line is whole JSON

@@ -165,7 +165,7 @@ class Reporter:
         cells = [f"{r['loss']:.3f}", f"{r['nll']:.3f}", f"{r['ppl']:.2f}"]
         if "bleu" in r:
             cells.append(f"{r['bleu']:.2f}")
-        cells.append("new best" if best else f"{r['best']:.3f}" if r.get("best") is not None else "")
+        cells.append("new" if best else f"{r['best']:.3f}" if r.get("best") is not None else "")
         table.add_row(*cells)
         print_table(self.console, table)
 
