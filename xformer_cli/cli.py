@@ -209,6 +209,16 @@ def _parameter(f: dataclasses.Field, tp: Any) -> inspect.Parameter:
     )
 
 
+def _list_flags(options_cls: type, types_by_name: dict[str, Any]) -> dict[str, type]:
+    """The flags of the list (tuple) options of ``options_cls``, with their item types."""
+    lists = {}
+    for f in dataclasses.fields(options_cls):
+        inner = _is_optional(types_by_name[f.name])[1]
+        if typing.get_origin(inner) is tuple and not f.metadata.get("positional"):
+            lists["--" + f.name.replace("_", "-")] = typing.get_args(inner)[0]
+    return lists
+
+
 def command(name: str, options_cls: type, section: str):
     """Register ``fn(options)`` as subcommand ``name`` with flags generated from ``options_cls``."""
 
@@ -271,11 +281,7 @@ def command(name: str, options_cls: type, section: str):
         wrapper.__annotations__ = {p.name: p.annotation for p in params}
         wrapper.__name__ = fn.__name__
         wrapper.__doc__ = fn.__doc__
-        lists = {}
-        for f in dataclasses.fields(options_cls):
-            inner = _is_optional(types_by_name[f.name])[1]
-            if typing.get_origin(inner) is tuple and not f.metadata.get("positional"):
-                lists["--" + f.name.replace("_", "-")] = typing.get_args(inner)[0]
+        lists = _list_flags(options_cls, types_by_name)
         app.command(name, cls=type("XfCommand", (XfCommand,), {"list_options": lists}))(wrapper)
         return fn
 
