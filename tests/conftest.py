@@ -29,3 +29,8 @@ def multi30k_dir() -> Path:
 def shared_data() -> Path:
     """A directory laid out like ../shared/data (multi30k/, wmt14/, wmt_sample/)."""
     return data_root()[0]
+
+
+def pytest_addoption(parser):
+    parser.addoption("--slow", action="store_true", default=False,
+                     help="run the long variants of the fault-injection tests (tests/test_faults.py)")

@@ -73,3 +73,68 @@ def test_readme_quick_start_puts_xf_on_the_path():
                          env={**os.environ, "PATH": path}, capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
     assert out.stdout.splitlines() == [str(repo / ".venv" / "bin" / "xf"), f"xf {__version__}"]
+# -- usage errors, help, list options (issue 12, items 6 and 7) ----------------------------------
+@pytest.mark.parametrize("args,message", [
+    (["train", "--no-such-flag"], "No such option: --no-such-flag"),
+    (["average-checkpoints", "--output", "o.pt", "--num-update-checkpoints", "2", "3"], "unexpected extra argument"),
+    (["train", "--max-tokens"], "requires an argument"),
+    (["trian"], "No such command 'trian'"),
+    (["train", "--max-tokens", "many"], "Invalid value for '--max-tokens'"),
+])
+def test_usage_errors_are_one_line(args, message):
+    result = runner.invoke(app, args)
+    assert result.exit_code == 2
+    lines = result.output.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("xf: error: ") and message in lines[0], result.output
+    assert "--help" in lines[0]  # says where to look
+
+
+@pytest.mark.parametrize("name,cls", [
+    ("preprocess", PreprocessOptions), ("train", TrainOptions), ("average-checkpoints", AverageOptions),
+    ("translate", TranslateOptions), ("score", ScoreOptions),
+])
+def test_help_at_80_columns_shows_full_names_and_marks_required(name, cls):
+    result = runner.invoke(app, [name, "--help"], env={"COLUMNS": "80"})
+    assert result.exit_code == 0, result.output
+    assert "…" not in result.output and "<bool>" not in result.output
+    for f in dataclasses.fields(cls):
+        flag = "--" + f.name.replace("_", "-")
+        if f.metadata.get("positional"):
+            flag = f.name.upper()
+        elif f.type == "bool" or "bool" in str(f.type):
+            assert f"--no-{flag[2:]}" in result.output
+        assert flag in result.output, flag
+        if f.default is dataclasses.MISSING:  # required: marked beside its help
+            after = result.output[result.output.index(flag):]
+            assert "[required" in after.split("\n  -")[0], flag
+    assert max(map(len, result.output.splitlines())) <= 80
+
+
+def run_capturing(monkeypatch, module: str, function: str, args: list[str]):
+    """Invoke ``xf args`` with the library function replaced by one that records its options."""
+    seen = []
+    monkeypatch.setattr(f"xformer_cli.{module}.{function}", seen.append)
+    result = runner.invoke(app, args)
+    assert result.exit_code == 0, result.output
+    (options,) = seen
+    return options
+
+
+def test_list_options_take_space_separated_values(monkeypatch, tmp_path):
+    o = run_capturing(monkeypatch, "average", "average_checkpoints",
+                      ["average-checkpoints", "--inputs", "a.pt", "b.pt", "c.pt", "--output", "avg.pt"])
+    assert o.inputs == ("a.pt", "b.pt", "c.pt") and o.output == "avg.pt"
+    # a number list ends at the first word that is not a number: here the positional DATA
+    o = run_capturing(monkeypatch, "train", "train", ["train", "--adam-betas", "0.9", "0.98", "data-bin"])
+    assert o.adam_betas == (0.9, 0.98) and o.data == "data-bin"
+    o = run_capturing(monkeypatch, "train", "train", ["train", "d", "--adam-betas=0.8", "0.9", "--max-update", "3"])
+    assert o.adam_betas == (0.8, 0.9) and o.max_update == 3
+    # repeating the flag, and the YAML list, still work; flags win over YAML
+    o = run_capturing(monkeypatch, "score", "score", ["score", "--ref", "r1", "--ref", "r2", "r3"])
+    assert o.ref == ("r1", "r2", "r3")
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("train:\n  data: d\n  adam_betas: [0.9, 0.997]\n")
+    o = run_capturing(monkeypatch, "train", "train", ["train", "--config", str(cfg)])
+    assert o.adam_betas == (0.9, 0.997)
+    o = run_capturing(monkeypatch, "train", "train", ["train", "--config", str(cfg), "--adam-betas", "0.5", "0.6"])
+    assert o.adam_betas == (0.5, 0.6)

@@ -15,6 +15,7 @@ import torch
 
 from .checkpoint import checkpoint_numbers, is_training_checkpoint, load_checkpoint, model_from_checkpoint
 from .checkpoint import same_vocabulary, save_checkpoint
+from .console import print_table, stderr_console
 from .errors import ConfigError, XfError
 from .options import AverageOptions
 from .safety import refuse_overwriting_inputs
@@ -102,14 +103,13 @@ def _same_architecture(a: dict, b: dict) -> Optional[str]:
 
 def average_checkpoints(options: AverageOptions) -> None:
     """Write the element-wise mean of the chosen checkpoints' parameters to options.output."""
-    from rich.console import Console
     from rich.progress import Progress
     from rich.table import Table
 
     paths = select_inputs(options)
     check_output(options, paths)
     wanted = options.num_epoch_checkpoints or len(paths)
-    console = Console(stderr=True)
+    console = stderr_console()
     sums: dict[str, torch.Tensor] = {}
     groups: list[list[str]] = []
     first: dict = {}
@@ -175,7 +175,7 @@ def average_checkpoints(options: AverageOptions) -> None:
     table.add_row("from", ", ".join(p.name for p, _ in used))
     table.add_row("parameters", f"{sum(averaged[g[0]].numel() for g in groups):,}")
     table.add_row("written", str(options.output))
-    console.print(table)
+    print_table(console, table)
 
 
 def _check_compatible(first: dict, ckpt: dict, first_path, path: Path, groups: list[list[str]]) -> None:

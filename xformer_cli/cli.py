@@ -1,15 +1,21 @@
 """The ``xf`` command: a thin Typer front end over one library function per subcommand.
 
 Flags are generated from the options dataclasses in ``options.py``, so every flag has a YAML key
-of the same name (``--config FILE``) and flags win over YAML. Errors are one line on stderr and a
-non-zero exit; ``--verbose`` shows the traceback.
+of the same name (``--config FILE``) and flags win over YAML. A list option takes its values
+space-separated as fairseq's (``--adam-betas 0.9 0.98``), repeated (``--ref a --ref b``) or as a
+YAML list. Errors, usage errors included, are one line on stderr (``xf: error: ...``) and a
+non-zero exit (2 for usage and configuration errors); ``--verbose`` shows the traceback.
+SIGTERM, like Ctrl-C, unwinds the command, so that it removes its temporary files on the way out.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import inspect
+import signal
 import sys
+import threading
 import traceback
 import typing
 from pathlib import Path
@@ -23,12 +29,103 @@ from .config import ConfigError, _is_optional, field_types, load_options
 from .errors import XfError
 from .options import AverageOptions, PreprocessOptions, ScoreOptions, TrainOptions, TranslateOptions
 
+try:  # typer >= 0.22 raises the exceptions of its own copy of click
+    from typer._click.exceptions import ClickException as _TyperClickException
+except ImportError:  # pragma: no cover - older typer uses click itself
+    _TyperClickException = click.ClickException
+USAGE_ERRORS = (click.ClickException, _TyperClickException)
+
+
+def _one_line(text: str) -> str:
+    return " ".join(text.split())
+
+
+class XfGroup(typer.core.TyperGroup):
+    """The ``xf`` command group: click's usage errors (unknown option, extra argument, missing
+    value, unknown command) become the one-line ``xf: error: ...`` of every other error."""
+
+    def main(self, args=None, prog_name=None, complete_var=None, standalone_mode=True, **extra):
+        try:
+            code = super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
+        except USAGE_ERRORS as e:
+            if type(e).__name__ == "NoArgsIsHelpError":  # `xf` alone: the help, as asked for
+                e.show()
+            else:
+                ctx = getattr(e, "ctx", None)
+                if ctx is not None:
+                    where = ctx.command_path
+                else:  # some errors do not say which command: the first word that names one
+                    words = sys.argv[1:] if args is None else list(args)
+                    where = " ".join(["xf", *[w for w in words if w in self.commands][:1]])
+                typer.echo(f"xf: error: {_one_line(e.format_message())} (see '{where} --help')", err=True)
+            if not standalone_mode:
+                raise
+            sys.exit(e.exit_code)
+        except typer.Abort:
+            if not standalone_mode:
+                raise
+            typer.echo("xf: error: aborted", err=True)
+            sys.exit(1)
+        if not standalone_mode:
+            return code
+        sys.exit(code if isinstance(code, int) else 0)
+
+
+def spread_list_values(args: list[str], lists: dict[str, type]) -> list[str]:
+    """``--inputs a b c`` -> ``--inputs a --inputs b --inputs c``: click takes one value per flag.
+
+    ``lists`` maps each list option's flag to its item type. Its values run until the next flag;
+    a number list also stops at the first word that is not a number, so ``--adam-betas 0.9 0.98
+    data-bin`` leaves ``data-bin`` as the positional argument (and ``-0.5`` is a value).
+    """
+    out, i = [], 0
+    while i < len(args):
+        arg = args[i]
+        out.append(arg)
+        i += 1
+        if arg == "--":
+            out += args[i:]
+            break
+        name = arg.split("=", 1)[0]
+        item = lists.get(name)
+        if item is None:
+            continue
+        if "=" not in arg and i < len(args):  # the first value goes with the flag, as click reads it
+            out.append(args[i])
+            i += 1
+        while i < len(args) and _is_value(args[i], item):
+            out += [name, args[i]]
+            i += 1
+    return out
+
+
+def _is_value(word: str, item: type) -> bool:
+    if item in (int, float):
+        try:
+            item(word)
+        except ValueError:
+            return False
+        return True
+    return not word.startswith("-")
+
+
+class XfCommand(typer.core.TyperCommand):
+    """A subcommand whose list options also take space-separated values."""
+
+    list_options: dict[str, type] = {}  # flag -> item type, set per command by ``command``
+
+    def parse_args(self, ctx, args):
+        return super().parse_args(ctx, spread_list_values(list(args), self.list_options))
+
+
 app = typer.Typer(
     name="xf",
+    cls=XfGroup,
     help="xf: neural machine translation with the Transformer of Vaswani et al. (2017).",
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
+    rich_markup_mode=None,
     context_settings={"help_option_names": ["-h", "--help"]},
 )
 
@@ -53,32 +150,73 @@ def fail(message: str, code: int = 1) -> typing.NoReturn:
     raise typer.Exit(code)
 
 
+class Terminated(BaseException):
+    """SIGTERM as an exception (like KeyboardInterrupt for SIGINT), so that ``finally`` blocks run:
+    temporary files are removed and child processes stopped on the way out."""
+
+    def __init__(self, signum: int):
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+@contextlib.contextmanager
+def sigterm_unwinds() -> typing.Iterator[None]:
+    """While the command runs, SIGTERM raises ``Terminated`` (xf train handles it itself)."""
+    def handle(signum, frame):
+        raise Terminated(signum)
+
+    if threading.current_thread() is not threading.main_thread():  # e.g. under a test runner
+        yield
+        return
+    previous = signal.signal(signal.SIGTERM, handle)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
 def _parameter(f: dataclasses.Field, tp: Any) -> inspect.Parameter:
     """The Typer parameter of one options field: every flag defaults to None (= not given)."""
     optional, inner = _is_optional(tp)
     meta = f.metadata
     default = None if f.default is dataclasses.MISSING else f.default
-    kwargs: dict[str, Any] = {"help": meta.get("help", "")}
-    if default not in (None, ()) and inner is not bool:
-        kwargs["show_default"] = " ".join(map(str, default)) if isinstance(default, tuple) else str(default)
+    help_text = meta.get("help", "")
+    if f.default is dataclasses.MISSING:
+        help_text += "  [required: here or in --config]"
+    elif default not in (None, ()):
+        shown = " ".join(map(str, default)) if isinstance(default, tuple) else str(default)
+        if inner is bool:
+            shown = "on" if default else "off"
+        help_text += f"  [default: {shown}]"
+    kwargs: dict[str, Any] = {"help": help_text, "show_default": False}
     origin = typing.get_origin(inner)
     if origin is tuple:
-        annotation = Optional[list[typing.get_args(inner)[0]]]
+        item = typing.get_args(inner)[0]
+        annotation = Optional[list[item]]
+        kwargs["metavar"] = f"<{item.__name__}>..."
     else:
         annotation = Optional[inner]
     flag = "--" + f.name.replace("_", "-")
     if meta.get("positional"):
-        info = typer.Argument(**kwargs, show_default=False)
+        info = typer.Argument(**kwargs, metavar=f.name.upper())
     elif inner is bool:
         info = typer.Option(f"{flag}/--no-{flag[2:]}", **kwargs)
-        if default is not None:
-            info.help = f"{info.help} [default: {'on' if default else 'off'}]"
     else:
         names = [flag] + ([meta["short"]] if "short" in meta else [])
         info = typer.Option(*names, **kwargs)
     return inspect.Parameter(
         f.name, inspect.Parameter.KEYWORD_ONLY, default=None, annotation=Annotated[annotation, info]
     )
+
+
+def _list_flags(options_cls: type, types_by_name: dict[str, Any]) -> dict[str, type]:
+    """The flags of the list (tuple) options of ``options_cls``, with their item types."""
+    lists = {}
+    for f in dataclasses.fields(options_cls):
+        inner = _is_optional(types_by_name[f.name])[1]
+        if typing.get_origin(inner) is tuple and not f.metadata.get("positional"):
+            lists["--" + f.name.replace("_", "-")] = typing.get_args(inner)[0]
+    return lists
 
 
 def command(name: str, options_cls: type, section: str):
@@ -111,13 +249,18 @@ def command(name: str, options_cls: type, section: str):
             overrides = {k: v for k, v in overrides.items() if v not in (None, ())}
             try:
                 options = load_options(options_cls, config, overrides, section=section)
-                fn(options)
+                with sigterm_unwinds():
+                    fn(options)
             except (typer.Exit, typer.Abort, click.exceptions.Exit):
                 raise
             except KeyboardInterrupt:
                 if verbose:
                     traceback.print_exc()
                 fail("interrupted", 130)
+            except Terminated as e:
+                if verbose:
+                    traceback.print_exc()
+                fail(f"stopped by {e}", 128 + e.signum)
             except ConfigError as e:
                 if verbose:
                     traceback.print_exc()
@@ -138,7 +281,8 @@ def command(name: str, options_cls: type, section: str):
         wrapper.__annotations__ = {p.name: p.annotation for p in params}
         wrapper.__name__ = fn.__name__
         wrapper.__doc__ = fn.__doc__
-        app.command(name)(wrapper)
+        lists = _list_flags(options_cls, types_by_name)
+        app.command(name, cls=type("XfCommand", (XfCommand,), {"list_options": lists}))(wrapper)
         return fn
 
     return decorate

@@ -4,12 +4,19 @@
 device and sets RANK, LOCAL_RANK and WORLD_SIZE; ``init_process_group`` reads them (NCCL between
 GPUs, gloo between CPU processes) and ``DistributedDataParallel`` all-reduces the gradients.
 Without torchrun this is a world of one and every collective below is a no-op.
+
+No process waits forever for another: a collective that a dead or hung process never joins fails
+after ``--ddp-timeout-minutes`` (10 by default; a dead process's closed connection usually fails
+it at once), and ``peer_failures`` turns that into a one-line error on every surviving process,
+so the whole job stops and can be started again from ``checkpoint_last.pt``.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import Sequence
 
 import torch
@@ -70,8 +77,9 @@ def resolve_device(option: str, local_rank: int = 0) -> torch.device:
     return torch.device("cpu")
 
 
-def setup(device_option: str) -> Env:
-    """Join the process group that torchrun describes in the environment (if any)."""
+def setup(device_option: str, timeout_minutes: float = 10.0) -> Env:
+    """Join the process group that torchrun describes in the environment (if any); its
+    collectives fail after ``timeout_minutes`` of waiting for another process."""
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
     rank = int(os.environ.get("RANK", "0"))
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
@@ -79,8 +87,30 @@ def setup(device_option: str) -> Env:
     if device.type == "cuda":
         torch.cuda.set_device(device)
     if world_size > 1 and not dist.is_initialized():
-        dist.init_process_group(backend="nccl" if device.type == "cuda" else "gloo")
+        dist.init_process_group(backend="nccl" if device.type == "cuda" else "gloo",
+                                timeout=timedelta(minutes=timeout_minutes))
     return Env(rank, world_size, local_rank, device)
+
+
+# What the backends say when another process died or hung (gloo, NCCL, the TCP store).
+PEER_FAILURE_WORDS = ("connection closed", "connection reset", "timed out", "timeout", "broken pipe",
+                      "connection refused", "nccl", "gloo", "socket")
+
+
+@contextlib.contextmanager
+def peer_failures(env: Env, resume_hint: str = ""):
+    """One line instead of a backend traceback when a collective fails because another process
+    died or hung: every survivor exits with it instead of hanging."""
+    try:
+        yield
+    except RuntimeError as e:  # DistBackendError, DistNetworkError and gloo's errors are RuntimeErrors
+        text = str(e).strip()
+        if not env.distributed or not (isinstance(e, getattr(dist, "DistError", ())) or
+                                       any(w in text.lower() for w in PEER_FAILURE_WORDS)):
+            raise
+        first = text.splitlines()[0] if text else type(e).__name__
+        raise XfError(f"rank {env.rank} of {env.world_size}: lost another training process ({first[:200]}); "
+                      f"stopping. {resume_hint}".strip()) from None
 
 
 def shutdown() -> None:

@@ -183,12 +183,17 @@ class TrainOptions:
     log_interval: int = option(50, "updates between log lines")
     tensorboard_logdir: Optional[str] = option(None, "write TensorBoard scalars here")
     max_nan_updates: int = option(20, "stop after this many consecutive non-finite updates")
+    ddp_timeout_minutes: float = option(
+        10.0, "torchrun: a process that waits this long for another (dead or hung) stops with an error"
+    )
 
     def __post_init__(self) -> None:
         at_least(self, 1, "max_tokens", "update_freq", "log_interval", "max_nan_updates")
         at_least(self, 0, "max_update", "max_epoch", "save_interval_updates", "keep_last_checkpoints",
                  "validate_interval_updates", "patience", "clip_norm", "weight_decay", "threads",
                  "warmup_updates", "save_interval_minutes", "stop_time_hours")
+        if self.ddp_timeout_minutes <= 0:
+            raise ConfigError(f"--ddp-timeout-minutes must be positive, got {self.ddp_timeout_minutes}")
         probability(self, "label_smoothing")
         if len(self.adam_betas) != 2 or not all(0 <= b < 1 for b in self.adam_betas):
             raise ConfigError(f"--adam-betas needs two values in [0, 1), got {list(self.adam_betas)}")

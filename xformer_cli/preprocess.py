@@ -45,9 +45,10 @@ from rich.table import Table
 from rich.text import Text
 
 from . import __version__
+from .console import print_table, stderr_console
 from .data import FORMAT_VERSION, DataDir, TokenArrayWriter, file_sha256, smallest_dtype
 from .errors import XfError
-from .fileio import fsync_dir
+from .fileio import fsync_dir, reporting_write_errors
 from .options import PreprocessOptions
 from .vocab import BOS_ID, EOS_ID, PAD_ID, UNK_ID, decode_line, load_sentencepiece
 
@@ -211,6 +212,47 @@ def learn_bpe(sample: Path, model_prefix: Path, vocab_size: int, max_sentences: 
         raise XfError(f"sentencepiece training failed: {e}") from None
 
 
+def run_in_child(fn, *args) -> None:
+    """``fn(*args)`` in a child process that the parent kills if it is interrupted.
+
+    sentencepiece's training is one long C++ call that Python's signal handlers cannot break
+    into: run in-process, Ctrl-C or SIGTERM would wait minutes for it to return. Here the parent
+    only waits on a pipe, so it sees the signal at once, kills the child and unwinds (which
+    removes the temporary output). The child's XfError comes back as the parent's.
+    """
+    ctx = multiprocessing.get_context("spawn")  # no fork of a process that runs rich's refresh thread
+    receive, send = ctx.Pipe(duplex=False)
+    child = ctx.Process(target=_child_main, args=(send, fn, args), daemon=True)
+    child.start()
+    send.close()
+    try:
+        try:
+            error = receive.recv()  # blocks until the child reports, or dies (EOF)
+        except EOFError:
+            child.join()
+            error = f"{getattr(fn, '__name__', fn)} died (exit code {child.exitcode}; out of memory?)"
+        child.join()
+    finally:
+        if child.exitcode is None:
+            child.kill()
+            child.join()
+        receive.close()
+    if error is not None:
+        raise XfError(error)
+
+
+def _child_main(send, fn, args) -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # a terminal's Ctrl-C reaches the parent too; it kills us
+    try:
+        fn(*args)
+        error = None
+    except XfError as e:
+        error = str(e)
+    except Exception as e:  # noqa: BLE001 - reported by the parent as a one-line error
+        error = f"{type(e).__name__}: {e}"
+    send.send(error)
+
+
 def explain_no_text(sample: Path, train: Split) -> None:
     """After a failed BPE training: an XfError naming the files when no sampled line has any text
     left after sentencepiece's normalization (zero-width or control characters only, ...)."""
@@ -339,7 +381,8 @@ class RateColumn(ProgressColumn):
 
 def make_progress(console: Console) -> Progress:
     return Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(bar_width=20), MofNCompleteColumn(),
-                    RateColumn(), TimeElapsedColumn(), TimeRemainingColumn(), console=console)
+                    RateColumn(), TimeElapsedColumn(), TimeRemainingColumn(), console=console,
+                    disable=not console.is_terminal)
 
 
 def write_vocab(sp, path: Path) -> None:
@@ -401,7 +444,7 @@ def make_spm(o: PreprocessOptions, train: Split | None, out: Path, progress: Pro
     # the sample is random already; sentencepiece's shuffle only trims a Bernoulli excess
     bound = max(2 * o.bpe_sample_lines, 101)  # sentencepiece takes 0 (all) or over 100
     try:
-        learn_bpe(sample, out / "spm", o.bpe_vocab_size, bound if sentences > bound else 0, o.workers, o.seed)
+        run_in_child(learn_bpe, sample, out / "spm", o.bpe_vocab_size, bound if sentences > bound else 0, o.workers, o.seed)
     except XfError:
         explain_no_text(sample, train)
         raise
@@ -434,10 +477,10 @@ def preprocess(o: PreprocessOptions) -> dict:
         return verify(Path(o.destdir))
     check_destination(o)
     splits = plan_splits(o)
-    console = Console(stderr=True)
+    console = stderr_console()
     dest = Path(o.destdir)
     began = time.perf_counter()
-    with make_progress(console) as progress:
+    with make_progress(console) as progress, reporting_write_errors(dest):  # a full disk: names destdir
         train = check_inputs(splits, progress)
         dest.parent.mkdir(parents=True, exist_ok=True)
         tmp = dest.with_name(f".{dest.name}.tmp-{secrets.token_hex(4)}")  # renamed to dest when complete
@@ -475,7 +518,7 @@ def preprocess(o: PreprocessOptions) -> dict:
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
             raise
-    console.print(summary_table(meta, dest, round(time.perf_counter() - began, 1)))
+    print_table(console, summary_table(meta, dest, round(time.perf_counter() - began, 1)))
     return meta
 
 

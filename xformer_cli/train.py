@@ -39,9 +39,10 @@ from rich.console import Console
 from . import distributed
 from .checkpoint import checkpoint_numbers, load_last_checkpoint, make_checkpoint, same_vocabulary, save_checkpoint
 from .config import ConfigError, to_dict
+from .console import stderr_console
 from .data import DataDir, ParallelDataset, batch_by_size, collate, epoch_order, update_batches
 from .errors import XfError
-from .fileio import atomic_write, atomic_write_text
+from .fileio import atomic_write, atomic_write_text, remove_stale_temporaries
 from .loss import fused_output_loss
 from .model import Transformer, config_to_dict
 from .options import MODEL_OVERRIDES, ModelConfig, TrainOptions, model_config
@@ -345,7 +346,7 @@ class Run:
 def set_up(o: TrainOptions, env: distributed.Env, lock: SaveDirLock) -> Run:
     """Data, save dir, model configuration and what to resume from (all checked before anything
     is written), then model, optimizer and loss scaler (the same initial weights on every rank)."""
-    console = Console(stderr=True, quiet=not env.is_main)
+    console = stderr_console(quiet=not env.is_main)  # one line per record when stderr is a log file
     if o.threads:
         torch.set_num_threads(o.threads)
     data = DataDir.open(o.data)
@@ -366,6 +367,7 @@ def set_up(o: TrainOptions, env: distributed.Env, lock: SaveDirLock) -> Run:
     if env.is_main:
         prepare_save_dir(Path(o.save_dir))
         lock.acquire()
+        remove_stale_temporaries(Path(o.save_dir))  # of atomic writes killed by kill -9 (safe: we hold the lock)
     sp = None
     if o.eval_bleu:
         sp = load_sentencepiece(data.spm_model_bytes, str(data.path / "spm.model"))
@@ -664,10 +666,12 @@ def follow_plan(run: Run, report: Reporter, loop: Loop, meter: Meter, after: Aft
 # -- the command -------------------------------------------------------------------------------
 def train(options: TrainOptions) -> dict:
     """Train as ``options`` say; returns the final summary (also the last line of train_log.jsonl)."""
-    env = distributed.setup(options.device)
+    env = distributed.setup(options.device, options.ddp_timeout_minutes)
     try:
         check_precision(options, env.device)
-        with StopSignal() as stop, SaveDirLock(options.save_dir, env.is_main) as lock:  # one run per save dir
+        resume = f"Start every node again to resume from {Path(options.save_dir) / 'checkpoint_last.pt'}"
+        with StopSignal() as stop, distributed.peer_failures(env, resume), \
+                SaveDirLock(options.save_dir, env.is_main) as lock:  # one run per save dir
             run = set_up(options, env, lock)
             done = already_done(run)
             if done:

@@ -1,6 +1,9 @@
 """What ``xf train`` shows and records: a live progress line and log lines on stderr, tables at
 start-up, after each validation and at the end, ``train_log.jsonl`` in the save directory, and
 TensorBoard scalars when asked. Only rank 0 reports; on other ranks every method does nothing.
+
+When stderr is not a terminal (a cluster job's log) there is no live line, and every record,
+tables included, is one line (see console.py).
 """
 
 from __future__ import annotations
@@ -15,6 +18,9 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 from rich.text import Text
+
+from .console import print_table
+from .fileio import reporting_write_errors
 
 
 def format_seconds(seconds: Optional[float]) -> str:
@@ -38,6 +44,25 @@ def format_train_stats(r: dict) -> str:
     return " | ".join(parts)
 
 
+def drop_torn_line(path: Path) -> None:
+    """Cut a last line without its newline (a run killed mid-write, a full disk) off ``path``,
+    so that every line of the log stays a whole JSON record."""
+    with open(path, "r+b") as f:
+        end = f.seek(0, 2)
+        start = end
+        while start > 0:
+            start = max(0, start - (1 << 16))
+            f.seek(start)
+            block = f.read(end - start)
+            if block.endswith(b"\n"):
+                return
+            newline = block.rfind(b"\n")
+            if newline >= 0:
+                f.truncate(start + newline + 1)
+                return
+        f.truncate(0)
+
+
 class TrainProgress(Progress):
     """A progress bar (epoch, update, elapsed, ETA) with the latest training numbers below it."""
 
@@ -55,7 +80,12 @@ class Reporter:
         self.enabled = enabled
         self.progress: Optional[Progress] = None
         self.task = None
-        self._jsonl = open(save_dir / "train_log.jsonl", "a", encoding="utf-8") if enabled else None
+        self._jsonl_path = save_dir / "train_log.jsonl"
+        self._jsonl = None
+        if enabled:
+            with reporting_write_errors(self._jsonl_path):
+                self._jsonl = open(self._jsonl_path, "a", encoding="utf-8")
+                drop_torn_line(self._jsonl_path)
         self._tb = None
         if enabled and tensorboard_logdir:
             try:
@@ -71,8 +101,9 @@ class Reporter:
         """One JSON line (and TensorBoard scalars under ``kind/``)."""
         if not self.enabled:
             return
-        self._jsonl.write(json.dumps({"type": kind, "time": round(time.time(), 3), **values}) + "\n")
-        self._jsonl.flush()
+        with reporting_write_errors(self._jsonl_path):
+            self._jsonl.write(json.dumps({"type": kind, "time": round(time.time(), 3), **values}) + "\n")
+            self._jsonl.flush()
         if self._tb is not None and "update" in values:
             for key, value in values.items():
                 if isinstance(value, (int, float)) and key not in ("update", "epoch"):
@@ -90,11 +121,11 @@ class Reporter:
         table.add_column()
         for name, value in rows:
             table.add_row(name, str(value))
-        self.console.print(table)
+        print_table(self.console, table)
 
     # -- the live line -------------------------------------------------------------------------
     def start(self, total: Optional[int], done: int, epoch: int) -> None:
-        if not self.enabled:
+        if not self.enabled or not self.console.is_terminal:  # a log file gets the log lines only
             return
         self.progress = TrainProgress(
             TextColumn("[bold]epoch {task.fields[epoch]}"),
@@ -134,9 +165,9 @@ class Reporter:
         cells = [f"{r['loss']:.3f}", f"{r['nll']:.3f}", f"{r['ppl']:.2f}"]
         if "bleu" in r:
             cells.append(f"{r['bleu']:.2f}")
-        cells.append("new best" if best else f"{r['best']:.3f}" if r.get("best") is not None else "")
+        cells.append("new" if best else f"{r['best']:.3f}" if r.get("best") is not None else "")
         table.add_row(*cells)
-        self.console.print(table)
+        print_table(self.console, table)
 
     def warn(self, message: str, kind: Optional[str] = None, values: Optional[dict] = None) -> None:
         if not self.enabled:
@@ -153,8 +184,9 @@ class Reporter:
     def close(self) -> None:
         self.stop()
         if self._jsonl is not None:
-            self._jsonl.close()
-            self._jsonl = None
+            jsonl, self._jsonl = self._jsonl, None
+            with reporting_write_errors(self._jsonl_path):
+                jsonl.close()
         if self._tb is not None:
             self._tb.close()
             self._tb = None

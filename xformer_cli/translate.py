@@ -22,6 +22,7 @@ import torch
 
 from . import distributed
 from .checkpoint import load_checkpoint, model_from_checkpoint, same_vocabulary
+from .console import print_table, stderr_console
 from .data import batch_by_size, collate_source
 from .errors import ConfigError, XfError
 from .fileio import atomic_write
@@ -233,7 +234,6 @@ def _warn(message: str) -> None:
 # -- the command ---------------------------------------------------------------------------------
 def translate(options: TranslateOptions) -> None:
     """Translate the input (stdin or --input) to the output (stdout or --output)."""
-    from rich.console import Console
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
     check_options(options)
@@ -248,7 +248,7 @@ def translate(options: TranslateOptions) -> None:
     models, sp = load_ensemble(options.path, device, dtype)
     generator = torch.Generator(device=device).manual_seed(options.seed) if options.sampling else None
 
-    console = Console(stderr=True)
+    console = stderr_console()
     stats = Stats()
     start = time.perf_counter()
     where = options.input or "stdin"
@@ -300,4 +300,4 @@ def _summary(console, stats: Stats, elapsed: float, options: TranslateOptions) -
     table.add_row("target subwords/s", f"{stats.tgt_tokens / max(elapsed, 1e-9):,.0f}")
     if stats.invalid_utf8 or stats.truncated:
         table.add_row("invalid UTF-8 / truncated lines", f"{stats.invalid_utf8:,} / {stats.truncated:,}")
-    console.print(table)
+    print_table(console, table)
