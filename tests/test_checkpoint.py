@@ -95,10 +95,17 @@ def test_a_full_disk_names_the_file_and_the_cause(tmp_path, monkeypatch):
             self.written += len(b)
             return len(b)
 
-    monkeypatch.setattr(ck, "atomic_write", lambda path, mode: contextlib.nullcontext(Full()))
+    real_atomic_write = ck.atomic_write
+
+    @contextlib.contextmanager
+    def full_disk(path, mode):  # the real atomic write, its file on a full device
+        with real_atomic_write(path, mode):
+            yield Full()
+
+    monkeypatch.setattr(ck, "atomic_write", full_disk)
     with pytest.raises(XfError) as e:
         tiny(tmp_path / "checkpoint_last.pt")
-    assert str(e.value) == f"cannot write {tmp_path / 'checkpoint_last.pt'}: No space left on device"
+    assert str(e.value) == f"cannot write {tmp_path / 'checkpoint_last.pt'}: no space left on device"
 
 
 def learn(lines, **kw) -> bytes:

@@ -75,34 +75,10 @@ def make_checkpoint(
 
 
 def save_checkpoint(path: str | Path, checkpoint: dict) -> None:
-    """Atomic save: temporary file, fsync, rename. The previous file survives any crash."""
+    """Atomic save: temporary file, fsync, rename. The previous file survives any crash, and a
+    failed write (a full disk) is an XfError naming the file and the cause (fileio.atomic_write)."""
     with atomic_write(path, "wb") as f:
-        writer = _RecordingWriter(f)
-        try:
-            torch.save(checkpoint, writer)
-        except RuntimeError:
-            # torch reports a failed write as "[enforce fail at inline_container.cc] unexpected pos";
-            # the OSError underneath (a full disk: ENOSPC) is the message the user needs
-            if writer.error is None:
-                raise
-            raise XfError(f"cannot write {path}: {writer.error.strerror or writer.error}") from None
-
-
-class _RecordingWriter:
-    """A file object that remembers the OSError of a failed write (torch.save hides it)."""
-
-    def __init__(self, f):
-        self.f, self.error = f, None
-
-    def write(self, data) -> int:
-        try:
-            return self.f.write(data)
-        except OSError as e:
-            self.error = e
-            raise
-
-    def flush(self) -> None:
-        self.f.flush()
+        torch.save(checkpoint, f)
 
 
 def _sniff(path: Path) -> Optional[str]:
