@@ -21,7 +21,15 @@ import typer
 from . import __version__
 from .config import ConfigError, _is_optional, field_types, load_options
 from .errors import XfError
-from .options import AverageOptions, PreprocessOptions, ScoreOptions, TrainOptions, TranslateOptions
+from .options import (
+    AverageOptions,
+    PlotAttentionOptions,
+    PlotCurvesOptions,
+    PreprocessOptions,
+    ScoreOptions,
+    TrainOptions,
+    TranslateOptions,
+)
 
 app = typer.Typer(
     name="xf",
@@ -81,8 +89,9 @@ def _parameter(f: dataclasses.Field, tp: Any) -> inspect.Parameter:
     )
 
 
-def command(name: str, options_cls: type, section: str):
-    """Register ``fn(options)`` as subcommand ``name`` with flags generated from ``options_cls``."""
+def command(name: str, options_cls: type, section: str, parent: typer.Typer = app):
+    """Register ``fn(options)`` as subcommand ``name`` of ``parent`` with flags generated from
+    ``options_cls``."""
 
     def decorate(fn: Callable[[Any], None]):
         types_by_name = field_types(options_cls)
@@ -138,7 +147,7 @@ def command(name: str, options_cls: type, section: str):
         wrapper.__annotations__ = {p.name: p.annotation for p in params}
         wrapper.__name__ = fn.__name__
         wrapper.__doc__ = fn.__doc__
-        app.command(name)(wrapper)
+        parent.command(name)(wrapper)
         return fn
 
     return decorate
@@ -182,3 +191,28 @@ def score_cmd(options: ScoreOptions) -> None:
     from .score import score
 
     score(options)
+
+
+plot_app = typer.Typer(
+    name="plot",
+    help="Pictures: training curves from train_log.jsonl, attention maps of a checkpoint (needs matplotlib).",
+    no_args_is_help=True,
+    context_settings={"help_option_names": ["-h", "--help"]},
+)
+app.add_typer(plot_app)
+
+
+@command("curves", PlotCurvesOptions, "plot_curves", plot_app)
+def plot_curves_cmd(options: PlotCurvesOptions) -> None:
+    """Training and validation loss, validation BLEU, learning rate and speed of one or more runs."""
+    from .plot import plot_curves
+
+    plot_curves(options)
+
+
+@command("attention", PlotAttentionOptions, "plot_attention", plot_app)
+def plot_attention_cmd(options: PlotAttentionOptions) -> None:
+    """Attention weights of a checkpoint on one sentence, as heat maps or as lines between tokens."""
+    from .plot import plot_attention
+
+    plot_attention(options)
