@@ -7,7 +7,7 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from test_translate import learn_spm, tiny_checkpoint
+from test_translate import ckpt, sentences, spm_model  # noqa: F401 (fixtures: a tiny checkpoint, Multi30k lines)
 from xformer_cli import model as model_module
 from xformer_cli.attention_maps import (
     alignment_pairs,
@@ -16,6 +16,7 @@ from xformer_cli.attention_maps import (
     hard_alignments,
     record,
     resolve_layer,
+    target_batch,
     word_ids,
 )
 from xformer_cli.cli import app
@@ -55,8 +56,6 @@ def attention_modules(model):
 def test_recorded_weights_are_those_of_the_forward_pass(monkeypatch, overrides):
     model = tiny(**overrides)
     src, targets = batch()
-    from xformer_cli.attention_maps import target_batch
-
     prev = target_batch(targets, src.device)
     seen = []  # what attention() itself computes in a normal forward pass (CPU, short: explicit path)
     real = model_module.attention_weights
@@ -99,8 +98,6 @@ def test_long_sequences_record_the_same_attention_as_sdpa():
     g = torch.Generator().manual_seed(2)
     src = torch.randint(4, V, (2, 80), generator=g)
     targets = [torch.randint(4, V, (70,), generator=g).tolist() + [EOS_ID]] * 2
-    from xformer_cli.attention_maps import target_batch
-
     prev = target_batch(targets, src.device)
     with torch.no_grad():
         logits = model(src, prev)
@@ -161,24 +158,6 @@ def test_word_alignment():
 
 
 # -- xf translate --print-alignment ------------------------------------------------------------
-@pytest.fixture(scope="module")
-def spm_model(multi30k_dir) -> bytes:
-    lines = []
-    for lang in ("en", "de"):
-        lines += (multi30k_dir / f"train.{lang}").read_text(encoding="utf-8").splitlines()[:300]
-    return learn_spm(lines)
-
-
-@pytest.fixture(scope="module")
-def ckpt(spm_model, tmp_path_factory):
-    return tiny_checkpoint(tmp_path_factory.mktemp("ckpt") / "tiny.pt", spm_model, seed=0)
-
-
-@pytest.fixture(scope="module")
-def sentences(multi30k_dir):
-    return (multi30k_dir / "test2016.en").read_text(encoding="utf-8").splitlines()[:4]
-
-
 def translate_lines(ckpt, lines, **overrides):
     models, sp = load_ensemble([ckpt], torch.device("cpu"))
     options = TranslateOptions(path=(ckpt,), **{"max_len_a": 0.5, "max_len_b": 4, "beam": 3, **overrides})
@@ -229,3 +208,20 @@ def test_print_alignment_through_the_cli(ckpt, sentences):
     result = runner.invoke(app, ["translate", "--path", ckpt, "--quiet", "--print-alignment",
                                  "--alignment-layer", "3"], input=b"a dog\n")
     assert result.exit_code == 2 and "--alignment-layer 3: the model has 2 decoder layers" in result.output
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_recording_on_cuda_matches_sdpa():
+    # On CUDA the normal path is always SDPA; the recording path must give the same output.
+    model = tiny().cuda()
+    src, targets = batch()
+    src = src.cuda()
+    prev = target_batch(targets, src.device)
+    with torch.no_grad():
+        logits = model(src, prev)
+        with record(attention_modules(model)) as calls:
+            recorded = model(src, prev)
+    torch.testing.assert_close(recorded, logits, rtol=1e-4, atol=1e-4)
+    for (weights,) in calls:
+        torch.testing.assert_close(weights.sum(-1), torch.ones(weights.shape[:-1], device="cuda"))

@@ -13,7 +13,7 @@ pytest.importorskip("matplotlib", reason="xf plot needs matplotlib (the plot ext
 
 from matplotlib.image import imread  # noqa: E402
 
-from test_translate import learn_spm, tiny_checkpoint  # noqa: E402
+from test_translate import ckpt, spm_model  # noqa: E402, F401 (fixtures: a tiny checkpoint)
 from xformer_cli.attention_maps import AttentionMaps  # noqa: E402
 from xformer_cli.cli import app  # noqa: E402
 from xformer_cli.errors import XfError  # noqa: E402
@@ -211,14 +211,6 @@ def test_lines_style_draws_one_layer():
     assert len(ax.collections) == 3  # one set of lines per head
     with pytest.raises(Exception, match="--layer 3: the model has 2 layers"):
         attention_picture(options(layer=3), maps, SRC, TGT)
-
-
-@pytest.fixture(scope="module")
-def ckpt(multi30k_dir, tmp_path_factory):
-    lines = []
-    for lang in ("en", "de"):
-        lines += (multi30k_dir / f"train.{lang}").read_text(encoding="utf-8").splitlines()[:300]
-    return tiny_checkpoint(tmp_path_factory.mktemp("ckpt") / "tiny.pt", learn_spm(lines), seed=0)
 
 
 def test_plot_attention_end_to_end(ckpt, tmp_path):

@@ -230,11 +230,12 @@ def attention_heatmaps(picture: AttentionPicture):
     """A grid of heat maps, layers x heads; pieces on the axes of the outer panels."""
     n_layers, n_heads = len(picture.layers), len(picture.heads)
     n_rows, n_cols = len(picture.rows), len(picture.columns)
-    cell = min(0.22, 9.0 / max(n_cols * n_heads, n_rows * n_layers))  # inches per token
+    # inches per token: about 14 inches for the widest row of panels, but never below 6-point text
+    cell = min(0.24, max(0.12, 14.0 / max(n_cols * n_heads, n_rows * n_layers)))
     panel_w, panel_h = max(1.6, cell * n_cols), max(1.6, cell * n_rows)
     fig = new_figure(panel_w * n_heads + 1.8, panel_h * n_layers + 1.6)
     axes = fig.subplots(n_layers, n_heads, squeeze=False)
-    font = 8 if cell >= 0.15 else 6
+    font = 8 if cell >= 0.18 else 6
     image = None
     for i, layer in enumerate(picture.layers):
         for j, head in enumerate(picture.heads):
