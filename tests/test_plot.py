@@ -19,6 +19,7 @@ from xformer_cli.cli import app  # noqa: E402
 from xformer_cli.errors import XfError  # noqa: E402
 from xformer_cli.options import PlotAttentionOptions, PlotCurvesOptions  # noqa: E402
 from xformer_cli.plot import (  # noqa: E402
+    attention_figure,
     attention_heatmaps,
     attention_lines,
     attention_picture,
@@ -211,6 +212,20 @@ def test_lines_style_draws_one_layer():
     assert len(ax.collections) == 3  # one set of lines per head
     with pytest.raises(Exception, match="--layer 3: the model has 2 layers"):
         attention_picture(options(layer=3), maps, SRC, TGT)
+
+
+def test_attention_figure_of_a_checkpoint_has_its_pieces(ckpt):
+    from xformer_cli.translate import load_ensemble
+
+    _, sp = load_ensemble([ckpt], torch.device("cpu"))
+    source, target = "A dog runs on the beach.", "Ein Hund rennt am Strand."
+    fig = attention_figure(PlotAttentionOptions(path=ckpt, source=source, target=target, layer=-1, device="cpu"))
+    axes = image_axes(fig)
+    assert len(axes) == 4  # the 4 heads of the last layer
+    assert labels(axes[0].get_xticklabels()) == sp.encode(source, out_type=str) + ["</s>"]
+    assert labels(axes[0].get_yticklabels()) == sp.encode(target, out_type=str) + ["</s>"]
+    rows = axes[0].get_images()[0].get_array().data
+    assert abs(rows.sum(axis=1) - 1).max() < 1e-5
 
 
 def test_plot_attention_end_to_end(ckpt, tmp_path):

@@ -325,6 +325,13 @@ def attention_picture(options: PlotAttentionOptions, maps, src_pieces: list[str]
 
 def plot_attention(options: PlotAttentionOptions) -> None:
     """xf plot attention: the model's attention on one sentence, force-decoding a translation."""
+    check_output(options.output)
+    require_matplotlib()
+    save_figure(attention_figure(options), options.output)
+
+
+def attention_figure(options: PlotAttentionOptions):
+    """The figure of plot_attention: load the checkpoint, translate unless --target, record."""
     import torch
 
     from .attention_maps import force_decode
@@ -332,8 +339,6 @@ def plot_attention(options: PlotAttentionOptions) -> None:
     from .search import beam_search
     from .translate import load_ensemble, resolve_device, source_batch
 
-    check_output(options.output)
-    require_matplotlib()
     if options.style == "lines" and options.layer is None:
         raise ConfigError("--style lines draws one layer: choose it with --layer N")
     if options.beam < 1:
@@ -359,5 +364,4 @@ def plot_attention(options: PlotAttentionOptions) -> None:
     src_pieces = [sp.id_to_piece(i) for i in src_ids] + ["</s>"]
     tgt_pieces = [sp.id_to_piece(i) for i in tokens[:-1]] + ["</s>"]
     picture = attention_picture(options, maps, src_pieces, tgt_pieces)
-    draw = attention_lines if options.style == "lines" else attention_heatmaps
-    save_figure(draw(picture), options.output)
+    return (attention_lines if options.style == "lines" else attention_heatmaps)(picture)
