@@ -280,7 +280,7 @@ def attention_lines(picture: AttentionPicture):
         for q in range(n_rows):
             for k in range(n_cols):
                 weight = float(w[q, k])
-                if weight >= 0.02:
+                if weight >= 0.05:  # fainter lines would only blur the picture
                     segments.append([(0.0, y_rows[q]), (1.0, y_cols[k])])
                     rgba.append((*colors[j][:3], weight / max(1, len(picture.heads)) ** 0.5))
         ax.add_collection(LineCollection(segments, colors=rgba, linewidths=2.0))
