@@ -224,6 +224,7 @@ class AttentionPicture:
     heads: list[int]
     rows: list[str]  # the query tokens
     columns: list[str]  # the key tokens
+    axis_names: tuple[str, str] = ("queries", "keys")  # (rows, columns)
 
 
 def attention_heatmaps(picture: AttentionPicture):
@@ -242,15 +243,18 @@ def attention_heatmaps(picture: AttentionPicture):
             ax = axes[i, j]
             image = ax.imshow(picture.weights[i, j], cmap="viridis", vmin=0.0, vmax=1.0, aspect="auto",
                               interpolation="nearest")
-            ax.set_title(f"layer {layer + 1}, head {head + 1}", fontsize=9)
+            if n_layers * n_heads > 1:
+                ax.set_title(f"layer {layer + 1}, head {head + 1}", fontsize=9)
             ax.set_xticks(range(n_cols))
             ax.set_yticks(range(n_rows))
             if i == n_layers - 1:
                 ax.set_xticklabels(picture.columns, rotation=90, fontsize=font)
+                ax.set_xlabel(picture.axis_names[1], fontsize=9)
             else:
                 ax.set_xticklabels([])
             if j == 0:
                 ax.set_yticklabels(picture.rows, fontsize=font)
+                ax.set_ylabel(picture.axis_names[0], fontsize=9)
             else:
                 ax.set_yticklabels([])
             ax.tick_params(length=0)
@@ -320,7 +324,11 @@ def attention_picture(options: PlotAttentionOptions, maps, src_pieces: list[str]
     name = {"cross": "encoder-decoder attention", "encoder": "encoder self-attention",
             "decoder": "decoder self-attention"}[options.attention]
     where = f"layer {layers[0] + 1} of {len(per_layer)}" if len(layers) == 1 else f"{len(per_layer)} layers"
-    return AttentionPicture(f"{name}, {where}", weights.cpu().numpy(), layers, heads, rows, columns)
+    if len(heads) == 1:
+        where += f", head {heads[0] + 1} of {per_layer[0].size(1)}"
+    axis_names = {"cross": ("target (the piece each row predicts)", "source"), "encoder": ("source (queries)", "source (keys)"),
+                  "decoder": ("decoder input (queries)", "decoder input (keys)")}[options.attention]
+    return AttentionPicture(f"{name}, {where}", weights.cpu().numpy(), layers, heads, rows, columns, axis_names)
 
 
 def plot_attention(options: PlotAttentionOptions) -> None:
