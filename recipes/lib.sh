@@ -9,6 +9,7 @@
 #   xf average-checkpoints checkpoints   -> $WORK_DIR/averaged.pt
 #   xf translate           test source   -> $WORK_DIR/test.hyp.$TGT
 #   xf score               hypotheses    -> $WORK_DIR/score.json
+#   xf plot curves         train_log     -> $WORK_DIR/curves.png     (needs matplotlib; else a note)
 #
 # The caller sets: NAME (a label), CONFIG (the YAML file), WORK_DIR, SRC and TGT (language
 # suffixes), TRAINPREF, VALIDPREF and TESTPREF (raw text prefixes: PREFIX.$SRC, PREFIX.$TGT),
@@ -162,6 +163,18 @@ pipeline() {
   NGPU=$NGPU CONFIG=$CONFIG results_table "$scores" "$WORK_DIR/timings.tsv" "$NAME" "${PAPER:-}" | tee "$WORK_DIR/results.txt"
   if [[ -n ${EXAMPLES:-} ]]; then
     examples "$TESTPREF.$SRC" "$TESTPREF.$TGT" "$hyp" "$EXAMPLES"
+  fi
+  training_curves "$save_dir" "$WORK_DIR/curves.png"
+}
+
+# training_curves SAVE_DIR PNG: draw the run's curves (drawn anew on every run; cheap) and print
+# where they are, or say in one line why not (matplotlib missing: how to install it).
+training_curves() {
+  local err
+  if err=$(xf plot curves "$1" -o "$2" 2>&1); then
+    printf '\ntraining curves: %s\n' "$2"
+  else
+    note "no training curves: ${err#xf: error: }"
   fi
 }
 

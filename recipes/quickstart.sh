@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # What `make demo` runs: the Multi30k EN-DE recipe in a short setting (10-13 minutes on a
-# 2-core CPU), ending with its BLEU and a few example translations.
+# 2-core CPU), ending with its BLEU, a few example translations and the path of curves.png.
 #
 #   bash recipes/quickstart.sh                      # outputs in work-dirs/quickstart
 #   WORK_DIR=/tmp/demo bash recipes/quickstart.sh   # elsewhere

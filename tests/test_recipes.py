@@ -274,10 +274,17 @@ def test_quickstart_end_to_end_and_resume(tmp_path):
     check_results(tmp_path / "work", first.stdout, 30)
     assert "example translations" in first.stdout and "reference" in first.stdout
     assert "(paper:" not in first.stdout  # Multi30k has no paper number
-    # a re-run resumes: every step is skipped and the results are the same
-    again = run_recipe("quickstart.sh", env)
+    curves = tmp_path / "work" / "curves.png"
+    if importlib.util.find_spec("matplotlib"):
+        assert first.stdout.rstrip().endswith(f"training curves: {curves}")
+        assert curves.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    # a re-run resumes: every step is skipped and the results are the same; without matplotlib
+    # (an import that fails) the curves are a one-line note
+    no_matplotlib = write(tmp_path / "no-mpl" / "matplotlib" / "__init__.py", ["raise ImportError('not here')"])
+    again = run_recipe("quickstart.sh", {**env, "PYTHONPATH": no_matplotlib.parent.parent})
     assert again.stderr.count("skipped") == 5
-    assert again.stdout.split("results")[1] == first.stdout.split("results")[1]
+    assert again.stdout.split("results")[1] == first.stdout.split("results")[1].split("\ntraining curves")[0]
+    assert "no training curves: xf plot needs matplotlib: pip install 'xformer-cli[plot]'" in again.stderr
 
 
 @needs_pipeline

@@ -27,7 +27,15 @@ import typer
 from . import __version__
 from .config import ConfigError, _is_optional, field_types, load_options
 from .errors import XfError
-from .options import AverageOptions, PreprocessOptions, ScoreOptions, TrainOptions, TranslateOptions
+from .options import (
+    AverageOptions,
+    PlotAttentionOptions,
+    PlotCurvesOptions,
+    PreprocessOptions,
+    ScoreOptions,
+    TrainOptions,
+    TranslateOptions,
+)
 
 try:  # typer >= 0.22 raises the exceptions of its own copy of click
     from typer._click.exceptions import ClickException as _TyperClickException
@@ -219,8 +227,9 @@ def _list_flags(options_cls: type, types_by_name: dict[str, Any]) -> dict[str, t
     return lists
 
 
-def command(name: str, options_cls: type, section: str):
-    """Register ``fn(options)`` as subcommand ``name`` with flags generated from ``options_cls``."""
+def command(name: str, options_cls: type, section: str, parent: typer.Typer = app):
+    """Register ``fn(options)`` as subcommand ``name`` of ``parent`` with flags generated from
+    ``options_cls``."""
 
     def decorate(fn: Callable[[Any], None]):
         types_by_name = field_types(options_cls)
@@ -282,7 +291,7 @@ def command(name: str, options_cls: type, section: str):
         wrapper.__name__ = fn.__name__
         wrapper.__doc__ = fn.__doc__
         lists = _list_flags(options_cls, types_by_name)
-        app.command(name, cls=type("XfCommand", (XfCommand,), {"list_options": lists}))(wrapper)
+        parent.command(name, cls=type("XfCommand", (XfCommand,), {"list_options": lists}))(wrapper)
         return fn
 
     return decorate
@@ -326,3 +335,28 @@ def score_cmd(options: ScoreOptions) -> None:
     from .score import score
 
     score(options)
+
+
+plot_app = typer.Typer(
+    name="plot",
+    help="Pictures: training curves from train_log.jsonl, attention maps of a checkpoint (needs matplotlib).",
+    no_args_is_help=True,
+    context_settings={"help_option_names": ["-h", "--help"]},
+)
+app.add_typer(plot_app)
+
+
+@command("curves", PlotCurvesOptions, "plot_curves", plot_app)
+def plot_curves_cmd(options: PlotCurvesOptions) -> None:
+    """Training and validation loss, validation BLEU, learning rate and speed of one or more runs."""
+    from .plot import plot_curves
+
+    plot_curves(options)
+
+
+@command("attention", PlotAttentionOptions, "plot_attention", plot_app)
+def plot_attention_cmd(options: PlotAttentionOptions) -> None:
+    """Attention weights of a checkpoint on one sentence, as heat maps or as lines between tokens."""
+    from .plot import plot_attention
+
+    plot_attention(options)

@@ -26,7 +26,7 @@ import yaml
 
 from .errors import ConfigError
 
-SECTIONS = ("preprocess", "train", "average_checkpoints", "translate", "score")
+SECTIONS = ("preprocess", "train", "average_checkpoints", "translate", "score", "plot_curves", "plot_attention")
 
 
 def option(default: Any = dataclasses.MISSING, help: str = "", **metadata: Any) -> Any:

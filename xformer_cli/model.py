@@ -72,6 +72,15 @@ def attention(q, k, v, mask=None, causal: bool = False, dropout: float = 0.0) ->
     t, s = q.size(-2), k.size(-2)
     if q.device.type != "cpu" or t * s > MATMUL_ATTENTION_MAX_POSITIONS:
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout, is_causal=causal)
+    weights = attention_weights(q, k, mask, causal)
+    if dropout:
+        weights = F.dropout(weights, dropout, True)
+    return weights @ v
+
+
+def attention_weights(q, k, mask=None, causal: bool = False) -> torch.Tensor:
+    """The post-softmax weights softmax(q k^T / sqrt(K) + mask) (B, H, T, S) of ``attention``."""
+    t, s = q.size(-2), k.size(-2)
     scores = (q * q.size(-1) ** -0.5) @ k.transpose(-1, -2)  # (B, H, T, S)
     if causal:
         mask = torch.ones(t, s, dtype=torch.bool, device=q.device).tril(s - t)
@@ -80,10 +89,7 @@ def attention(q, k, v, mask=None, causal: bool = False, dropout: float = 0.0) ->
         scores = scores.masked_fill(~mask, torch.finfo(scores.dtype).min)
     elif mask is not None:
         scores = scores + mask
-    weights = scores.softmax(dim=-1)
-    if dropout:
-        weights = F.dropout(weights, dropout, True)
-    return weights @ v
+    return scores.softmax(dim=-1)
 
 
 class MultiHeadAttention(nn.Module):
@@ -96,6 +102,9 @@ class MultiHeadAttention(nn.Module):
     def __init__(self, d_model: int, heads: int, dropout: float):
         super().__init__()
         self.heads, self.d_model, self.dropout = heads, d_model, dropout
+        # A list while recording (attention_maps.record): each call appends its post-softmax
+        # weights (B, H, T, S). None (the default) leaves the forward path as it is.
+        self.recorded: Optional[list[torch.Tensor]] = None
         self.in_proj = nn.Linear(d_model, 3 * d_model)
         self.out_proj = nn.Linear(d_model, d_model)
         nn.init.xavier_uniform_(self.in_proj.weight)
@@ -149,7 +158,12 @@ class MultiHeadAttention(nn.Module):
                 k, v = self.project_kv(memory)
                 if cache is not None:
                     cache["k"], cache["v"] = k, v
-        out = attention(q, k, v, mask, causal and mask is None, self.dropout if self.training else 0.0)
+        if self.recorded is None:
+            out = attention(q, k, v, mask, causal and mask is None, self.dropout if self.training else 0.0)
+        else:  # the explicit path of attention() (equal output), keeping its weights; no dropout
+            weights = attention_weights(q, k, mask, causal and mask is None)
+            self.recorded.append(weights)
+            out = weights @ v
         b, _, t, _ = out.shape
         return self.out_proj(out.transpose(1, 2).reshape(b, t, d))
 

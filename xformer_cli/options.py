@@ -251,6 +251,17 @@ class TranslateOptions:
     precision: Literal["fp32", "bf16", "fp16"] = option("fp32", "inference precision (bf16/fp16: CUDA only)")
     threads: int = option(0, "CPU threads for torch (0: torch's default)")
     quiet: bool = option(False, "no progress bar or summary table on stderr (warnings are still shown)")
+    print_alignment: bool = option(
+        False, "add each output's hard alignment, 'SRC-TGT' index pairs: text 'translation ||| 0-0 1-2', "
+        "n-best 'ID ||| translation ||| score ||| 0-0 1-2', jsonl \"alignment\": [[0, 0], [1, 2]]"
+    )
+    alignment_layer: Optional[int] = option(
+        None, "decoder layer whose cross-attention (head average) aligns, from 1; negative: from the end "
+        "(default: the penultimate, as fairseq)"
+    )
+    alignment_level: Literal["subword", "word"] = option(
+        "subword", "align subwords, or whitespace-separated words (the pairs of their subwords' links)"
+    )
 
     def __post_init__(self) -> None:
         # floor(a*|X| + b) output subwords for a source of |X| >= 1 subwords: at least 1 for every |X|
@@ -279,3 +290,31 @@ class ScoreOptions:
         (), "other systems' hypotheses: paired bootstrap resampling (sacrebleu, 1000 samples) against --hyp"
     )
     json: bool = option(False, "print JSON instead of text")
+
+
+@dataclass(frozen=True)
+class PlotCurvesOptions:
+    save_dirs: tuple[str, ...] = option(
+        help="save directories of xf train (or their train_log.jsonl files); several are overlaid", positional=True
+    )
+    output: str = option("curves.png", "the picture to write (.png, .pdf or .svg)", short="-o")
+    wall_time: bool = option(False, "x axis: minutes of training wall time (validation included) instead of updates")
+
+
+@dataclass(frozen=True)
+class PlotAttentionOptions:
+    path: str = option(help="checkpoint")
+    source: str = option(help="the source sentence")
+    target: Optional[str] = option(None, "force-decode this translation (default: the model's own, beam search)")
+    output: str = option("attention.png", "the picture to write (.png, .pdf or .svg)", short="-o")
+    attention: Literal["cross", "encoder", "decoder"] = option(
+        "cross", "encoder-decoder attention, encoder self-attention or decoder self-attention"
+    )
+    layer: Optional[int] = option(None, "only this layer, from 1; negative: from the end (default: all layers)")
+    head: Optional[int] = option(None, "only this head, from 1 (default: all heads)")
+    style: Literal["heatmap", "lines"] = option(
+        "heatmap", "heat maps (layers x heads), or lines between the tokens as in the paper's Figures 3-5 "
+        "(one layer: --layer; heads in colours)"
+    )
+    beam: int = option(4, "beam size for the model's own translation")
+    device: Literal["auto", "cpu", "cuda"] = option("auto", "device")

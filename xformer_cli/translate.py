@@ -21,6 +21,7 @@ from typing import IO, Iterator, Optional, Sequence
 import torch
 
 from . import distributed
+from .attention_maps import alignment_pairs, format_alignment, hard_alignments, resolve_layer
 from .checkpoint import load_checkpoint, model_from_checkpoint, same_vocabulary
 from .console import print_table, stderr_console
 from .data import batch_by_size, collate_source
@@ -133,8 +134,12 @@ def read_buffers(stream: IO[bytes], size: int) -> Iterator[list[bytes]]:
         yield buffer
 
 
-def format_result(line_index: int, source: str, hyps: list[Hypothesis], texts: list[str], options: TranslateOptions, sp) -> str:
-    """The output for one input line (text: one line; text with --nbest K: K lines; jsonl: one line)."""
+def format_result(line_index: int, source: str, hyps: list[Hypothesis], texts: list[str], options: TranslateOptions, sp,
+                  alignments: Optional[list[list[tuple[int, int]]]] = None) -> str:
+    """The output for one input line (text: one line; text with --nbest K: K lines; jsonl: one line).
+
+    alignments (with --print-alignment): the (source, target) pairs of each hypothesis.
+    """
     if options.output_format == "jsonl":
         record = {
             "id": line_index,
@@ -149,11 +154,16 @@ def format_result(line_index: int, source: str, hyps: list[Hypothesis], texts: l
                 for h, text in zip(hyps, texts)
             ],
         }
+        if alignments is not None:
+            for hyp_record, pairs in zip(record["hypotheses"], alignments):
+                hyp_record["alignment"] = [list(pair) for pair in pairs]
         return json.dumps(record, ensure_ascii=False) + "\n"
+    # --print-alignment adds a last field " ||| 0-0 1-2" (Pharaoh pairs), as Marian and Moses do.
+    links = [f" ||| {format_alignment(pairs)}" for pairs in alignments] if alignments is not None else [""] * len(hyps)
     if options.nbest == 1:
-        return (texts[0] if texts else "") + "\n"
+        return (texts[0] if texts else "") + (links[0] if links else "") + "\n"
     # Moses n-best format: "SENTENCE_ID ||| hypothesis ||| score", ids counting from 0.
-    return "".join(f"{line_index} ||| {text} ||| {h.score:.6f}\n" for h, text in zip(hyps, texts))
+    return "".join(f"{line_index} ||| {text} ||| {h.score:.6f}{link}\n" for h, text, link in zip(hyps, texts, links))
 
 
 def empty_hypotheses(options: TranslateOptions) -> list[Hypothesis]:
@@ -167,6 +177,7 @@ def translate_buffer(models, sp, lines: list[str], first_index: int, options: Tr
     max_source = min(m.cfg.max_positions for m in models) - 1  # room for the source's eos
     pieces = sp.encode([line if line.strip() else "" for line in lines], out_type=int)
     results: list[Optional[list[Hypothesis]]] = [None] * len(lines)
+    alignments: list[Optional[list[list[int]]]] = [None] * len(lines)  # --print-alignment: per hypothesis
     todo = []
     for i, ids in enumerate(pieces):
         if not ids:  # empty or whitespace-only
@@ -182,15 +193,24 @@ def translate_buffer(models, sp, lines: list[str], first_index: int, options: Tr
                                max_sentences=None if options.max_tokens else options.batch_size, longest_first=True):
         idx = [todo[j] for j in batch.tolist()]
         src = collate_source([pieces[i] for i in idx]).to(device)
-        for i, hyps in zip(idx, search(models, src, options, generator)):
+        found = search(models, src, options, generator)
+        for i, hyps in zip(idx, found):
             results[i] = hyps
             stats.src_tokens += len(pieces[i]) + 1
             stats.tgt_tokens += len(hyps[0].tokens) if hyps else 0
+        if options.print_alignment:  # a forced-decoding pass over the final hypotheses
+            for i, per_hyp in zip(idx, hard_alignments(models, src, found, options.alignment_layer)):
+                alignments[i] = per_hyp
     out = []
     for i, hyps in enumerate(results):
         # Output stays one line: sentencepiece pieces never hold line breaks, but be sure.
         texts = [sp.decode(h.tokens[:-1]).replace("\n", " ").replace("\r", " ") if h.tokens else "" for h in hyps]
-        out.append(format_result(first_index + i, lines[i], hyps, texts, options, sp))
+        pairs = None
+        if options.print_alignment:
+            src_pieces, words = [sp.id_to_piece(t) for t in pieces[i]], options.alignment_level == "word"
+            pairs = [alignment_pairs(a, src_pieces, [sp.id_to_piece(t) for t in h.tokens[:-1]], words)
+                     for h, a in zip(hyps, alignments[i] or [[]] * len(hyps))]  # empty lines: none
+        out.append(format_result(first_index + i, lines[i], hyps, texts, options, sp, pairs))
     return out
 
 
@@ -246,6 +266,9 @@ def translate(options: TranslateOptions) -> None:
     if options.threads > 0:
         torch.set_num_threads(options.threads)
     models, sp = load_ensemble(options.path, device, dtype)
+    if options.print_alignment:  # a layer the models lack fails now, not at the first batch
+        for model in models:
+            resolve_layer(options.alignment_layer, len(model.decoder_layers))
     generator = torch.Generator(device=device).manual_seed(options.seed) if options.sampling else None
 
     console = stderr_console()

@@ -1,0 +1,155 @@
+"""Attention weights as the model computes them: recording, forced decoding, hard alignments.
+
+The weights are the model's own: while ``record`` is active, each chosen ``MultiHeadAttention``
+keeps the post-softmax weights (B, H, T, S) of its forward pass (model.py). Forced decoding runs
+the model once over a given target, as in training (bos + target, causal mask), so that every
+target position's attention is recorded in one pass. Used by ``xf plot attention`` (all maps) and
+``xf translate --print-alignment`` (the cross-attention of one decoder layer).
+
+Alignment indices count subwords (or whitespace-separated words) from 0 on both sides; the
+source's and the target's eos are not aligned.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+from typing import Iterator, Optional, Sequence
+
+import torch
+
+from .errors import ConfigError
+from .model import BOS_ID, EOS_ID, PAD_ID, MultiHeadAttention, Transformer
+
+
+@contextlib.contextmanager
+def record(modules: Sequence[MultiHeadAttention]) -> Iterator[list[list[torch.Tensor]]]:
+    """While inside, every call of each module appends its weights (B, H, T, S) to its list."""
+    if any(m.training for m in modules):
+        raise ValueError("attention is recorded in eval mode (call model.eval())")
+    lists: list[list[torch.Tensor]] = []
+    for m in modules:
+        m.recorded = []
+        lists.append(m.recorded)
+    try:
+        yield lists
+    finally:
+        for m in modules:
+            m.recorded = None
+
+
+def target_batch(targets: Sequence[Sequence[int]], device: torch.device) -> torch.Tensor:
+    """The decoder input (N, T) of targets that end in eos: bos + target[:-1], right-padded."""
+    prev = torch.full((len(targets), max(len(t) for t in targets)), PAD_ID, dtype=torch.long)
+    for i, tokens in enumerate(targets):
+        prev[i, 0] = BOS_ID
+        prev[i, 1 : len(tokens)] = torch.tensor(list(tokens[:-1]), dtype=torch.long)
+    return prev.to(device)
+
+
+@dataclass
+class AttentionMaps:
+    """The weights of one forced-decoding pass, one tensor per layer, all heads.
+
+    encoder (B, H, S, S), decoder (B, H, T, T), cross (B, H, T, S): query positions are rows,
+    key positions columns; S counts the source's eos, T the target's eos (at the last row it is
+    the input token before it that attends, predicting the eos).
+    """
+
+    encoder: list[torch.Tensor]
+    decoder: list[torch.Tensor]
+    cross: list[torch.Tensor]
+
+
+@torch.inference_mode()
+def force_decode(model: Transformer, src: torch.Tensor, targets: Sequence[Sequence[int]]) -> AttentionMaps:
+    """All attention weights of ``model`` on src (B, S) and targets (B lists of ids ending in eos)."""
+    groups = (
+        [layer.self_attn for layer in model.encoder_layers],
+        [layer.self_attn for layer in model.decoder_layers],
+        [layer.cross_attn for layer in model.decoder_layers],
+    )
+    with record([m for group in groups for m in group]) as calls:
+        model(src, target_batch(targets, src.device), features_only=True)
+    per_module = [c[0].float() for c in calls]  # one call each: the whole target at once
+    n_enc, n_dec = len(groups[0]), len(groups[1])
+    return AttentionMaps(per_module[:n_enc], per_module[n_enc : n_enc + n_dec], per_module[n_enc + n_dec :])
+
+
+def resolve_layer(layer: Optional[int], layers: int, what: str = "--alignment-layer") -> int:
+    """The 0-based index of a layer given from 1 (negative: from the end, -1 the last).
+
+    None is the penultimate, the layer fairseq aligns with (the only one in a 1-layer decoder).
+    """
+    if layer is None:
+        return max(layers - 2, 0)
+    if 1 <= layer <= layers:
+        return layer - 1
+    if -layers <= layer <= -1:
+        return layers + layer
+    raise ConfigError(f"{what} {layer}: the model has {layers} decoder layers (1 to {layers}, or -1 to -{layers})")
+
+
+@torch.inference_mode()
+def cross_attention(model: Transformer, src: torch.Tensor, targets: Sequence[Sequence[int]], layer: int) -> torch.Tensor:
+    """The head-averaged cross-attention (N, T, S) of 0-based decoder ``layer`` on forced targets.
+
+    Only that layer's cross-attention records, so the other layers run their usual path.
+    """
+    with record([model.decoder_layers[layer].cross_attn]) as (calls,):
+        memory, src_pad = model.encode(src)
+        model.decode(target_batch(targets, src.device), memory, src_pad, features_only=True)
+    return calls[0].float().mean(dim=1)
+
+
+def hard_alignments(
+    models: Sequence[Transformer], src: torch.Tensor, hypotheses: Sequence[Sequence], layer: Optional[int] = None
+) -> list[list[list[int]]]:
+    """For each sentence of src (B, S) and each of its hypotheses (objects with ``.tokens``,
+    ending in eos), the source subword index that each target subword (eos excluded) attends to
+    most: the argmax over source subwords (eos and padding excluded) of the cross-attention of
+    decoder ``layer`` (see resolve_layer) averaged over heads, and over the models of an ensemble.
+    """
+    rows = [i for i, hyps in enumerate(hypotheses) for _ in hyps]
+    targets = [list(h.tokens) for hyps in hypotheses for h in hyps]
+    if not rows:
+        return [[] for _ in hypotheses]
+    src_rows = src.index_select(0, torch.tensor(rows, device=src.device))
+    attn = sum(
+        cross_attention(model, src_rows, targets, resolve_layer(layer, len(model.decoder_layers)))
+        for model in models
+    ) / len(models)  # (N, T, S)
+    not_aligned = src_rows.eq(PAD_ID) | src_rows.eq(EOS_ID)  # (N, S)
+    best = attn.masked_fill(not_aligned[:, None, :], float("-inf")).argmax(dim=-1).tolist()  # (N, T)
+    out: list[list[list[int]]] = [[] for _ in hypotheses]
+    for row, tokens, best_row in zip(rows, targets, best):
+        out[row].append(best_row[: len(tokens) - 1])
+    return out
+
+
+def word_ids(pieces: Sequence[str]) -> list[int]:
+    """The word (0-based) of each sentencepiece piece: a piece starting with ▁ starts a word, so
+    words are the whitespace-separated tokens of the decoded text."""
+    ids, word = [], -1
+    for piece in pieces:
+        if piece.startswith("\u2581") or word < 0:
+            word += 1
+        ids.append(word)
+    return ids
+
+
+def alignment_pairs(
+    alignment: Sequence[int], src_pieces: Sequence[str], tgt_pieces: Sequence[str], words: bool = False
+) -> list[tuple[int, int]]:
+    """(source, target) index pairs of a hard alignment (one source index per target subword),
+    of subwords, or with ``words`` of words: the distinct pairs of the words of aligned subwords,
+    sorted."""
+    if not words:
+        return [(s, t) for t, s in enumerate(alignment)]
+    src_words, tgt_words = word_ids(src_pieces), word_ids(tgt_pieces)
+    return sorted({(src_words[s], tgt_words[t]) for t, s in enumerate(alignment)})
+
+
+def format_alignment(pairs: Sequence[tuple[int, int]]) -> str:
+    """Pharaoh format, as fairseq, Moses and fast_align: 'SRC-TGT SRC-TGT ...'."""
+    return " ".join(f"{s}-{t}" for s, t in pairs)
