@@ -206,7 +206,8 @@ def _parameter(f: dataclasses.Field, tp: Any) -> inspect.Parameter:
         annotation = Optional[inner]
     flag = "--" + f.name.replace("_", "-")
     if meta.get("positional"):
-        info = typer.Argument(**kwargs, metavar=f.name.upper())
+        kwargs["metavar"] = f.name.upper() + ("..." if origin is tuple else "")
+        info = typer.Argument(**kwargs)
     elif inner is bool:
         info = typer.Option(f"{flag}/--no-{flag[2:]}", **kwargs)
     else:
