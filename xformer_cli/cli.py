@@ -206,7 +206,7 @@ def _parameter(f: dataclasses.Field, tp: Any) -> inspect.Parameter:
         annotation = Optional[inner]
     flag = "--" + f.name.replace("_", "-")
     if meta.get("positional"):
-        kwargs["metavar"] = f.name.upper() + ("..." if origin is tuple else "")
+        kwargs["metavar"] = f.name.upper()  # click adds "..." to a list
         info = typer.Argument(**kwargs)
     elif inner is bool:
         info = typer.Option(f"{flag}/--no-{flag[2:]}", **kwargs)
