@@ -75,7 +75,7 @@ def run_case(checkpoint: str, lines: list[str], beam: int, mode: str, trained: b
     cpu = torch.device("cpu")
     models, sp = load_ensemble([checkpoint], cpu)
     limits = {} if trained else dict(max_len_a=1.0, max_len_b=0)
-    options = TranslateOptions(path=(checkpoint,), beam=beam, batch_size=BATCH, **limits)
+    options = TranslateOptions(path=(checkpoint,), beam_size=beam, batch_size=BATCH, **limits)
     if mode == "translate":
         translate_buffer(models, sp, lines[:BATCH], 0, options, Stats(), cpu)  # warm-up
         stats = Stats()
@@ -88,8 +88,7 @@ def run_case(checkpoint: str, lines: list[str], beam: int, mode: str, trained: b
         outputs, tokens = [""] * len(lines), 0
         start = time.perf_counter()
         for batch in batches:
-            hyps = beam_search(models, source_batch([pieces[i] for i in batch], cpu), beam_size=beam,
-                               max_len_a=options.max_len_a, max_len_b=options.max_len_b,
+            hyps = beam_search(models, source_batch([pieces[i] for i in batch], cpu), options,
                                use_cache=mode == "cached")
             for i, h in zip(batch, hyps):
                 outputs[i], tokens = sp.decode(h[0].tokens[:-1]), tokens + len(h[0].tokens)

@@ -136,7 +136,7 @@ def test_stdin_to_stdout(ckpt, sentences):
 
 def test_jsonl(tmp_path, ckpt, sentences):
     data = (sentences[0] + "\n\n" + sentences[1] + "\n").encode()
-    out = run(tmp_path, ckpt, data, output_format="jsonl", nbest=2, beam=3).splitlines()
+    out = run(tmp_path, ckpt, data, output_format="jsonl", nbest=2, beam_size=3).splitlines()
     assert len(out) == 3
     records = [json.loads(line) for line in out]
     assert [r["id"] for r in records] == [0, 1, 2]
@@ -149,12 +149,12 @@ def test_jsonl(tmp_path, ckpt, sentences):
             lp = gnmt_length_penalty(len(h["tokens"]), 0.6)
             assert h["score"] == pytest.approx(sum(h["positional_scores"]) / lp, abs=1e-4)
     assert records[1]["hypotheses"][0]["text"] == ""
-    text = run(tmp_path, ckpt, data, beam=3).splitlines()
+    text = run(tmp_path, ckpt, data, beam_size=3).splitlines()
     assert text[0] == records[0]["hypotheses"][0]["text"]
 
 
 def test_nbest_text_is_moses_format(tmp_path, ckpt, sentences):
-    out = run(tmp_path, ckpt, (sentences[0] + "\n\n").encode(), nbest=3, beam=4).splitlines()
+    out = run(tmp_path, ckpt, (sentences[0] + "\n\n").encode(), nbest=3, beam_size=4).splitlines()
     assert len(out) == 6
     assert [line.split(" ||| ")[0] for line in out] == ["0", "0", "0", "1", "1", "1"]
     scores = [float(line.split(" ||| ")[2]) for line in out[:3]]
@@ -191,7 +191,7 @@ def test_errors_are_one_line(tmp_path, ckpt, multi30k_dir):
     lines = (multi30k_dir / "train.fr").read_text(encoding="utf-8").splitlines()[:300]
     french = tiny_checkpoint(tmp_path / "fr.pt", learn_spm(lines), seed=0)
     fails(["--path", ckpt, "--path", french], "an ensemble needs checkpoints trained on the same vocabulary")
-    fails(["--path", ckpt, "--nbest", "5", "--beam", "4"], "--nbest 5 is larger than --beam 4", code=2)
+    fails(["--path", ckpt, "--nbest", "5", "--beam", "4"], "--nbest 5 is larger than --beam-size 4", code=2)
     fails(["--path", ckpt, "--precision", "fp16", "--device", "cpu"], "is for CUDA", code=2)
     fails(["--path", ckpt, "--input", str(tmp_path / "nope.txt")], "nope.txt: input file not found")
     fails(["--path", ckpt, "--output", str(tmp_path / "no" / "out.txt")], "out.txt: its directory does not exist")

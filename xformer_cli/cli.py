@@ -74,7 +74,8 @@ def _parameter(f: dataclasses.Field, tp: Any) -> inspect.Parameter:
         if default is not None:
             info.help = f"{info.help} [default: {'on' if default else 'off'}]"
     else:
-        names = [flag] + ([meta["short"]] if "short" in meta else [])
+        names = [flag] + ["--" + a.replace("_", "-") for a in meta.get("aliases", ())]
+        names += [meta["short"]] if "short" in meta else []
         info = typer.Option(*names, **kwargs)
     return inspect.Parameter(
         f.name, inspect.Parameter.KEYWORD_ONLY, default=None, annotation=Annotated[annotation, info]

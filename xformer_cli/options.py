@@ -99,26 +99,47 @@ class AverageOptions:
 
 
 @dataclass(frozen=True)
-class TranslateOptions:
-    path: tuple[str, ...] = option(help="checkpoint(s); several form an ensemble (probabilities averaged)")
-    input: Optional[str] = option(None, "read this file instead of stdin")
-    output: Optional[str] = option(None, "write this file instead of stdout (atomically)")
-    beam: int = option(4, "beam size (paper: 4); 1 is greedy")
+class DecodingOptions:
+    """How a search decodes: the options that every search function takes (``search.py``)."""
+
+    beam_size: int = option(4, "beam size (paper: 4); 1 is greedy", aliases=("beam",))
+    nbest: int = option(1, "hypotheses per sentence (text: Moses n-best lines 'ID ||| text ||| score')")
     lenpen: float = option(0.6, "length penalty alpha (paper: 0.6)")
     lenpen_style: Literal["gnmt", "length"] = option(
         "gnmt", "gnmt: ((5+|Y|)/6)^alpha, the paper's (from GNMT); length: |Y|^alpha as fairseq"
     )
     max_len_a: float = option(1.0, "maximum output length a*|X|+b subwords (paper: |X|+50)")
     max_len_b: int = option(50, "maximum output length a*|X|+b subwords (paper: |X|+50)")
+    sampling: bool = option(False, "sample instead of beam search (--nbest samples per sentence)")
+    temperature: float = option(1.0, "sampling temperature")
+    top_k: int = option(0, "sample from the k most likely tokens (0: all)", aliases=("topk",))
+    top_p: float = option(1.0, "nucleus sampling probability mass", aliases=("topp",))
+    seed: int = option(1, "sampling seed")
+
+    def __post_init__(self) -> None:
+        problems = []
+        if self.beam_size < 1:
+            problems.append("--beam-size must be at least 1")
+        if self.nbest < 1:
+            problems.append("--nbest must be at least 1")
+        if not self.sampling and self.nbest > self.beam_size:
+            problems.append(f"--nbest {self.nbest} is larger than --beam-size {self.beam_size}")
+        if self.temperature <= 0 or not 0 < self.top_p <= 1 or self.top_k < 0:
+            problems.append("sampling needs --temperature > 0, 0 < --top-p <= 1, --top-k >= 0")
+        if problems:
+            raise ValueError("; ".join(problems))
+
+
+@dataclass(frozen=True, kw_only=True)
+class TranslateOptions(DecodingOptions):
+    """xf translate: the decoding options plus what to read, write and run on."""
+
+    path: tuple[str, ...] = option(help="checkpoint(s); several form an ensemble (probabilities averaged)")
+    input: Optional[str] = option(None, "read this file instead of stdin")
+    output: Optional[str] = option(None, "write this file instead of stdout (atomically)")
     batch_size: int = option(64, "sentences per batch")
     max_tokens: int = option(0, "padded source subwords per batch instead of --batch-size (0: use batch_size)")
     buffer_size: int = option(2000, "lines read ahead and sorted by length into batches")
-    nbest: int = option(1, "hypotheses per sentence (text: Moses n-best lines 'ID ||| text ||| score')")
-    sampling: bool = option(False, "sample instead of beam search (--nbest samples per sentence)")
-    temperature: float = option(1.0, "sampling temperature")
-    topk: int = option(0, "sample from the k most likely tokens (0: all)")
-    topp: float = option(1.0, "nucleus sampling probability mass")
-    seed: int = option(1, "sampling seed")
     output_format: Literal["text", "jsonl"] = option(
         "text", "text lines, or JSON lines with source, hypotheses, scores and positional scores"
     )
@@ -126,6 +147,11 @@ class TranslateOptions:
     precision: Literal["fp32", "bf16", "fp16"] = option("fp32", "inference precision (bf16/fp16: CUDA only)")
     threads: int = option(0, "CPU threads for torch (0: torch's default)")
     quiet: bool = option(False, "no progress bar or summary table on stderr (warnings are still shown)")
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.batch_size < 1 or self.buffer_size < 1 or self.max_tokens < 0:
+            raise ValueError("--batch-size and --buffer-size must be positive, --max-tokens non-negative")
 
 
 @dataclass(frozen=True)

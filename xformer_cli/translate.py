@@ -25,7 +25,7 @@ from .errors import ConfigError, XfError
 from .fileio import atomic_write
 from .model import BOS_ID, EOS_ID, PAD_ID, UNK_ID, Transformer
 from .options import TranslateOptions
-from .search import Hypothesis, beam_search, greedy_search, sample
+from .search import Hypothesis, search
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -85,22 +85,6 @@ def resolve_device(device: str, precision: str) -> tuple[torch.device, torch.dty
     return torch.device(device), DTYPES[precision]
 
 
-def check_options(options: TranslateOptions) -> None:
-    problems = []
-    if options.beam < 1:
-        problems.append("--beam must be at least 1")
-    if options.nbest < 1:
-        problems.append("--nbest must be at least 1")
-    if not options.sampling and options.nbest > options.beam:
-        problems.append(f"--nbest {options.nbest} is larger than --beam {options.beam}")
-    if options.batch_size < 1 or options.buffer_size < 1 or options.max_tokens < 0:
-        problems.append("--batch-size and --buffer-size must be positive, --max-tokens non-negative")
-    if options.temperature <= 0 or not 0 < options.topp <= 1 or options.topk < 0:
-        problems.append("sampling needs --temperature > 0, 0 < --topp <= 1, --topk >= 0")
-    if problems:
-        raise ConfigError("; ".join(problems))
-
-
 # -- batching and search -------------------------------------------------------------------------
 def make_batches(lengths: Sequence[int], batch_size: int, max_tokens: int = 0) -> list[list[int]]:
     """Indices of ``lengths`` sorted longest first and cut into batches of at most batch_size
@@ -128,17 +112,6 @@ def source_batch(sentences: Sequence[Sequence[int]], device: torch.device) -> to
         src[i, : len(ids)] = torch.tensor(ids, dtype=torch.long)
         src[i, len(ids)] = EOS_ID
     return src.to(device)
-
-
-def search(models, src: torch.Tensor, options: TranslateOptions, generator=None) -> list[list[Hypothesis]]:
-    """The search the options ask for: sampling, greedy (beam 1) or beam search."""
-    common = dict(lenpen=options.lenpen, lenpen_style=options.lenpen_style, max_len_a=options.max_len_a, max_len_b=options.max_len_b)
-    if options.sampling:
-        return sample(models, src, nbest=options.nbest, temperature=options.temperature, top_k=options.topk,
-                      top_p=options.topp, generator=generator, **common)
-    if options.beam == 1:
-        return greedy_search(models, src, **common)
-    return beam_search(models, src, beam_size=options.beam, nbest=options.nbest, **common)
 
 
 # -- reading and writing -------------------------------------------------------------------------
@@ -282,7 +255,6 @@ def translate(options: TranslateOptions) -> None:
     from rich.console import Console
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
-    check_options(options)
     if options.input is not None and not Path(options.input).is_file():
         raise XfError(f"{options.input}: input file not found")
     if options.output is not None and not Path(options.output).resolve().parent.is_dir():
@@ -333,7 +305,7 @@ def _summary(console, stats: Stats, elapsed: float, options: TranslateOptions) -
     from rich.table import Table
 
     translated = stats.lines - stats.empty
-    mode = "sampling" if options.sampling else "greedy" if options.beam == 1 else f"beam {options.beam}"
+    mode = "sampling" if options.sampling else "greedy" if options.beam_size == 1 else f"beam {options.beam_size}"
     table = Table(title=f"xf translate ({mode}, {len(options.path)} model(s))", show_header=False)
     table.add_column(justify="left")
     table.add_column(justify="right")
