@@ -198,9 +198,21 @@ class MultiHeadAttention(nn.Module):
                 k, v = self.project_kv(memory)
                 if cache is not None:
                     cache["k"], cache["v"] = k, v
+            if q.size(0) != k.size(0):
+                return self.out_proj(self._grouped_cross_attention(q, k, v, mask))
         out = attention(q, k, v, mask, causal and mask is None, self.dropout if self.training else 0.0)
         b, _, t, _ = out.shape
         return self.out_proj(out.transpose(1, 2).reshape(b, t, d))
+
+    def _grouped_cross_attention(self, q, k, v, mask) -> torch.Tensor:
+        """Beam search: q (B * beams, H, T, K) against one sentence's k, v (B, H, S, K), so the
+        memory's keys and values are never copied to each beam. -> (B * beams, T, D)."""
+        b, h, s, kd = k.shape
+        rows, _, t, _ = q.shape
+        beams = rows // b
+        q = q.view(b, beams, h, t, kd).transpose(1, 2).reshape(b, h, beams * t, kd)  # (B, H, beams T, K)
+        out = attention(q, k, v, mask)  # (B, H, beams T, K)
+        return out.view(b, h, beams, t, kd).permute(0, 2, 3, 1, 4).reshape(rows, t, self.d_model)
 
 
 class _MaskedScale(torch.autograd.Function):

@@ -6,7 +6,7 @@ sorted best first.
 
 How the batch is decoded (all sentences of a batch and all their beams at once):
 - the encoder runs once per batch, and cross-attention keys/values are computed once per
-  sentence at the first step, then copied to its beams;
+  sentence at the first step and shared by its beams (never copied);
 - every step decodes only the newest token of each row against the key/value cache;
 - candidates are chosen with one top-k over beam * vocabulary for all sentences together;
 - a sentence that is done leaves the batch (its rows are dropped from every tensor and cache).
@@ -128,10 +128,25 @@ class DecoderState:
             if cache is not None:
                 model.reorder_cache(cache, rows)
 
+    def expand_beams(self, beams: int) -> None:
+        """Give every sentence ``beams`` rows (sentence i: rows i * beams ... i * beams + beams - 1).
+        Only the self-attention caches are copied: the encoder output and cross-attention keys and
+        values stay one per sentence, and the decoder attends to them with all beams at once."""
+        rows = torch.arange(self.encoded[0][0].size(0), device=self.encoded[0][0].device).repeat_interleave(beams)
+        self.reorder_beams(rows)
+
+    def select_sentences(self, keep: torch.Tensor, keep_rows: torch.Tensor) -> None:
+        """Keep sentences ``keep`` and their beams' rows ``keep_rows`` (after expand_beams)."""
+        self.encoded = [(memory.index_select(0, keep), pad.index_select(0, keep)) for memory, pad in self.encoded]
+        for cache in self.caches:
+            if cache is not None:
+                for layer in cache:
+                    for part, index in ((layer["self"], keep_rows), (layer["cross"], keep)):
+                        for key in part:
+                            part[key] = part[key].index_select(0, index)
+
     def reorder_beams(self, rows: torch.Tensor) -> None:
-        """Follow beams within their sentences: only the self-attention caches change, because
-        the encoder output and cross-attention keys/values are the same for every beam of a
-        sentence; copying them at every step would only move memory around."""
+        """Follow beams within their sentences: only the self-attention caches change."""
         for cache in self.caches:
             if cache is not None:
                 for layer in cache:
@@ -199,7 +214,7 @@ def beam_search(
             # All beams of a sentence start identical: decode one row per sentence, then copy it
             # k times with only the first copy live, so the top-k picks k different tokens.
             expand = torch.arange(nsent, device=device).repeat_interleave(k)
-            state.select(expand)
+            state.expand_beams(k)
             lprobs, tokens, pos_scores = lprobs[expand], tokens[expand], pos_scores[expand]
             scores = torch.zeros(nsent, k, device=device)
             scores[:, 1:] = LOG_ZERO
@@ -251,7 +266,7 @@ def beam_search(
         if any_done:  # done sentences leave the batch
             keep = (~done).nonzero().view(-1)
             keep_rows = (keep[:, None] * k + beam_offsets).view(-1)
-            state.select(keep_rows)
+            state.select_sentences(keep, keep_rows)
             sent_ids, max_len, max_lp = sent_ids[keep], max_len[keep], max_lp[keep]
             fin_count, fin_best = fin_count[keep], fin_best[keep]
             tokens, pos_scores, scores = tokens[keep_rows], pos_scores[keep_rows], scores[keep_rows]
