@@ -17,7 +17,7 @@ from xformer_cli.cli import app
 from xformer_cli.model import build_model
 from xformer_cli.options import TranslateOptions
 from xformer_cli.search import gnmt_length_penalty
-from xformer_cli.translate import Stats, load_ensemble, make_batches, translate, translate_buffer
+from xformer_cli.translate import Stats, XfEngine, load_ensemble, make_batches, translate, translate_buffer
 
 runner = CliRunner()
 MAX_POSITIONS = 128  # so that a long line must be truncated
@@ -79,7 +79,8 @@ def one_by_one(ckpt, lines, **overrides):
     """Each line translated alone, as the reference for order."""
     models, sp = load_ensemble([ckpt], torch.device("cpu"))
     options = TranslateOptions(path=(ckpt,), **{"max_len_a": 0.5, "max_len_b": 3, **overrides})
-    return ["".join(translate_buffer(models, sp, [line], 0, options, Stats(), torch.device("cpu"))) for line in lines]
+    engine = XfEngine(models, torch.device("cpu"))
+    return ["".join(translate_buffer(engine, sp, [line], 0, options, Stats())) for line in lines]
 
 
 def test_make_batches():

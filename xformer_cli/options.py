@@ -134,7 +134,13 @@ class DecodingOptions:
 class TranslateOptions(DecodingOptions):
     """xf translate: the decoding options plus what to read, write and run on."""
 
-    path: tuple[str, ...] = option(help="checkpoint(s); several form an ensemble (probabilities averaged)")
+    path: tuple[str, ...] = option(
+        help="checkpoint(s); several form an ensemble (probabilities averaged). --engine ctranslate2: "
+        "the directory written by xf export ctranslate2"
+    )
+    engine: Literal["xf", "ctranslate2"] = option(
+        "xf", "xf's own search, or CTranslate2 on an exported model (pip install 'xformer-cli[ctranslate2]')"
+    )
     input: Optional[str] = option(None, "read this file instead of stdin")
     output: Optional[str] = option(None, "write this file instead of stdout (atomically)")
     batch_size: int = option(64, "sentences per batch")
@@ -144,7 +150,13 @@ class TranslateOptions(DecodingOptions):
         "text", "text lines, or JSON lines with source, hypotheses, scores and positional scores"
     )
     device: Literal["auto", "cpu", "cuda"] = option("auto", "device")
-    precision: Literal["fp32", "bf16", "fp16"] = option("fp32", "inference precision (bf16/fp16: CUDA only)")
+    precision: Literal["auto", "fp32", "bf16", "fp16"] = option(
+        "fp32", "inference precision; auto: bf16 on GPUs and on CPUs with bf16 instructions, else fp32 "
+        "(outputs may change); fp16: CUDA only"
+    )
+    quantize: Literal["none", "int8"] = option(
+        "none", "int8: dynamic int8 linear layers on CPU (faster; outputs may change)"
+    )
     threads: int = option(0, "CPU threads for torch (0: torch's default)")
     quiet: bool = option(False, "no progress bar or summary table on stderr (warnings are still shown)")
 

@@ -75,14 +75,90 @@ def load_ensemble(paths: Sequence[str], device: torch.device, dtype: torch.dtype
     return models, sp
 
 
-def resolve_device(device: str, precision: str) -> tuple[torch.device, torch.dtype]:
+def native_bf16_cpu() -> bool:
+    """Whether this CPU has bf16 matrix instructions (avx512_bf16 or amx_bf16, from Linux's
+    /proc/cpuinfo); elsewhere bf16 is emulated and slower than fp32."""
+    try:
+        flags = Path("/proc/cpuinfo").read_text(errors="replace").split()
+    except OSError:
+        return False
+    return "avx512_bf16" in flags or "amx_bf16" in flags
+
+
+def resolve_precision(device: torch.device, precision: str, quantize: str = "none") -> str:
+    """The precision to run in: auto is bf16 on GPUs with bf16 and on CPUs with bf16
+    instructions, else fp32; --quantize int8 runs its int8 layers with fp32 around them."""
+    cpu = device.type == "cpu"
+    if quantize == "int8":
+        if not cpu:
+            raise ConfigError("--quantize int8 is for CPUs (dynamic int8 linear layers); on CUDA use --precision")
+        if precision not in ("auto", "fp32"):
+            raise ConfigError(f"--quantize int8 runs around its int8 layers in fp32, not --precision {precision}")
+        return "fp32"
+    if precision == "auto":
+        bf16 = native_bf16_cpu() if cpu else torch.cuda.is_bf16_supported()
+        return "bf16" if bf16 else "fp32"
+    if precision == "fp16" and cpu:
+        raise ConfigError("--precision fp16 is for CUDA; on CPU translate in fp32 (or bf16 with bf16 instructions)")
+    if precision == "bf16" and cpu and not native_bf16_cpu():
+        raise ConfigError("--precision bf16 on CPU needs bf16 instructions (avx512_bf16 or amx_bf16), which "
+                          "this CPU lacks; use fp32 or auto")
+    return precision
+
+
+def resolve_device(device: str, precision: str, quantize: str = "none") -> tuple[torch.device, str]:
+    """The device and the precision (fp32, bf16 or fp16) that --device and --precision ask for."""
     if device == "auto":
         device = "cuda" if torch.cuda.is_available() else "cpu"
     if device == "cuda" and not torch.cuda.is_available():
         raise XfError("--device cuda: no CUDA device is available")
-    if precision != "fp32" and device != "cuda":
-        raise ConfigError(f"--precision {precision} is for CUDA; on CPU translate in fp32")
-    return torch.device(device), DTYPES[precision]
+    return torch.device(device), resolve_precision(torch.device(device), precision, quantize)
+
+
+def quantize_int8(model: Transformer) -> Transformer:
+    """Dynamic int8 quantization of every linear layer (weights int8 per tensor, activations
+    quantized on the fly): torch.ao's quantize_dynamic, deprecated in favour of torchao but the
+    one that ships with torch. Embeddings and layer norms stay fp32."""
+    import warnings
+
+    from torch import nn
+    from torch.ao.quantization import quantize_dynamic
+
+    from .model import MultiHeadAttention
+
+    for module in model.modules():
+        if isinstance(module, MultiHeadAttention):
+            module.split_projections()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the deprecation warnings of torch.ao.quantization
+        return quantize_dynamic(model, {nn.Linear}, dtype=torch.qint8, inplace=True)
+
+
+class XfEngine:
+    """xf's own search (``search.py``) over one model or an ensemble: the default --engine."""
+
+    def __init__(self, models: Sequence[Transformer], device: torch.device):
+        self.models, self.device = list(models), device
+        self.max_source = min(m.cfg.max_positions for m in models) - 1  # room for the source's eos
+
+    def search(self, sentences: Sequence[Sequence[int]], options: TranslateOptions, generator=None) -> list[list[Hypothesis]]:
+        """Hypotheses of each sentence (subword ids without eos), best first."""
+        return search(self.models, source_batch(sentences, self.device), options, generator)
+
+
+def open_engine(options: TranslateOptions):
+    """(engine, sentencepiece processor, device) of --engine for --path."""
+    if options.engine == "ctranslate2":
+        from .export import CTranslate2Engine
+
+        return CTranslate2Engine.open(options)
+    device, precision = resolve_device(options.device, options.precision, options.quantize)
+    if options.threads > 0:
+        torch.set_num_threads(options.threads)
+    models, sp = load_ensemble(options.path, device, DTYPES[precision])
+    if options.quantize == "int8":
+        models = [quantize_int8(m) for m in models]
+    return XfEngine(models, device), sp, device
 
 
 # -- batching and search -------------------------------------------------------------------------
@@ -180,10 +256,10 @@ def empty_hypotheses(options: TranslateOptions) -> list[Hypothesis]:
     return [Hypothesis([], 0.0, []) for _ in range(count)]
 
 
-def translate_buffer(models, sp, lines: list[str], first_index: int, options: TranslateOptions, stats: Stats,
-                     device: torch.device, generator=None) -> list[str]:
+def translate_buffer(engine, sp, lines: list[str], first_index: int, options: TranslateOptions, stats: Stats,
+                     generator=None) -> list[str]:
     """Outputs (one string per input line, in input order) for a buffer of input lines."""
-    max_source = min(m.cfg.max_positions for m in models) - 1  # room for the source's eos
+    max_source = engine.max_source
     pieces = sp.encode([line if line.strip() else "" for line in lines], out_type=int)
     results: list[Optional[list[Hypothesis]]] = [None] * len(lines)
     todo = []
@@ -199,8 +275,7 @@ def translate_buffer(models, sp, lines: list[str], first_index: int, options: Tr
         todo.append(i)
     for batch in make_batches([len(pieces[i]) + 1 for i in todo], options.batch_size, options.max_tokens):
         idx = [todo[j] for j in batch]
-        src = source_batch([pieces[i] for i in idx], device)
-        for i, hyps in zip(idx, search(models, src, options, generator)):
+        for i, hyps in zip(idx, engine.search([pieces[i] for i in idx], options, generator)):
             results[i] = hyps
             stats.src_tokens += len(pieces[i]) + 1
             stats.tgt_tokens += len(hyps[0].tokens) if hyps else 0
@@ -259,10 +334,7 @@ def translate(options: TranslateOptions) -> None:
         raise XfError(f"{options.input}: input file not found")
     if options.output is not None and not Path(options.output).resolve().parent.is_dir():
         raise XfError(f"{options.output}: its directory does not exist")
-    device, dtype = resolve_device(options.device, options.precision)
-    if options.threads > 0:
-        torch.set_num_threads(options.threads)
-    models, sp = load_ensemble(options.path, device, dtype)
+    engine, sp, device = open_engine(options)
     generator = torch.Generator(device=device).manual_seed(options.seed) if options.sampling else None
 
     console = Console(stderr=True)
@@ -282,7 +354,7 @@ def translate(options: TranslateOptions) -> None:
             task = progress.add_task("translate", total=total, lines=0, rate=0.0)
             for raw_lines in read_buffers(source, buffer_size):
                 lines = [decode_line(raw, stats.lines + i + 1, stats) for i, raw in enumerate(raw_lines)]
-                outputs = translate_buffer(models, sp, lines, stats.lines, options, stats, device, generator)
+                outputs = translate_buffer(engine, sp, lines, stats.lines, options, stats, generator)
                 sink.write("".join(outputs).encode("utf-8"))
                 sink.flush()
                 stats.lines += len(lines)
@@ -294,8 +366,7 @@ def translate(options: TranslateOptions) -> None:
         _warn(f"{where}: {stats.invalid_utf8} line(s) had invalid UTF-8, replaced with U+FFFD "
               f"(first: line {stats.first_invalid})")
     if stats.truncated:
-        limit = min(m.cfg.max_positions for m in models) - 1
-        _warn(f"{where}: {stats.truncated} line(s) longer than the model's {limit} source subwords "
+        _warn(f"{where}: {stats.truncated} line(s) longer than the model's {engine.max_source} source subwords "
               f"were truncated (first: line {stats.first_truncated})")
     if not options.quiet and not interactive:
         _summary(console, stats, elapsed, options)
