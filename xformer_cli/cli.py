@@ -21,7 +21,7 @@ import typer
 from . import __version__
 from .config import ConfigError, _is_optional, field_types, load_options
 from .errors import XfError
-from .options import AverageOptions, PreprocessOptions, ScoreOptions, TrainOptions, TranslateOptions
+from .options import AverageOptions, ExportOptions, PreprocessOptions, ScoreOptions, TrainOptions, TranslateOptions
 
 app = typer.Typer(
     name="xf",
@@ -175,6 +175,14 @@ def translate_cmd(options: TranslateOptions) -> None:
     from .translate import translate
 
     translate(options)
+
+
+@command("export", ExportOptions, "export")
+def export_cmd(options: ExportOptions) -> None:
+    """Export a checkpoint for another runtime: xf export ctranslate2 --path CKPT --output DIR."""
+    from .export import export_ctranslate2
+
+    export_ctranslate2(options)
 
 
 @command("score", ScoreOptions, "score")

@@ -26,7 +26,7 @@ import yaml
 
 from .errors import ConfigError
 
-SECTIONS = ("preprocess", "train", "average_checkpoints", "translate", "score")
+SECTIONS = ("preprocess", "train", "average_checkpoints", "translate", "export", "score")
 
 
 def option(default: Any = dataclasses.MISSING, help: str = "", **metadata: Any) -> Any:

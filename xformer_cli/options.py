@@ -167,6 +167,17 @@ class TranslateOptions(DecodingOptions):
 
 
 @dataclass(frozen=True)
+class ExportOptions:
+    format: Literal["ctranslate2"] = option(help="what to export to: ctranslate2", positional=True)
+    path: str = option(help="the xf checkpoint to export")
+    output: str = option(help="the model directory to write (with the sentencepiece model as spm.model)")
+    quantization: Literal["float32", "int8", "bfloat16"] = option(
+        "float32", "weight type of the exported model (CTranslate2 can still compute in another type)"
+    )
+    overwrite: bool = option(False, "replace an existing non-empty output directory")
+
+
+@dataclass(frozen=True)
 class ScoreOptions:
     ref: tuple[str, ...] = option(help="reference file(s); repeat --ref for several references")
     hyp: Optional[str] = option(None, "hypothesis file (default: stdin)")
