@@ -270,7 +270,7 @@ class CTranslate2Engine:
                     continue
                 seen.add(tokens)
                 pos = positional.get((i, j), [])
-                total = sum(pos) if score is None else score
+                total = sum(pos) if pos else score  # score_batch's sum where there is one (closer to xf's)
                 ids = [self.ids[p] for p in tokens] + [EOS_ID]
                 ranked.append(Hypothesis(ids, total / length_penalty(len(ids), options.lenpen, options.lenpen_style), pos))
             ranked.sort(key=lambda h: -h.score)
