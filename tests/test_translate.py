@@ -263,3 +263,40 @@ def test_end_to_end_through_the_cli(tmp_path, multi30k_dir):
     assert hyps[4] == hyps[5] == hyps[-1] == ""
     expected = [line.rstrip("\n") for line in one_by_one(str(tmp_path / "avg.pt"), source, max_len_a=1.0, max_len_b=8)]
     assert hyps == expected
+
+
+def test_precision_auto_and_its_refusals(monkeypatch):
+    from xformer_cli import translate as translate_module
+    from xformer_cli.errors import ConfigError
+    from xformer_cli.translate import resolve_precision
+
+    cpu, cuda = torch.device("cpu"), torch.device("cuda")
+    for native, expected in ((False, "fp32"), (True, "bf16")):
+        monkeypatch.setattr(translate_module, "native_bf16_cpu", lambda: native)
+        assert resolve_precision(cpu, "auto") == expected
+        assert resolve_precision(cpu, "auto", "int8") == "fp32"  # int8 layers, fp32 around them
+    assert resolve_precision(cpu, "bf16") == "bf16"  # this CPU (patched) has bf16 instructions
+    monkeypatch.setattr(translate_module, "native_bf16_cpu", lambda: False)
+    with pytest.raises(ConfigError, match="bf16 instructions"):
+        resolve_precision(cpu, "bf16")
+    with pytest.raises(ConfigError, match="is for CUDA"):
+        resolve_precision(cpu, "fp16")
+    with pytest.raises(ConfigError, match="int8 is for CPUs"):
+        resolve_precision(cuda, "fp32", "int8")
+    with pytest.raises(ConfigError, match="not --precision bf16"):
+        resolve_precision(cpu, "bf16", "int8")
+
+
+def test_quantize_int8(tmp_path, ckpt, sentences):
+    from xformer_cli.translate import open_engine
+
+    options = TranslateOptions(path=(ckpt,), quantize="int8", device="cpu")
+    engine, _, _ = open_engine(options)
+    (model,) = engine.models
+    assert not [m for m in model.modules() if type(m) is torch.nn.Linear]  # every linear layer is int8
+    data = ("\n".join(sentences) + "\n").encode()
+    out = run(tmp_path, ckpt, data, quantize="int8", device="cpu")
+    assert out.count("\n") == len(sentences) and all(out.splitlines())
+    fp32 = run(tmp_path, ckpt, data, device="cpu")
+    # a tiny random model is fragile; int8 still agrees with fp32 on most outputs
+    assert sum(a == b for a, b in zip(out.splitlines(), fp32.splitlines())) >= len(sentences) // 2
