@@ -19,26 +19,10 @@ from xformer_cli.model import BOS_ID, EOS_ID, build_model
 from xformer_cli.options import ExportOptions, TranslateOptions
 from xformer_cli.translate import load_ensemble, source_batch, translate
 
+from test_translate import one_thread, spm_model  # noqa: F401  (fixtures: one thread, a tiny sentencepiece model)
+
 ct2 = pytest.importorskip("ctranslate2", reason="the ctranslate2 extra is not installed")
 runner = CliRunner()
-
-
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
-@pytest.fixture(scope="module")
-def spm_model(multi30k_dir) -> bytes:
-    from test_translate import learn_spm
-
-    lines = []
-    for lang in ("en", "de"):
-        lines += (multi30k_dir / f"train.{lang}").read_text(encoding="utf-8").splitlines()[:300]
-    return learn_spm(lines)
 
 
 @pytest.fixture(scope="module")
