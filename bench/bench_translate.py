@@ -1,18 +1,25 @@
-"""xf translate speed on CPU: Multi30k test2016 with a `small` model, batch 64.
+"""xf translate speed on CPU against CTranslate2: Multi30k test2016 with a `small` model, batch 64.
 
-Sentences and target subwords per second for beam 4 and beam 1 (sentencepiece, sorting and
-search, as ``xf translate`` runs them, model loading excluded), peak memory of each run (a fresh
-process each), and the speed-up of the key/value cache over the same search decoding the whole
-prefix at every step. Reference (issue 5): on a 2-core CPU, beam 4, batch 64, fairseq-generate
-translates about 70 sentences/s and CTranslate2 about 135.
+Rows: sentences and target subwords per second for beam 4 with xf fp32, xf --precision auto,
+xf --quantize int8 and, when ctranslate2 is installed, CTranslate2 fp32 and int8 (its native
+search: |Y|^alpha length penalty, its own stopping) on the same checkpoint exported by
+``xf export ctranslate2``; greedy with xf fp32. Every case runs in a fresh process (so its peak
+memory is its own) and the cases alternate, XF_BENCH_ROUNDS rounds (default 2), so that on a
+busy machine the ratios to CTranslate2 fp32 compare like with like; each figure is the best
+round. Model loading is excluded (sentencepiece, sorting and search are included, as
+``xf translate`` runs them). Identical-output counts compare each case with xf fp32, and
+"CTranslate2 engine" counts ``xf translate --engine ctranslate2`` (xf's search rules emulated).
+The steadiest ratios on a busy machine come from the "interleaved" rows: xf and CTranslate2
+(fp32 and int8) in one process, batch after batch, in rotating order. The key/value cache's
+speed-up over decoding the whole prefix is measured on 200 lines.
 
 XF_BENCH_CHECKPOINT=PATH uses a trained checkpoint (its BLEU against XF_BENCH_REFERENCE, default
 test2016.de, is reported too). Without it, a randomly initialised `small` model with an
 8000-subword sentencepiece model learned on Multi30k stands in; it never chooses eos, so its
-outputs are capped at the source length (max_len_a 1, max_len_b 0), about the length of real
-translations. XF_BENCH_SOURCE changes the input (default test2016.en); XF_BENCH_SENTENCES=N uses
-the first N lines only (a quick check that the bench runs); XF_BENCH_THREADS=N sets torch's
-threads (on a machine shared with other jobs, 1 thread can beat 2: see the README).
+outputs are capped at the source length (max_len_a 1, max_len_b 0). XF_BENCH_SOURCE changes the
+input (default test2016.en); XF_BENCH_SENTENCES=N uses the first N lines; XF_BENCH_THREADS=N sets
+the threads of torch and CTranslate2 (default: torch's, one per core); XF_BENCH_ROUNDS=N the
+rounds; XF_BENCH_CACHE=0 skips the cache rows.
 """
 
 from __future__ import annotations
@@ -32,9 +39,23 @@ SOURCE = Path(os.environ.get("XF_BENCH_SOURCE", MULTI30K / "test2016.en"))
 REFERENCE = Path(os.environ.get("XF_BENCH_REFERENCE", MULTI30K / "test2016.de"))
 CHECKPOINT = os.environ.get("XF_BENCH_CHECKPOINT")
 SENTENCES = int(os.environ.get("XF_BENCH_SENTENCES", "1000"))
+ROUNDS = int(os.environ.get("XF_BENCH_ROUNDS", "2"))
 NO_CACHE_SENTENCES = 200  # the prefix-recomputing loop is slow: compared on the first 200 lines
 BATCH = 64
 THREADS = int(os.environ.get("XF_BENCH_THREADS", "0"))  # 0: torch's default (one per core)
+CACHE = os.environ.get("XF_BENCH_CACHE", "1") != "0"  # 0: skip the cache's speed-up rows
+
+# name -> (engine, beam, options of TranslateOptions); "ct2 native ..." run CTranslate2's own search
+CASES = {
+    "xf fp32": ("xf", 4, {}),
+    "xf auto": ("xf", 4, {"precision": "auto"}),
+    "xf int8": ("xf", 4, {"quantize": "int8"}),
+    "CTranslate2 fp32": ("ct2-native", 4, {"compute_type": "float32"}),
+    "CTranslate2 int8": ("ct2-native", 4, {"compute_type": "int8"}),
+    "CTranslate2 engine fp32": ("ctranslate2", 4, {}),
+    "xf fp32 greedy": ("xf", 1, {}),
+}
+REFERENCE_CASE = "CTranslate2 fp32"
 
 
 def random_checkpoint(directory: Path) -> str:
@@ -59,99 +80,218 @@ def random_checkpoint(directory: Path) -> str:
     return str(path)
 
 
-def run_case(checkpoint: str, lines: list[str], beam: int, mode: str, trained: bool) -> dict:
-    """Translate ``lines`` and time it. mode "translate": as xf translate does (sentencepiece,
-    sorting, search); "cached" / "full-prefix": the beam search alone, with the key/value cache or
-    decoding the whole prefix at every step."""
+def run_case(checkpoint: str, ct2_dir: str, lines: list[str], case: str, trained: bool) -> dict:
+    """Translate ``lines`` as ``case`` says and time it (loading excluded)."""
     import torch
 
     from xformer_cli.options import TranslateOptions
-    from xformer_cli.search import beam_search
     from xformer_cli.train import peak_memory_mib
+    from xformer_cli.translate import Stats, open_engine, translate_buffer
+
+    if THREADS:
+        torch.set_num_threads(THREADS)
+    threads = torch.get_num_threads()
+    engine, beam, extra = CASES[case]
+    limits = {} if trained else dict(max_len_a=1.0, max_len_b=0)
+    if engine == "ct2-native":
+        import ctranslate2
+        import sentencepiece as spm
+
+        sp = spm.SentencePieceProcessor(model_file=f"{ct2_dir}/spm.model")
+        translator = ctranslate2.Translator(ct2_dir, device="cpu", intra_threads=threads, **extra)
+        # its defaults, but the length limit: the random model never ends on its own
+        max_len = {} if trained else {"max_decoding_length": max(len(p) for p in sp.encode(lines))}
+
+        def translate_all(chunk):
+            pieces = sp.encode(chunk, out_type=str)
+            out = translator.translate_batch(pieces, beam_size=beam, max_batch_size=BATCH, **max_len)
+            hyps = [r.hypotheses[0] for r in out]
+            return [sp.decode_pieces(h) for h in hyps], sum(len(h) + 1 for h in hyps)
+    else:
+        options = TranslateOptions(path=(ct2_dir if engine == "ctranslate2" else checkpoint,), engine=engine,
+                                   beam_size=beam, batch_size=BATCH, device="cpu", threads=threads, **extra, **limits)
+        engine_, sp, _ = open_engine(options)
+
+        def translate_all(chunk):
+            stats = Stats()
+            out = [o.rstrip("\n") for o in translate_buffer(engine_, sp, chunk, 0, options, stats)]
+            return out, stats.tgt_tokens
+
+    translate_all(lines[:BATCH])  # warm-up
+    start = time.perf_counter()
+    outputs, tokens = translate_all(lines)
+    seconds = time.perf_counter() - start
+    return dict(seconds=seconds, tokens=tokens, peak=peak_memory_mib(torch.device("cpu")), outputs=outputs,
+                threads=threads)
+
+
+def run_interleaved(checkpoint: str, ct2_dir: str, lines: list[str], trained: bool) -> dict:
+    """xf and CTranslate2 (fp32 and int8 each) in one process, batch after batch, the order
+    rotating: the machine's load falls on all of them alike, so their ratios are the steadiest."""
+    import ctranslate2
+    import torch
+
+    from xformer_cli.options import TranslateOptions
+    from xformer_cli.data import batch_by_size
+    from xformer_cli.translate import open_engine
+
+    if THREADS:
+        torch.set_num_threads(THREADS)
+    threads = torch.get_num_threads()
+    limits = {} if trained else dict(max_len_a=1.0, max_len_b=0)
+    runners = {}
+    for name, quantize in (("xf fp32", "none"), ("xf int8", "int8")):
+        options = TranslateOptions(path=(checkpoint,), beam_size=4, device="cpu", threads=threads, quantize=quantize, **limits)
+        engine, sp, _ = open_engine(options)
+        runners[name] = lambda batch, engine=engine, options=options: engine.search(batch, options)
+    for name, compute_type in (("CTranslate2 fp32", "float32"), ("CTranslate2 int8", "int8")):
+        translator = ctranslate2.Translator(ct2_dir, device="cpu", intra_threads=threads, compute_type=compute_type)
+        max_len = {} if trained else {"max_decoding_length": 256}
+
+        def run(batch, translator=translator, max_len=max_len):
+            tokens = [[sp.id_to_piece(t) for t in ids] for ids in batch]
+            if not trained:
+                max_len = {"max_decoding_length": max(len(ids) for ids in batch)}
+            return translator.translate_batch(tokens, beam_size=4, max_batch_size=BATCH, **max_len)
+
+        runners[name] = run
+    pieces = sp.encode(lines, out_type=int)
+    batches = [[pieces[i] for i in b.tolist()] for b in batch_by_size([len(p) for p in pieces], max_sentences=BATCH, longest_first=True)]
+    names = list(runners)
+    for name in names:
+        runners[name](batches[0])  # warm-up
+    seconds = {name: 0.0 for name in names}
+    for i, batch in enumerate(batches):
+        for name in names[i % len(names):] + names[: i % len(names)]:
+            start = time.perf_counter()
+            runners[name](batch)
+            seconds[name] += time.perf_counter() - start
+    return dict(seconds=seconds, threads=threads)
+
+
+def run_cache_case(checkpoint: str, lines: list[str], use_cache: bool, trained: bool) -> dict:
+    """The beam search alone, with the key/value cache or decoding the whole prefix every step."""
+    import torch
+
+    from xformer_cli.options import DecodingOptions
+    from xformer_cli.search import beam_search
     from xformer_cli.data import batch_by_size, collate_source
-    from xformer_cli.translate import Stats, load_ensemble, translate_buffer
+    from xformer_cli.translate import load_ensemble
 
     if THREADS:
         torch.set_num_threads(THREADS)
     cpu = torch.device("cpu")
     models, sp = load_ensemble([checkpoint], cpu)
-    limits = {} if trained else dict(max_len_a=1.0, max_len_b=0)
-    options = TranslateOptions(path=(checkpoint,), beam=beam, batch_size=BATCH, **limits)
-    if mode == "translate":
-        translate_buffer(models, sp, lines[:BATCH], 0, options, Stats(), cpu)  # warm-up
-        stats = Stats()
-        start = time.perf_counter()
-        outputs = [o.rstrip("\n") for o in translate_buffer(models, sp, lines, 0, options, stats, cpu)]
-        seconds, tokens = time.perf_counter() - start, stats.tgt_tokens
-    else:
-        pieces = sp.encode(lines, out_type=int)
-        batches = [b.tolist() for b in batch_by_size([len(p) for p in pieces], max_sentences=BATCH, longest_first=True)]
-        outputs, tokens = [""] * len(lines), 0
-        start = time.perf_counter()
-        for batch in batches:
-            hyps = beam_search(models, collate_source([pieces[i] for i in batch]), beam_size=beam,
-                               max_len_a=options.max_len_a, max_len_b=options.max_len_b,
-                               use_cache=mode == "cached")
-            for i, h in zip(batch, hyps):
-                outputs[i], tokens = sp.decode(h[0].tokens[:-1]), tokens + len(h[0].tokens)
-        seconds = time.perf_counter() - start
-    peak = peak_memory_mib(cpu)  # VmHWM: ru_maxrss would include the parent's peak (exec keeps it)
-    return dict(seconds=seconds, tokens=tokens, peak=peak, outputs=outputs, threads=torch.get_num_threads())
+    options = DecodingOptions(beam_size=4) if trained else DecodingOptions(beam_size=4, max_len_a=1.0, max_len_b=0)
+    pieces = sp.encode(lines, out_type=int)
+    outputs = [""] * len(lines)
+    start = time.perf_counter()
+    for batch in batch_by_size([len(p) for p in pieces], max_sentences=BATCH, longest_first=True):
+        batch = batch.tolist()
+        hyps = beam_search(models, collate_source([pieces[i] for i in batch]), options, use_cache=use_cache)
+        for i, h in zip(batch, hyps):
+            outputs[i] = sp.decode(h[0].tokens[:-1])
+    return dict(seconds=time.perf_counter() - start, outputs=outputs)
 
 
-def measure(checkpoint: str, lines: list[str], beam: int, mode: str, trained: bool) -> dict:
-    """run_case in a fresh process, so that its peak memory is its own."""
-    args = json.dumps(dict(checkpoint=checkpoint, lines=lines, beam=beam, mode=mode, trained=trained))
-    proc = subprocess.run([sys.executable, __file__, "--case"], input=args, capture_output=True, text=True)
+def measure(kind: str, **kwargs) -> dict:
+    """run_case / run_cache_case in a fresh process, so that its peak memory is its own."""
+    proc = subprocess.run([sys.executable, __file__, kind], input=json.dumps(kwargs), capture_output=True, text=True)
     if proc.returncode:
-        raise RuntimeError(f"bench_translate case failed:\n{proc.stderr}")
+        raise RuntimeError(f"bench_translate {kind} failed:\n{proc.stderr}")
     return json.loads(proc.stdout.splitlines()[-1])
 
 
+def cpu_flags() -> str:
+    try:
+        flags = set(Path("/proc/cpuinfo").read_text().split())
+    except OSError:
+        return "unknown CPU flags"
+    return ", ".join(f for f in ("avx2", "avx512f", "avx512_vnni", "avx512_bf16", "amx_bf16") if f in flags)
+
+
 def rows() -> list[dict]:
+    import importlib.util
+
     lines = SOURCE.read_text(encoding="utf-8").splitlines()[:SENTENCES]
+    have_ct2 = importlib.util.find_spec("ctranslate2") is not None
+    cases = [c for c, (engine, _, _) in CASES.items() if have_ct2 or engine == "xf"]
     with tempfile.TemporaryDirectory() as tmp:
         trained = CHECKPOINT is not None
         checkpoint = CHECKPOINT or random_checkpoint(Path(tmp))
-        which = f"trained {Path(checkpoint).name}" if trained else "random small model, outputs = source length"
-        case = f"{SOURCE.name} {len(lines)} lines, batch {BATCH}"
-        out = []
-        for beam in (4, 1):
-            r = measure(checkpoint, lines, beam, "translate", trained)
-            seconds, tokens, peak, hyps, threads = r["seconds"], r["tokens"], r["peak"], r["outputs"], r["threads"]
-            note = f"{which}; {threads} thread{'s' if threads > 1 else ''}"
-            if trained and REFERENCE.exists() and beam == 4:
-                import sacrebleu
+        ct2_dir = str(Path(tmp) / "ct2")
+        if have_ct2:
+            from xformer_cli.export import export_ctranslate2
+            from xformer_cli.options import ExportOptions
 
-                refs = REFERENCE.read_text(encoding="utf-8").splitlines()[: len(lines)]
-                note += f"; BLEU {sacrebleu.corpus_bleu(hyps, [refs]).score:.2f}"
-            if beam == 4:
-                note += "; fairseq ~70, CTranslate2 ~135 sent/s"
-            mode = f"beam {beam}" if beam > 1 else "greedy"
-            out += [
-                dict(bench="translate", case=f"{mode}, {case}", metric="sentences/s", value=len(lines) / seconds,
-                     unit="sent/s", ratio=(len(lines) / seconds) / 135 if beam == 4 else None,
-                     note=note + ("; ratio vs CTranslate2's 135" if beam == 4 else "")),
-                dict(bench="translate", case=f"{mode}, {case}", metric="target subwords/s", value=tokens / seconds,
-                     unit="tok/s", note="eos included"),
-                dict(bench="translate", case=f"{mode}, {case}", metric="peak memory", value=peak, unit="MiB",
-                     note="peak RSS of the process (torch included)"),
-            ]
+            export_ctranslate2(ExportOptions(format="ctranslate2", path=checkpoint, output=ct2_dir))
+        results: dict[str, list[dict]] = {c: [] for c in cases}
+        for _ in range(ROUNDS):  # alternate the cases, round after round
+            for case in cases:
+                results[case].append(measure("--case", checkpoint=checkpoint, ct2_dir=ct2_dir, lines=lines,
+                                             case=case, trained=trained))
+        interleaved = None
+        if have_ct2:
+            interleaved = measure("--interleaved", checkpoint=checkpoint, ct2_dir=ct2_dir, lines=lines, trained=trained)
         subset = lines[:NO_CACHE_SENTENCES]
-        cached = measure(checkpoint, subset, 4, "cached", trained)
-        full = measure(checkpoint, subset, 4, "full-prefix", trained)
-        same = sum(a == b for a, b in zip(cached["outputs"], full["outputs"]))
-        cached, full = cached["seconds"], full["seconds"]
-        out.append(dict(bench="translate", case=f"beam 4, first {len(subset)} lines, batch {BATCH}",
-                        metric="speed-up of the cache", value=full / cached, unit="x", ratio=full / cached,
-                        note=f"{len(subset) / full:.1f} sent/s recomputing the prefix vs {len(subset) / cached:.1f} "
-                             f"with the cache; {same}/{len(subset)} outputs identical"))
+        if CACHE:
+            cached = measure("--cache", checkpoint=checkpoint, lines=subset, use_cache=True, trained=trained)
+            full = measure("--cache", checkpoint=checkpoint, lines=subset, use_cache=False, trained=trained)
+
+    which = f"trained {Path(checkpoint).name}" if trained else "random small model, outputs = source length"
+    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
+    common = f"{which}; CPU {cpu_flags()}; load average {load:.1f} at the end"
+    best = {c: min(rs, key=lambda r: r["seconds"]) for c, rs in results.items()}
+    reference = best.get(REFERENCE_CASE)
+    refs = REFERENCE.read_text(encoding="utf-8").splitlines()[: len(lines)] if trained and REFERENCE.exists() else None
+    out = []
+    for case in cases:
+        r = best[case]
+        rate = len(lines) / r["seconds"]
+        per_round = ", ".join(f"{len(lines) / x['seconds']:.1f}" for x in results[case])
+        note = f"{r['threads']} thread(s); rounds {per_round} sent/s"
+        if case != "xf fp32":
+            same = sum(a == b for a, b in zip(r["outputs"], best["xf fp32"]["outputs"]))
+            note += f"; {same}/{len(lines)} outputs identical to xf fp32"
+        if refs is not None:
+            import sacrebleu
+
+            note += f"; BLEU {sacrebleu.corpus_bleu(r['outputs'], [refs]).score:.2f}"
+        ratio = rate / (len(lines) / reference["seconds"]) if reference else None
+        name = f"{case}{' beam 4' if CASES[case][1] == 4 else ''}, {SOURCE.name} {len(lines)} lines, batch {BATCH}"
+        out += [
+            dict(bench="translate", case=name, metric="sentences/s", value=rate, unit="sent/s", ratio=ratio,
+                 note=note + (f"; ratio vs {REFERENCE_CASE}" if ratio else "") + f"; {common}"),
+            dict(bench="translate", case=name, metric="target subwords/s", value=r["tokens"] / r["seconds"],
+                 unit="tok/s", note="eos included"),
+            dict(bench="translate", case=name, metric="peak memory", value=r["peak"], unit="MiB",
+                 note="peak RSS of the process (torch or CTranslate2 included)"),
+        ]
+    if interleaved is not None:
+        secs = interleaved["seconds"]
+        for name, value in secs.items():
+            out.append(dict(bench="translate", case=f"{name} beam 4, interleaved batch by batch in one process",
+                            metric="sentences/s", value=len(lines) / value, unit="sent/s",
+                            ratio=secs[REFERENCE_CASE] / value,
+                            note=f"{interleaved['threads']} thread(s); ratio vs {REFERENCE_CASE} in the same batches; {common}"))
+    if not CACHE:
+        return out
+    same = sum(a == b for a, b in zip(cached["outputs"], full["outputs"]))
+    out.append(dict(bench="translate", case=f"xf fp32 beam 4, first {len(subset)} lines, batch {BATCH}",
+                    metric="speed-up of the cache", value=full["seconds"] / cached["seconds"], unit="x",
+                    ratio=full["seconds"] / cached["seconds"],
+                    note=f"{len(subset) / full['seconds']:.1f} sent/s recomputing the prefix vs "
+                         f"{len(subset) / cached['seconds']:.1f} with the cache; {same}/{len(subset)} outputs identical"))
     return out
 
 
 if __name__ == "__main__":
     if sys.argv[1:] == ["--case"]:
         print(json.dumps(run_case(**json.loads(sys.stdin.read()))))
+    elif sys.argv[1:] == ["--interleaved"]:
+        print(json.dumps(run_interleaved(**json.loads(sys.stdin.read()))))
+    elif sys.argv[1:] == ["--cache"]:
+        print(json.dumps(run_cache_case(**json.loads(sys.stdin.read()))))
     else:
         for row in rows():
             print(row)

@@ -25,7 +25,8 @@ from xformer_cli.model import EOS_ID, PAD_ID, build_model
 from xformer_cli.options import TranslateOptions
 from xformer_cli.search import Hypothesis, beam_search
 from xformer_cli.data import collate_source
-from xformer_cli.translate import Stats, load_ensemble, translate_buffer
+from xformer_cli.options import DecodingOptions
+from xformer_cli.translate import Stats, XfEngine, load_ensemble, translate_buffer
 
 V = 40
 runner = CliRunner()
@@ -161,8 +162,8 @@ def test_word_alignment():
 # -- xf translate --print-alignment ------------------------------------------------------------
 def translate_lines(ckpt, lines, **overrides):
     models, sp = load_ensemble([ckpt], torch.device("cpu"))
-    options = TranslateOptions(path=(ckpt,), **{"max_len_a": 0.5, "max_len_b": 4, "beam": 3, **overrides})
-    return "".join(translate_buffer(models, sp, lines, 0, options, Stats(), torch.device("cpu")))
+    options = TranslateOptions(path=(ckpt,), **{"max_len_a": 0.5, "max_len_b": 4, "beam_size": 3, **overrides})
+    return "".join(translate_buffer(XfEngine(models, torch.device("cpu")), sp, lines, 0, options, Stats()))
 
 
 def test_print_alignment_formats(ckpt, sentences):
@@ -176,7 +177,7 @@ def test_print_alignment_formats(ckpt, sentences):
     for line, out in zip((sentences[0], sentences[1]), (text[0], text[2])):
         pieces = sp.encode(line, out_type=int)
         src = collate_source([pieces])
-        hyp = beam_search(models, src, beam_size=3, max_len_a=0.5, max_len_b=4)[0][0]
+        hyp = beam_search(models, src, DecodingOptions(beam_size=3, max_len_a=0.5, max_len_b=4))[0][0]
         (alignment,), = hard_alignments(models, src, [[hyp]])
         assert out.split(" ||| ")[1] == " ".join(f"{s}-{t}" for t, s in enumerate(alignment))
         assert all(0 <= s < len(pieces) for s in alignment) and len(alignment) == len(hyp.tokens) - 1

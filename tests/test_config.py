@@ -27,7 +27,7 @@ def test_yaml_then_flags(tmp_path):
 def test_sectioned_file(tmp_path):
     cfg = write(tmp_path, "train:\n  data: d\n  max_update: 7\ntranslate:\n  beam: 5\n  path: [a.pt]\n")
     assert load_options(TrainOptions, cfg, section="train").max_update == 7
-    assert load_options(TranslateOptions, cfg, section="translate").beam == 5
+    assert load_options(TranslateOptions, cfg, section="translate").beam_size == 5
 
 
 def test_unknown_key_names_the_nearest(tmp_path):
@@ -110,3 +110,18 @@ def test_impossible_values_are_one_line_config_errors_naming_the_file(tmp_path, 
     with pytest.raises(ConfigError, match=pattern) as e:
         load_options(cls, cfg)
     assert str(e.value).startswith(f"{cfg}: ") and "\n" not in str(e.value)
+def test_old_decoding_names_are_aliases(tmp_path):
+    cfg = write(tmp_path, "beam: 5\ntopk: 7\ntopp: 0.5\npath: [a.pt]\n")
+    opts = load_options(TranslateOptions, cfg)
+    assert (opts.beam_size, opts.top_k, opts.top_p) == (5, 7, 0.5)
+    assert load_options(TranslateOptions, None, {"path": ("a",), "beam_size": 3}).beam_size == 3
+
+
+def test_decoding_options_are_checked_once():
+    from xformer_cli.options import DecodingOptions
+
+    with pytest.raises(ValueError, match=r"--nbest 5 is larger than --beam-size 4"):
+        DecodingOptions(beam_size=4, nbest=5)
+    assert DecodingOptions(sampling=True, nbest=5).nbest == 5  # sampling draws nbest, any beam
+    with pytest.raises(ConfigError, match="--top-p"):
+        load_options(TranslateOptions, None, {"path": ("a",), "top_p": 0.0})

@@ -232,7 +232,7 @@ def test_configs_load_as_options():
         translate = load_options(TranslateOptions, config, {"path": ("c",)}, section="translate")
         load_options(ScoreOptions, config, {"ref": ("r",)}, section="score")
         assert average.num_update_checkpoints <= train.keep_last_checkpoints, config
-        assert translate.beam == 4 and translate.lenpen == 0.6, config  # the paper's decoding
+        assert translate.beam_size == 4 and translate.lenpen == 0.6, config  # the paper's decoding
     for pair in ("en_de", "en_fr"):
         base = load_options(TrainOptions, RECIPES / f"wmt14_{pair}" / "base.yaml", {"data": "d"}, section="train")
         big = load_options(TrainOptions, RECIPES / f"wmt14_{pair}" / "big.yaml", {"data": "d"}, section="train")

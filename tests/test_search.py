@@ -9,6 +9,7 @@ import torch
 import torch.nn.functional as F
 
 from xformer_cli.model import BOS_ID, EOS_ID, PAD_ID, build_model
+from xformer_cli.options import DecodingOptions
 from xformer_cli.search import (
     DecoderState,
     beam_search,
@@ -30,6 +31,9 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(threads)
+
+
+D = DecodingOptions
 
 
 def tiny(vocab_size=40, seed=0, **overrides):
@@ -130,8 +134,8 @@ def test_wide_beam_equals_exhaustive_search(max_len, beam, alpha, style):
     # that is a beam as wide as the vocabulary (6).
     model = tiny(vocab_size=6, seed=3)
     src = batch([4, 5, 4], [5])
-    found = beam_search([model], src, beam_size=beam, nbest=3, lenpen=alpha, lenpen_style=style,
-                        max_len_a=0, max_len_b=max_len)
+    found = beam_search([model], src, D(beam_size=beam, nbest=3, lenpen=alpha, lenpen_style=style,
+                                        max_len_a=0, max_len_b=max_len))
     for i in range(src.size(0)):
         best = exhaustive(model, src[i, : (src[i] != PAD_ID).sum()], max_len, alpha, style, nbest=3)
         assert [h.tokens for h in found[i]] == [out for _, out in best]
@@ -143,18 +147,18 @@ def test_beam_one_equals_greedy():
     model = tiny()
     src = batch(*SOURCES)
     for lenpen in (0.6, 0.0):
-        beam = beam_search([model], src, beam_size=1, lenpen=lenpen, max_len_a=1.0, max_len_b=3)
-        greedy = greedy_search([model], src, lenpen=lenpen, max_len_a=1.0, max_len_b=3)
+        beam = beam_search([model], src, D(beam_size=1, lenpen=lenpen, max_len_a=1.0, max_len_b=3))
+        greedy = greedy_search([model], src, D(lenpen=lenpen, max_len_a=1.0, max_len_b=3))
         assert_same(beam, greedy)
 
 
 def test_batched_equals_one_by_one():
     model = tiny()
-    together = beam_search([model], batch(*SOURCES), beam_size=4, nbest=3, max_len_b=6)
-    alone = [beam_search([model], batch(s), beam_size=4, nbest=3, max_len_b=6)[0] for s in SOURCES]
+    together = beam_search([model], batch(*SOURCES), D(beam_size=4, nbest=3, max_len_b=6))
+    alone = [beam_search([model], batch(s), D(beam_size=4, nbest=3, max_len_b=6))[0] for s in SOURCES]
     assert_same(together, alone)
-    together = greedy_search([model], batch(*SOURCES), max_len_b=6)
-    alone = [greedy_search([model], batch(s), max_len_b=6)[0] for s in SOURCES]
+    together = greedy_search([model], batch(*SOURCES), D(max_len_b=6))
+    alone = [greedy_search([model], batch(s), D(max_len_b=6))[0] for s in SOURCES]
     assert_same(together, alone)
 
 
@@ -162,17 +166,17 @@ def test_cached_decoding_equals_full_prefix_decoding():
     for positions in ("sinusoidal", "rope"):
         model = tiny(positions=positions)
         src = batch(*SOURCES)
-        cached = beam_search([model], src, beam_size=4, nbest=2, max_len_b=6)
-        full = beam_search([model], src, beam_size=4, nbest=2, max_len_b=6, use_cache=False)
+        cached = beam_search([model], src, D(beam_size=4, nbest=2, max_len_b=6))
+        full = beam_search([model], src, D(beam_size=4, nbest=2, max_len_b=6), use_cache=False)
         assert_same(cached, full)
-        assert_same(greedy_search([model], src, max_len_b=6), greedy_search([model], src, max_len_b=6, use_cache=False))
+        assert_same(greedy_search([model], src, D(max_len_b=6)), greedy_search([model], src, D(max_len_b=6), use_cache=False))
 
 
 def test_ensemble_of_one_model_equals_that_model():
     model = tiny()
     src = batch(*SOURCES)
-    single = beam_search([model], src, beam_size=4, nbest=2, max_len_b=5)
-    assert_same(beam_search([model, model], src, beam_size=4, nbest=2, max_len_b=5), single)
+    single = beam_search([model], src, D(beam_size=4, nbest=2, max_len_b=5))
+    assert_same(beam_search([model, model], src, D(beam_size=4, nbest=2, max_len_b=5)), single)
 
 
 def test_ensemble_averages_probabilities():
@@ -191,7 +195,7 @@ def test_hypotheses_are_consistent():
     model = tiny()
     src = batch(*SOURCES)
     max_len = max_output_lengths(src.ne(PAD_ID).sum(1) - 1, 1.0, 3, model.cfg.max_positions)
-    for hyps, limit in zip(beam_search([model], src, beam_size=5, nbest=5, max_len_b=3), max_len.tolist()):
+    for hyps, limit in zip(beam_search([model], src, D(beam_size=5, nbest=5, max_len_b=3)), max_len.tolist()):
         assert len(hyps) == 5
         assert [h.score for h in hyps] == sorted((h.score for h in hyps), reverse=True)
         assert len({tuple(h.tokens) for h in hyps}) == 5
@@ -204,7 +208,7 @@ def test_hypotheses_are_consistent():
 
 def test_nbest_larger_than_beam_is_refused():
     with pytest.raises(ValueError, match="nbest"):
-        beam_search([tiny()], batch([5]), beam_size=2, nbest=3)
+        beam_search([tiny()], batch([5]), D(beam_size=2, nbest=3))
 
 
 def test_training_mode_is_refused():
@@ -228,7 +232,7 @@ def test_finished_sentences_leave_the_batch():
     model = tiny()
     rows = _count_decoder_rows(model)
     # max length a*|X|: the 1-word sentence stops after 1 token, the 6-word one after 6.
-    beam_search([model], batch(*SOURCES), beam_size=3, max_len_a=1.0, max_len_b=0)
+    beam_search([model], batch(*SOURCES), D(beam_size=3, max_len_a=1.0, max_len_b=0))
     # step 0: one row per sentence; then 3 beams each; a sentence leaves after its forced eos.
     assert rows == [4, 4 * 3, 3 * 3, 2 * 3, 2 * 3, 3, 3]
 
@@ -244,7 +248,7 @@ def test_search_stops_when_the_best_cannot_be_beaten():
         return logits
 
     model.decode = likes_eos
-    hyps = beam_search([model], batch([5, 6, 7]), beam_size=4, max_len_b=50)
+    hyps = beam_search([model], batch([5, 6, 7]), D(beam_size=4, max_len_b=50))
     assert hyps[0][0].tokens == [EOS_ID]
     assert len(rows) <= 3  # far from the 53 steps allowed
 
@@ -252,13 +256,13 @@ def test_search_stops_when_the_best_cannot_be_beaten():
 def test_sampling():
     model = tiny()
     src = batch(*SOURCES)
-    draw = lambda seed, **kw: sample([model], src, generator=torch.Generator().manual_seed(seed), max_len_b=6, **kw)  # noqa: E731
+    draw = lambda seed, **kw: sample([model], src, D(sampling=True, max_len_b=6, **kw), torch.Generator().manual_seed(seed))  # noqa: E731
     first, again = draw(1, nbest=3), draw(1, nbest=3)
     assert_same(first, again)
     assert [len(h) for h in first] == [3] * len(SOURCES)
     assert [h.tokens for hs in draw(2, nbest=3) for h in hs] != [h.tokens for hs in first for h in hs]
     # top-k 1 leaves no choice: greedy
-    greedy = greedy_search([model], src, max_len_b=6)
+    greedy = greedy_search([model], src, D(max_len_b=6))
     assert_same(draw(3, top_k=1), greedy)
     assert_same(draw(4, top_p=1e-6), greedy)
     with pytest.raises(ValueError):

@@ -18,7 +18,7 @@ from xformer_cli.cli import app
 from xformer_cli.model import build_model
 from xformer_cli.options import TranslateOptions
 from xformer_cli.search import gnmt_length_penalty
-from xformer_cli.translate import Stats, load_ensemble, translate, translate_buffer
+from xformer_cli.translate import Stats, XfEngine, load_ensemble, translate, translate_buffer
 
 runner = CliRunner()
 MAX_POSITIONS = 128  # so that a long line must be truncated
@@ -80,7 +80,8 @@ def one_by_one(ckpt, lines, **overrides):
     """Each line translated alone, as the reference for order."""
     models, sp = load_ensemble([ckpt], torch.device("cpu"))
     options = TranslateOptions(path=(ckpt,), **{"max_len_a": 0.5, "max_len_b": 3, **overrides})
-    return ["".join(translate_buffer(models, sp, [line], 0, options, Stats(), torch.device("cpu"))) for line in lines]
+    engine = XfEngine(models, torch.device("cpu"))
+    return ["".join(translate_buffer(engine, sp, [line], 0, options, Stats())) for line in lines]
 
 
 def test_output_is_aligned_with_input(tmp_path, ckpt, sentences, capsys):
@@ -130,7 +131,7 @@ def test_stdin_to_stdout(ckpt, sentences):
 
 def test_jsonl(tmp_path, ckpt, sentences):
     data = (sentences[0] + "\n\n" + sentences[1] + "\n").encode()
-    out = run(tmp_path, ckpt, data, output_format="jsonl", nbest=2, beam=3).splitlines()
+    out = run(tmp_path, ckpt, data, output_format="jsonl", nbest=2, beam_size=3).splitlines()
     assert len(out) == 3
     records = [json.loads(line) for line in out]
     assert [r["id"] for r in records] == [0, 1, 2]
@@ -143,12 +144,12 @@ def test_jsonl(tmp_path, ckpt, sentences):
             lp = gnmt_length_penalty(len(h["tokens"]), 0.6)
             assert h["score"] == pytest.approx(sum(h["positional_scores"]) / lp, abs=1e-4)
     assert records[1]["hypotheses"][0]["text"] == ""
-    text = run(tmp_path, ckpt, data, beam=3).splitlines()
+    text = run(tmp_path, ckpt, data, beam_size=3).splitlines()
     assert text[0] == records[0]["hypotheses"][0]["text"]
 
 
 def test_nbest_text_is_moses_format(tmp_path, ckpt, sentences):
-    out = run(tmp_path, ckpt, (sentences[0] + "\n\n").encode(), nbest=3, beam=4).splitlines()
+    out = run(tmp_path, ckpt, (sentences[0] + "\n\n").encode(), nbest=3, beam_size=4).splitlines()
     assert len(out) == 6
     assert [line.split(" ||| ")[0] for line in out] == ["0", "0", "0", "1", "1", "1"]
     scores = [float(line.split(" ||| ")[2]) for line in out[:3]]
@@ -185,7 +186,7 @@ def test_errors_are_one_line(tmp_path, ckpt, multi30k_dir):
     lines = (multi30k_dir / "train.fr").read_text(encoding="utf-8").splitlines()[:300]
     french = tiny_checkpoint(tmp_path / "fr.pt", learn_spm(lines), seed=0)
     fails(["--path", ckpt, "--path", french], "an ensemble needs checkpoints trained on the same vocabulary")
-    fails(["--path", ckpt, "--nbest", "5", "--beam", "4"], "--nbest 5 is larger than --beam 4", code=2)
+    fails(["--path", ckpt, "--nbest", "5", "--beam", "4"], "--nbest 5 is larger than --beam-size 4", code=2)
     fails(["--path", ckpt, "--precision", "fp16", "--device", "cpu"], "is for CUDA", code=2)
     fails(["--path", ckpt, "--input", str(tmp_path / "nope.txt")], "nope.txt: input file not found")
     fails(["--path", ckpt, "--output", str(tmp_path / "no" / "out.txt")], "out.txt: its directory does not exist")
@@ -278,3 +279,40 @@ def test_a_length_limit_that_allows_no_output_is_an_option_error(ckpt, a, b):
                            input=b"a man\n")
     assert result.exit_code == 2 and "allow no output for some sentences" in result.output, result.output
     assert TranslateOptions(path=(ckpt,), max_len_a=0.0, max_len_b=1).max_len_b == 1  # one subword: allowed
+
+
+def test_precision_auto_and_its_refusals(monkeypatch):
+    from xformer_cli import translate as translate_module
+    from xformer_cli.errors import ConfigError
+    from xformer_cli.translate import resolve_precision
+
+    cpu, cuda = torch.device("cpu"), torch.device("cuda")
+    for native, expected in ((False, "fp32"), (True, "bf16")):
+        monkeypatch.setattr(translate_module, "native_bf16_cpu", lambda: native)
+        assert resolve_precision(cpu, "auto") == expected
+        assert resolve_precision(cpu, "auto", "int8") == "fp32"  # int8 layers, fp32 around them
+    assert resolve_precision(cpu, "bf16") == "bf16"  # this CPU (patched) has bf16 instructions
+    monkeypatch.setattr(translate_module, "native_bf16_cpu", lambda: False)
+    with pytest.raises(ConfigError, match="bf16 instructions"):
+        resolve_precision(cpu, "bf16")
+    with pytest.raises(ConfigError, match="is for CUDA"):
+        resolve_precision(cpu, "fp16")
+    with pytest.raises(ConfigError, match="int8 is for CPUs"):
+        resolve_precision(cuda, "fp32", "int8")
+    with pytest.raises(ConfigError, match="not --precision bf16"):
+        resolve_precision(cpu, "bf16", "int8")
+
+
+def test_quantize_int8(tmp_path, ckpt, sentences):
+    from xformer_cli.translate import open_engine
+
+    options = TranslateOptions(path=(ckpt,), quantize="int8", device="cpu")
+    engine, _, _ = open_engine(options)
+    (model,) = engine.models
+    assert not [m for m in model.modules() if type(m) is torch.nn.Linear]  # every linear layer is int8
+    data = ("\n".join(sentences) + "\n").encode()
+    out = run(tmp_path, ckpt, data, quantize="int8", device="cpu")
+    assert out.count("\n") == len(sentences) and all(out.splitlines())
+    fp32 = run(tmp_path, ckpt, data, device="cpu")
+    # a tiny random model is fragile; int8 still agrees with fp32 on most outputs
+    assert sum(a == b for a, b in zip(out.splitlines(), fp32.splitlines())) >= len(sentences) // 2

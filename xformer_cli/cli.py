@@ -29,6 +29,7 @@ from .config import ConfigError, _is_optional, field_types, load_options
 from .errors import XfError
 from .options import (
     AverageOptions,
+    ExportOptions,
     PlotAttentionOptions,
     PlotCurvesOptions,
     PreprocessOptions,
@@ -211,7 +212,8 @@ def _parameter(f: dataclasses.Field, tp: Any) -> inspect.Parameter:
     elif inner is bool:
         info = typer.Option(f"{flag}/--no-{flag[2:]}", **kwargs)
     else:
-        names = [flag] + ([meta["short"]] if "short" in meta else [])
+        names = [flag] + ["--" + a.replace("_", "-") for a in meta.get("aliases", ())]
+        names += [meta["short"]] if "short" in meta else []
         info = typer.Option(*names, **kwargs)
     return inspect.Parameter(
         f.name, inspect.Parameter.KEYWORD_ONLY, default=None, annotation=Annotated[annotation, info]
@@ -328,6 +330,14 @@ def translate_cmd(options: TranslateOptions) -> None:
     from .translate import translate
 
     translate(options)
+
+
+@command("export", ExportOptions, "export")
+def export_cmd(options: ExportOptions) -> None:
+    """Export a checkpoint for another runtime: xf export ctranslate2 --path CKPT --output DIR."""
+    from .export import export_ctranslate2
+
+    export_ctranslate2(options)
 
 
 @command("score", ScoreOptions, "score")

@@ -26,13 +26,15 @@ import yaml
 
 from .errors import ConfigError
 
-SECTIONS = ("preprocess", "train", "average_checkpoints", "translate", "score", "plot_curves", "plot_attention")
+SECTIONS = ("preprocess", "train", "average_checkpoints", "translate", "export", "score", "plot_curves",
+            "plot_attention")
 
 
 def option(default: Any = dataclasses.MISSING, help: str = "", **metadata: Any) -> Any:
     """A dataclass field with its help text (shown by ``xf CMD --help``) and CLI hints.
 
-    metadata keys: ``positional`` (a CLI argument, not a flag), ``short`` (e.g. "-s").
+    metadata keys: ``positional`` (a CLI argument, not a flag), ``short`` (e.g. "-s"), ``aliases``
+    (old names still accepted as flags and YAML keys, e.g. ``("beam",)`` for ``beam_size``).
     Mutable defaults are not allowed: list-like options are tuples.
     """
     return dataclasses.field(default=default, metadata={"help": help, **metadata})
@@ -144,8 +146,10 @@ def read_yaml(path: str | Path, section: str | None) -> dict[str, Any]:
 def build_options(cls: type, values: dict[str, Any], source: str) -> Any:
     """Make an options dataclass from a dict, rejecting unknown keys and wrong types."""
     types_by_name = field_types(cls)
+    aliases = {a: f.name for f in dataclasses.fields(cls) for a in f.metadata.get("aliases", ())}
     checked = {}
     for key, value in values.items():
+        key = aliases.get(key, key)
         if key not in types_by_name:
             raise ConfigError(f"{source}: unknown option '{key}'{_nearest(key, types_by_name)}")
         checked[key] = coerce(value, types_by_name[key], f"{source}: option '{key}'")

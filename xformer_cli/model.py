@@ -111,6 +111,19 @@ class MultiHeadAttention(nn.Module):
         nn.init.zeros_(self.in_proj.bias)
         nn.init.xavier_uniform_(self.out_proj.weight)
         nn.init.zeros_(self.out_proj.bias)
+        self.q_proj: Optional[nn.Module] = None  # cross-attention's split projections (split_projections)
+        self.kv_proj: Optional[nn.Module] = None
+
+    def split_projections(self) -> None:
+        """Give cross-attention its own query and key/value modules (copies of in_proj's rows), so
+        that module-level transforms (int8 dynamic quantization) reach them. Inference only."""
+        d, w = self.d_model, self.in_proj.weight
+        self.q_proj = nn.Linear(d, d, device=w.device, dtype=w.dtype)
+        self.kv_proj = nn.Linear(d, 2 * d, device=w.device, dtype=w.dtype)
+        with torch.no_grad():
+            for lin, rows in ((self.q_proj, slice(0, d)), (self.kv_proj, slice(d, 3 * d))):
+                lin.weight.copy_(self.in_proj.weight[rows])
+                lin.bias.copy_(self.in_proj.bias[rows])
 
     def _split(self, x: torch.Tensor) -> torch.Tensor:
         b, length, _ = x.shape
@@ -119,7 +132,7 @@ class MultiHeadAttention(nn.Module):
     def project_kv(self, memory: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Keys and values (B, H, S, K) of encoder output for cross-attention."""
         d = self.d_model
-        kv = F.linear(memory, self.in_proj.weight[d:], self.in_proj.bias[d:])
+        kv = self.kv_proj(memory) if self.kv_proj is not None else F.linear(memory, self.in_proj.weight[d:], self.in_proj.bias[d:])
         k, v = kv.chunk(2, dim=-1)
         return self._split(k), self._split(v)
 
@@ -151,13 +164,16 @@ class MultiHeadAttention(nn.Module):
                     v = torch.cat([cache["v"], v], dim=2)
                 cache["k"], cache["v"] = k, v
         else:
-            q = self._split(F.linear(x, self.in_proj.weight[:d], self.in_proj.bias[:d]))
+            q = self.q_proj(x) if self.q_proj is not None else F.linear(x, self.in_proj.weight[:d], self.in_proj.bias[:d])
+            q = self._split(q)
             if cache is not None and "k" in cache:
                 k, v = cache["k"], cache["v"]
             else:
                 k, v = self.project_kv(memory)
                 if cache is not None:
                     cache["k"], cache["v"] = k, v
+            if q.size(0) != k.size(0):  # beam search: one sentence's memory for all its beams
+                return self.out_proj(self._grouped_cross_attention(q, k, v, mask))
         if self.recorded is None:
             out = attention(q, k, v, mask, causal and mask is None, self.dropout if self.training else 0.0)
         else:  # the explicit path of attention() (equal output), keeping its weights; no dropout
@@ -166,6 +182,16 @@ class MultiHeadAttention(nn.Module):
             out = weights @ v
         b, _, t, _ = out.shape
         return self.out_proj(out.transpose(1, 2).reshape(b, t, d))
+
+    def _grouped_cross_attention(self, q, k, v, mask) -> torch.Tensor:
+        """Beam search: q (B * beams, H, T, K) against one sentence's k, v (B, H, S, K), so the
+        memory's keys and values are never copied to each beam. -> (B * beams, T, D)."""
+        b, h, s, kd = k.shape
+        rows, _, t, _ = q.shape
+        beams = rows // b
+        q = q.view(b, beams, h, t, kd).transpose(1, 2).reshape(b, h, beams * t, kd)  # (B, H, beams T, K)
+        out = attention(q, k, v, mask)  # (B, H, beams T, K)
+        return out.view(b, h, beams, t, kd).permute(0, 2, 3, 1, 4).reshape(rows, t, self.d_model)
 
 
 class _MaskedScale(torch.autograd.Function):

@@ -224,31 +224,64 @@ class AverageOptions:
 
 
 @dataclass(frozen=True)
-class TranslateOptions:
-    path: tuple[str, ...] = option(help="checkpoint(s); several form an ensemble (probabilities averaged)")
-    input: Optional[str] = option(None, "read this file instead of stdin")
-    output: Optional[str] = option(None, "write this file instead of stdout (atomically)")
-    beam: int = option(4, "beam size (paper: 4); 1 is greedy")
+class DecodingOptions:
+    """How a search decodes: the options that every search function takes (``search.py``)."""
+
+    beam_size: int = option(4, "beam size (paper: 4); 1 is greedy", aliases=("beam",))
+    nbest: int = option(1, "hypotheses per sentence (text: Moses n-best lines 'ID ||| text ||| score')")
     lenpen: float = option(0.6, "length penalty alpha (paper: 0.6)")
     lenpen_style: Literal["gnmt", "length"] = option(
         "gnmt", "gnmt: ((5+|Y|)/6)^alpha, the paper's (from GNMT); length: |Y|^alpha as fairseq"
     )
     max_len_a: float = option(1.0, "maximum output length a*|X|+b subwords (paper: |X|+50)")
     max_len_b: int = option(50, "maximum output length a*|X|+b subwords (paper: |X|+50)")
+    sampling: bool = option(False, "sample instead of beam search (--nbest samples per sentence)")
+    temperature: float = option(1.0, "sampling temperature")
+    top_k: int = option(0, "sample from the k most likely tokens (0: all)", aliases=("topk",))
+    top_p: float = option(1.0, "nucleus sampling probability mass", aliases=("topp",))
+    seed: int = option(1, "sampling seed")
+
+    def __post_init__(self) -> None:
+        problems = []
+        if self.beam_size < 1:
+            problems.append("--beam-size must be at least 1")
+        if self.nbest < 1:
+            problems.append("--nbest must be at least 1")
+        if not self.sampling and self.nbest > self.beam_size:
+            problems.append(f"--nbest {self.nbest} is larger than --beam-size {self.beam_size}")
+        if self.temperature <= 0 or not 0 < self.top_p <= 1 or self.top_k < 0:
+            problems.append("sampling needs --temperature > 0, 0 < --top-p <= 1, --top-k >= 0")
+        if problems:
+            raise ValueError("; ".join(problems))
+
+
+@dataclass(frozen=True, kw_only=True)
+class TranslateOptions(DecodingOptions):
+    """xf translate: the decoding options plus what to read, write and run on."""
+
+    path: tuple[str, ...] = option(
+        help="checkpoint(s); several form an ensemble (probabilities averaged). --engine ctranslate2: "
+        "the directory written by xf export ctranslate2"
+    )
+    engine: Literal["xf", "ctranslate2"] = option(
+        "xf", "xf's own search, or CTranslate2 on an exported model (pip install 'xformer-cli[ctranslate2]')"
+    )
+    input: Optional[str] = option(None, "read this file instead of stdin")
+    output: Optional[str] = option(None, "write this file instead of stdout (atomically)")
     batch_size: int = option(64, "sentences per batch")
     max_tokens: int = option(0, "padded source subwords per batch instead of --batch-size (0: use batch_size)")
     buffer_size: int = option(2000, "lines read ahead and sorted by length into batches")
-    nbest: int = option(1, "hypotheses per sentence (text: Moses n-best lines 'ID ||| text ||| score')")
-    sampling: bool = option(False, "sample instead of beam search (--nbest samples per sentence)")
-    temperature: float = option(1.0, "sampling temperature")
-    topk: int = option(0, "sample from the k most likely tokens (0: all)")
-    topp: float = option(1.0, "nucleus sampling probability mass")
-    seed: int = option(1, "sampling seed")
     output_format: Literal["text", "jsonl"] = option(
         "text", "text lines, or JSON lines with source, hypotheses, scores and positional scores"
     )
     device: Literal["auto", "cpu", "cuda"] = option("auto", "device")
-    precision: Literal["fp32", "bf16", "fp16"] = option("fp32", "inference precision (bf16/fp16: CUDA only)")
+    precision: Literal["auto", "fp32", "bf16", "fp16"] = option(
+        "fp32", "inference precision; auto: bf16 on GPUs and on CPUs with bf16 instructions, else fp32 "
+        "(outputs may change); fp16: CUDA only"
+    )
+    quantize: Literal["none", "int8"] = option(
+        "none", "int8: dynamic int8 linear layers on CPU (faster; outputs may change)"
+    )
     threads: int = option(0, "CPU threads for torch (0: torch's default)")
     quiet: bool = option(False, "no progress bar or summary table on stderr (warnings are still shown)")
     print_alignment: bool = option(
@@ -264,11 +297,25 @@ class TranslateOptions:
     )
 
     def __post_init__(self) -> None:
+        super().__post_init__()
         # floor(a*|X| + b) output subwords for a source of |X| >= 1 subwords: at least 1 for every |X|
         if self.max_len_a < 0 or self.max_len_a + self.max_len_b < 1:
             raise ValueError(f"--max-len-a {self.max_len_a:g} --max-len-b {self.max_len_b} allow no output for "
                              "some sentences: the limit a*|X|+b must be at least 1 for every source length |X| >= 1 "
                              "(a >= 0 and a + b >= 1)")
+        if self.batch_size < 1 or self.buffer_size < 1 or self.max_tokens < 0:
+            raise ValueError("--batch-size and --buffer-size must be positive, --max-tokens non-negative")
+
+
+@dataclass(frozen=True)
+class ExportOptions:
+    format: Literal["ctranslate2"] = option(help="what to export to: ctranslate2", positional=True)
+    path: str = option(help="the xf checkpoint to export")
+    output: str = option(help="the model directory to write (with the sentencepiece model as spm.model)")
+    quantization: Literal["float32", "int8", "bfloat16"] = option(
+        "float32", "weight type of the exported model (CTranslate2 can still compute in another type)"
+    )
+    overwrite: bool = option(False, "replace an existing non-empty output directory")
 
 
 @dataclass(frozen=True)
@@ -316,5 +363,5 @@ class PlotAttentionOptions:
         "heatmap", "heat maps (layers x heads), or lines between the tokens as in the paper's Figures 3-5 "
         "(one layer: --layer; heads in colours)"
     )
-    beam: int = option(4, "beam size for the model's own translation")
+    beam_size: int = option(4, "beam size for the model's own translation", aliases=("beam",))
     device: Literal["auto", "cpu", "cuda"] = option("auto", "device")

@@ -344,6 +344,7 @@ def attention_figure(options: PlotAttentionOptions):
 
     from .attention_maps import force_decode
     from .model import EOS_ID
+    from .options import DecodingOptions
     from .search import beam_search
     from .data import collate_source
     from .distributed import resolve_device
@@ -351,8 +352,8 @@ def attention_figure(options: PlotAttentionOptions):
 
     if options.style == "lines" and options.layer is None:
         raise ConfigError("--style lines draws one layer: choose it with --layer N")
-    if options.beam < 1:
-        raise ConfigError("--beam must be at least 1")
+    if options.beam_size < 1:
+        raise ConfigError("--beam-size must be at least 1")
     device = resolve_device(options.device)
     models, sp = load_ensemble([options.path], device)
     model = models[0]
@@ -364,7 +365,7 @@ def attention_figure(options: PlotAttentionOptions):
         raise XfError(f"--source has {len(src_ids)} subwords; the model takes at most {limit}")
     src = collate_source([src_ids]).to(device)
     if options.target is None:
-        tokens = beam_search([model], src, beam_size=options.beam)[0][0].tokens
+        tokens = beam_search([model], src, DecodingOptions(beam_size=options.beam_size))[0][0].tokens
     else:
         tokens = sp.encode(options.target, out_type=int) + [EOS_ID]
         if len(tokens) > limit:

@@ -6,10 +6,13 @@ sorted best first.
 
 How the batch is decoded (all sentences of a batch and all their beams at once):
 - the encoder runs once per batch, and cross-attention keys/values are computed once per
-  sentence at the first step, then copied to its beams;
+  sentence at the first step and shared by its beams (never copied);
 - every step decodes only the newest token of each row against the key/value cache;
 - candidates are chosen with one top-k over beam * vocabulary for all sentences together;
 - a sentence that is done leaves the batch (its rows are dropped from every tensor and cache).
+
+Every search takes its settings as one frozen ``DecodingOptions`` (``options.py``): the same
+fields are ``xf translate``'s flags and YAML keys.
 
 Scores: ``positional_scores`` are the log-probabilities of each output token (eos included);
 ``score`` is their sum divided by the length penalty of the output length |Y| (eos included).
@@ -25,6 +28,7 @@ import torch
 import torch.nn.functional as F
 
 from .model import BOS_ID, EOS_ID, PAD_ID, Transformer
+from .options import DecodingOptions
 
 LOG_ZERO = float("-inf")
 
@@ -124,10 +128,25 @@ class DecoderState:
             if cache is not None:
                 model.reorder_cache(cache, rows)
 
+    def expand_beams(self, beams: int) -> None:
+        """Give every sentence ``beams`` rows (sentence i: rows i * beams ... i * beams + beams - 1).
+        Only the self-attention caches are copied: the encoder output and cross-attention keys and
+        values stay one per sentence, and the decoder attends to them with all beams at once."""
+        rows = torch.arange(self.encoded[0][0].size(0), device=self.encoded[0][0].device).repeat_interleave(beams)
+        self.reorder_beams(rows)
+
+    def select_sentences(self, keep: torch.Tensor, keep_rows: torch.Tensor) -> None:
+        """Keep sentences ``keep`` and their beams' rows ``keep_rows`` (after expand_beams)."""
+        self.encoded = [(memory.index_select(0, keep), pad.index_select(0, keep)) for memory, pad in self.encoded]
+        for cache in self.caches:
+            if cache is not None:
+                for layer in cache:
+                    for part, index in ((layer["self"], keep_rows), (layer["cross"], keep)):
+                        for key in part:
+                            part[key] = part[key].index_select(0, index)
+
     def reorder_beams(self, rows: torch.Tensor) -> None:
-        """Follow beams within their sentences: only the self-attention caches change, because
-        the encoder output and cross-attention keys/values are the same for every beam of a
-        sentence; copying them at every step would only move memory around."""
+        """Follow beams within their sentences: only the self-attention caches change."""
         for cache in self.caches:
             if cache is not None:
                 for layer in cache:
@@ -140,8 +159,9 @@ def _source_lengths(src: torch.Tensor) -> torch.Tensor:
     return src.ne(PAD_ID).sum(dim=1) - 1  # without the source's eos
 
 
-def _max_positions(models: Sequence[Transformer]) -> int:
-    return min(model.cfg.max_positions for model in models)
+def _max_output_lengths(models: Sequence[Transformer], src: torch.Tensor, options: DecodingOptions) -> torch.Tensor:
+    max_positions = min(model.cfg.max_positions for model in models)
+    return max_output_lengths(_source_lengths(src), options.max_len_a, options.max_len_b, max_positions)
 
 
 def _forbid_specials(lprobs: torch.Tensor, at_max: Optional[torch.Tensor]) -> torch.Tensor:
@@ -158,15 +178,7 @@ def _forbid_specials(lprobs: torch.Tensor, at_max: Optional[torch.Tensor]) -> to
 # -- beam search ---------------------------------------------------------------------------------
 @torch.inference_mode()
 def beam_search(
-    models: Sequence[Transformer],
-    src: torch.Tensor,
-    beam_size: int = 4,
-    nbest: int = 1,
-    lenpen: float = 0.6,
-    lenpen_style: str = "gnmt",
-    max_len_a: float = 1.0,
-    max_len_b: float = 50,
-    use_cache: bool = True,
+    models: Sequence[Transformer], src: torch.Tensor, options: DecodingOptions = DecodingOptions(), use_cache: bool = True
 ) -> list[list[Hypothesis]]:
     """Beam search over a batch src (B, S); returns the nbest hypotheses of each sentence.
 
@@ -177,12 +189,10 @@ def beam_search(
     hypothesis: log-probabilities only fall, so score / max lp(any length still reachable)
     bounds every continuation. That last rule (not fairseq's) never changes the result.
     """
-    if not 1 <= nbest <= beam_size:
-        raise ValueError(f"nbest {nbest} must be between 1 and the beam size {beam_size}")
-    k, device = beam_size, src.device
-    lp = lambda length: length_penalty(length, lenpen, lenpen_style)  # noqa: E731
+    k, nbest, device = options.beam_size, options.nbest, src.device
+    lp = lambda length: length_penalty(length, options.lenpen, options.lenpen_style)  # noqa: E731
     nsent = src.size(0)
-    max_len = max_output_lengths(_source_lengths(src), max_len_a, max_len_b, _max_positions(models))
+    max_len = _max_output_lengths(models, src, options)
     state = DecoderState(models, src, use_cache)
     finished: list[list[Hypothesis]] = [[] for _ in range(nsent)]
 
@@ -204,7 +214,7 @@ def beam_search(
             # All beams of a sentence start identical: decode one row per sentence, then copy it
             # k times with only the first copy live, so the top-k picks k different tokens.
             expand = torch.arange(nsent, device=device).repeat_interleave(k)
-            state.select(expand)
+            state.expand_beams(k)
             lprobs, tokens, pos_scores = lprobs[expand], tokens[expand], pos_scores[expand]
             scores = torch.zeros(nsent, k, device=device)
             scores[:, 1:] = LOG_ZERO
@@ -256,7 +266,7 @@ def beam_search(
         if any_done:  # done sentences leave the batch
             keep = (~done).nonzero().view(-1)
             keep_rows = (keep[:, None] * k + beam_offsets).view(-1)
-            state.select(keep_rows)
+            state.select_sentences(keep, keep_rows)
             sent_ids, max_len, max_lp = sent_ids[keep], max_len[keep], max_lp[keep]
             fin_count, fin_best = fin_count[keep], fin_best[keep]
             tokens, pos_scores, scores = tokens[keep_rows], pos_scores[keep_rows], scores[keep_rows]
@@ -271,16 +281,13 @@ def _single_path_search(
     src: torch.Tensor,
     paths: int,
     choose: Callable[[torch.Tensor], torch.Tensor],
-    lenpen: float,
-    lenpen_style: str,
-    max_len_a: float,
-    max_len_b: float,
+    options: DecodingOptions,
     use_cache: bool,
 ) -> list[list[Hypothesis]]:
     """``paths`` independent left-to-right paths per sentence; ``choose(lprobs (N, V)) -> (N,)``
     picks each row's next token. Rows leave the batch as soon as they emit eos."""
     device, nsent = src.device, src.size(0)
-    max_len = max_output_lengths(_source_lengths(src), max_len_a, max_len_b, _max_positions(models))
+    max_len = _max_output_lengths(models, src, options)
     state = DecoderState(models, src, use_cache)
     row_ids = torch.arange(nsent, device=device).repeat_interleave(paths)  # sentence of each row
     if paths > 1:
@@ -300,7 +307,7 @@ def _single_path_search(
         ended = next_token.eq(EOS_ID)
         any_ended, all_ended = torch.stack((ended.any(), ended.all())).tolist()  # one sync
         if any_ended:
-            norm = pos_scores.sum(dim=1) / float(length_penalty(step + 1.0, lenpen, lenpen_style))
+            norm = pos_scores.sum(dim=1) / float(length_penalty(step + 1.0, options.lenpen, options.lenpen_style))
             idx = ended.nonzero().view(-1)
             for i, row_tokens, row_pos, s in zip(
                 row_ids[idx].tolist(), tokens[idx, 1:].tolist(), pos_scores[idx].tolist(), norm[idx].tolist()
@@ -317,42 +324,41 @@ def _single_path_search(
 
 @torch.inference_mode()
 def greedy_search(
-    models: Sequence[Transformer],
-    src: torch.Tensor,
-    lenpen: float = 0.6,
-    lenpen_style: str = "gnmt",
-    max_len_a: float = 1.0,
-    max_len_b: float = 50,
-    use_cache: bool = True,
+    models: Sequence[Transformer], src: torch.Tensor, options: DecodingOptions = DecodingOptions(), use_cache: bool = True
 ) -> list[list[Hypothesis]]:
-    """The most likely next token at every step (the result of beam search with beam 1)."""
-    return _single_path_search(
-        models, src, 1, lambda lprobs: lprobs.argmax(dim=-1), lenpen, lenpen_style, max_len_a, max_len_b, use_cache
-    )
+    """The most likely next token at every step (the result of beam search with beam 1);
+    options.beam_size is not used."""
+    return _single_path_search(models, src, 1, lambda lprobs: lprobs.argmax(dim=-1), options, use_cache)
 
 
 @torch.inference_mode()
 def sample(
     models: Sequence[Transformer],
     src: torch.Tensor,
-    nbest: int = 1,
-    temperature: float = 1.0,
-    top_k: int = 0,
-    top_p: float = 1.0,
+    options: DecodingOptions = DecodingOptions(sampling=True),
     generator: Optional[torch.Generator] = None,
-    lenpen: float = 0.6,
-    lenpen_style: str = "gnmt",
-    max_len_a: float = 1.0,
-    max_len_b: float = 50,
 ) -> list[list[Hypothesis]]:
-    """nbest independent samples per sentence from softmax(log p / temperature), restricted to
-    the top_k tokens and the top_p nucleus. Scores are the model's own log-probabilities
-    (before temperature and filtering); the samples of a sentence are sorted by score."""
-    if temperature <= 0:
-        raise ValueError("temperature must be positive")
+    """options.nbest independent samples per sentence from softmax(log p / temperature),
+    restricted to the top_k tokens and the top_p nucleus. Scores are the model's own
+    log-probabilities (before temperature and filtering); the samples of a sentence are sorted
+    by score."""
 
     def choose(lprobs: torch.Tensor) -> torch.Tensor:
-        logits = top_k_top_p_filter(lprobs / temperature, top_k, top_p)
+        logits = top_k_top_p_filter(lprobs / options.temperature, options.top_k, options.top_p)
         return torch.multinomial(logits.softmax(dim=-1), 1, generator=generator).view(-1)
 
-    return _single_path_search(models, src, nbest, choose, lenpen, lenpen_style, max_len_a, max_len_b, True)
+    return _single_path_search(models, src, options.nbest, choose, options, True)
+
+
+def search(
+    models: Sequence[Transformer],
+    src: torch.Tensor,
+    options: DecodingOptions,
+    generator: Optional[torch.Generator] = None,
+) -> list[list[Hypothesis]]:
+    """The search the options ask for: sampling, greedy (beam 1) or beam search."""
+    if options.sampling:
+        return sample(models, src, options, generator)
+    if options.beam_size == 1:
+        return greedy_search(models, src, options)
+    return beam_search(models, src, options)

@@ -30,7 +30,7 @@ from .fileio import atomic_write
 from .model import Transformer
 from .options import TranslateOptions
 from .safety import refuse_overwriting_inputs
-from .search import Hypothesis, beam_search, greedy_search, sample
+from .search import Hypothesis, search
 from .vocab import decode_line, load_sentencepiece
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -65,39 +65,90 @@ def load_ensemble(paths: Sequence[str], device: torch.device, dtype: torch.dtype
     return models, sp
 
 
-def resolve_device(device: str, precision: str) -> tuple[torch.device, torch.dtype]:
+def native_bf16_cpu() -> bool:
+    """Whether this CPU has bf16 matrix instructions (avx512_bf16 or amx_bf16, from Linux's
+    /proc/cpuinfo); elsewhere bf16 is emulated and slower than fp32."""
+    try:
+        flags = Path("/proc/cpuinfo").read_text(errors="replace").split()
+    except OSError:
+        return False
+    return "avx512_bf16" in flags or "amx_bf16" in flags
+
+
+def resolve_precision(device: torch.device, precision: str, quantize: str = "none") -> str:
+    """The precision to run in: auto is bf16 on GPUs with bf16 and on CPUs with bf16
+    instructions, else fp32; --quantize int8 runs its int8 layers with fp32 around them."""
+    cpu = device.type == "cpu"
+    if quantize == "int8":
+        if not cpu:
+            raise ConfigError("--quantize int8 is for CPUs (dynamic int8 linear layers); on CUDA use --precision")
+        if precision not in ("auto", "fp32"):
+            raise ConfigError(f"--quantize int8 runs around its int8 layers in fp32, not --precision {precision}")
+        return "fp32"
+    if precision == "auto":
+        bf16 = native_bf16_cpu() if cpu else torch.cuda.is_bf16_supported()
+        return "bf16" if bf16 else "fp32"
+    if precision == "fp16" and cpu:
+        raise ConfigError("--precision fp16 is for CUDA; on CPU translate in fp32 (or bf16 with bf16 instructions)")
+    if precision == "bf16" and cpu and not native_bf16_cpu():
+        raise ConfigError("--precision bf16 on CPU needs bf16 instructions (avx512_bf16 or amx_bf16), which "
+                          "this CPU lacks; use fp32 or auto")
+    return precision
+
+
+def resolve_device(device: str, precision: str, quantize: str = "none") -> tuple[torch.device, str]:
+    """The device and the precision (fp32, bf16 or fp16) that --device and --precision ask for."""
     resolved = distributed.resolve_device(device)
-    if precision != "fp32" and resolved.type != "cuda":
-        raise ConfigError(f"--precision {precision} is for CUDA; on CPU translate in fp32")
-    return resolved, DTYPES[precision]
+    return resolved, resolve_precision(resolved, precision, quantize)
 
 
-def check_options(options: TranslateOptions) -> None:
-    problems = []
-    if options.beam < 1:
-        problems.append("--beam must be at least 1")
-    if options.nbest < 1:
-        problems.append("--nbest must be at least 1")
-    if not options.sampling and options.nbest > options.beam:
-        problems.append(f"--nbest {options.nbest} is larger than --beam {options.beam}")
-    if options.batch_size < 1 or options.buffer_size < 1 or options.max_tokens < 0:
-        problems.append("--batch-size and --buffer-size must be positive, --max-tokens non-negative")
-    if options.temperature <= 0 or not 0 < options.topp <= 1 or options.topk < 0:
-        problems.append("sampling needs --temperature > 0, 0 < --topp <= 1, --topk >= 0")
-    if problems:
-        raise ConfigError("; ".join(problems))
+def quantize_int8(model: Transformer) -> Transformer:
+    """Dynamic int8 quantization of every linear layer (weights int8 per tensor, activations
+    quantized on the fly): torch.ao's quantize_dynamic, deprecated in favour of torchao but the
+    one that ships with torch. Embeddings and layer norms stay fp32."""
+    import warnings
+
+    from torch import nn
+    from torch.ao.quantization import quantize_dynamic
+
+    from .model import MultiHeadAttention
+
+    for module in model.modules():
+        if isinstance(module, MultiHeadAttention):
+            module.split_projections()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the deprecation warnings of torch.ao.quantization
+        return quantize_dynamic(model, {nn.Linear}, dtype=torch.qint8, inplace=True)
+
+
+class XfEngine:
+    """xf's own search (``search.py``) over one model or an ensemble: the default --engine."""
+
+    def __init__(self, models: Sequence[Transformer], device: torch.device):
+        self.models, self.device = list(models), device
+        self.max_source = min(m.cfg.max_positions for m in models) - 1  # room for the source's eos
+
+    def search(self, sentences: Sequence[Sequence[int]], options: TranslateOptions, generator=None) -> list[list[Hypothesis]]:
+        """Hypotheses of each sentence (subword ids without eos), best first."""
+        return search(self.models, collate_source(sentences).to(self.device), options, generator)
+
+
+def open_engine(options: TranslateOptions):
+    """(engine, sentencepiece processor, device) of --engine for --path."""
+    if options.engine == "ctranslate2":
+        from .export import CTranslate2Engine
+
+        return CTranslate2Engine.open(options)
+    device, precision = resolve_device(options.device, options.precision, options.quantize)
+    if options.threads > 0:
+        torch.set_num_threads(options.threads)
+    models, sp = load_ensemble(options.path, device, DTYPES[precision])
+    if options.quantize == "int8":
+        models = [quantize_int8(m) for m in models]
+    return XfEngine(models, device), sp, device
 
 
 # -- batching and search -------------------------------------------------------------------------
-def search(models, src: torch.Tensor, options: TranslateOptions, generator=None) -> list[list[Hypothesis]]:
-    """The search the options ask for: sampling, greedy (beam 1) or beam search."""
-    common = dict(lenpen=options.lenpen, lenpen_style=options.lenpen_style, max_len_a=options.max_len_a, max_len_b=options.max_len_b)
-    if options.sampling:
-        return sample(models, src, nbest=options.nbest, temperature=options.temperature, top_k=options.topk,
-                      top_p=options.topp, generator=generator, **common)
-    if options.beam == 1:
-        return greedy_search(models, src, **common)
-    return beam_search(models, src, beam_size=options.beam, nbest=options.nbest, **common)
 
 
 # -- reading and writing -------------------------------------------------------------------------
@@ -171,10 +222,10 @@ def empty_hypotheses(options: TranslateOptions) -> list[Hypothesis]:
     return [Hypothesis([], 0.0, []) for _ in range(count)]
 
 
-def translate_buffer(models, sp, lines: list[str], first_index: int, options: TranslateOptions, stats: Stats,
-                     device: torch.device, generator=None) -> list[str]:
+def translate_buffer(engine, sp, lines: list[str], first_index: int, options: TranslateOptions, stats: Stats,
+                     generator=None) -> list[str]:
     """Outputs (one string per input line, in input order) for a buffer of input lines."""
-    max_source = min(m.cfg.max_positions for m in models) - 1  # room for the source's eos
+    max_source = engine.max_source
     pieces = sp.encode([line if line.strip() else "" for line in lines], out_type=int)
     results: list[Optional[list[Hypothesis]]] = [None] * len(lines)
     alignments: list[Optional[list[list[int]]]] = [None] * len(lines)  # --print-alignment: per hypothesis
@@ -192,14 +243,15 @@ def translate_buffer(models, sp, lines: list[str], first_index: int, options: Tr
     for batch in batch_by_size([len(pieces[i]) for i in todo], max_tokens=options.max_tokens or None,
                                max_sentences=None if options.max_tokens else options.batch_size, longest_first=True):
         idx = [todo[j] for j in batch.tolist()]
-        src = collate_source([pieces[i] for i in idx]).to(device)
-        found = search(models, src, options, generator)
+        sentences = [pieces[i] for i in idx]
+        found = engine.search(sentences, options, generator)
         for i, hyps in zip(idx, found):
             results[i] = hyps
             stats.src_tokens += len(pieces[i]) + 1
             stats.tgt_tokens += len(hyps[0].tokens) if hyps else 0
         if options.print_alignment:  # a forced-decoding pass over the final hypotheses
-            for i, per_hyp in zip(idx, hard_alignments(models, src, found, options.alignment_layer)):
+            src = collate_source(sentences).to(engine.device)
+            for i, per_hyp in zip(idx, hard_alignments(engine.models, src, found, options.alignment_layer)):
                 alignments[i] = per_hyp
     out = []
     for i, hyps in enumerate(results):
@@ -256,18 +308,17 @@ def translate(options: TranslateOptions) -> None:
     """Translate the input (stdin or --input) to the output (stdout or --output)."""
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
-    check_options(options)
     if options.input is not None and not Path(options.input).is_file():
         raise XfError(f"{options.input}: input file not found")
     if options.output is not None and not Path(options.output).resolve().parent.is_dir():
         raise XfError(f"{options.output}: its directory does not exist")
     refuse_overwriting_inputs(options.output, [options.input, *options.path])
-    device, dtype = resolve_device(options.device, options.precision)
-    if options.threads > 0:
-        torch.set_num_threads(options.threads)
-    models, sp = load_ensemble(options.path, device, dtype)
+    engine, sp, device = open_engine(options)
     if options.print_alignment:  # a layer the models lack fails now, not at the first batch
-        for model in models:
+        if not isinstance(engine, XfEngine):
+            raise ConfigError("--print-alignment needs xf's own engine (the attention of --engine ctranslate2 "
+                              "is not recorded)")
+        for model in engine.models:
             resolve_layer(options.alignment_layer, len(model.decoder_layers))
     generator = torch.Generator(device=device).manual_seed(options.seed) if options.sampling else None
 
@@ -288,7 +339,7 @@ def translate(options: TranslateOptions) -> None:
             task = progress.add_task("translate", total=total, lines=0, rate=0.0)
             for raw_lines in read_buffers(source, buffer_size):
                 lines = [decode_input_line(raw, stats.lines + i + 1, stats, where) for i, raw in enumerate(raw_lines)]
-                outputs = translate_buffer(models, sp, lines, stats.lines, options, stats, device, generator)
+                outputs = translate_buffer(engine, sp, lines, stats.lines, options, stats, generator)
                 sink.write("".join(outputs).encode("utf-8"))
                 sink.flush()
                 stats.lines += len(lines)
@@ -300,8 +351,7 @@ def translate(options: TranslateOptions) -> None:
         _warn(f"{where}: {stats.invalid_utf8} line(s) had invalid UTF-8, replaced with U+FFFD "
               f"(first: line {stats.first_invalid})")
     if stats.truncated:
-        limit = min(m.cfg.max_positions for m in models) - 1
-        _warn(f"{where}: {stats.truncated} line(s) longer than the model's {limit} source subwords "
+        _warn(f"{where}: {stats.truncated} line(s) longer than the model's {engine.max_source} source subwords "
               f"were truncated (first: line {stats.first_truncated})")
     if not options.quiet and not interactive:
         _summary(console, stats, elapsed, options)
@@ -311,7 +361,7 @@ def _summary(console, stats: Stats, elapsed: float, options: TranslateOptions) -
     from rich.table import Table
 
     translated = stats.lines - stats.empty
-    mode = "sampling" if options.sampling else "greedy" if options.beam == 1 else f"beam {options.beam}"
+    mode = "sampling" if options.sampling else "greedy" if options.beam_size == 1 else f"beam {options.beam_size}"
     table = Table(title=f"xf translate ({mode}, {len(options.path)} model(s))", show_header=False)
     table.add_column(justify="left")
     table.add_column(justify="right")

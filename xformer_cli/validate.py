@@ -17,12 +17,13 @@ from .data import ParallelDataset, batch_by_size, collate
 from .distributed import Env
 from .loss import fused_output_loss
 from .model import Transformer
+from .options import DecodingOptions
 from .search import greedy_search
 from .vocab import EOS_ID
 
 # Output length limit of validation decoding: a * |X| + b subwords. Tighter than translation's
 # |X| + 50, so that early, untrained models do not spend minutes producing garbage.
-BLEU_MAX_LEN_A, BLEU_MAX_LEN_B = 1.2, 10
+BLEU_DECODING = DecodingOptions(beam_size=1, max_len_a=1.2, max_len_b=10)
 
 
 def _to(batch: dict, device: torch.device) -> dict:
@@ -77,7 +78,7 @@ def validation_bleu(
     for idx in batches[env.rank :: env.world_size]:
         src = collate([dataset[i] for i in idx])["src"].to(env.device)
         with autocast:
-            hyps = greedy_search([model], src, max_len_a=BLEU_MAX_LEN_A, max_len_b=BLEU_MAX_LEN_B)
+            hyps = greedy_search([model], src, BLEU_DECODING)
         for i, nbest in zip(idx.tolist(), hyps):
             tokens = [t for t in nbest[0].tokens if t != EOS_ID] if nbest else []
             mine.append((i, sp.decode(tokens)))
