@@ -3,7 +3,9 @@
 ``torchrun --nproc-per-node G [--nnodes N ...] -m xformer_cli train ...`` starts one process per
 device and sets RANK, LOCAL_RANK and WORLD_SIZE; ``init_process_group`` reads them (NCCL between
 GPUs, gloo between CPU processes) and ``DistributedDataParallel`` all-reduces the gradients.
-Without torchrun this is a world of one and every collective below is a no-op.
+Without torchrun this is a world of one and every collective below is a no-op. Under torchrun
+even one process joins a process group and trains through DDP, so that one GPU exercises the
+same path (NCCL, gradient buckets, ``no_sync``) as many.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ class Env:
     world_size: int
     local_rank: int
     device: torch.device
+    process_group: bool = False  # joined a torch.distributed group (torchrun), even a world of one
 
     @property
     def is_main(self) -> bool:
@@ -34,7 +37,8 @@ class Env:
 
     @property
     def distributed(self) -> bool:
-        return self.world_size > 1
+        """Gradients go through DDP and the sums below through collectives."""
+        return self.process_group
 
     def sum(self, values: Sequence[float]) -> list[float]:
         """Element-wise sum of ``values`` over all ranks (one collective), as Python floats."""
@@ -78,9 +82,10 @@ def setup(device_option: str) -> Env:
     device = resolve_device(device_option, local_rank)
     if device.type == "cuda":
         torch.cuda.set_device(device)
-    if world_size > 1 and not dist.is_initialized():
+    launched = world_size > 1 or "TORCHELASTIC_RUN_ID" in os.environ  # torchrun sets it, even for one process
+    if launched and not dist.is_initialized():
         dist.init_process_group(backend="nccl" if device.type == "cuda" else "gloo")
-    return Env(rank, world_size, local_rank, device)
+    return Env(rank, world_size, local_rank, device, process_group=dist.is_initialized())
 
 
 def shutdown() -> None:
