@@ -1,0 +1,164 @@
+"""The WMT-sized dry run: xf preprocess and xf train on corpora of WMT14's size, on the CPU.
+
+Run it by name (``BENCH=scale make bench``); plain ``make bench`` skips it (the full sizes take an
+hour and tens of gigabytes of disk). For each size in XF_BENCH_SCALE_PAIRS (default
+4500000,36000000: WMT14 EN-DE and EN-FR) a corpus of real sentences is built -- Multi30k EN-FR
+train (29,000 pairs) and News Commentary EN-FR (5,000) from ../shared/data, each repetition in
+another seeded order -- and then:
+
+- ``xf preprocess`` (2 workers, the sentencepiece model learned once on the base sentences and
+  reused, so the time is the line check and binarization): pairs/s and peak memory of the process
+  tree;
+- ``xf train`` (a `tiny` model: the bench measures the data path, not the model) for a few
+  updates: the time from the process's start to its first update, and the training process's
+  peak memory (VmHWM); on the largest size, stopped and resumed mid-epoch: the time to the first
+  update after the resume, and the position it resumed from;
+- the epoch boundary, on a subset (XF_BENCH_SCALE_SUBSET pairs, default 5000), trained for two
+  epochs in one process: the first update of epoch 2 against the median update (nothing is
+  reloaded at the boundary, so the ratio stays near 1).
+
+Start-up time and memory should stay flat in the number of pairs, apart from what the data
+itself needs: the rows give each size's figures and their ratio to the smallest size.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_preprocess import run_preprocess, tree_rss_mib  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[1]
+SHARED = Path(os.environ.get("XF_SHARED_DATA", REPO.parent / "shared" / "data"))
+SIZES = [int(float(s)) for s in os.environ.get("XF_BENCH_SCALE_PAIRS", "4500000,36000000").split(",")]
+SUBSET = int(os.environ.get("XF_BENCH_SCALE_SUBSET", "5000"))
+UPDATES = 3
+TRAIN = ["--arch", "tiny", "--max-tokens", "4096", "--log-interval", "1", "--save-interval-minutes", "0",
+         "--device", "cpu", "--warmup-updates", "100"]
+
+
+def base_pairs() -> tuple[list[bytes], list[bytes]]:
+    """Real EN-FR sentence pairs: Multi30k train and News Commentary (pairs with an empty side dropped)."""
+    en, fr = [], []
+    for src, tgt in ((SHARED / "multi30k" / "train.en", SHARED / "multi30k" / "train.fr"),
+                     (SHARED / "wmt_sample" / "news-commentary.en-fr.en", SHARED / "wmt_sample" / "news-commentary.en-fr.fr")):
+        for a, b in zip(src.read_bytes().splitlines(), tgt.read_bytes().splitlines()):
+            if a.strip() and b.strip():
+                en.append(a)
+                fr.append(b)
+    return en, fr
+
+
+def make_corpus(prefix: Path, pairs: int, en: list[bytes], fr: list[bytes]) -> None:
+    """``prefix.en/.fr`` with ``pairs`` lines: the base pairs repeated, each round in a new order."""
+    rng = np.random.default_rng(1)
+    with open(f"{prefix}.en", "wb") as out_en, open(f"{prefix}.fr", "wb") as out_fr:
+        written = 0
+        while written < pairs:
+            order = rng.permutation(len(en))[: pairs - written]
+            out_en.write(b"\n".join(en[i] for i in order) + b"\n")
+            out_fr.write(b"\n".join(fr[i] for i in order) + b"\n")
+            written += len(order)
+
+
+def run_train(data: Path, save: Path, extra: list[str]) -> dict:
+    """xf train in its own process: seconds from the start to its first update, its summary."""
+    args = [sys.executable, "-m", "xformer_cli", "train", str(data), "--save-dir", str(save), *TRAIN, *extra]
+    log = save / "train_log.jsonl"
+    seen = log.read_text().count("\n") if log.exists() else 0
+    with tempfile.TemporaryFile() as err:
+        start = time.perf_counter()
+        proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=err, cwd=REPO)
+        first, peak_tree = None, 0.0
+        while proc.poll() is None:
+            peak_tree = max(peak_tree, tree_rss_mib(proc.pid))
+            if first is None and log.exists() and '"type": "train"' in "".join(log.read_text().splitlines(True)[seen:]):
+                first = time.perf_counter() - start
+            time.sleep(0.05)
+        if proc.returncode:
+            err.seek(0)
+            raise RuntimeError(f"xf train {' '.join(extra)} failed:\n{err.read().decode()[-2000:]}")
+    records = [json.loads(line) for line in log.read_text().splitlines()[seen:]]
+    kinds = {r["type"]: r for r in records}
+    return dict(first_update_s=first, summary=kinds["summary"], start=kinds["start"],
+                train=[r for r in records if r["type"] == "train"], seconds=time.perf_counter() - start)
+
+
+def rows() -> list[dict]:
+    if "scale" not in os.environ.get("BENCH", "").split(",") and __name__ != "__main__":
+        return [dict(bench="scale", case="WMT-sized dry run", metric="skipped", value="-",
+                     note="run it by name: BENCH=scale make bench (XF_BENCH_SCALE_PAIRS picks the sizes)")]
+    out = []
+    en, fr = base_pairs()
+    with tempfile.TemporaryDirectory(prefix="xf-bench-scale-") as tmp:
+        tmp = Path(tmp)
+        valid = SHARED / "wmt14" / "newstest2013.en-fr"
+        (tmp / "base.en").write_bytes(b"\n".join(en) + b"\n")
+        (tmp / "base.fr").write_bytes(b"\n".join(fr) + b"\n")
+        run_preprocess(["--trainpref", str(tmp / "base"), "--destdir", str(tmp / "base-bin"), "--source-lang", "en",
+                        "--target-lang", "fr", "--bpe-vocab-size", "8000", "--workers", "2"])
+        spm_model = str(tmp / "base-bin" / "spm.model")
+        common = ["--source-lang", "en", "--target-lang", "fr", "--spm-model", spm_model, "--workers", "2",
+                  "--validpref", str(valid)]
+        first: dict = {}
+        for pairs in sorted(SIZES):
+            case = f"{pairs / 1e6:g}M pairs EN-FR"
+            make_corpus(tmp / "corpus", pairs, en, fr)
+            data = tmp / f"bin-{pairs}"
+            seconds, peak = run_preprocess(["--trainpref", str(tmp / "corpus"), "--destdir", str(data), *common])
+            for lang in ("en", "fr"):
+                (tmp / f"corpus.{lang}").unlink()
+            t = run_train(data, tmp / f"ck-{pairs}", ["--max-update", str(UPDATES)])
+            figures = dict(preprocess_pairs_s=pairs / seconds, preprocess_peak=peak, startup=t["first_update_s"],
+                           train_peak=t["summary"]["peak_memory_mib"])
+            first = first or figures
+
+            def ratio(key):
+                return figures[key] / first[key] if first is not figures else None
+
+            vs = f"vs {sorted(SIZES)[0] / 1e6:g}M pairs"
+            out += [
+                dict(bench="scale", case=case, metric="preprocess", value=figures["preprocess_pairs_s"], unit="pairs/s",
+                     ratio=ratio("preprocess_pairs_s"), note=f"2 workers, {seconds:.0f}s; {vs}"),
+                dict(bench="scale", case=case, metric="preprocess peak memory", value=peak, unit="MiB",
+                     ratio=ratio("preprocess_peak"), note=f"process tree; {vs}"),
+                dict(bench="scale", case=case, metric="train start to first update", value=t["first_update_s"],
+                     unit="s", ratio=ratio("startup"), note=f"tiny model, includes the first update; {vs}"),
+                dict(bench="scale", case=case, metric="train peak memory", value=figures["train_peak"], unit="MiB",
+                     ratio=ratio("train_peak"), note=f"VmHWM of xf train; {vs}"),
+            ]
+            if pairs == max(SIZES):
+                r = run_train(data, tmp / f"ck-{pairs}", ["--max-update", str(UPDATES + 2)])
+                out.append(dict(bench="scale", case=case, metric="resume to first update", value=r["first_update_s"],
+                                unit="s", ratio=r["first_update_s"] / t["first_update_s"],
+                                note=f"resumed at update {r['start']['update']} (epoch {r['start']['epoch']}, mid-epoch); "
+                                     "vs the fresh start"))
+            if pairs != max(SIZES):
+                import shutil
+
+                shutil.rmtree(data)
+        # the epoch boundary, on a subset small enough to reach it
+        make_corpus(tmp / "subset", SUBSET, en, fr)
+        run_preprocess(["--trainpref", str(tmp / "subset"), "--destdir", str(tmp / "subset-bin"), *common])
+        e = run_train(tmp / "subset-bin", tmp / "ck-subset", ["--max-epoch", "2"])
+        per_update = [1.0 / r["ups"] for r in e["train"] if r.get("ups")]
+        boundary = next(i for i, r in enumerate(e["train"]) if r["epoch"] == 2)
+        boundary_s = 1.0 / e["train"][boundary]["ups"]
+        out.append(dict(bench="scale", case=f"{SUBSET:,}-pair subset, 2 epochs", metric="first update of epoch 2",
+                        value=boundary_s, unit="s", ratio=boundary_s / statistics.median(per_update),
+                        note=f"vs the median of {len(per_update)} updates; one process, nothing reloaded"))
+    return out
+
+
+if __name__ == "__main__":
+    for row in rows():
+        print(json.dumps(row))
