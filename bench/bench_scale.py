@@ -40,7 +40,10 @@ from bench_preprocess import run_preprocess, tree_rss_mib  # noqa: E402
 REPO = Path(__file__).resolve().parents[1]
 SHARED = Path(os.environ.get("XF_SHARED_DATA", REPO.parent / "shared" / "data"))
 SIZES = [int(float(s)) for s in os.environ.get("XF_BENCH_SCALE_PAIRS", "4500000,36000000").split(",")]
+PREPROCESS_SIZES = [int(float(s)) for s in os.environ.get("XF_BENCH_SCALE_PREPROCESS_PAIRS", ",".join(map(str, SIZES))).split(",")]
 SUBSET = int(os.environ.get("XF_BENCH_SCALE_SUBSET", "5000"))
+# XF_BENCH_SCALE_PARTS picks parts: preprocess, train (start-up, memory, resume), epoch (the boundary)
+PARTS = set(os.environ.get("XF_BENCH_SCALE_PARTS", "preprocess,train,epoch").split(","))
 UPDATES = 3
 TRAIN = ["--arch", "tiny", "--max-tokens", "4096", "--log-interval", "1", "--save-interval-minutes", "0",
          "--device", "cpu", "--warmup-updates", "100"]
@@ -93,11 +96,57 @@ def run_train(data: Path, save: Path, extra: list[str]) -> dict:
                 train=[r for r in records if r["type"] == "train"], seconds=time.perf_counter() - start)
 
 
+class Rows(list):
+    """The rows, each also printed to stderr as it is measured (the full sizes take an hour)."""
+
+    def append(self, row: dict) -> None:
+        print(f"  scale: {row['case']}: {row['metric']} {row['value']:,.3g} {row.get('unit', '')}"
+              + (f" ({row['ratio']:.2f}x)" if row.get("ratio") else ""), file=sys.stderr, flush=True)
+        super().append(row)
+
+    def __iadd__(self, rows):
+        for row in rows:
+            self.append(row)
+        return self
+
+
+def repeat_data_dir(base: Path, dest: Path, pairs: int) -> None:
+    """A data directory like ``base`` whose training split holds ``pairs`` pairs: base's binarized
+    sentences repeated, each round in another seeded order (what xf preprocess would write for the
+    repeated text, without encoding the same sentences again)."""
+    import shutil
+
+    from xformer_cli.data import TokenArray, TokenArrayWriter
+
+    dest.mkdir()
+    for f in base.iterdir():
+        if not f.name.startswith("train."):
+            shutil.copy(f, dest / f.name)
+    meta = json.loads((base / "meta.json").read_text())
+    rng = np.random.default_rng(1)
+    orders = []
+    while sum(map(len, orders)) < pairs:
+        orders.append(rng.permutation(len(TokenArray(base / f"train.{meta['source_lang']}")))[: pairs - sum(map(len, orders))])
+    for lang in (meta["source_lang"], meta["target_lang"]):
+        arr = TokenArray(base / f"train.{lang}")
+        offsets, sizes, tokens = np.asarray(arr.offsets), np.asarray(arr.sizes), np.asarray(arr.tokens)
+        writer = TokenArrayWriter(dest / f"train.{lang}", arr.dtype)
+        for order in orders:
+            lens = sizes[order].astype(np.int64)
+            ends = np.cumsum(lens)
+            # token j of the output comes from offsets[sentence] + (j - start of that sentence)
+            gather = np.arange(int(ends[-1])) - np.repeat(ends - lens - offsets[order], lens)
+            writer.add_flat(tokens[gather], sizes[order])
+        writer.close()
+    meta["stats"]["train"] = {"pairs": pairs, "repeated_from": str(base)}
+    (dest / "meta.json").write_text(json.dumps(meta, indent=1) + "\n")
+
+
 def rows() -> list[dict]:
     if "scale" not in os.environ.get("BENCH", "").split(",") and __name__ != "__main__":
         return [dict(bench="scale", case="WMT-sized dry run", metric="skipped", value="-",
                      note="run it by name: BENCH=scale make bench (XF_BENCH_SCALE_PAIRS picks the sizes)")]
-    out = []
+    out = Rows()
     en, fr = base_pairs()
     with tempfile.TemporaryDirectory(prefix="xf-bench-scale-") as tmp:
         tmp = Path(tmp)
@@ -105,50 +154,59 @@ def rows() -> list[dict]:
         (tmp / "base.en").write_bytes(b"\n".join(en) + b"\n")
         (tmp / "base.fr").write_bytes(b"\n".join(fr) + b"\n")
         run_preprocess(["--trainpref", str(tmp / "base"), "--destdir", str(tmp / "base-bin"), "--source-lang", "en",
-                        "--target-lang", "fr", "--bpe-vocab-size", "8000", "--workers", "2"])
+                        "--target-lang", "fr", "--bpe-vocab-size", "8000", "--workers", "2", "--validpref", str(valid)])
         spm_model = str(tmp / "base-bin" / "spm.model")
         common = ["--source-lang", "en", "--target-lang", "fr", "--spm-model", spm_model, "--workers", "2",
                   "--validpref", str(valid)]
+        smallest = f"vs {min(PREPROCESS_SIZES) / 1e6:g}M pairs"
         first: dict = {}
-        for pairs in sorted(SIZES):
+        for pairs in sorted(PREPROCESS_SIZES) if "preprocess" in PARTS else []:
             case = f"{pairs / 1e6:g}M pairs EN-FR"
             make_corpus(tmp / "corpus", pairs, en, fr)
-            data = tmp / f"bin-{pairs}"
-            seconds, peak = run_preprocess(["--trainpref", str(tmp / "corpus"), "--destdir", str(data), *common])
-            for lang in ("en", "fr"):
-                (tmp / f"corpus.{lang}").unlink()
-            t = run_train(data, tmp / f"ck-{pairs}", ["--max-update", str(UPDATES)])
-            figures = dict(preprocess_pairs_s=pairs / seconds, preprocess_peak=peak, startup=t["first_update_s"],
-                           train_peak=t["summary"]["peak_memory_mib"])
-            first = first or figures
-
-            def ratio(key):
-                return figures[key] / first[key] if first is not figures else None
-
-            vs = f"vs {sorted(SIZES)[0] / 1e6:g}M pairs"
+            seconds, peak = run_preprocess(["--trainpref", str(tmp / "corpus"), "--destdir", str(tmp / "pp"),
+                                            "--overwrite", *common])
+            first = first or dict(rate=pairs / seconds, peak=peak)
             out += [
-                dict(bench="scale", case=case, metric="preprocess", value=figures["preprocess_pairs_s"], unit="pairs/s",
-                     ratio=ratio("preprocess_pairs_s"), note=f"2 workers, {seconds:.0f}s; {vs}"),
+                dict(bench="scale", case=case, metric="preprocess", value=pairs / seconds, unit="pairs/s",
+                     ratio=pairs / seconds / first["rate"] if pairs != min(PREPROCESS_SIZES) else None,
+                     note=f"2 workers, {seconds:.0f}s; {smallest}"),
                 dict(bench="scale", case=case, metric="preprocess peak memory", value=peak, unit="MiB",
-                     ratio=ratio("preprocess_peak"), note=f"process tree; {vs}"),
-                dict(bench="scale", case=case, metric="train start to first update", value=t["first_update_s"],
-                     unit="s", ratio=ratio("startup"), note=f"tiny model, includes the first update; {vs}"),
-                dict(bench="scale", case=case, metric="train peak memory", value=figures["train_peak"], unit="MiB",
-                     ratio=ratio("train_peak"), note=f"VmHWM of xf train; {vs}"),
+                     ratio=peak / first["peak"] if pairs != min(PREPROCESS_SIZES) else None,
+                     note=f"process tree; {smallest}"),
+            ]
+        for lang in ("en", "fr"):
+            Path(f"{tmp / 'corpus'}.{lang}").unlink(missing_ok=True)
+
+        smallest = f"vs {min(SIZES) / 1e6:g}M pairs"
+        first = {}
+        for pairs in sorted(SIZES) if "train" in PARTS else []:
+            case = f"{pairs / 1e6:g}M pairs EN-FR"
+            data = tmp / f"bin-{pairs}"
+            repeat_data_dir(tmp / "base-bin", data, pairs)
+            t = run_train(data, tmp / f"ck-{pairs}", ["--max-update", str(UPDATES)])
+            figures = dict(startup=t["first_update_s"], peak=t["summary"]["peak_memory_mib"])
+            first = first or figures
+            out += [
+                dict(bench="scale", case=case, metric="train start to first update", value=figures["startup"],
+                     unit="s", ratio=figures["startup"] / first["startup"] if first is not figures else None,
+                     note=f"tiny model, includes the first update; {smallest}"),
+                dict(bench="scale", case=case, metric="train peak memory", value=figures["peak"], unit="MiB",
+                     ratio=figures["peak"] / first["peak"] if first is not figures else None,
+                     note=f"VmHWM of xf train; {smallest}"),
             ]
             if pairs == max(SIZES):
                 r = run_train(data, tmp / f"ck-{pairs}", ["--max-update", str(UPDATES + 2)])
                 out.append(dict(bench="scale", case=case, metric="resume to first update", value=r["first_update_s"],
                                 unit="s", ratio=r["first_update_s"] / t["first_update_s"],
-                                note=f"resumed at update {r['start']['update']} (epoch {r['start']['epoch']}, mid-epoch); "
-                                     "vs the fresh start"))
-            if pairs != max(SIZES):
-                import shutil
+                                note=f"resumed at update {r['start']['update']} (epoch {r['start']['epoch']}, "
+                                     "mid-epoch); vs the fresh start"))
+            import shutil
 
-                shutil.rmtree(data)
+            shutil.rmtree(data)
+        if "epoch" not in PARTS:
+            return out
         # the epoch boundary, on a subset small enough to reach it
-        make_corpus(tmp / "subset", SUBSET, en, fr)
-        run_preprocess(["--trainpref", str(tmp / "subset"), "--destdir", str(tmp / "subset-bin"), *common])
+        repeat_data_dir(tmp / "base-bin", tmp / "subset-bin", SUBSET)
         e = run_train(tmp / "subset-bin", tmp / "ck-subset", ["--max-epoch", "2"])
         per_update = [1.0 / r["ups"] for r in e["train"] if r.get("ups")]
         boundary = next(i for i, r in enumerate(e["train"]) if r["epoch"] == 2)
