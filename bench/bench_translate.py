@@ -68,7 +68,8 @@ def run_case(checkpoint: str, lines: list[str], beam: int, mode: str, trained: b
     from xformer_cli.options import TranslateOptions
     from xformer_cli.search import beam_search
     from xformer_cli.train import peak_memory_mib
-    from xformer_cli.translate import Stats, load_ensemble, make_batches, source_batch, translate_buffer
+    from xformer_cli.data import batch_by_size, collate_source
+    from xformer_cli.translate import Stats, load_ensemble, translate_buffer
 
     if THREADS:
         torch.set_num_threads(THREADS)
@@ -84,11 +85,11 @@ def run_case(checkpoint: str, lines: list[str], beam: int, mode: str, trained: b
         seconds, tokens = time.perf_counter() - start, stats.tgt_tokens
     else:
         pieces = sp.encode(lines, out_type=int)
-        batches = make_batches([len(p) for p in pieces], BATCH)
+        batches = [b.tolist() for b in batch_by_size([len(p) for p in pieces], max_sentences=BATCH, longest_first=True)]
         outputs, tokens = [""] * len(lines), 0
         start = time.perf_counter()
         for batch in batches:
-            hyps = beam_search(models, source_batch([pieces[i] for i in batch], cpu), beam_size=beam,
+            hyps = beam_search(models, collate_source([pieces[i] for i in batch]), beam_size=beam,
                                max_len_a=options.max_len_a, max_len_b=options.max_len_b,
                                use_cache=mode == "cached")
             for i, h in zip(batch, hyps):

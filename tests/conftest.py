@@ -1,19 +1,34 @@
-import os
-import sys
 from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[1]
-SHARED_DATA = (REPO / ".." / "shared" / "data").resolve()
+from testdata import data_root, multi30k
+
+
+def data_lines() -> list[str]:
+    """Which data the run uses: the real samples, or the generated corpus (tests/testdata.py)."""
+    root, multi = data_root()[1], multi30k()[1]
+    return [f"xf test data: {root}"] + ([f"xf test data, Multi30k: {multi}"] if multi != root else [])
+
+
+def pytest_report_header(config):
+    return data_lines()
+
+
+def pytest_terminal_summary(terminalreporter):
+    for line in data_lines():  # also under -q, which hides the header
+        terminalreporter.write_line(line)
 
 
 @pytest.fixture(scope="session")
 def multi30k_dir() -> Path:
-    path = Path(os.environ.get("MULTI30K_DIR", SHARED_DATA / "multi30k"))
-    if not (path / "train.en").exists():
-        pytest.skip(f"Multi30k not found at {path}")
-    return path
+    return multi30k()[0]
+
+
+@pytest.fixture(scope="session")
+def shared_data() -> Path:
+    """A directory laid out like ../shared/data (multi30k/, wmt14/, wmt_sample/)."""
+    return data_root()[0]
 
 
 def pytest_collection_modifyitems(config, items):

@@ -4,7 +4,9 @@ import pytest
 
 from xformer_cli.config import load_options, to_dict
 from xformer_cli.errors import ConfigError
-from xformer_cli.options import TrainOptions, TranslateOptions
+import dataclasses
+
+from xformer_cli.options import ModelConfig, PreprocessOptions, TrainOptions, TranslateOptions
 
 
 def write(tmp_path, text):
@@ -66,5 +68,34 @@ def test_missing_required():
 
 
 def test_to_dict_round_trips():
-    opts = load_options(TrainOptions, None, {"data": "d", "lr": 5e-4})
+    opts = load_options(TrainOptions, None, {"data": "d", "lr_scheduler": "inverse_sqrt", "lr": 5e-4})
     assert load_options(TrainOptions, None, to_dict(opts)) == opts
+
+
+def test_every_model_option_is_a_train_option_declared_once():
+    """TrainOptions' model overrides are generated from ModelConfig: same names, None by default."""
+    train_fields = {f.name: f for f in dataclasses.fields(TrainOptions)}
+    model_names = [f.name for f in dataclasses.fields(ModelConfig) if f.name != "vocab_size"]
+    assert all(train_fields[name].default is None for name in model_names)
+    opts = load_options(TrainOptions, None, {"data": "d", "max_positions": 256, "normalize_before": True})
+    assert opts.max_positions == 256 and opts.normalize_before is True and opts.d_model is None
+
+
+@pytest.mark.parametrize("cls,values,pattern", [
+    (TrainOptions, {"data": "d", "max_tokens": 0}, "--max-tokens must be at least 1, got 0"),
+    (TrainOptions, {"data": "d", "label_smoothing": 1.0}, r"--label-smoothing must be in \[0, 1\)"),
+    (TrainOptions, {"data": "d", "dropout": 1.5}, r"--dropout must be in \[0, 1\)"),
+    (TrainOptions, {"data": "d", "heads": 7}, "d_model 512 is not divisible by heads 7"),
+    (TrainOptions, {"data": "d", "arch": "huge"}, "unknown arch 'huge'"),
+    (TrainOptions, {"data": "d", "lr": 2.0}, "--lr is the peak of --lr-scheduler inverse_sqrt"),
+    (TrainOptions, {"data": "d", "lr_scheduler": "inverse_sqrt", "lr": 1e-3, "lr_factor": 2.0}, "--lr-factor scales noam"),
+    (TrainOptions, {"data": "d", "weight_decay": 0.01}, "use --optimizer adamw"),
+    (PreprocessOptions, {"destdir": "x", "trainpref": "t", "workers": 0}, "--workers must be at least 1"),
+])
+def test_impossible_values_are_one_line_config_errors_naming_the_file(tmp_path, cls, values, pattern):
+    import yaml
+
+    cfg = write(tmp_path, yaml.safe_dump(values))
+    with pytest.raises(ConfigError, match=pattern) as e:
+        load_options(cls, cfg)
+    assert str(e.value).startswith(f"{cfg}: ") and "\n" not in str(e.value)

@@ -1,4 +1,5 @@
-"""The binary format (round trip through the memory map), DataDir, batch_by_size and collate."""
+"""The binary format (round trip through the memory map), DataDir, batching (batch_by_size, the
+epoch order, each rank's share of an update) and collate."""
 
 import json
 import warnings
@@ -14,7 +15,11 @@ from xformer_cli.data import (
     TokenArrayWriter,
     batch_by_size,
     collate,
+    collate_source,
+    epoch_order,
+    rank_share,
     smallest_dtype,
+    update_batches,
 )
 from xformer_cli.errors import XfError
 
@@ -146,6 +151,73 @@ def test_batch_by_size_invariants():
     assert (seeded[0] == seeded[1]).all() and not (seeded[0] == seeded[2]).all()
     assert not (plain == seeded[0]).all()  # ties broken differently
     assert batch_by_size(np.zeros(0, int), np.zeros(0, int), 10) == []
+
+
+def test_batch_by_size_source_only_longest_first_hand_checked():
+    # translation: sizes without eos [2, 0, 1, 4], padded lengths [3, 1, 2, 5]
+    sizes = [2, 0, 1, 4]
+    assert [b.tolist() for b in batch_by_size(sizes, max_sentences=2, longest_first=True)] == [[3, 0], [2, 1]]
+    # 5 * 2 > 6, 3 * 2 <= 6
+    assert [b.tolist() for b in batch_by_size(sizes, max_tokens=6, longest_first=True)] == [[3], [0, 2], [1]]
+    assert batch_by_size([], max_sentences=2, longest_first=True) == []
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a translation batches an oversize line alone, silently
+        assert [b.tolist() for b in batch_by_size([9, 1], max_tokens=4, longest_first=True)] == [[0], [1]]
+
+
+def translate_batches_before(lengths, batch_size, max_tokens=0):
+    """xf translate's own batching before it moved into batch_by_size (the reference)."""
+    order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
+    batches = []
+    for i in order:
+        if batches:
+            batch = batches[-1]
+            longest = lengths[batch[0]]
+            if (max_tokens and longest * (len(batch) + 1) <= max_tokens) or (not max_tokens and len(batch) < batch_size):
+                batch.append(i)
+                continue
+        batches.append([i])
+    return batches
+
+
+def test_batch_by_size_source_only_equals_translates_former_batching():
+    rng = np.random.default_rng(1)
+    for n in (1, 7, 300):
+        sizes = rng.integers(0, 30, n).tolist()  # many ties: their order must match too
+        for batch_size, max_tokens in ((1, 0), (5, 0), (64, 0), (64, 40), (64, 200), (64, 3)):
+            ours = batch_by_size(sizes, max_tokens=max_tokens or None, max_sentences=None if max_tokens else batch_size,
+                                 longest_first=True)
+            assert [b.tolist() for b in ours] == translate_batches_before([s + 1 for s in sizes], batch_size, max_tokens)
+
+
+def test_batch_by_size_source_only_equals_both_sides_the_same():
+    sizes = np.random.default_rng(2).integers(0, 30, 200)
+    a, b = batch_by_size(sizes, max_tokens=100), batch_by_size(sizes, sizes, max_tokens=100)
+    assert [x.tolist() for x in a] == [x.tolist() for x in b]
+
+
+def test_epoch_order_is_a_seeded_permutation():
+    a, b = epoch_order(50, 1, 1), epoch_order(50, 1, 2)
+    assert sorted(a.tolist()) == list(range(50)) and not np.array_equal(a, b)
+    assert np.array_equal(a, epoch_order(50, 1, 1))
+
+
+def test_rank_share_is_disjoint_and_pads_a_short_last_update():
+    order = np.arange(10)
+    assert [rank_share(order[0:4], order, r, 2).tolist() for r in (0, 1)] == [[0, 2], [1, 3]]
+    assert [rank_share(order[9:10], order, r, 2).tolist() for r in (0, 1)] == [[9], [0]]
+
+
+def test_update_batches_splits_an_update_into_micro_batches_per_rank():
+    order = np.array([5, 2, 7, 0, 1, 3, 4, 6])
+    assert update_batches(order, 0, 3, 0, 1).tolist() == [5, 2, 7]
+    assert [update_batches(order, 4, 2, r, 2).tolist() for r in (0, 1)] == [[1, 4], [3, 6]]
+    assert update_batches(order, 6, 3, 0, 1).tolist() == [4, 6]  # the epoch's last update is short
+
+
+def test_collate_source_hand_checked():
+    src = collate_source([[5, 6], [], [8]])
+    assert src.tolist() == [[5, 6, 3], [3, 0, 0], [8, 3, 0]] and src.dtype == torch.long
 
 
 def test_collate_hand_checked():

@@ -1,7 +1,8 @@
 """The recipes, end to end on tiny slices of real data, so that none of them can rot.
 
 The WMT14 recipes run with WMT14_DIR pointed at archives built here in the official layout from
-../shared/data (newstest2013 and a News Commentary sample), so nothing is downloaded. Every run
+../shared/data (newstest2013 and a News Commentary sample; where it is absent, the corpus that
+tests/testdata.py generates), so nothing is downloaded. Every run
 uses a tiny configuration (TINY below) and takes seconds.
 
 The end-to-end tests need `xf train`, `xf average-checkpoints` and `xf translate`; they are
@@ -20,9 +21,9 @@ import tarfile
 from pathlib import Path
 
 import pytest
+from testdata import data_root
 
 REPO = Path(__file__).resolve().parents[1]
-SHARED = (REPO / ".." / "shared" / "data").resolve()
 RECIPES = REPO / "recipes"
 
 PIPELINE_MODULES = ("xformer_cli.train", "xformer_cli.average", "xformer_cli.translate")
@@ -68,10 +69,8 @@ def write(path: Path, lines) -> Path:
 
 
 def shared(*parts) -> Path:
-    path = SHARED.joinpath(*parts)
-    if not path.exists():
-        pytest.skip(f"{path} not found")
-    return path
+    """A file of ../shared/data, or of the corpus generated in its place (tests/testdata.py)."""
+    return data_root()[0].joinpath(*parts)
 
 
 def run_recipe(script: str, env: dict, *args, check=True) -> subprocess.CompletedProcess:

@@ -21,7 +21,7 @@ from xformer_cli.config import ConfigError, load_options
 from xformer_cli.errors import XfError
 from xformer_cli.options import PreprocessOptions, TrainOptions
 from xformer_cli.preprocess import preprocess
-from xformer_cli.train import epoch_order, rank_share, remove_old_checkpoints, train
+from xformer_cli.train import remove_old_checkpoints, train
 
 REPO = Path(__file__).resolve().parents[1]
 # A model small enough that an update takes milliseconds.
@@ -68,23 +68,19 @@ def records(save_dir, kind):
 
 
 # -- pure pieces ---------------------------------------------------------------------------------
-def test_epoch_order_is_a_seeded_permutation():
-    a, b = epoch_order(50, 1, 1), epoch_order(50, 1, 2)
-    assert sorted(a.tolist()) == list(range(50)) and not np.array_equal(a, b)
-    assert np.array_equal(a, epoch_order(50, 1, 1))
-
-
-def test_rank_share_is_disjoint_and_pads_a_short_last_update():
-    order = np.arange(10)
-    assert [rank_share(order[0:4], order, r, 2).tolist() for r in (0, 1)] == [[0, 2], [1, 3]]
-    assert [rank_share(order[9:10], order, r, 2).tolist() for r in (0, 1)] == [[9], [0]]
-
-
 def test_remove_old_checkpoints_keeps_the_newest_by_update(tmp_path):
     for name in ("checkpoint_1_5.pt", "checkpoint_1_10.pt", "checkpoint_2_20.pt", "checkpoint_last.pt"):
         (tmp_path / name).write_bytes(b"x")
     remove_old_checkpoints(tmp_path, 2)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["checkpoint_1_10.pt", "checkpoint_2_20.pt", "checkpoint_last.pt"]
+
+
+def test_optimizer_names_say_what_they_build(tmp_path):
+    model = torch.nn.Linear(2, 2)
+    adam = train_module.make_optimizer(model, TrainOptions(data="d"))
+    adamw = train_module.make_optimizer(model, TrainOptions(data="d", optimizer="adamw", weight_decay=0.01))
+    assert type(adam) is torch.optim.Adam and adam.param_groups[0]["weight_decay"] == 0.0
+    assert type(adamw) is torch.optim.AdamW and adamw.param_groups[0]["weight_decay"] == 0.01
 
 
 # -- training ------------------------------------------------------------------------------------
@@ -182,7 +178,7 @@ def test_non_finite_updates_are_skipped_then_stop_naming_the_last_good_checkpoin
 
 def test_fp16_overflows_skip_lower_the_scale_then_stop(data_dir, tmp_path, monkeypatch):
     """The dynamic loss scaling path (CUDA in real use), run on CPU's fp16 autocast."""
-    monkeypatch.setattr(train_module, "check_options", lambda o, device: None)
+    monkeypatch.setattr(train_module, "check_precision", lambda o, device: None)
     real = train_module.fused_output_loss
     calls = {"n": 0}
 
@@ -207,6 +203,8 @@ def test_patience_stops_after_validations_without_improvement(data_dir, tmp_path
     assert summary["stop_reason"] == "no improvement in 2 validations (--patience)"
     assert summary["num_updates"] == 4 and summary["best"] == 2.0
     assert load_checkpoint(save / "checkpoint_best.pt")["meta"]["num_updates"] == 2
+    # a patience stop writes a numbered checkpoint like every other stop but a signal's
+    assert load_checkpoint(save / "checkpoint_1_4.pt")["meta"]["num_updates"] == 4
 
 
 # -- checkpoints that cannot run code, and bad input -------------------------------------------
@@ -247,9 +245,8 @@ def test_vocabulary_mismatch_on_resume_changes_nothing(data_dir, raw_slice, tmp_
     (dict(stop_time_hours=-0.5), "--stop-time-hours must not be negative"),
 ])
 def test_bad_options_are_one_line_errors(data_dir, tmp_path, change, message):
-    o = dataclasses.replace(opts(data_dir, tmp_path / "ck", max_update=1), **change)
-    with pytest.raises(XfError, match=message) as e:
-        train(o)
+    with pytest.raises(XfError, match=message) as e:  # impossible values: already when the options are made
+        train(dataclasses.replace(opts(data_dir, tmp_path / "ck", max_update=1), **change))
     assert "\n" not in str(e.value)
     assert not (tmp_path / "ck").exists()
 

@@ -17,7 +17,7 @@ from xformer_cli.cli import app
 from xformer_cli.model import build_model
 from xformer_cli.options import TranslateOptions
 from xformer_cli.search import gnmt_length_penalty
-from xformer_cli.translate import Stats, load_ensemble, make_batches, translate, translate_buffer
+from xformer_cli.translate import Stats, load_ensemble, translate, translate_buffer
 
 runner = CliRunner()
 MAX_POSITIONS = 128  # so that a long line must be truncated
@@ -80,13 +80,6 @@ def one_by_one(ckpt, lines, **overrides):
     models, sp = load_ensemble([ckpt], torch.device("cpu"))
     options = TranslateOptions(path=(ckpt,), **{"max_len_a": 0.5, "max_len_b": 3, **overrides})
     return ["".join(translate_buffer(models, sp, [line], 0, options, Stats(), torch.device("cpu"))) for line in lines]
-
-
-def test_make_batches():
-    lengths = [3, 1, 2, 5]
-    assert make_batches(lengths, batch_size=2) == [[3, 0], [2, 1]]  # longest first
-    assert make_batches(lengths, batch_size=64, max_tokens=6) == [[3], [0, 2], [1]]  # 5 * 2 > 6, 3 * 2 <= 6
-    assert make_batches([], batch_size=2) == []
 
 
 def test_output_is_aligned_with_input(tmp_path, ckpt, sentences, capsys):

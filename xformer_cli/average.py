@@ -8,25 +8,17 @@ Epoch-end checkpoints carry the same names; their ``meta["end_of_epoch"]`` is tr
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 from typing import Optional
 
 import torch
 
-from .checkpoint import load_checkpoint, model_from_checkpoint, save_checkpoint
+from .checkpoint import checkpoint_numbers, load_checkpoint, model_from_checkpoint, save_checkpoint
 from .errors import ConfigError, XfError
 from .options import AverageOptions
 
-CHECKPOINT_NAME = re.compile(r"^checkpoint_(\d+)_(\d+)\.pt$")
 # Fields that change training, not the function the weights compute.
 TRAINING_ONLY_FIELDS = ("dropout", "attention_dropout", "activation_dropout")
-
-
-def checkpoint_numbers(path: Path) -> Optional[tuple[int, int]]:
-    """(epoch, update) of a file named checkpoint_<epoch>_<update>.pt, else None."""
-    match = CHECKPOINT_NAME.match(path.name)
-    return (int(match[1]), int(match[2])) if match else None
 
 
 def numbered_checkpoints(inputs: tuple[str, ...]) -> list[Path]:

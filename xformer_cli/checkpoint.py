@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import hashlib
 import pickle
+import re
 import struct
 import zipfile
 from pathlib import Path
@@ -33,6 +34,20 @@ CHECKPOINT_VERSION = 1
 
 # One function per version change: UPGRADES[v] turns a version-v dict into version v + 1.
 UPGRADES: dict[int, Any] = {}
+
+
+# checkpoint_<epoch>_<update>.pt: the numbered checkpoints that training writes and averaging reads
+NUMBERED_NAME = re.compile(r"checkpoint_(\d+)_(\d+)\.pt")
+
+
+def numbered_name(epoch: int, num_updates: int) -> str:
+    return f"checkpoint_{epoch}_{num_updates}.pt"
+
+
+def checkpoint_numbers(path: Path) -> Optional[tuple[int, int]]:
+    """(epoch, update) of a file named checkpoint_<epoch>_<update>.pt, else None."""
+    match = NUMBERED_NAME.fullmatch(path.name)
+    return (int(match[1]), int(match[2])) if match else None
 
 
 def spm_digest(spm_model: bytes) -> str:

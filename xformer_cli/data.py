@@ -23,13 +23,15 @@ import os
 import struct
 import warnings
 from pathlib import Path
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
 import numpy as np
 
 from .errors import XfError
+from .vocab import BOS_ID, EOS_ID, PAD_ID
 
-PAD_ID, UNK_ID, BOS_ID, EOS_ID = 0, 1, 2, 3  # the same as model.py (sentencepiece is trained with these)
+if TYPE_CHECKING:
+    import torch
 
 MAGIC = b"XFIDX\x00\x00\x00"
 INDEX_VERSION = 1  # of the .idx/.bin pair; bump and add an upgrade path on any layout change
@@ -226,50 +228,86 @@ class DataDir:
 
 
 def batch_by_size(
-    src_sizes: np.ndarray,
-    tgt_sizes: np.ndarray,
-    max_tokens: int,
+    src_sizes: Sequence[int],
+    tgt_sizes: Sequence[int] | None = None,
+    max_tokens: int | None = None,
     max_sentences: int | None = None,
     seed: int | None = None,
+    longest_first: bool = False,
 ) -> list[np.ndarray]:
-    """Group sentence indices into batches of similar length under a token budget.
+    """Group sentence indices into batches of similar length under a token or sentence budget.
 
     Indices are sorted by target length, then source length (stable; with ``seed``, pairs of equal
-    lengths are shuffled first, so ties come in a random but reproducible order). Batches are cut
-    greedily along that order so that, on each side, ``batch size * longest padded length <=
-    max_tokens``, where the padded length counts the eos (source, target) or bos (decoder input):
-    ``size + 1``. A pair longer than ``max_tokens`` on its own gets a batch of its own (and a
-    warning). Returns a list of int64 index arrays; the caller shuffles the order of batches.
+    lengths are shuffled first, so ties come in a random but reproducible order); shortest first,
+    or longest first. Batches are cut greedily along that order so that, on each side, ``batch
+    size * longest padded length <= max_tokens`` (None: no token budget), where the padded length
+    counts the eos (source, target) or bos (decoder input): ``size + 1``, and so that a batch
+    holds at most ``max_sentences``. A pair longer than ``max_tokens`` on its own gets a batch of
+    its own (and a warning). Returns a list of int64 index arrays; the caller shuffles the order
+    of batches.
+
+    Source-only mode (``tgt_sizes`` None: translation, validation BLEU) batches by source length
+    alone, and an oversize sentence is batched alone without a warning (every line is translated).
     """
     src_len = np.asarray(src_sizes, dtype=np.int64) + 1
-    tgt_len = np.asarray(tgt_sizes, dtype=np.int64) + 1
+    tgt_len = src_len if tgt_sizes is None else np.asarray(tgt_sizes, dtype=np.int64) + 1
     n = len(src_len)
     if len(tgt_len) != n:
         raise ValueError(f"{n} source sizes but {len(tgt_len)} target sizes")
-    if max_tokens < 1:
+    if max_tokens is not None and max_tokens < 1:
         raise ValueError("max_tokens must be positive")
+    if max_tokens is None and not max_sentences:
+        raise ValueError("batch_by_size needs max_tokens or max_sentences")
+    sign = -1 if longest_first else 1
     if seed is None:
-        order = np.lexsort((src_len, tgt_len))  # last key is the primary one
+        order = np.lexsort((sign * src_len, sign * tgt_len))  # last key is the primary one; stable
     else:
         perm = np.random.default_rng(seed).permutation(n)
-        order = perm[np.lexsort((src_len[perm], tgt_len[perm]))]
+        order = perm[np.lexsort((sign * src_len[perm], sign * tgt_len[perm]))]
     longest = np.maximum(src_len, tgt_len)[order]
-    cap = min(max_sentences or n, max_tokens, n) if n else 0
+    cap = min(max_sentences or n, max_tokens or n, n) if n else 0
     batches, oversize, start = [], 0, 0
     while start < n:
-        # Sizes of the candidate batches order[start:start+k] for k = 1..cap; the cost k * max
-        # length only grows with k, so the batch ends before the first k over budget.
-        # No batch starting here holds more than max_tokens // its first length pairs.
-        window = longest[start : start + min(cap, max(1, max_tokens // int(longest[start])))]
-        cost = np.maximum.accumulate(window) * np.arange(1, len(window) + 1)
-        k = int(np.searchsorted(cost, max_tokens, side="right"))
-        if k == 0:
-            k, oversize = 1, oversize + 1
+        if max_tokens is None:
+            k = min(cap, n - start)
+        else:
+            # Sizes of the candidate batches order[start:start+k] for k = 1..cap; the cost k * max
+            # length only grows with k, so the batch ends before the first k over budget.
+            # No batch starting here holds more than max_tokens // its first length pairs.
+            window = longest[start : start + min(cap, max(1, max_tokens // int(longest[start])))]
+            cost = np.maximum.accumulate(window) * np.arange(1, len(window) + 1)
+            k = int(np.searchsorted(cost, max_tokens, side="right"))
+            if k == 0:
+                k, oversize = 1, oversize + 1
         batches.append(order[start : start + k])
         start += k
-    if oversize:
+    if oversize and tgt_sizes is not None:
         warnings.warn(f"{oversize} pair(s) longer than max_tokens={max_tokens} got a batch of their own", stacklevel=2)
     return batches
+
+
+def epoch_order(num_batches: int, seed: int, epoch: int) -> np.ndarray:
+    """The order of the length-grouped batches in ``epoch``: shuffled, reproducibly from the seed."""
+    return np.random.default_rng([seed, epoch]).permutation(num_batches)
+
+
+def rank_share(chunk: np.ndarray, order: np.ndarray, rank: int, world_size: int) -> np.ndarray:
+    """This rank's micro-batches of one update: every world_size-th batch of ``chunk``.
+
+    The last update of an epoch may have fewer batches than ranks; it borrows batches from the
+    start of the epoch so that every rank takes part in the gradient all-reduce.
+    """
+    if len(chunk) < world_size:
+        chunk = np.concatenate([chunk, order[: world_size - len(chunk)]])
+    return chunk[rank::world_size]
+
+
+def update_batches(order: np.ndarray, offset: int, update_freq: int, rank: int, world_size: int) -> np.ndarray:
+    """The batches (indices into the batch list) of this rank's micro-batches for the update that
+    starts at ``offset`` of the epoch's ``order``: update_freq of them (the last update of an
+    epoch may have fewer)."""
+    chunk = order[offset : offset + update_freq * world_size]
+    return rank_share(chunk, order, rank, world_size)
 
 
 def collate(samples: Sequence[tuple[np.ndarray, np.ndarray]]) -> dict[str, Any]:
@@ -284,21 +322,29 @@ def collate(samples: Sequence[tuple[np.ndarray, np.ndarray]]) -> dict[str, Any]:
     b = len(samples)
     src_lens = [len(s) + 1 for s, _ in samples]
     tgt_lens = [len(t) + 1 for _, t in samples]
-    src = np.full((b, max(src_lens, default=0)), PAD_ID, dtype=np.int64)
     prev = np.full((b, max(tgt_lens, default=0)), PAD_ID, dtype=np.int64)
     target = np.full_like(prev, PAD_ID)
-    for i, (s, t) in enumerate(samples):
-        src[i, : len(s)] = s
-        src[i, len(s)] = EOS_ID
+    for i, (_, t) in enumerate(samples):
         prev[i, 0] = BOS_ID
         prev[i, 1 : len(t) + 1] = t
         target[i, : len(t)] = t
         target[i, len(t)] = EOS_ID
     return {
-        "src": torch.from_numpy(src),
+        "src": collate_source([s for s, _ in samples]),
         "prev_output": torch.from_numpy(prev),
         "target": torch.from_numpy(target),
         "ntokens": sum(tgt_lens),
         "nsentences": b,
         "src_tokens": sum(src_lens),
     }
+
+
+def collate_source(sentences: Sequence[Sequence[int]]) -> torch.Tensor:
+    """The encoder's input: a LongTensor (B, S) of ids + [eos], right-padded with pad."""
+    import torch  # here, so that xf preprocess never pays for importing torch
+
+    src = np.full((len(sentences), max((len(s) + 1 for s in sentences), default=0)), PAD_ID, dtype=np.int64)
+    for i, s in enumerate(sentences):
+        src[i, : len(s)] = s
+        src[i, len(s)] = EOS_ID
+    return torch.from_numpy(src)

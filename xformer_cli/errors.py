@@ -9,5 +9,8 @@ class XfError(Exception):
     """
 
 
-class ConfigError(XfError):
-    """An unknown option, a wrong type or an invalid value in YAML or on the command line."""
+class ConfigError(XfError, ValueError):
+    """An unknown option, a wrong type or an invalid value in YAML or on the command line.
+
+    Also a ValueError: the options dataclasses raise it from ``__post_init__``, and
+    ``config.build_options`` adds the name of the file it came from."""

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import torch
 
-from .model import PAD_ID
+from .vocab import PAD_ID
 
 
 def label_smoothed_loss(

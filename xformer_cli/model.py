@@ -1,76 +1,27 @@
 """The encoder-decoder Transformer of "Attention Is All You Need" (Vaswani et al., 2017).
 
-Read top to bottom: configuration and presets, positions, attention, feed-forward, the encoder
+Read top to bottom (the configuration and its presets are ``options.ModelConfig`` and
+``options.PRESETS``): positions, attention, feed-forward, the encoder
 and decoder layers, then the model. Defaults are the paper's (post-LN, ReLU, sinusoidal
 positions, three-way tied embeddings); options from later practice are marked where they differ.
 
 Shapes: B batch, S source length, T target length, D d_model, H heads, K = D / H head size.
-Token ids: pad 0, unk 1, bos 2, eos 3 (the sentencepiece model is trained with these ids).
+Token ids: pad 0, unk 1, bos 2, eos 3 (``vocab.py``).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
-from dataclasses import dataclass
-from typing import Literal, Optional
+from typing import Optional
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .config import build_options, option
-
-PAD_ID, UNK_ID, BOS_ID, EOS_ID = 0, 1, 2, 3
-
-
-@dataclass(frozen=True)
-class ModelConfig:
-    vocab_size: int = option(37000, "joint source+target vocabulary size")
-    encoder_layers: int = option(6, "N encoder layers")
-    decoder_layers: int = option(6, "N decoder layers")
-    d_model: int = option(512, "model width")
-    d_ff: int = option(2048, "inner width of the position-wise feed-forward network")
-    heads: int = option(8, "attention heads h (d_k = d_v = d_model / h)")
-    dropout: float = option(0.1, "P_drop on embeddings+positions and every sub-layer output")
-    attention_dropout: float = option(0.0, "dropout on attention weights (not in the paper)")
-    activation_dropout: float = option(0.0, "dropout after the FFN activation (not in the paper)")
-    normalize_before: bool = option(False, "pre-LN instead of the paper's post-LN")
-    activation: Literal["relu", "gelu", "swiglu"] = option("relu", "FFN activation")
-    positions: Literal["sinusoidal", "learned", "rope", "alibi"] = option(
-        "sinusoidal", "position information"
-    )
-    max_positions: int = option(1024, "longest sequence the model accepts")
-    share_embeddings: Literal["all", "decoder", "none"] = option(
-        "all", "tie source, target and output embeddings (all), target and output (decoder)"
-    )
-
-    def __post_init__(self) -> None:
-        if self.d_model % self.heads:
-            raise ValueError(f"d_model {self.d_model} is not divisible by heads {self.heads}")
-        if self.positions == "rope" and (self.d_model // self.heads) % 2:
-            raise ValueError("rope needs an even head size")
-
-
-# Presets as data. base and big are Table 3 of the paper (N, d_model, d_ff, h, P_drop);
-# with a 37,000-token joint vocabulary they have 63.1M and 214.2M parameters (paper: 65M, 213M).
-PRESETS: dict[str, dict] = {
-    "base": dict(encoder_layers=6, decoder_layers=6, d_model=512, d_ff=2048, heads=8, dropout=0.1),
-    "big": dict(encoder_layers=6, decoder_layers=6, d_model=1024, d_ff=4096, heads=16, dropout=0.3),
-    # CPU-sized shapes (not in the paper): small is the shape used for performance comparisons.
-    "small": dict(encoder_layers=3, decoder_layers=3, d_model=256, d_ff=1024, heads=4, dropout=0.1),
-    "tiny": dict(encoder_layers=2, decoder_layers=2, d_model=64, d_ff=128, heads=4, dropout=0.1),
-}
-
-
-def model_config(arch: str = "base", **overrides) -> ModelConfig:
-    """The ModelConfig of a preset with some fields overridden (unknown names are errors)."""
-    from .errors import ConfigError
-
-    if arch not in PRESETS:
-        raise ConfigError(f"unknown arch '{arch}'; choose one of {', '.join(PRESETS)}")
-    values = {**PRESETS[arch], **{k: v for k, v in overrides.items() if v is not None}}
-    return build_options(ModelConfig, values, f"arch '{arch}'")
+from .config import build_options
+from .options import PRESETS, ModelConfig, model_config  # noqa: F401 - the configuration, as data, torch-free
+from .vocab import BOS_ID, EOS_ID, PAD_ID, UNK_ID  # noqa: F401 - defined there; search imports them from here
 
 
 def sinusoidal_positions(length: int, d_model: int) -> torch.Tensor:

@@ -1,18 +1,114 @@
-"""The options of every subcommand, as frozen dataclasses (config as data).
+"""The options of every subcommand and of the model, as frozen dataclasses (config as data).
 
 Each field is a YAML key and a CLI flag of the same name (``max_tokens`` / ``--max-tokens``);
-the help text is shown by ``xf CMD --help``. This module imports neither torch nor the CLI, so
-``xf --help`` and ``xf score`` start fast.
+the help text is shown by ``xf CMD --help``. Impossible values are rejected in ``__post_init__``
+(a ConfigError, one line). This module imports neither torch nor the CLI, so ``xf --help`` and
+``xf score`` start fast; that is why the model's configuration lives here and not in model.py.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import typing
 from dataclasses import dataclass
 from typing import Literal, Optional
 
-from .config import option
+from .config import build_options, option
+from .errors import ConfigError
 
 
+def at_least(o, minimum: int, *names: str) -> None:
+    """ConfigError unless every option of ``names`` is at least ``minimum``."""
+    for name in names:
+        if getattr(o, name) < minimum:
+            what = "must not be negative" if minimum == 0 else f"must be at least {minimum}"
+            raise ConfigError(f"--{name.replace('_', '-')} {what}, got {getattr(o, name)}")
+
+
+def probability(o, *names: str) -> None:
+    """ConfigError unless every option of ``names`` (None: unset) is in [0, 1)."""
+    for name in names:
+        value = getattr(o, name)
+        if value is not None and not 0 <= value < 1:
+            raise ConfigError(f"--{name.replace('_', '-')} must be in [0, 1), got {value}")
+
+
+# -- the model ---------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class ModelConfig:
+    vocab_size: int = option(37000, "joint source+target vocabulary size")
+    encoder_layers: int = option(6, "N encoder layers")
+    decoder_layers: int = option(6, "N decoder layers")
+    d_model: int = option(512, "model width")
+    d_ff: int = option(2048, "inner width of the position-wise feed-forward network")
+    heads: int = option(8, "attention heads h (d_k = d_v = d_model / h)")
+    dropout: float = option(0.1, "P_drop on embeddings+positions and every sub-layer output")
+    attention_dropout: float = option(0.0, "dropout on attention weights (not in the paper)")
+    activation_dropout: float = option(0.0, "dropout after the FFN activation (not in the paper)")
+    normalize_before: bool = option(False, "pre-LN instead of the paper's post-LN")
+    activation: Literal["relu", "gelu", "swiglu"] = option("relu", "FFN activation")
+    positions: Literal["sinusoidal", "learned", "rope", "alibi"] = option(
+        "sinusoidal", "position information"
+    )
+    max_positions: int = option(1024, "longest sequence the model accepts")
+    share_embeddings: Literal["all", "decoder", "none"] = option(
+        "all", "tie source, target and output embeddings (all), target and output (decoder)"
+    )
+
+    def __post_init__(self) -> None:
+        at_least(self, 1, "vocab_size", "encoder_layers", "decoder_layers", "d_model", "d_ff", "heads",
+                 "max_positions")
+        probability(self, "dropout", "attention_dropout", "activation_dropout")
+        if self.d_model % self.heads:
+            raise ConfigError(f"d_model {self.d_model} is not divisible by heads {self.heads}")
+        if self.positions == "rope" and (self.d_model // self.heads) % 2:
+            raise ConfigError("rope needs an even head size")
+
+
+# Presets as data. base and big are Table 3 of the paper (N, d_model, d_ff, h, P_drop);
+# with a 37,000-token joint vocabulary they have 63.1M and 214.2M parameters (paper: 65M, 213M).
+PRESETS: dict[str, dict] = {
+    "base": dict(encoder_layers=6, decoder_layers=6, d_model=512, d_ff=2048, heads=8, dropout=0.1),
+    "big": dict(encoder_layers=6, decoder_layers=6, d_model=1024, d_ff=4096, heads=16, dropout=0.3),
+    # CPU-sized shapes (not in the paper): small is the shape used for performance comparisons.
+    "small": dict(encoder_layers=3, decoder_layers=3, d_model=256, d_ff=1024, heads=4, dropout=0.1),
+    "tiny": dict(encoder_layers=2, decoder_layers=2, d_model=64, d_ff=128, heads=4, dropout=0.1),
+}
+
+# The ModelConfig fields that xf train can set on top of a preset (the vocabulary comes from the data).
+MODEL_OVERRIDES = tuple(f.name for f in dataclasses.fields(ModelConfig) if f.name != "vocab_size")
+
+
+def model_config(arch: str = "base", **overrides) -> ModelConfig:
+    """The ModelConfig of a preset with some fields overridden (None keeps the preset's value;
+    unknown names are errors)."""
+    if arch not in PRESETS:
+        raise ConfigError(f"unknown arch '{arch}'; choose one of {', '.join(PRESETS)}")
+    values = {**PRESETS[arch], **{k: v for k, v in overrides.items() if v is not None}}
+    return build_options(ModelConfig, values, f"arch '{arch}'")
+
+
+def with_model_overrides(cls: type) -> type:
+    """The options dataclass ``cls`` with one optional field per entry of MODEL_OVERRIDES, after
+    its ``arch`` field: the model's options are declared once, in ModelConfig, and reach the CLI
+    and YAML from there. None (the default) keeps the --arch preset's value."""
+    hints = typing.get_type_hints(ModelConfig)
+    model_fields = {f.name: f for f in dataclasses.fields(ModelConfig)}
+    fields = []
+    for f in dataclasses.fields(cls):
+        fields.append((f.name, typing.get_type_hints(cls)[f.name],
+                       dataclasses.field(default=f.default, metadata=f.metadata)))
+        if f.name == "arch":
+            fields += [(name, Optional[hints[name]],
+                        option(None, f"{model_fields[name].metadata['help']} (default: the --arch preset's)"))
+                       for name in MODEL_OVERRIDES]
+    # the class's own methods, not those that @dataclass generated
+    namespace = {k: v for k, v in vars(cls).items() if callable(v) and (not k.startswith("__") or k == "__post_init__")}
+    namespace["__module__"] = cls.__module__
+    return dataclasses.make_dataclass(cls.__name__, fields, frozen=True, namespace=namespace)
+
+
+# -- the commands ------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class PreprocessOptions:
     destdir: str = option(help="output directory (data-bin/NAME); refused if it exists and is not empty")
@@ -35,25 +131,21 @@ class PreprocessOptions:
     overwrite: bool = option(False, "replace an existing non-empty destdir")
     seed: int = option(1, "seed for BPE sampling")
 
+    def __post_init__(self) -> None:
+        if self.source_lang == self.target_lang:
+            raise ConfigError(f"--source-lang and --target-lang are both {self.source_lang!r}")
+        at_least(self, 1, "workers", "max_len", "bpe_sample_lines")
+        at_least(self, 8, "bpe_vocab_size")
+        if self.max_len_ratio < 1:
+            raise ConfigError(f"--max-len-ratio must be at least 1.0, got {self.max_len_ratio}")
 
+
+@with_model_overrides
 @dataclass(frozen=True)
 class TrainOptions:
     data: str = option(help="data directory written by xf preprocess", positional=True)
     save_dir: str = option("checkpoints", "where checkpoints and logs are written")
     arch: str = option("base", "architecture preset: base | big | small | tiny")
-    # model overrides (None keeps the preset's value)
-    dropout: Optional[float] = option(None, "override the preset's dropout")
-    attention_dropout: Optional[float] = option(None, "dropout on attention weights")
-    activation_dropout: Optional[float] = option(None, "dropout after the FFN activation")
-    normalize_before: Optional[bool] = option(None, "pre-LN instead of post-LN")
-    activation: Optional[Literal["relu", "gelu", "swiglu"]] = option(None, "FFN activation")
-    positions: Optional[Literal["sinusoidal", "learned", "rope", "alibi"]] = option(None, "positions")
-    share_embeddings: Optional[Literal["all", "decoder", "none"]] = option(None, "weight tying")
-    encoder_layers: Optional[int] = option(None, "override the preset's encoder depth")
-    decoder_layers: Optional[int] = option(None, "override the preset's decoder depth")
-    d_model: Optional[int] = option(None, "override the preset's width")
-    d_ff: Optional[int] = option(None, "override the preset's FFN width")
-    heads: Optional[int] = option(None, "override the preset's head count")
     # batching
     max_tokens: int = option(4096, "tokens per micro-batch (source or target, whichever is larger)")
     update_freq: int = option(1, "micro-batches accumulated per update")
@@ -62,16 +154,19 @@ class TrainOptions:
     stop_time_hours: float = option(0.0, "stop after this many hours of training wall time, resumes "
                                     "included (0: no limit)")
     # optimization
-    optimizer: Literal["adam"] = option("adam", "Adam (beta1 0.9, beta2 0.98, eps 1e-9)")
+    optimizer: Literal["adam", "adamw"] = option(
+        "adam", "adam: the paper's Adam; adamw: Adam with decoupled --weight-decay (fairseq's 'adam')"
+    )
     adam_betas: tuple[float, ...] = option((0.9, 0.98), "Adam betas (paper: 0.9 0.98)")
     adam_eps: float = option(1e-9, "Adam epsilon (paper: 1e-9)")
     lr_scheduler: Literal["noam", "inverse_sqrt"] = option("noam", "learning-rate schedule")
     warmup_updates: int = option(4000, "warmup steps (paper: 4000)")
-    lr: Optional[float] = option(None, "peak learning rate (inverse_sqrt); noam: a factor on the formula")
+    lr: Optional[float] = option(None, "inverse_sqrt: the peak learning rate, reached after warmup")
+    lr_factor: float = option(1.0, "noam: a factor on the paper's formula (paper: 1)")
     warmup_init_lr: float = option(1e-7, "inverse_sqrt: learning rate at step 0")
     label_smoothing: float = option(0.1, "label smoothing epsilon (paper: 0.1)")
     clip_norm: float = option(0.0, "clip gradient norm (0: off)")
-    weight_decay: float = option(0.0, "weight decay")
+    weight_decay: float = option(0.0, "decoupled weight decay (--optimizer adamw)")
     precision: Literal["fp32", "bf16", "fp16"] = option("fp32", "training precision")
     device: Literal["auto", "cpu", "cuda"] = option("auto", "device")
     threads: int = option(0, "CPU threads for torch (0: torch's default)")
@@ -86,6 +181,27 @@ class TrainOptions:
     log_interval: int = option(50, "updates between log lines")
     tensorboard_logdir: Optional[str] = option(None, "write TensorBoard scalars here")
     max_nan_updates: int = option(20, "stop after this many consecutive non-finite updates")
+
+    def __post_init__(self) -> None:
+        at_least(self, 1, "max_tokens", "update_freq", "log_interval", "max_nan_updates")
+        at_least(self, 0, "max_update", "max_epoch", "save_interval_updates", "keep_last_checkpoints",
+                 "validate_interval_updates", "patience", "clip_norm", "weight_decay", "threads",
+                 "warmup_updates", "save_interval_minutes", "stop_time_hours")
+        probability(self, "label_smoothing")
+        if len(self.adam_betas) != 2 or not all(0 <= b < 1 for b in self.adam_betas):
+            raise ConfigError(f"--adam-betas needs two values in [0, 1), got {list(self.adam_betas)}")
+        if self.lr_scheduler == "noam" and self.warmup_updates < 1:
+            raise ConfigError("--lr-scheduler noam needs --warmup-updates of at least 1")
+        if self.lr_scheduler == "inverse_sqrt" and self.lr is None:
+            raise ConfigError("--lr-scheduler inverse_sqrt needs a peak learning rate: --lr (e.g. 5e-4)")
+        if self.lr_scheduler == "noam" and self.lr is not None:
+            raise ConfigError("--lr is the peak of --lr-scheduler inverse_sqrt; noam's formula sets the peak "
+                              "itself, scaled by --lr-factor")
+        if self.lr_scheduler == "inverse_sqrt" and self.lr_factor != 1.0:
+            raise ConfigError("--lr-factor scales noam's formula; with inverse_sqrt set the peak with --lr")
+        if self.weight_decay and self.optimizer == "adam":
+            raise ConfigError("--weight-decay is decoupled weight decay: use --optimizer adamw")
+        model_config(self.arch, **{name: getattr(self, name) for name in MODEL_OVERRIDES})  # the model's checks
 
 
 @dataclass(frozen=True)

@@ -44,10 +44,11 @@ from rich.table import Table
 from rich.text import Text
 
 from . import __version__
-from .data import BOS_ID, EOS_ID, FORMAT_VERSION, PAD_ID, UNK_ID, TokenArrayWriter, smallest_dtype
+from .data import FORMAT_VERSION, TokenArrayWriter, smallest_dtype
 from .errors import XfError
 from .fileio import fsync_dir
 from .options import PreprocessOptions
+from .vocab import BOS_ID, EOS_ID, PAD_ID, UNK_ID, decode_line, load_sentencepiece
 
 CHUNK_LINES = 10_000  # pairs per worker task: large enough that inter-process traffic is noise
 DROP_REASONS = ("invalid_utf8", "empty", "too_long", "ratio")  # a pair counts under the first that applies
@@ -80,17 +81,11 @@ def plan_splits(o: PreprocessOptions) -> list[Split]:
     return splits
 
 
-def check_options(o: PreprocessOptions) -> None:
-    if o.source_lang == o.target_lang:
-        raise XfError(f"--source-lang and --target-lang are both {o.source_lang!r}")
+def check_destination(o: PreprocessOptions) -> None:
+    """Something to read, and a destination that is a directory, empty unless --overwrite (the
+    option values themselves are checked by PreprocessOptions)."""
     if not o.trainpref and not o.spm_model:
         raise XfError("--trainpref is required (or --spm-model to binarize valid/test sets only)")
-    if o.workers < 1:
-        raise XfError(f"--workers must be at least 1, got {o.workers}")
-    if o.max_len < 1 or o.max_len_ratio < 1:
-        raise XfError("--max-len must be at least 1 and --max-len-ratio at least 1.0")
-    if o.bpe_sample_lines < 1 or o.bpe_vocab_size < 8:
-        raise XfError("--bpe-sample-lines must be positive and --bpe-vocab-size at least 8")
     dest = Path(o.destdir)
     if dest.exists() and not dest.is_dir():
         raise XfError(f"destdir {dest} exists and is not a directory")
@@ -129,26 +124,6 @@ def read_chunks(split: Split) -> Iterator[tuple[int, list[bytes], list[bytes]]]:
                 return
             yield start, src, tgt
             start += len(src)
-
-
-def decode_line(line: bytes, path: Path, lineno: int, invalid: str) -> str | None:
-    """One line as text, without its LF or CRLF (and a UTF-8 byte order mark on line 1).
-
-    invalid: what to do with invalid UTF-8: "error" (XfError naming file and line), "skip"
-    (return None) or "replace" (U+FFFD for the bad bytes).
-    """
-    line = line.rstrip(b"\r\n")
-    try:
-        text = line.decode("utf-8")
-    except UnicodeDecodeError as e:
-        if invalid == "error":
-            raise XfError(
-                f"{path}:{lineno}: invalid UTF-8 ({e.reason} at byte {e.start}); fix the file or pass --skip-invalid"
-            ) from None
-        if invalid == "skip":
-            return None
-        text = line.decode("utf-8", errors="replace")
-    return text.lstrip("\ufeff") if lineno == 1 else text
 
 
 # --------------------------------------------------------------------------- subwords
@@ -206,23 +181,6 @@ def learn_bpe(sample: Path, model_prefix: Path, vocab_size: int, max_sentences: 
         raise XfError(f"sentencepiece training failed: {e}") from None
 
 
-def load_spm(path: Path):
-    """A SentencePieceProcessor whose special ids match the model's (pad 0, unk 1, bos 2, eos 3)."""
-    import sentencepiece as spm
-
-    try:
-        sp = spm.SentencePieceProcessor(model_file=str(path))
-    except (OSError, RuntimeError) as e:
-        raise XfError(f"{path}: not a readable sentencepiece model ({e})") from None
-    ids = (sp.pad_id(), sp.unk_id(), sp.bos_id(), sp.eos_id())
-    if ids != (PAD_ID, UNK_ID, BOS_ID, EOS_ID):
-        raise XfError(
-            f"{path}: special ids pad/unk/bos/eos are {ids}, xf needs {(PAD_ID, UNK_ID, BOS_ID, EOS_ID)} "
-            "(train it with --pad_id=0 --unk_id=1 --bos_id=2 --eos_id=3)"
-        )
-    return sp
-
-
 # --------------------------------------------------------------------------- encoding (worker side)
 
 _worker: dict = {}  # per process: the sentencepiece model and the cleaning options
@@ -232,7 +190,7 @@ def init_worker(spm_path: str, dtype: str, max_len: int, max_len_ratio: float, s
                 in_pool: bool = False) -> None:
     if in_pool:  # Ctrl-C: the main process stops the pool; no traceback from every worker
         signal.signal(signal.SIGINT, signal.SIG_IGN)
-    _worker.update(sp=load_spm(Path(spm_path)), dtype=np.dtype(dtype), max_len=max_len,
+    _worker.update(sp=load_sentencepiece(Path(spm_path)), dtype=np.dtype(dtype), max_len=max_len,
                    max_len_ratio=max_len_ratio, skip_invalid=skip_invalid)
 
 
@@ -380,7 +338,7 @@ def make_spm(o: PreprocessOptions, train: Split | None, out: Path, progress: Pro
         spm_path = Path(o.spm_model)
         if not spm_path.is_file():
             raise XfError(f"--spm-model {spm_path}: no such file")
-        load_spm(spm_path)  # check the special ids before copying
+        load_sentencepiece(spm_path)  # check the special ids before copying
         shutil.copyfile(spm_path, out / "spm.model")
         return dict(learned=False, source=str(spm_path))
     sample = out / "bpe-sample.txt"
@@ -418,7 +376,7 @@ def encode_splits(o: PreprocessOptions, splits: list[Split], out: Path, dtype: n
 
 def preprocess(o: PreprocessOptions) -> dict:
     """Run ``xf preprocess``; returns the meta.json dict written into ``o.destdir``."""
-    check_options(o)
+    check_destination(o)
     splits = plan_splits(o)
     console = Console(stderr=True)
     dest = Path(o.destdir)
@@ -430,7 +388,7 @@ def preprocess(o: PreprocessOptions) -> dict:
         tmp.mkdir()
         try:
             bpe = make_spm(o, train, tmp, progress)
-            sp = load_spm(tmp / "spm.model")
+            sp = load_sentencepiece(tmp / "spm.model")
             write_vocab(sp, tmp / "spm.vocab")
             vocab_size = sp.get_piece_size()
             dtype = smallest_dtype(vocab_size)

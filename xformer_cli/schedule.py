@@ -30,7 +30,8 @@ def inverse_sqrt(step: int, peak: float, warmup: int, init: float = 0.0) -> floa
 def learning_rate(step: int, scheduler: str, d_model: int, warmup: int, lr: float | None, init: float) -> float:
     """The learning rate of update ``step`` for the options of ``xf train``.
 
-    noam: ``lr`` (default 1) multiplies the paper's formula; inverse_sqrt: ``lr`` is the peak.
+    noam: ``lr`` (default 1) multiplies the paper's formula (xf train's --lr-factor);
+    inverse_sqrt: ``lr`` is the peak (xf train's --lr).
     """
     if scheduler == "noam":
         return noam(step, d_model, warmup, 1.0 if lr is None else lr)

@@ -20,32 +20,20 @@ from typing import IO, Iterator, Optional, Sequence
 
 import torch
 
+from . import distributed
 from .checkpoint import load_checkpoint, model_from_checkpoint
+from .data import batch_by_size, collate_source
 from .errors import ConfigError, XfError
 from .fileio import atomic_write
-from .model import BOS_ID, EOS_ID, PAD_ID, UNK_ID, Transformer
+from .model import Transformer
 from .options import TranslateOptions
 from .search import Hypothesis, beam_search, greedy_search, sample
+from .vocab import decode_line, load_sentencepiece
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
 # -- loading -------------------------------------------------------------------------------------
-def load_sentencepiece(spm_model: bytes, where: str):
-    """The sentencepiece processor of a checkpoint's model bytes, with xf's special ids checked."""
-    import sentencepiece
-
-    sp = sentencepiece.SentencePieceProcessor()
-    try:
-        sp.LoadFromSerializedProto(spm_model)
-    except (RuntimeError, OSError, TypeError) as e:
-        raise XfError(f"{where}: the checkpoint's sentencepiece model is unreadable: {e}") from None
-    ids = (sp.pad_id(), sp.unk_id(), sp.bos_id(), sp.eos_id())
-    if ids != (PAD_ID, UNK_ID, BOS_ID, EOS_ID):
-        raise XfError(f"{where}: sentencepiece ids pad/unk/bos/eos are {ids}, xf needs (0, 1, 2, 3)")
-    return sp
-
-
 def load_ensemble(paths: Sequence[str], device: torch.device, dtype: torch.dtype = torch.float32):
     """Models of ``paths`` in eval mode on ``device`` and the sentencepiece model they share.
 
@@ -76,13 +64,10 @@ def load_ensemble(paths: Sequence[str], device: torch.device, dtype: torch.dtype
 
 
 def resolve_device(device: str, precision: str) -> tuple[torch.device, torch.dtype]:
-    if device == "auto":
-        device = "cuda" if torch.cuda.is_available() else "cpu"
-    if device == "cuda" and not torch.cuda.is_available():
-        raise XfError("--device cuda: no CUDA device is available")
-    if precision != "fp32" and device != "cuda":
+    resolved = distributed.resolve_device(device)
+    if precision != "fp32" and resolved.type != "cuda":
         raise ConfigError(f"--precision {precision} is for CUDA; on CPU translate in fp32")
-    return torch.device(device), DTYPES[precision]
+    return resolved, DTYPES[precision]
 
 
 def check_options(options: TranslateOptions) -> None:
@@ -102,34 +87,6 @@ def check_options(options: TranslateOptions) -> None:
 
 
 # -- batching and search -------------------------------------------------------------------------
-def make_batches(lengths: Sequence[int], batch_size: int, max_tokens: int = 0) -> list[list[int]]:
-    """Indices of ``lengths`` sorted longest first and cut into batches of at most batch_size
-    sentences, or, when max_tokens > 0, of at most max_tokens padded source tokens (a longer
-    sentence alone is a batch of its own)."""
-    order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
-    batches: list[list[int]] = []
-    for i in order:
-        if batches:
-            batch = batches[-1]
-            longest = lengths[batch[0]]  # sorted: the first is the longest
-            if (max_tokens and longest * (len(batch) + 1) <= max_tokens) or (
-                not max_tokens and len(batch) < batch_size
-            ):
-                batch.append(i)
-                continue
-        batches.append([i])
-    return batches
-
-
-def source_batch(sentences: Sequence[Sequence[int]], device: torch.device) -> torch.Tensor:
-    """(B, S) ids + [eos], right-padded with pad."""
-    src = torch.full((len(sentences), max(len(s) for s in sentences) + 1), PAD_ID, dtype=torch.long)
-    for i, ids in enumerate(sentences):
-        src[i, : len(ids)] = torch.tensor(ids, dtype=torch.long)
-        src[i, len(ids)] = EOS_ID
-    return src.to(device)
-
-
 def search(models, src: torch.Tensor, options: TranslateOptions, generator=None) -> list[list[Hypothesis]]:
     """The search the options ask for: sampling, greedy (beam 1) or beam search."""
     common = dict(lenpen=options.lenpen, lenpen_style=options.lenpen_style, max_len_a=options.max_len_a, max_len_b=options.max_len_b)
@@ -154,17 +111,13 @@ class Stats:
     first_truncated: int = 0
 
 
-def decode_line(raw: bytes, line_no: int, stats: Stats) -> str:
-    """One input line as text: line ending removed, invalid UTF-8 replaced by U+FFFD (counted)."""
-    raw = raw.rstrip(b"\r\n")
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError:
-        text = raw.decode("utf-8", errors="replace")
+def decode_input_line(raw: bytes, line_no: int, stats: Stats, where: str) -> str:
+    """One input line as text; invalid UTF-8 is replaced by U+FFFD and counted."""
+    text = decode_line(raw, where, line_no, "skip")
+    if text is None:
+        text = decode_line(raw, where, line_no, "replace")
         stats.invalid_utf8 += 1
         stats.first_invalid = stats.first_invalid or line_no
-    if line_no == 1:
-        text = text.removeprefix("\ufeff")  # a byte-order mark is not part of the sentence
     return text
 
 
@@ -224,9 +177,10 @@ def translate_buffer(models, sp, lines: list[str], first_index: int, options: Tr
             stats.first_truncated = stats.first_truncated or first_index + i + 1
             pieces[i] = ids = ids[:max_source]
         todo.append(i)
-    for batch in make_batches([len(pieces[i]) + 1 for i in todo], options.batch_size, options.max_tokens):
-        idx = [todo[j] for j in batch]
-        src = source_batch([pieces[i] for i in idx], device)
+    for batch in batch_by_size([len(pieces[i]) for i in todo], max_tokens=options.max_tokens or None,
+                               max_sentences=None if options.max_tokens else options.batch_size, longest_first=True):
+        idx = [todo[j] for j in batch.tolist()]
+        src = collate_source([pieces[i] for i in idx]).to(device)
         for i, hyps in zip(idx, search(models, src, options, generator)):
             results[i] = hyps
             stats.src_tokens += len(pieces[i]) + 1
@@ -309,7 +263,7 @@ def translate(options: TranslateOptions) -> None:
         with progress:
             task = progress.add_task("translate", total=total, lines=0, rate=0.0)
             for raw_lines in read_buffers(source, buffer_size):
-                lines = [decode_line(raw, stats.lines + i + 1, stats) for i, raw in enumerate(raw_lines)]
+                lines = [decode_input_line(raw, stats.lines + i + 1, stats, where) for i, raw in enumerate(raw_lines)]
                 outputs = translate_buffer(models, sp, lines, stats.lines, options, stats, device, generator)
                 sink.write("".join(outputs).encode("utf-8"))
                 sink.flush()

@@ -16,8 +16,9 @@ import torch
 from .data import ParallelDataset, batch_by_size, collate
 from .distributed import Env
 from .loss import fused_output_loss
-from .model import EOS_ID, Transformer
+from .model import Transformer
 from .search import greedy_search
+from .vocab import EOS_ID
 
 # Output length limit of validation decoding: a * |X| + b subwords. Tighter than translation's
 # |X| + 50, so that early, untrained models do not spend minutes producing garbage.
@@ -71,7 +72,7 @@ def validation_bleu(
 
     was_training = model.training
     model.eval()
-    batches = batch_by_size(dataset.src_sizes, dataset.src_sizes, max_tokens)  # by source length
+    batches = batch_by_size(dataset.src_sizes, max_tokens=max_tokens)  # by source length alone
     mine: list[tuple[int, str]] = []
     for idx in batches[env.rank :: env.world_size]:
         src = collate([dataset[i] for i in idx])["src"].to(env.device)
