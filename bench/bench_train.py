@@ -229,7 +229,8 @@ def reference_train(data: str, out: str, device: str, precision: str, compiled: 
     from xformer_cli.data import DataDir, batch_by_size, collate
     from xformer_cli.model import PAD_ID, model_config, sinusoidal_positions
     from xformer_cli.schedule import learning_rate
-    from xformer_cli.train import epoch_order, peak_memory_mib
+    from xformer_cli.data import epoch_order
+    from xformer_cli.train import peak_memory_mib
 
     dev = torch.device(device)
     dd = DataDir.open(data)
@@ -318,7 +319,7 @@ def cpu_flags() -> str:
 
 def measure(emit) -> None:
     """Calls ``emit(row)`` for every row as soon as it is measured."""
-    from xformer_cli.train import cpu_has_native_bf16
+    from xformer_cli.precision import cpu_bf16_instructions
 
     devices = ENV("XF_BENCH_TRAIN_DEVICES", "cpu" if DRY else ",".join(["cpu"] + ["cuda"] * torch.cuda.is_available()))
     with tempfile.TemporaryDirectory(prefix="xf-bench-train-") as tmp:
@@ -331,7 +332,7 @@ def measure(emit) -> None:
             per_token = flops_per_target_token(data, dev)
             for precision in ENV("XF_BENCH_TRAIN_PRECISIONS", default).split(","):
                 case = f"{ARCH} {data_name} max_tokens {MAX_TOKENS:,} {device} {precision}"
-                if device == "cpu" and precision == "bf16" and not cpu_has_native_bf16() and not DRY:
+                if device == "cpu" and precision == "bf16" and not cpu_bf16_instructions() and not DRY:
                     emit(dict(bench="train", case=case, metric="target tokens/s", value="not run", unit="",
                               note=f"this CPU has no native bf16 matrix instructions ({cpu_flags()})"))
                     continue

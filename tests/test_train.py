@@ -25,8 +25,9 @@ from xformer_cli.train import remove_old_checkpoints, train
 
 REPO = Path(__file__).resolve().parents[1]
 # A model small enough that an update takes milliseconds.
+# fp32 by name: --precision auto would pick bf16 on CPUs with bf16 instructions (test_precision.py)
 MICRO = dict(arch="tiny", d_model=32, d_ff=64, heads=2, encoder_layers=1, decoder_layers=1,
-             max_tokens=300, warmup_updates=4, log_interval=1, device="cpu", seed=3, threads=1)
+             max_tokens=300, warmup_updates=4, log_interval=1, device="cpu", seed=3, threads=1, precision="fp32")
 
 
 def slice_multi30k(src_dir: Path, out: Path, train_lines: int, valid_lines: int) -> Path:

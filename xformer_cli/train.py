@@ -45,6 +45,7 @@ from .fileio import atomic_write, atomic_write_text
 from .loss import fused_output_loss
 from .model import Transformer, config_to_dict
 from .options import MODEL_OVERRIDES, ModelConfig, TrainOptions, model_config
+from .precision import autocast_context, choose_precision, cpu_bf16_instructions, hardware_note
 from .schedule import learning_rate
 from .train_log import Reporter, format_seconds
 from .train_policy import AfterUpdate, improves, plan_after_validation, plan_update
@@ -82,22 +83,6 @@ def prepare_save_dir(path: Path) -> None:
         os.unlink(probe)
     except OSError as e:
         raise XfError(f"save dir {path} is not writable: {e.strerror or e}") from None
-
-
-def autocast_context(precision: str, device: torch.device) -> contextlib.AbstractContextManager:
-    """bf16 or fp16 autocast (matmuls in half precision, reductions and the loss in float32)."""
-    if precision == "fp32":
-        return contextlib.nullcontext()
-    dtype = torch.bfloat16 if precision == "bf16" else torch.float16
-    return torch.autocast(device.type, dtype=dtype)
-
-
-def cpu_has_native_bf16() -> bool:
-    check = getattr(torch.ops.mkldnn, "_is_mkldnn_bf16_supported", None)
-    try:
-        return bool(check()) if check is not None else True
-    except RuntimeError:
-        return True
 
 
 def peak_memory_mib(device: torch.device) -> float:
@@ -422,7 +407,7 @@ def start_report(run: Run) -> Reporter:
         atomic_write_text(run.save_dir / "config.yaml",
                           "# the effective options of this run; reuse with: xf train --config config.yaml\n"
                           + yaml.safe_dump(effective_options(o, cfg), sort_keys=False))
-    if o.precision == "bf16" and env.device.type == "cpu" and not cpu_has_native_bf16():
+    if o.precision == "bf16" and env.device.type == "cpu" and not cpu_bf16_instructions():
         report.warn("this CPU has no native bf16 matrix instructions (avx512_bf16/AMX): bf16 training "
                     "will be slower than fp32 here")
     report.table("xf train", [
@@ -434,7 +419,8 @@ def start_report(run: Run) -> Reporter:
         ("effective batch", f"{o.max_tokens:,} tokens x {o.update_freq} (update freq) x {env.world_size} "
                             f"(processes) = {o.max_tokens * run.per_update:,} tokens per update"),
         ("updates per epoch", f"{run.updates_per_epoch:,} ({len(run.batches):,} batches)"),
-        ("device", f"{env.device} x {env.world_size}, {o.precision}, {torch.get_num_threads()} threads"),
+        ("device", f"{env.device} x {env.world_size}, {torch.get_num_threads()} threads"),
+        ("precision", f"{o.precision} ({hardware_note(env.device)})"),
         ("schedule", f"{o.lr_scheduler}, warmup {o.warmup_updates}"
                      + (f", lr {o.lr:g}" if o.lr is not None else f", lr factor {o.lr_factor:g}")),
         ("save dir", f"{run.save_dir}" + (f" (resuming at update {pos.num_updates:,}, epoch {pos.epoch})"
@@ -665,6 +651,8 @@ def train(options: TrainOptions) -> dict:
     """Train as ``options`` say; returns the final summary (also the last line of train_log.jsonl)."""
     env = distributed.setup(options.device)
     try:
+        # --precision auto becomes what this device runs best; the run (and its config.yaml) says which
+        options = dataclasses.replace(options, precision=choose_precision(options.precision, env.device))
         check_precision(options, env.device)
         with StopSignal() as stop:
             run = set_up(options, env)
