@@ -172,6 +172,8 @@ class TrainOptions:
         "(CUDA sm_80+, avx512_bf16 or AMX), else fp32; fp16 (loss-scaled) is for older GPUs")
     device: Literal["auto", "cpu", "cuda"] = option("auto", "device")
     threads: int = option(0, "CPU threads for torch (0: torch's default)")
+    compile: bool = option(False, "torch.compile the model (inductor, dynamic shapes: compiled once for "
+                           "all batch shapes); the compile time is reported apart from the speed")
     seed: int = option(1, "random seed")
     # checkpoints, validation, logging
     save_interval_updates: int = option(0, "also save checkpoint_<epoch>_<update>.pt every N updates")

@@ -371,8 +371,28 @@ def set_up(o: TrainOptions, env: distributed.Env) -> Run:
         from torch.nn.parallel import DistributedDataParallel as DDP
 
         forward = DDP(model, device_ids=[env.device.index] if env.device.type == "cuda" else None)
+    if o.compile:
+        forward = compile_forward(forward)
     return Run(o, env, console, data, train_set, valid_set, batches, valid_batches, cfg, sp, model, forward,
                optimizer, scaler, autocast_context(o.precision, env.device), pos, elapsed_before)
+
+
+COMPILE_BACKEND = "inductor"  # tests use "aot_eager": the same graphs, without minutes of code generation
+
+
+def compile_forward(forward: torch.nn.Module) -> torch.nn.Module:
+    """torch.compile of the training forward pass (the model, or DDP around it, whose buckets
+    dynamo splits the graph at). Dynamic shapes: batches of every (B, S, T) share one compiled
+    graph instead of one per shape. Validation and search run the uncompiled model, and the output
+    projection with the loss (loss.fused_output_loss, a custom autograd function) stays eager."""
+    return torch.compile(forward, backend=COMPILE_BACKEND, dynamic=True)
+
+
+def compiled_graphs() -> int:
+    """How many graphs torch.compile has made in this process (recompilations included)."""
+    from torch._dynamo.utils import counters
+
+    return int(counters["stats"]["unique_graphs"])
 
 
 def resume(ckpt: dict, model: Transformer, optimizer: torch.optim.Optimizer,
@@ -419,7 +439,8 @@ def start_report(run: Run) -> Reporter:
         ("effective batch", f"{o.max_tokens:,} tokens x {o.update_freq} (update freq) x {env.world_size} "
                             f"(processes) = {o.max_tokens * run.per_update:,} tokens per update"),
         ("updates per epoch", f"{run.updates_per_epoch:,} ({len(run.batches):,} batches)"),
-        ("device", f"{env.device} x {env.world_size}, {torch.get_num_threads()} threads"),
+        ("device", f"{env.device} x {env.world_size}, {torch.get_num_threads()} threads"
+                   + (", compiled (torch.compile, dynamic shapes)" if o.compile else "")),
         ("precision", f"{o.precision} ({hardware_note(env.device)})"),
         ("schedule", f"{o.lr_scheduler}, warmup {o.warmup_updates}"
                      + (f", lr {o.lr:g}" if o.lr is not None else f", lr factor {o.lr_factor:g}")),
@@ -488,6 +509,7 @@ class Meter:
         self.window = dict(self.timed, gnorm=0.0, finite=0, tokens=0.0)
         self.window_loss = torch.zeros(2, dtype=torch.float64, device=device)  # loss and nll sums
         self.first_update = True
+        self.first_update_seconds: Optional[float] = None  # with --compile: the compilation's time
 
     def add(self, step: Step, ntokens: float, src_tokens: float, seconds: float) -> None:
         if step.finite:
@@ -501,6 +523,8 @@ class Meter:
                 d["updates"] += 1
                 d["src"] += src_tokens
                 d["tgt"] += ntokens
+        else:
+            self.first_update_seconds = seconds
         self.first_update = False
 
     def eta(self, remaining_updates: Optional[int], time_left: Optional[float]) -> Optional[float]:
@@ -685,6 +709,8 @@ def finish(run: Run, report: Reporter, loop: Loop, meter: Meter, stop: StopSigna
         "skipped_updates": loop.skipped, "train_seconds": round(seconds, 3), **meter.speed(meter.timed),
         "peak_memory_mib": round(peak_memory_mib(device), 1),
     }
+    if o.compile:  # compiling is the first update's time, kept apart from the speed above
+        summary.update(compile_seconds=round(meter.first_update_seconds or 0.0, 2), compiled_graphs=compiled_graphs())
     report.record("summary", summary)
     report.table("training summary", [
         ("stopped", stop_reason),
@@ -695,6 +721,8 @@ def finish(run: Run, report: Reporter, loop: Loop, meter: Meter, stop: StopSigna
         ("training time", format_seconds(seconds) + " (excluding start-up and validation)"),
         ("speed", f"{summary['src_tok_s']:,.0f} src tok/s, {summary['tgt_tok_s']:,.0f} tgt tok/s, "
                   f"{summary['ups']:.2f} upd/s" if seconds else "- (the first update is not timed)"),
+        *([("compile", f"{summary['compile_seconds']:.1f} s (the first update), {summary['compiled_graphs']} "
+                       "graph(s)")] if o.compile else []),
         ("peak memory", f"{summary['peak_memory_mib']:,.0f} MiB ({'CUDA allocated' if device.type == 'cuda' else 'RSS'})"),
         ("checkpoints", str(run.save_dir)),
     ])
