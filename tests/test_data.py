@@ -132,6 +132,25 @@ def test_batch_by_size_hand_checked():
     assert [b.tolist() for b in batches] == [[3], [0], [2], [4], [1]]
 
 
+def test_batch_by_size_equals_the_plain_greedy_cut():
+    """The cut that jumps over runs of equal lengths makes the batches a pair-by-pair greedy
+    cut along the same order makes."""
+    rng = np.random.default_rng(2)
+    src, tgt = rng.integers(0, 30, 3000), rng.integers(0, 30, 3000)
+    for max_tokens, max_sentences in ((64, None), (200, None), (200, 7), (31, None)):
+        order = np.concatenate(batch_by_size(src, tgt, max_tokens, max_sentences))
+        expected, batch = [], []
+        for i in order:
+            grown = batch + [i]
+            longest = max(max(src[j], tgt[j]) + 1 for j in grown)
+            if batch and (len(grown) * longest > max_tokens or len(grown) > (max_sentences or len(order))):
+                expected.append(batch)
+                grown = [i]
+            batch = grown
+        expected.append(batch)
+        assert [b.tolist() for b in batch_by_size(src, tgt, max_tokens, max_sentences)] == expected
+
+
 def test_length_order_equals_lexsort_and_breaks_ties_by_perm():
     rng = np.random.default_rng(1)
     keys = [rng.integers(0, 9, 500) for _ in range(3)]

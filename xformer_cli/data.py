@@ -243,14 +243,15 @@ def batch_by_size(
     size * longest padded length <= max_tokens`` (None: no token budget), where the padded length
     counts the eos (source, target) or bos (decoder input): ``size + 1``, and so that a batch
     holds at most ``max_sentences``. A pair longer than ``max_tokens`` on its own gets a batch of
-    its own (and a warning). Returns a list of int64 index arrays; the caller shuffles the order
-    of batches.
+    its own (and a warning). Returns a list of index arrays (int32: views of one array of
+    4 bytes a pair); the caller shuffles the order of batches.
 
     Source-only mode (``tgt_sizes`` None: translation, validation BLEU) batches by source length
     alone, and an oversize sentence is batched alone without a warning (every line is translated).
     """
-    src_len = np.asarray(src_sizes, dtype=np.int64) + 1
-    tgt_len = src_len if tgt_sizes is None else np.asarray(tgt_sizes, dtype=np.int64) + 1
+    # int32 lengths and indices: 36M pairs cost 4 bytes each per array, not 8 (sizes are int32 on disk)
+    src_len = np.asarray(src_sizes, dtype=np.int32) + 1
+    tgt_len = src_len if tgt_sizes is None else np.asarray(tgt_sizes, dtype=np.int32) + 1
     n = len(src_len)
     if len(tgt_len) != n:
         raise ValueError(f"{n} source sizes but {len(tgt_len)} target sizes")
@@ -265,17 +266,29 @@ def batch_by_size(
     longest_len = np.maximum(src_len, tgt_len)
     perm = None if seed is None else np.random.default_rng(seed).permutation(n)
     order = length_order([tgt_len, src_len, longest_len], descending=longest_first, perm=perm)
+    order = order.astype(np.int32) if n < 2**31 else order
     longest = longest_len[order]
+    del src_len, tgt_len, longest_len, perm
     cap = min(max_sentences or n, max_tokens or n, n) if n else 0
     batches, oversize, start = [], 0, 0
     while start < n:
         if max_tokens is None:
             k = min(cap, n - start)
         else:
-            # Sizes of the candidate batches order[start:start+k] for k = 1..cap; the cost k * max
+            length = int(longest[start])
+            per = min(cap, max(1, max_tokens // length))  # no batch starting here holds more pairs
+            if not longest_first and length <= max_tokens:
+                # Shortest first, ``longest`` never decreases: inside a run of pairs of this length
+                # every batch the greedy cut makes is ``per`` pairs. Cut them all at once (one step
+                # per distinct length, not per batch: 36M pairs make some 10^5 batches).
+                full = (int(np.searchsorted(longest, length, side="right")) - start) // per
+                if full > 1:
+                    batches.extend(np.split(order[start : start + full * per], full))
+                    start += full * per
+                    continue
+            # Sizes of the candidate batches order[start:start+k] for k = 1..per; the cost k * max
             # length only grows with k, so the batch ends before the first k over budget.
-            # No batch starting here holds more than max_tokens // its first length pairs.
-            window = longest[start : start + min(cap, max(1, max_tokens // int(longest[start])))]
+            window = longest[start : start + per]
             cost = np.maximum.accumulate(window) * np.arange(1, len(window) + 1)
             k = int(np.searchsorted(cost, max_tokens, side="right"))
             if k == 0:
