@@ -28,6 +28,7 @@ import sys
 import tempfile
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Optional
 
@@ -577,10 +578,47 @@ class Loop:
         return self.elapsed_before + time.monotonic() - self.start
 
 
-def micro_batches(run: Run, order: np.ndarray) -> list[dict]:
-    """This rank's collated micro-batches of the next update."""
-    share = update_batches(order, run.pos.batch_offset, run.o.update_freq, run.env.rank, run.env.world_size)
-    return [collate([run.train_set[i] for i in run.batches[b]]) for b in share]
+def micro_batches(run: Run, order: np.ndarray, offset: Optional[int] = None) -> list[dict]:
+    """This rank's collated micro-batches of the update at ``offset`` (default: the next one); on
+    CUDA in pinned memory, so that train_step's copies to the device are asynchronous."""
+    offset = run.pos.batch_offset if offset is None else offset
+    share = update_batches(order, offset, run.o.update_freq, run.env.rank, run.env.world_size)
+    micro = [collate([run.train_set[i] for i in run.batches[b]]) for b in share]
+    if run.env.device.type == "cuda":
+        micro = [{k: v.pin_memory() if torch.is_tensor(v) else v for k, v in b.items()} for b in micro]
+    return micro
+
+
+class Prefetch:
+    """Collates the next update's micro-batches in a background thread while this one trains
+    (numpy's gathers and copies release the GIL for most of that work). The batches are the same
+    whichever thread made them, so resuming stays exact."""
+
+    def __init__(self, run: Run):
+        self.run = run
+        self.pool = ThreadPoolExecutor(1, thread_name_prefix="xf-collate")
+        self.ahead = None  # ((epoch, offset), future of its micro-batches)
+        self.orders: dict[int, np.ndarray] = {}
+
+    def order(self, epoch: int) -> np.ndarray:
+        if epoch not in self.orders:
+            self.orders = {epoch: epoch_order(len(self.run.batches), self.run.o.seed, epoch)}
+        return self.orders[epoch]
+
+    def take(self, epoch: int, offset: int) -> list[dict]:
+        """The micro-batches of the update at ``offset`` of ``epoch``; starts collating the next."""
+        if self.ahead is not None and self.ahead[0] == (epoch, offset):
+            micro = self.ahead[1].result()
+        else:
+            micro = micro_batches(self.run, self.order(epoch), offset)
+        offset += self.run.per_update
+        if offset >= len(self.run.batches):
+            epoch, offset = epoch + 1, 0
+        self.ahead = ((epoch, offset), self.pool.submit(micro_batches, self.run, self.order(epoch), offset))
+        return micro
+
+    def close(self) -> None:
+        self.pool.shutdown(wait=True, cancel_futures=True)
 
 
 def check_step(run: Run, report: Reporter, loop: Loop, step: Step) -> None:
@@ -611,6 +649,7 @@ def train_loop(run: Run, report: Reporter, stop: StopSignal) -> tuple[Loop, Mete
     the policy asks for (log, validate, save)."""
     o, env, pos = run.o, run.env, run.pos
     loop, meter = Loop(run.elapsed_before), Meter(env.device)
+    prefetch = Prefetch(run)
     time_limit = 3600.0 * o.stop_time_hours
     report.start(run.total_updates, pos.num_updates, pos.epoch)
     while loop.stop_reason is None:
@@ -618,7 +657,7 @@ def train_loop(run: Run, report: Reporter, stop: StopSignal) -> tuple[Loop, Mete
         order = epoch_order(len(run.batches), o.seed, epoch)
         while pos.epoch == epoch and loop.stop_reason is None:
             t0 = time.perf_counter()
-            micro = micro_batches(run, order)
+            micro = prefetch.take(epoch, pos.batch_offset)
             # One collective per update: the token counts of all ranks (to normalize the gradient
             # by the whole update's target tokens) and whether a rank was signalled. Rank 0's
             # clock decides --stop-time-hours for all: this update is the last.
@@ -649,6 +688,7 @@ def train_loop(run: Run, report: Reporter, stop: StopSignal) -> tuple[Loop, Mete
             follow_plan(run, report, loop, meter, after, lr)
     if loop.stop_reason == "signal" and loop.saved_at != pos.num_updates:
         save(run, ["checkpoint_last.pt"], loop.last_valid, loop.elapsed())
+    prefetch.close()
     return loop, meter
 
 
