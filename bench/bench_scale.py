@@ -1,24 +1,26 @@
 """The WMT-sized dry run: xf preprocess and xf train on corpora of WMT14's size, on the CPU.
 
-Run it by name (``BENCH=scale make bench``); plain ``make bench`` skips it (the full sizes take an
-hour and tens of gigabytes of disk). For each size in XF_BENCH_SCALE_PAIRS (default
-4500000,36000000: WMT14 EN-DE and EN-FR) a corpus of real sentences is built -- Multi30k EN-FR
-train (29,000 pairs) and News Commentary EN-FR (5,000) from ../shared/data, each repetition in
-another seeded order -- and then:
+Run it by name (``BENCH=scale make bench``); plain ``make bench`` skips it (the full sizes take
+tens of minutes and gigabytes of disk). The sentences are real: Multi30k EN-FR train (29,000
+pairs) and News Commentary EN-FR (5,000) from ../shared/data, each repetition in another seeded
+order; validation is newstest2013 EN-FR. The sentencepiece model (8000) is learned once on them.
 
-- ``xf preprocess`` (2 workers, the sentencepiece model learned once on the base sentences and
-  reused, so the time is the line check and binarization): pairs/s and peak memory of the process
-  tree;
-- ``xf train`` (a `tiny` model: the bench measures the data path, not the model) for a few
-  updates: the time from the process's start to its first update, and the training process's
-  peak memory (VmHWM); on the largest size, stopped and resumed mid-epoch: the time to the first
-  update after the resume, and the position it resumed from;
-- the epoch boundary, on a subset (XF_BENCH_SCALE_SUBSET pairs, default 5000), trained for two
+- preprocess (part ``preprocess``): for each size in XF_BENCH_SCALE_PREPROCESS_PAIRS (default:
+  the training sizes), ``xf preprocess`` with 2 workers and the learned model (so the time is the
+  line check and binarization): pairs/s and peak memory of the process tree, and their ratio to
+  the smallest size (flat: about 1);
+- train (part ``train``): for each size in XF_BENCH_SCALE_PAIRS (default 4500000,36000000: WMT14
+  EN-DE and EN-FR) a data directory of the binarized sentences repeated the same way (what xf
+  preprocess writes for the repeated text, without encoding the same sentences again), then
+  ``xf train`` with a `tiny` model (this measures the data path, not the model) for a few updates:
+  the time from the process's start to its first update and its peak memory (VmHWM), as ratios to
+  the smallest size; on the largest, stopped and resumed mid-epoch: the time to the first update
+  after the resume;
+- epoch (part ``epoch``): a subset (XF_BENCH_SCALE_SUBSET pairs, default 5000) trained for two
   epochs in one process: the first update of epoch 2 against the median update (nothing is
   reloaded at the boundary, so the ratio stays near 1).
 
-Start-up time and memory should stay flat in the number of pairs, apart from what the data
-itself needs: the rows give each size's figures and their ratio to the smallest size.
+XF_BENCH_SCALE_PARTS picks the parts (default all three).
 """
 
 from __future__ import annotations
