@@ -279,7 +279,9 @@ def batch_by_size(
                 # Shortest first, ``longest`` never decreases: inside a run of pairs of this length
                 # every batch the greedy cut makes is ``per`` pairs. Cut them all at once (one step
                 # per distinct length, not per batch: 36M pairs make some 10^5 batches).
-                full = (int(np.searchsorted(longest, length, side="right")) - start) // per
+                # (the needle in the array's dtype: another one would convert the whole array)
+                run_end = int(np.searchsorted(longest, longest.dtype.type(length), side="right"))
+                full = (run_end - start) // per
                 if full > 1:
                     batches.extend(np.split(order[start : start + full * per], full))
                     start += full * per
