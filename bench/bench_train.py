@@ -96,7 +96,8 @@ def wmt_like_data(root: Path, pairs: int = PAIRS, vocab: int = VOCAB) -> Path:
 
     import sentencepiece as spm
 
-    from xformer_cli.data import BOS_ID, EOS_ID, FORMAT_VERSION, PAD_ID, UNK_ID, TokenArrayWriter, smallest_dtype
+    from xformer_cli.data import FORMAT_VERSION, TokenArrayWriter, smallest_dtype
+    from xformer_cli.vocab import BOS_ID, EOS_ID, PAD_ID, UNK_ID
 
     dest = root / f"wmt-like-{pairs}"
     dest.mkdir(parents=True)
@@ -226,10 +227,9 @@ def reference_train(data: str, out: str, device: str, precision: str, compiled: 
     import torch.nn.functional as F
     from torch import nn
 
-    from xformer_cli.data import DataDir, batch_by_size, collate
+    from xformer_cli.data import DataDir, batch_by_size, collate, epoch_order
     from xformer_cli.model import PAD_ID, model_config, sinusoidal_positions
     from xformer_cli.schedule import learning_rate
-    from xformer_cli.data import epoch_order
     from xformer_cli.train import peak_memory_mib
 
     dev = torch.device(device)

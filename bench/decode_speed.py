@@ -4,7 +4,7 @@ whose translate bench runs the whole xf translate pipeline on Multi30k).
 A randomly initialised `base` model (vocabulary 37000) decodes synthetic sources with WMT-like
 lengths (mean 27 subwords, bench_train.wmt_like_lengths) through xf's own search call
 (``translate.search`` with xf translate's defaults: beam 4, GNMT length penalty 0.6), batches of
-XF_BENCH_DECODE_BATCH (128) sentences sorted by length as xf translate does. A random model never
+XF_BENCH_DECODE_BATCH (128) sentences, longest first, as xf translate makes them. A random model never
 chooses eos, so outputs are capped at the source length (max_len_a 1, max_len_b 0): about the
 length of real translations. Sentences/s on the device in fp32 and bf16, and on the CPU in fp32
 on a subset, measured in the same run (the ratio is device over CPU).
@@ -29,9 +29,10 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench_train import cpu_flags, wmt_like_lengths  # noqa: E402
 
+from xformer_cli.data import batch_by_size, collate_source  # noqa: E402
 from xformer_cli.model import build_model  # noqa: E402
 from xformer_cli.options import TranslateOptions  # noqa: E402
-from xformer_cli.translate import make_batches, search, source_batch  # noqa: E402
+from xformer_cli.translate import search  # noqa: E402
 
 DRY = os.environ.get("XF_BENCH_DRY_RUN") == "1"
 ARCH, VOCAB = ("tiny", 1000) if DRY else ("base", 37000)
@@ -48,14 +49,15 @@ def sources(n: int) -> list[list[int]]:
 
 def sentences_per_second(model, sents: list[list[int]], device: torch.device) -> tuple[float, int]:
     options = dataclasses.replace(TranslateOptions(path=("-",)), beam=4, max_len_a=1.0, max_len_b=0)
-    batches = make_batches([len(s) for s in sents], BATCH)
+    # as xf translate batches: longest first, by source length
+    batches = batch_by_size([len(s) for s in sents], max_sentences=BATCH, longest_first=True)
     # warm-up: one batch (kernels, allocator)
-    search([model], source_batch([sents[i] for i in batches[0]], device), options)
+    search([model], collate_source([sents[i] for i in batches[0]]).to(device), options)
     if device.type == "cuda":
         torch.cuda.synchronize()
     start, out_tokens = time.perf_counter(), 0
     for batch in batches:
-        hyps = search([model], source_batch([sents[i] for i in batch], device), options)
+        hyps = search([model], collate_source([sents[i] for i in batch]).to(device), options)
         out_tokens += sum(len(h[0].tokens) for h in hyps)  # host lists: synchronized
     return len(sents) / (time.perf_counter() - start), out_tokens
 
