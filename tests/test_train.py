@@ -347,3 +347,21 @@ def test_stop_time_hours_counts_resumed_time_and_leaves_a_numbered_checkpoint(da
     # a larger budget trains on from where it stopped
     more = train(opts(data_dir, save, max_epoch=5, stop_time_hours=1.0, max_update=4))
     assert more["num_updates"] == 4
+
+
+def test_prefetched_batches_are_the_batches_of_each_update(data_dir, tmp_path):
+    """Collated ahead in a thread (CUDA's way, forced here on CPU), across an epoch boundary and
+    after a jump (a resume), the micro-batches are those made when asked."""
+    o = opts(data_dir, tmp_path, update_freq=2)
+    run = train_module.set_up(o, train_module.distributed.setup("cpu"))
+    ahead = train_module.Prefetch(run, background=True)
+    n = len(run.batches)
+    positions = [(1, off) for off in range(0, n, 2)] + [(2, 0), (2, 2), (2, 6), (2, 8)]
+    for epoch, offset in positions:
+        got = ahead.take(epoch, offset)
+        want = train_module.micro_batches(run, train_module.epoch_order(n, o.seed, epoch), offset)
+        assert len(got) == len(want)
+        for g, w in zip(got, want):
+            assert all(torch.equal(g[k], w[k]) for k in ("src", "prev_output", "target"))
+    assert ahead.ahead[0] == (2, 10)  # the update after the last one asked for is on its way
+    ahead.close()

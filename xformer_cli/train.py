@@ -590,13 +590,15 @@ def micro_batches(run: Run, order: np.ndarray, offset: Optional[int] = None) -> 
 
 
 class Prefetch:
-    """Collates the next update's micro-batches in a background thread while this one trains
-    (numpy's gathers and copies release the GIL for most of that work). The batches are the same
-    whichever thread made them, so resuming stays exact."""
+    """On CUDA, collates the next update's micro-batches in a background thread while the GPU
+    trains on this one (numpy's gathers and copies release the GIL for most of that work). On a
+    CPU the cores that would collate are the ones computing, so it collates when asked. The
+    batches are the same whichever thread made them, so resuming stays exact."""
 
-    def __init__(self, run: Run):
+    def __init__(self, run: Run, background: Optional[bool] = None):
         self.run = run
-        self.pool = ThreadPoolExecutor(1, thread_name_prefix="xf-collate")
+        background = run.env.device.type == "cuda" if background is None else background
+        self.pool = ThreadPoolExecutor(1, thread_name_prefix="xf-collate") if background else None
         self.ahead = None  # ((epoch, offset), future of its micro-batches)
         self.orders: dict[int, np.ndarray] = {}
 
@@ -611,14 +613,16 @@ class Prefetch:
             micro = self.ahead[1].result()
         else:
             micro = micro_batches(self.run, self.order(epoch), offset)
-        offset += self.run.per_update
-        if offset >= len(self.run.batches):
-            epoch, offset = epoch + 1, 0
-        self.ahead = ((epoch, offset), self.pool.submit(micro_batches, self.run, self.order(epoch), offset))
+        if self.pool is not None:
+            offset += self.run.per_update
+            if offset >= len(self.run.batches):
+                epoch, offset = epoch + 1, 0
+            self.ahead = ((epoch, offset), self.pool.submit(micro_batches, self.run, self.order(epoch), offset))
         return micro
 
     def close(self) -> None:
-        self.pool.shutdown(wait=True, cancel_futures=True)
+        if self.pool is not None:
+            self.pool.shutdown(wait=True, cancel_futures=True)
 
 
 def check_step(run: Run, report: Reporter, loop: Loop, step: Step) -> None:
