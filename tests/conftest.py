@@ -34,3 +34,17 @@ def shared_data() -> Path:
 def pytest_addoption(parser):
     parser.addoption("--slow", action="store_true", default=False,
                      help="run the long variants of the fault-injection tests (tests/test_faults.py)")
+
+
+def pytest_collection_modifyitems(config, items):
+    """Tests marked ``cuda`` are skipped, saying why, on a machine without a CUDA device."""
+    cuda_tests = [item for item in items if "cuda" in item.keywords]
+    if not cuda_tests:
+        return
+    import torch
+
+    if torch.cuda.is_available():
+        return
+    reason = f"needs a CUDA device (torch {torch.__version__} sees none); bench/gpu.sh runs these on a GPU"
+    for item in cuda_tests:
+        item.add_marker(pytest.mark.skip(reason=reason))

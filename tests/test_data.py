@@ -17,6 +17,7 @@ from xformer_cli.data import (
     collate,
     collate_source,
     epoch_order,
+    length_order,
     rank_share,
     smallest_dtype,
     update_batches,
@@ -183,17 +184,46 @@ def test_verify_is_chunked_without_losing_the_boundaries(tmp_path):
 
 
 def test_batch_by_size_hand_checked():
-    # padded lengths (size + 1): src [4,2,5,2,6], tgt [3,8,2,3,4]
-    # sorted by tgt then src: 2 (tgt 2), 3 (tgt 3, src 2), 0 (tgt 3, src 4), 4 (tgt 4), 1 (tgt 8)
-    # longest side along that order: 5, 3, 4, 6, 8
-    # budget 12: [2,3] costs 2*5=10 (adding 0 would cost 3*5=15); [0,4] costs 2*6=12; [1] costs 8
+    # padded lengths (size + 1): src [4,2,5,2,6], tgt [3,8,2,3,4]; longer side [4,8,5,3,6]
+    # sorted by the longer side (then src, then tgt): 3 (3), 0 (4), 2 (5), 4 (6), 1 (8)
+    # budget 12: [3,0] costs 2*4=8 (adding 2 would cost 3*5=15); [2,4] costs 2*6=12; [1] costs 8
     src, tgt = np.array([3, 1, 4, 1, 5]), np.array([2, 7, 1, 2, 3])
     batches = batch_by_size(src, tgt, max_tokens=12)
-    assert [b.tolist() for b in batches] == [[2, 3], [0, 4], [1]]
-    assert [b.tolist() for b in batch_by_size(src, tgt, 12, max_sentences=1)] == [[2], [3], [0], [4], [1]]
+    assert [b.tolist() for b in batches] == [[3, 0], [2, 4], [1]]
+    assert [b.tolist() for b in batch_by_size(src, tgt, 12, max_sentences=1)] == [[3], [0], [2], [4], [1]]
     with pytest.warns(UserWarning, match="1 pair"):  # pair 1 (8 > 7) gets its own batch
         batches = batch_by_size(src, tgt, max_tokens=7)
-    assert [b.tolist() for b in batches] == [[2], [3], [0], [4], [1]]
+    assert [b.tolist() for b in batches] == [[3], [0], [2], [4], [1]]
+
+
+def test_batch_by_size_equals_the_plain_greedy_cut():
+    """The cut that jumps over runs of equal lengths makes the batches a pair-by-pair greedy
+    cut along the same order makes."""
+    rng = np.random.default_rng(2)
+    src, tgt = rng.integers(0, 30, 3000), rng.integers(0, 30, 3000)
+    for max_tokens, max_sentences in ((64, None), (200, None), (200, 7), (31, None)):
+        order = np.concatenate(batch_by_size(src, tgt, max_tokens, max_sentences))
+        expected, batch = [], []
+        for i in order:
+            grown = batch + [i]
+            longest = max(max(src[j], tgt[j]) + 1 for j in grown)
+            if batch and (len(grown) * longest > max_tokens or len(grown) > (max_sentences or len(order))):
+                expected.append(batch)
+                grown = [i]
+            batch = grown
+        expected.append(batch)
+        assert [b.tolist() for b in batch_by_size(src, tgt, max_tokens, max_sentences)] == expected
+
+
+def test_length_order_equals_lexsort_and_breaks_ties_by_perm():
+    rng = np.random.default_rng(1)
+    keys = [rng.integers(0, 9, 500) for _ in range(3)]
+    assert np.array_equal(length_order(keys), np.lexsort(keys))
+    assert np.array_equal(length_order(keys, descending=True), np.lexsort([-k for k in keys]))
+    wide = [k * 10_000 for k in keys]  # beyond 16 bits: the np.lexsort path
+    assert np.array_equal(length_order(wide), np.lexsort(wide))
+    perm = rng.permutation(500)
+    assert np.array_equal(length_order(keys, perm=perm), perm[np.lexsort([k[perm] for k in keys])])
 
 
 def test_batch_by_size_invariants():
@@ -208,8 +238,8 @@ def test_batch_by_size_invariants():
         for b in batches:
             assert len(b) <= 16
             assert len(b) * (src[b].max() + 1) <= 200 and len(b) * (tgt[b].max() + 1) <= 200
-        keys = list(zip(tgt[flat], src[flat]))
-        assert keys == sorted(keys)  # length order
+        keys = list(zip(np.maximum(src, tgt)[flat], src[flat], tgt[flat]))
+        assert keys == sorted(keys)  # length order: the longer side, then source, then target
     plain = np.concatenate(batch_by_size(src, tgt, 200, seed=None))
     seeded = [np.concatenate(batch_by_size(src, tgt, 200, seed=s)) for s in (3, 3, 4)]
     assert (seeded[0] == seeded[1]).all() and not (seeded[0] == seeded[2]).all()

@@ -25,8 +25,9 @@ from xformer_cli.train import remove_old_checkpoints, train
 
 REPO = Path(__file__).resolve().parents[1]
 # A model small enough that an update takes milliseconds.
+# fp32 by name: --precision auto would pick bf16 on CPUs with bf16 instructions (test_precision.py)
 MICRO = dict(arch="tiny", d_model=32, d_ff=64, heads=2, encoder_layers=1, decoder_layers=1,
-             max_tokens=300, warmup_updates=4, log_interval=1, device="cpu", seed=3, threads=1)
+             max_tokens=300, warmup_updates=4, log_interval=1, device="cpu", seed=3, threads=1, precision="fp32")
 
 
 def slice_multi30k(src_dir: Path, out: Path, train_lines: int, valid_lines: int) -> Path:
@@ -359,3 +360,21 @@ def test_a_corrupt_checkpoint_last_names_the_checkpoint_to_resume_from(data_dir,
     with pytest.raises(XfError, match=rf"checkpoint_last\.pt: not an xf checkpoint \(a truncated zip archive.*\); "
                                       rf"the newest intact checkpoint is {save}/checkpoint_\d+_3\.pt: copy it to"):
         train(opts(data_dir, save, max_update=4))
+
+
+def test_prefetched_batches_are_the_batches_of_each_update(data_dir, tmp_path):
+    """Collated ahead in a thread (CUDA's way, forced here on CPU), across an epoch boundary and
+    after a jump (a resume), the micro-batches are those made when asked."""
+    o = opts(data_dir, tmp_path, update_freq=2)
+    run = train_module.set_up(o, train_module.distributed.setup("cpu"))
+    ahead = train_module.Prefetch(run, background=True)
+    n = len(run.batches)
+    positions = [(1, off) for off in range(0, n, 2)] + [(2, 0), (2, 2), (2, 6), (2, 8)]
+    for epoch, offset in positions:
+        got = ahead.take(epoch, offset)
+        want = train_module.micro_batches(run, train_module.epoch_order(n, o.seed, epoch), offset)
+        assert len(got) == len(want)
+        for g, w in zip(got, want):
+            assert all(torch.equal(g[k], w[k]) for k in ("src", "prev_output", "target"))
+    assert ahead.ahead[0] == (2, 10)  # the update after the last one asked for is on its way
+    ahead.close()

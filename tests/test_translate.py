@@ -288,11 +288,11 @@ def test_precision_auto_and_its_refusals(monkeypatch):
 
     cpu, cuda = torch.device("cpu"), torch.device("cuda")
     for native, expected in ((False, "fp32"), (True, "bf16")):
-        monkeypatch.setattr(translate_module, "native_bf16_cpu", lambda: native)
+        monkeypatch.setattr(translate_module, "cpu_bf16_instructions", lambda: ["avx512_bf16"] if native else [])
         assert resolve_precision(cpu, "auto") == expected
         assert resolve_precision(cpu, "auto", "int8") == "fp32"  # int8 layers, fp32 around them
     assert resolve_precision(cpu, "bf16") == "bf16"  # this CPU (patched) has bf16 instructions
-    monkeypatch.setattr(translate_module, "native_bf16_cpu", lambda: False)
+    monkeypatch.setattr(translate_module, "cpu_bf16_instructions", lambda: [])
     with pytest.raises(ConfigError, match="bf16 instructions"):
         resolve_precision(cpu, "bf16")
     with pytest.raises(ConfigError, match="is for CUDA"):

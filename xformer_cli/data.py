@@ -303,20 +303,20 @@ def batch_by_size(
 ) -> list[np.ndarray]:
     """Group sentence indices into batches of similar length under a token or sentence budget.
 
-    Indices are sorted by target length, then source length (stable; with ``seed``, pairs of equal
-    lengths are shuffled first, so ties come in a random but reproducible order); shortest first,
-    or longest first. Batches are cut greedily along that order so that, on each side, ``batch
+    Indices are sorted by the longer side's length, then source length, then target length
+    (stable; with ``seed``, pairs of equal lengths are shuffled first, so ties come in a random but
+    reproducible order); shortest first, or longest first. Batches are cut greedily along that order so that, on each side, ``batch
     size * longest padded length <= max_tokens`` (None: no token budget), where the padded length
     counts the eos (source, target) or bos (decoder input): ``size + 1``, and so that a batch
     holds at most ``max_sentences``. A pair longer than ``max_tokens`` on its own gets a batch of
-    its own (and a warning). Returns a list of int64 index arrays; the caller shuffles the order
-    of batches.
+    its own (and a warning). Returns a list of index arrays (int32: views of one array of
+    4 bytes a pair); the caller shuffles the order of batches.
 
     Source-only mode (``tgt_sizes`` None: translation, validation BLEU) batches by source length
     alone, and an oversize sentence is batched alone without a warning (every line is translated).
     """
-    src_len = np.asarray(src_sizes, dtype=np.int64) + 1
-    tgt_len = src_len if tgt_sizes is None else np.asarray(tgt_sizes, dtype=np.int64) + 1
+    src_len = padded_lengths(src_sizes)
+    tgt_len = src_len if tgt_sizes is None else padded_lengths(tgt_sizes)
     n = len(src_len)
     if len(tgt_len) != n:
         raise ValueError(f"{n} source sizes but {len(tgt_len)} target sizes")
@@ -324,23 +324,37 @@ def batch_by_size(
         raise ValueError("max_tokens must be positive")
     if max_tokens is None and not max_sentences:
         raise ValueError("batch_by_size needs max_tokens or max_sentences")
-    sign = -1 if longest_first else 1
-    if seed is None:
-        order = np.lexsort((sign * src_len, sign * tgt_len))  # last key is the primary one; stable
-    else:
-        perm = np.random.default_rng(seed).permutation(n)
-        order = perm[np.lexsort((sign * src_len[perm], sign * tgt_len[perm]))]
-    longest = np.maximum(src_len, tgt_len)[order]
+    # 2-D order: by the longer side first (what the budget counts), then the source, then the
+    # target length, so both sides of a batch are nearly equal. (Issue 10, Multi30k EN-DE, max_tokens
+    # 4096: sorting by target then source left 10.4% of source and 0.7% of target positions padding
+    # in 122 batches; this order leaves 3.8% and 3.9% in 115.) Source-only: by source length.
+    longest_len = np.maximum(src_len, tgt_len)
+    perm = None if seed is None else np.random.default_rng(seed).permutation(n)
+    order = length_order([tgt_len, src_len, longest_len], descending=longest_first, perm=perm)
+    longest = longest_len[order]
+    del src_len, tgt_len, longest_len, perm
     cap = min(max_sentences or n, max_tokens or n, n) if n else 0
     batches, oversize, start = [], 0, 0
     while start < n:
         if max_tokens is None:
             k = min(cap, n - start)
         else:
-            # Sizes of the candidate batches order[start:start+k] for k = 1..cap; the cost k * max
+            length = int(longest[start])
+            per = min(cap, max(1, max_tokens // length))  # no batch starting here holds more pairs
+            if not longest_first and length <= max_tokens:
+                # Shortest first, ``longest`` never decreases: inside a run of pairs of this length
+                # every batch the greedy cut makes is ``per`` pairs. Cut them all at once (one step
+                # per distinct length, not per batch: 36M pairs make some 10^5 batches).
+                # (the needle in the array's dtype: another one would convert the whole array)
+                run_end = int(np.searchsorted(longest, longest.dtype.type(length), side="right"))
+                full = (run_end - start) // per
+                if full > 1:
+                    batches.extend(np.split(order[start : start + full * per], full))
+                    start += full * per
+                    continue
+            # Sizes of the candidate batches order[start:start+k] for k = 1..per; the cost k * max
             # length only grows with k, so the batch ends before the first k over budget.
-            # No batch starting here holds more than max_tokens // its first length pairs.
-            window = longest[start : start + min(cap, max(1, max_tokens // int(longest[start])))]
+            window = longest[start : start + per]
             cost = np.maximum.accumulate(window) * np.arange(1, len(window) + 1)
             k = int(np.searchsorted(cost, max_tokens, side="right"))
             if k == 0:
@@ -350,6 +364,34 @@ def batch_by_size(
     if oversize and tgt_sizes is not None:
         warnings.warn(f"{oversize} pair(s) longer than max_tokens={max_tokens} got a batch of their own", stacklevel=2)
     return batches
+
+
+def padded_lengths(sizes: Sequence[int]) -> np.ndarray:
+    """``sizes + 1`` (the eos or bos each side gets), as uint16 where they fit -- any real corpus:
+    36M pairs then cost 2 bytes a length instead of 8 -- else int64."""
+    sizes = np.asarray(sizes)
+    fits = len(sizes) == 0 or int(sizes.max()) < (1 << 16) - 1
+    return np.add(sizes, 1, dtype=np.uint16 if fits else np.int64, casting="unsafe")
+
+
+def length_order(keys: Sequence[np.ndarray], descending: bool = False, perm: np.ndarray | None = None) -> np.ndarray:
+    """Indices sorted by ``keys`` (non-negative integer arrays, the LAST one primary, as
+    np.lexsort), stable; ``perm``, a permutation, decides the order of ties instead of the index.
+
+    Lengths fit in 16 bits, and numpy's stable sort of 16-bit integers is a radix sort: one O(n)
+    pass per key (for 36M pairs several times faster than np.lexsort, which sorts in
+    O(n log n)). Longer keys fall back to np.lexsort. Indices are int32 below 2^31 (4 bytes a pair).
+    """
+    n = len(keys[0])
+    index = np.int32 if n < 2**31 else np.int64
+    order = np.arange(n, dtype=index) if perm is None else np.asarray(perm, dtype=index)
+    if all(n == 0 or int(k.max()) < 1 << 16 for k in keys):
+        for key in keys:  # least significant first; each pass stable
+            k = key.astype(np.uint16, copy=False)[order]
+            order = order[np.argsort(~k if descending else k, kind="stable")]
+        return order
+    sign = -1 if descending else 1
+    return order[np.lexsort([sign * np.asarray(k)[order] for k in keys])]
 
 
 def epoch_order(num_batches: int, seed: int, epoch: int) -> np.ndarray:

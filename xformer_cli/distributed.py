@@ -3,7 +3,9 @@
 ``torchrun --nproc-per-node G [--nnodes N ...] -m xformer_cli train ...`` starts one process per
 device and sets RANK, LOCAL_RANK and WORLD_SIZE; ``init_process_group`` reads them (NCCL between
 GPUs, gloo between CPU processes) and ``DistributedDataParallel`` all-reduces the gradients.
-Without torchrun this is a world of one and every collective below is a no-op.
+Without torchrun this is a world of one and every collective below is a no-op. Under torchrun
+even one process joins a process group and trains through DDP, so that one GPU exercises the
+same path (NCCL, gradient buckets, ``no_sync``) as many.
 
 No process waits forever for another: a collective that a dead or hung process never joins fails
 after ``--ddp-timeout-minutes`` (10 by default; a dead process's closed connection usually fails
@@ -33,6 +35,7 @@ class Env:
     world_size: int
     local_rank: int
     device: torch.device
+    process_group: bool = False  # joined a torch.distributed group (torchrun), even a world of one
 
     @property
     def is_main(self) -> bool:
@@ -41,7 +44,8 @@ class Env:
 
     @property
     def distributed(self) -> bool:
-        return self.world_size > 1
+        """Gradients go through DDP and the sums below through collectives."""
+        return self.process_group
 
     def sum(self, values: Sequence[float]) -> list[float]:
         """Element-wise sum of ``values`` over all ranks (one collective), as Python floats."""
@@ -86,10 +90,11 @@ def setup(device_option: str, timeout_minutes: float = 10.0) -> Env:
     device = resolve_device(device_option, local_rank)
     if device.type == "cuda":
         torch.cuda.set_device(device)
-    if world_size > 1 and not dist.is_initialized():
+    launched = world_size > 1 or "TORCHELASTIC_RUN_ID" in os.environ  # torchrun sets it, even for one process
+    if launched and not dist.is_initialized():
         dist.init_process_group(backend="nccl" if device.type == "cuda" else "gloo",
                                 timeout=timedelta(minutes=timeout_minutes))
-    return Env(rank, world_size, local_rank, device)
+    return Env(rank, world_size, local_rank, device, process_group=dist.is_initialized())
 
 
 # What the backends say when another process died or hung (gloo, NCCL, the TCP store).

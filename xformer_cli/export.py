@@ -123,7 +123,7 @@ def export_ctranslate2(options: ExportOptions) -> Path:
     """Write the CTranslate2 model directory of options.path to options.output, atomically:
     built in a temporary directory beside it, then renamed into place."""
     from .checkpoint import load_checkpoint, model_from_checkpoint
-    from .translate import load_sentencepiece
+    from .vocab import load_sentencepiece
 
     ct2 = import_ctranslate2()
     output = Path(options.output)
@@ -197,7 +197,8 @@ class CTranslate2Engine:
         """(engine, sentencepiece processor, device) for --engine ctranslate2 --path DIR."""
         import torch
 
-        from .translate import load_sentencepiece, native_bf16_cpu
+        from .precision import cpu_bf16_instructions
+        from .vocab import load_sentencepiece
 
         ct2 = import_ctranslate2()
         if len(options.path) != 1:
@@ -217,7 +218,7 @@ class CTranslate2Engine:
             device = "cuda" if ct2.get_cuda_device_count() > 0 else "cpu"
         if device == "cuda" and ct2.get_cuda_device_count() == 0:
             raise XfError("--device cuda: no CUDA device is available to CTranslate2")
-        compute_type = ct2_compute_type(device, options.precision, options.quantize, native_bf16_cpu())
+        compute_type = ct2_compute_type(device, options.precision, options.quantize, bool(cpu_bf16_instructions()))
         translator = ct2.Translator(str(path), device=device, compute_type=compute_type,
                                     intra_threads=max(options.threads, 0), inter_threads=1)
         return cls(translator, sp, int(info["max_positions"])), sp, torch.device(device)

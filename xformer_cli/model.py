@@ -70,7 +70,9 @@ def attention(q, k, v, mask=None, causal: bool = False, dropout: float = 0.0) ->
     (B, H, T, S). causal: mask future keys instead (T == S). dropout: on the attention weights.
     """
     t, s = q.size(-2), k.size(-2)
-    if q.device.type != "cpu" or t * s > MATMUL_ATTENTION_MAX_POSITIONS:
+    # Compiled (xf train --compile), SDPA always: the choice by length would be a guard on the
+    # symbolic shapes, and crossing it a recompilation.
+    if q.device.type != "cpu" or torch.compiler.is_compiling() or t * s > MATMUL_ATTENTION_MAX_POSITIONS:
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout, is_causal=causal)
     weights = attention_weights(q, k, mask, causal)
     if dropout:

@@ -169,9 +169,13 @@ class TrainOptions:
     label_smoothing: float = option(0.1, "label smoothing epsilon (paper: 0.1)")
     clip_norm: float = option(0.0, "clip gradient norm (0: off)")
     weight_decay: float = option(0.0, "decoupled weight decay (--optimizer adamw)")
-    precision: Literal["fp32", "bf16", "fp16"] = option("fp32", "training precision")
+    precision: Literal["auto", "fp32", "bf16", "fp16"] = option(
+        "auto", "training precision; auto: bf16 autocast where the GPU or CPU multiplies bf16 natively "
+        "(CUDA sm_80+, avx512_bf16 or AMX), else fp32; fp16 (loss-scaled) is for older GPUs")
     device: Literal["auto", "cpu", "cuda"] = option("auto", "device")
     threads: int = option(0, "CPU threads for torch (0: torch's default)")
+    compile: bool = option(False, "torch.compile the model (inductor, dynamic shapes: compiled once for "
+                           "all batch shapes); the compile time is reported apart from the speed")
     seed: int = option(1, "random seed")
     # checkpoints, validation, logging
     save_interval_updates: int = option(0, "also save checkpoint_<epoch>_<update>.pt every N updates")

@@ -28,6 +28,7 @@ import sys
 import tempfile
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Optional
 
@@ -47,6 +48,7 @@ from .loss import fused_output_loss
 from .model import Transformer, config_to_dict
 from .options import MODEL_OVERRIDES, ModelConfig, TrainOptions, model_config
 from .safety import SaveDirLock
+from .precision import autocast_context, choose_precision, cpu_bf16_instructions, hardware_note
 from .schedule import learning_rate
 from .train_log import Reporter, format_seconds
 from .train_policy import AfterUpdate, improves, plan_after_validation, plan_update
@@ -84,22 +86,6 @@ def prepare_save_dir(path: Path) -> None:
         os.unlink(probe)
     except OSError as e:
         raise XfError(f"save dir {path} is not writable: {e.strerror or e}") from None
-
-
-def autocast_context(precision: str, device: torch.device) -> contextlib.AbstractContextManager:
-    """bf16 or fp16 autocast (matmuls in half precision, reductions and the loss in float32)."""
-    if precision == "fp32":
-        return contextlib.nullcontext()
-    dtype = torch.bfloat16 if precision == "bf16" else torch.float16
-    return torch.autocast(device.type, dtype=dtype)
-
-
-def cpu_has_native_bf16() -> bool:
-    check = getattr(torch.ops.mkldnn, "_is_mkldnn_bf16_supported", None)
-    try:
-        return bool(check()) if check is not None else True
-    except RuntimeError:
-        return True
 
 
 def peak_memory_mib(device: torch.device) -> float:
@@ -389,8 +375,28 @@ def set_up(o: TrainOptions, env: distributed.Env, lock: SaveDirLock) -> Run:
         from torch.nn.parallel import DistributedDataParallel as DDP
 
         forward = DDP(model, device_ids=[env.device.index] if env.device.type == "cuda" else None)
+    if o.compile:
+        forward = compile_forward(forward)
     return Run(o, env, console, data, train_set, valid_set, batches, valid_batches, cfg, sp, model, forward,
                optimizer, scaler, autocast_context(o.precision, env.device), pos, elapsed_before)
+
+
+COMPILE_BACKEND = "inductor"  # tests use "aot_eager": the same graphs, without minutes of code generation
+
+
+def compile_forward(forward: torch.nn.Module) -> torch.nn.Module:
+    """torch.compile of the training forward pass (the model, or DDP around it, whose buckets
+    dynamo splits the graph at). Dynamic shapes: batches of every (B, S, T) share one compiled
+    graph instead of one per shape. Validation and search run the uncompiled model, and the output
+    projection with the loss (loss.fused_output_loss, a custom autograd function) stays eager."""
+    return torch.compile(forward, backend=COMPILE_BACKEND, dynamic=True)
+
+
+def compiled_graphs() -> int:
+    """How many graphs torch.compile has made in this process (recompilations included)."""
+    from torch._dynamo.utils import counters
+
+    return int(counters["stats"]["unique_graphs"])
 
 
 def resume(ckpt: dict, model: Transformer, optimizer: torch.optim.Optimizer,
@@ -425,7 +431,7 @@ def start_report(run: Run) -> Reporter:
         atomic_write_text(run.save_dir / "config.yaml",
                           "# the effective options of this run; reuse with: xf train --config config.yaml\n"
                           + yaml.safe_dump(effective_options(o, cfg), sort_keys=False))
-    if o.precision == "bf16" and env.device.type == "cpu" and not cpu_has_native_bf16():
+    if o.precision == "bf16" and env.device.type == "cpu" and not cpu_bf16_instructions():
         report.warn("this CPU has no native bf16 matrix instructions (avx512_bf16/AMX): bf16 training "
                     "will be slower than fp32 here")
     report.table("xf train", [
@@ -437,7 +443,9 @@ def start_report(run: Run) -> Reporter:
         ("effective batch", f"{o.max_tokens:,} tokens x {o.update_freq} (update freq) x {env.world_size} "
                             f"(processes) = {o.max_tokens * run.per_update:,} tokens per update"),
         ("updates per epoch", f"{run.updates_per_epoch:,} ({len(run.batches):,} batches)"),
-        ("device", f"{env.device} x {env.world_size}, {o.precision}, {torch.get_num_threads()} threads"),
+        ("device", f"{env.device} x {env.world_size}, {torch.get_num_threads()} threads"
+                   + (", compiled (torch.compile, dynamic shapes)" if o.compile else "")),
+        ("precision", f"{o.precision} ({hardware_note(env.device)})"),
         ("schedule", f"{o.lr_scheduler}, warmup {o.warmup_updates}"
                      + (f", lr {o.lr:g}" if o.lr is not None else f", lr factor {o.lr_factor:g}")),
         ("save dir", f"{run.save_dir}" + (f" (resuming at update {pos.num_updates:,}, epoch {pos.epoch})"
@@ -505,6 +513,7 @@ class Meter:
         self.window = dict(self.timed, gnorm=0.0, finite=0, tokens=0.0)
         self.window_loss = torch.zeros(2, dtype=torch.float64, device=device)  # loss and nll sums
         self.first_update = True
+        self.first_update_seconds: Optional[float] = None  # with --compile: the compilation's time
 
     def add(self, step: Step, ntokens: float, src_tokens: float, seconds: float) -> None:
         if step.finite:
@@ -518,6 +527,8 @@ class Meter:
                 d["updates"] += 1
                 d["src"] += src_tokens
                 d["tgt"] += ntokens
+        else:
+            self.first_update_seconds = seconds
         self.first_update = False
 
     def eta(self, remaining_updates: Optional[int], time_left: Optional[float]) -> Optional[float]:
@@ -570,10 +581,51 @@ class Loop:
         return self.elapsed_before + time.monotonic() - self.start
 
 
-def micro_batches(run: Run, order: np.ndarray) -> list[dict]:
-    """This rank's collated micro-batches of the next update."""
-    share = update_batches(order, run.pos.batch_offset, run.o.update_freq, run.env.rank, run.env.world_size)
-    return [collate([run.train_set[i] for i in run.batches[b]]) for b in share]
+def micro_batches(run: Run, order: np.ndarray, offset: Optional[int] = None) -> list[dict]:
+    """This rank's collated micro-batches of the update at ``offset`` (default: the next one); on
+    CUDA in pinned memory, so that train_step's copies to the device are asynchronous."""
+    offset = run.pos.batch_offset if offset is None else offset
+    share = update_batches(order, offset, run.o.update_freq, run.env.rank, run.env.world_size)
+    micro = [collate([run.train_set[i] for i in run.batches[b]]) for b in share]
+    if run.env.device.type == "cuda":
+        micro = [{k: v.pin_memory() if torch.is_tensor(v) else v for k, v in b.items()} for b in micro]
+    return micro
+
+
+class Prefetch:
+    """On CUDA, collates the next update's micro-batches in a background thread while the GPU
+    trains on this one (numpy's gathers and copies release the GIL for most of that work). On a
+    CPU the cores that would collate are the ones computing, so it collates when asked. The
+    batches are the same whichever thread made them, so resuming stays exact."""
+
+    def __init__(self, run: Run, background: Optional[bool] = None):
+        self.run = run
+        background = run.env.device.type == "cuda" if background is None else background
+        self.pool = ThreadPoolExecutor(1, thread_name_prefix="xf-collate") if background else None
+        self.ahead = None  # ((epoch, offset), future of its micro-batches)
+        self.orders: dict[int, np.ndarray] = {}
+
+    def order(self, epoch: int) -> np.ndarray:
+        if epoch not in self.orders:
+            self.orders = {epoch: epoch_order(len(self.run.batches), self.run.o.seed, epoch)}
+        return self.orders[epoch]
+
+    def take(self, epoch: int, offset: int) -> list[dict]:
+        """The micro-batches of the update at ``offset`` of ``epoch``; starts collating the next."""
+        if self.ahead is not None and self.ahead[0] == (epoch, offset):
+            micro = self.ahead[1].result()
+        else:
+            micro = micro_batches(self.run, self.order(epoch), offset)
+        if self.pool is not None:
+            offset += self.run.per_update
+            if offset >= len(self.run.batches):
+                epoch, offset = epoch + 1, 0
+            self.ahead = ((epoch, offset), self.pool.submit(micro_batches, self.run, self.order(epoch), offset))
+        return micro
+
+    def close(self) -> None:
+        if self.pool is not None:
+            self.pool.shutdown(wait=True, cancel_futures=True)
 
 
 def check_step(run: Run, report: Reporter, loop: Loop, step: Step) -> None:
@@ -604,6 +656,7 @@ def train_loop(run: Run, report: Reporter, stop: StopSignal) -> tuple[Loop, Mete
     the policy asks for (log, validate, save)."""
     o, env, pos = run.o, run.env, run.pos
     loop, meter = Loop(run.elapsed_before), Meter(env.device)
+    prefetch = Prefetch(run)
     time_limit = 3600.0 * o.stop_time_hours
     report.start(run.total_updates, pos.num_updates, pos.epoch)
     while loop.stop_reason is None:
@@ -611,7 +664,7 @@ def train_loop(run: Run, report: Reporter, stop: StopSignal) -> tuple[Loop, Mete
         order = epoch_order(len(run.batches), o.seed, epoch)
         while pos.epoch == epoch and loop.stop_reason is None:
             t0 = time.perf_counter()
-            micro = micro_batches(run, order)
+            micro = prefetch.take(epoch, pos.batch_offset)
             # One collective per update: the token counts of all ranks (to normalize the gradient
             # by the whole update's target tokens) and whether a rank was signalled. Rank 0's
             # clock decides --stop-time-hours for all: this update is the last.
@@ -642,6 +695,7 @@ def train_loop(run: Run, report: Reporter, stop: StopSignal) -> tuple[Loop, Mete
             follow_plan(run, report, loop, meter, after, lr)
     if loop.stop_reason == "signal" and loop.saved_at != pos.num_updates:
         save(run, ["checkpoint_last.pt"], loop.last_valid, loop.elapsed())
+    prefetch.close()
     return loop, meter
 
 
@@ -668,6 +722,8 @@ def train(options: TrainOptions) -> dict:
     """Train as ``options`` say; returns the final summary (also the last line of train_log.jsonl)."""
     env = distributed.setup(options.device, options.ddp_timeout_minutes)
     try:
+        # --precision auto becomes what this device runs best; the run (and its config.yaml) says which
+        options = dataclasses.replace(options, precision=choose_precision(options.precision, env.device))
         check_precision(options, env.device)
         resume = f"Start every node again to resume from {Path(options.save_dir) / 'checkpoint_last.pt'}"
         with StopSignal() as stop, distributed.peer_failures(env, resume), \
@@ -702,6 +758,8 @@ def finish(run: Run, report: Reporter, loop: Loop, meter: Meter, stop: StopSigna
         "skipped_updates": loop.skipped, "train_seconds": round(seconds, 3), **meter.speed(meter.timed),
         "peak_memory_mib": round(peak_memory_mib(device), 1),
     }
+    if o.compile:  # compiling is the first update's time, kept apart from the speed above
+        summary.update(compile_seconds=round(meter.first_update_seconds or 0.0, 2), compiled_graphs=compiled_graphs())
     report.record("summary", summary)
     report.table("training summary", [
         ("stopped", stop_reason),
@@ -712,6 +770,8 @@ def finish(run: Run, report: Reporter, loop: Loop, meter: Meter, stop: StopSigna
         ("training time", format_seconds(seconds) + " (excluding start-up and validation)"),
         ("speed", f"{summary['src_tok_s']:,.0f} src tok/s, {summary['tgt_tok_s']:,.0f} tgt tok/s, "
                   f"{summary['ups']:.2f} upd/s" if seconds else "- (the first update is not timed)"),
+        *([("compile", f"{summary['compile_seconds']:.1f} s (the first update), {summary['compiled_graphs']} "
+                       "graph(s)")] if o.compile else []),
         ("peak memory", f"{summary['peak_memory_mib']:,.0f} MiB ({'CUDA allocated' if device.type == 'cuda' else 'RSS'})"),
         ("checkpoints", str(run.save_dir)),
     ])

@@ -29,6 +29,7 @@ from .errors import ConfigError, XfError
 from .fileio import atomic_write
 from .model import Transformer
 from .options import TranslateOptions
+from .precision import cpu_bf16_instructions, cuda_has_bf16
 from .safety import refuse_overwriting_inputs
 from .search import Hypothesis, search
 from .vocab import decode_line, load_sentencepiece
@@ -65,16 +66,6 @@ def load_ensemble(paths: Sequence[str], device: torch.device, dtype: torch.dtype
     return models, sp
 
 
-def native_bf16_cpu() -> bool:
-    """Whether this CPU has bf16 matrix instructions (avx512_bf16 or amx_bf16, from Linux's
-    /proc/cpuinfo); elsewhere bf16 is emulated and slower than fp32."""
-    try:
-        flags = Path("/proc/cpuinfo").read_text(errors="replace").split()
-    except OSError:
-        return False
-    return "avx512_bf16" in flags or "amx_bf16" in flags
-
-
 def resolve_precision(device: torch.device, precision: str, quantize: str = "none") -> str:
     """The precision to run in: auto is bf16 on GPUs with bf16 and on CPUs with bf16
     instructions, else fp32; --quantize int8 runs its int8 layers with fp32 around them."""
@@ -86,11 +77,11 @@ def resolve_precision(device: torch.device, precision: str, quantize: str = "non
             raise ConfigError(f"--quantize int8 runs around its int8 layers in fp32, not --precision {precision}")
         return "fp32"
     if precision == "auto":
-        bf16 = native_bf16_cpu() if cpu else torch.cuda.is_bf16_supported()
+        bf16 = bool(cpu_bf16_instructions()) if cpu else cuda_has_bf16(device)
         return "bf16" if bf16 else "fp32"
     if precision == "fp16" and cpu:
         raise ConfigError("--precision fp16 is for CUDA; on CPU translate in fp32 (or bf16 with bf16 instructions)")
-    if precision == "bf16" and cpu and not native_bf16_cpu():
+    if precision == "bf16" and cpu and not bool(cpu_bf16_instructions()):
         raise ConfigError("--precision bf16 on CPU needs bf16 instructions (avx512_bf16 or amx_bf16), which "
                           "this CPU lacks; use fp32 or auto")
     return precision

@@ -1,0 +1,72 @@
+"""Profile one update of xf train with torch.profiler and print the top operators.
+
+    python bench/profile_step.py DATA_DIR [--arch small] [--max-tokens 4096] [--device cpu]
+                                 [--precision fp32] [--rows 15]
+
+The update is xf's own ``train.train_step`` on the run's set-up (``train.set_up``), after two
+warm-up updates; operators are sorted by self time on the device (CPU time on a CPU). Writes
+nothing but a throw-away save directory.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from xformer_cli import distributed  # noqa: E402
+from xformer_cli.data import epoch_order  # noqa: E402
+from xformer_cli.options import TrainOptions  # noqa: E402
+from xformer_cli.train import micro_batches, set_up, train_step  # noqa: E402
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("data")
+    p.add_argument("--arch", default="small")
+    p.add_argument("--max-tokens", type=int, default=4096)
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--precision", default="fp32")
+    p.add_argument("--rows", type=int, default=15)
+    a = p.parse_args()
+    with tempfile.TemporaryDirectory() as save:
+        o = TrainOptions(data=a.data, save_dir=save, arch=a.arch, max_tokens=a.max_tokens, device=a.device,
+                         precision=a.precision)
+        run = set_up(o, distributed.setup(o.device))
+        order = epoch_order(len(run.batches), o.seed, 1)
+        # the batch closest to the median size, so the profile is of a typical update
+        sizes = np.array([len(b) for b in run.batches])
+        typical = int(np.argsort(sizes)[len(sizes) // 2])
+        order = np.concatenate([[typical] * 3, order])
+
+        def step():
+            micro = micro_batches(run, order)
+            ntokens = sum(b["ntokens"] for b in micro)
+            train_step(run.model, run.forward, run.optimizer, run.scaler, micro, grad_scale=1.0 / ntokens,
+                       lr=1e-4, autocast=run.autocast, label_smoothing=o.label_smoothing, clip_norm=o.clip_norm)
+            return ntokens
+
+        run.model.train()
+        for _ in range(2):
+            step()
+            run.pos.batch_offset += 1
+        cuda = run.env.device.type == "cuda"
+        activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+        with profile(activities=activities) as prof:
+            ntokens = step()
+            if cuda:
+                torch.cuda.synchronize()
+        key = "self_cuda_time_total" if cuda else "self_cpu_time_total"
+        print(f"one update: {a.arch}, {ntokens} target tokens, {a.device} {a.precision}, "
+              f"{torch.get_num_threads()} threads")
+        print(prof.key_averages().table(sort_by=key, row_limit=a.rows, max_name_column_width=48))
+
+
+if __name__ == "__main__":
+    main()

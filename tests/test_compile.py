@@ -1,0 +1,70 @@
+"""xf train --compile: one compilation for every batch shape, the same training as eager, and
+exact resume. The graphs are made with the aot_eager backend (forward and backward traced as
+inductor would get them, without its minutes of code generation on a small CPU); bench/gpu.sh
+and BENCH=train make bench run inductor itself."""
+
+import json
+
+import pytest
+import torch
+
+from xformer_cli import train as train_module
+from xformer_cli.checkpoint import load_checkpoint
+from xformer_cli.data import DataDir, batch_by_size
+from xformer_cli.options import TrainOptions
+from xformer_cli.train import train
+
+from test_train import MICRO, data_dir, raw_slice  # noqa: F401 - the shared Multi30k slice fixtures
+
+
+@pytest.fixture(autouse=True)
+def aot_eager(monkeypatch):
+    monkeypatch.setattr(train_module, "COMPILE_BACKEND", "aot_eager")
+    torch._dynamo.reset()
+    torch._dynamo.utils.counters.clear()
+    yield
+    torch._dynamo.reset()
+
+
+def train_losses(save_dir) -> list[float]:
+    lines = (save_dir / "train_log.jsonl").read_text().splitlines()
+    return [r["loss"] for r in map(json.loads, lines) if r["type"] == "train"]
+
+
+def opts(data_dir, save_dir, **kw) -> TrainOptions:
+    return TrainOptions(data=str(data_dir), save_dir=str(save_dir), **{**MICRO, "log_interval": 10, **kw})
+
+
+def test_one_compilation_for_all_batch_shapes_and_the_same_losses_as_eager(data_dir, tmp_path):  # noqa: F811
+    train_set = DataDir.open(data_dir).split("train")
+    shapes = {(len(b), int(train_set.src_sizes[b].max()), int(train_set.tgt_sizes[b].max()))
+              for b in batch_by_size(train_set.src_sizes, train_set.tgt_sizes, MICRO["max_tokens"])}
+    assert len(shapes) >= 10  # an epoch of many (batch, source, target) shapes
+    kw = dict(max_epoch=1, dropout=0.0, log_interval=1)
+    compiled = train(opts(data_dir, tmp_path / "compiled", compile=True, **kw))
+    eager = train(opts(data_dir, tmp_path / "eager", **kw))
+    # one graph, at most one more for a batch of one sentence (dynamo specializes sizes 0 and 1)
+    assert 1 <= compiled["compiled_graphs"] <= 2, compiled["compiled_graphs"]
+    assert compiled["compile_seconds"] > 0 and "compile_seconds" not in eager
+    assert compiled["num_updates"] == eager["num_updates"]
+    assert compiled["valid"]["loss"] == pytest.approx(eager["valid"]["loss"], rel=1e-5)
+    a = load_checkpoint(tmp_path / "compiled" / "checkpoint_last.pt")["model"]
+    b = load_checkpoint(tmp_path / "eager" / "checkpoint_last.pt")["model"]
+    assert a.keys() == b.keys()  # the compiled wrapper leaves no trace in the checkpoint
+    # Weights are not compared element by element: Adam (eps 1e-9) turns last-bit differences of
+    # near-zero gradients into lr-sized steps on a few elements. The losses say it trains the same.
+    for x, y in zip(train_losses(tmp_path / "compiled"), train_losses(tmp_path / "eager"), strict=True):
+        assert x == pytest.approx(y, rel=1e-4)
+
+
+def test_compiled_resume_is_exact(data_dir, tmp_path):  # noqa: F811
+    """N+M compiled updates in one run == N, stop, resume for M (dropout on)."""
+    kw = dict(compile=True, dropout=0.2, max_update=6)
+    train(opts(data_dir, tmp_path / "full", **kw))
+    train(opts(data_dir, tmp_path / "part", **{**kw, "max_update": 3}))
+    train(opts(data_dir, tmp_path / "part", **kw))
+    a = load_checkpoint(tmp_path / "full" / "checkpoint_last.pt")
+    b = load_checkpoint(tmp_path / "part" / "checkpoint_last.pt")
+    assert a["train_state"]["position"] == b["train_state"]["position"]
+    for name in a["model"]:
+        assert torch.equal(a["model"][name], b["model"][name]), name

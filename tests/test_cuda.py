@@ -1,0 +1,151 @@
+"""xf on a CUDA device: bf16 and fp16 (loss-scaled) training steps, DDP over NCCL, and GPU decoding
+equal to CPU fp32 decoding. Tests marked ``cuda`` are skipped, with the reason, without a GPU;
+``bench/gpu.sh`` runs them (``pytest -m cuda``). The DDP test also runs on CPU (gloo), so its
+path through torchrun is checked on every machine.
+
+No shared data is needed (a GPU machine may have only the repository): the corpus is a toy task
+of seeded pseudo-words, its target the source's words in reverse order, through xf preprocess.
+"""
+
+import json
+import os
+import random
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from xformer_cli.checkpoint import load_checkpoint
+from xformer_cli.model import EOS_ID, PAD_ID, build_model
+from xformer_cli.options import PreprocessOptions, TrainOptions
+from xformer_cli.preprocess import preprocess
+from xformer_cli.search import beam_search, greedy_search
+from xformer_cli.train import train
+
+REPO = Path(__file__).resolve().parents[1]
+SHAPE = dict(arch="tiny", d_model=64, d_ff=128, heads=4, encoder_layers=2, decoder_layers=2)
+TRAIN = dict(max_tokens=400, warmup_updates=4, log_interval=1, seed=3, threads=1, dropout=0.0,
+             lr_scheduler="inverse_sqrt", lr=2e-3, save_interval_minutes=0)
+CUDA = pytest.mark.cuda
+
+
+def toy_corpus(prefix: Path, lines: int, seed: int) -> None:
+    rng = random.Random(seed)
+    words = ["".join(rng.choice("abcdefghijklmnop") for _ in range(rng.randint(2, 7))) for _ in range(150)]
+    src, tgt = [], []
+    for _ in range(lines):
+        sentence = [rng.choice(words) for _ in range(rng.randint(3, 15))]
+        src.append(" ".join(sentence))
+        tgt.append(" ".join(reversed(sentence)))
+    Path(f"{prefix}.en").write_text("\n".join(src) + "\n", encoding="utf-8")
+    Path(f"{prefix}.de").write_text("\n".join(tgt) + "\n", encoding="utf-8")
+
+
+@pytest.fixture(scope="module")
+def data_dir(tmp_path_factory) -> Path:
+    raw = tmp_path_factory.mktemp("toy-raw")
+    toy_corpus(raw / "train", 300, seed=1)
+    toy_corpus(raw / "valid", 40, seed=2)
+    dest = tmp_path_factory.mktemp("toy") / "bin"
+    preprocess(PreprocessOptions(destdir=str(dest), trainpref=str(raw / "train"), validpref=str(raw / "valid"),
+                                 bpe_vocab_size=200, workers=1))
+    return dest
+
+
+def opts(data_dir, save_dir, **kw) -> TrainOptions:
+    return TrainOptions(data=str(data_dir), save_dir=str(save_dir), **{**SHAPE, **TRAIN, **kw})
+
+
+def valid_losses(save_dir) -> list[float]:
+    lines = (Path(save_dir) / "train_log.jsonl").read_text().splitlines()
+    return [r["loss"] for r in map(json.loads, lines) if r["type"] == "valid"]
+
+
+# -- training steps in half precision ----------------------------------------------------------
+@CUDA
+@pytest.mark.parametrize("precision", ["bf16", "fp16"])
+def test_half_precision_steps_on_cuda_track_fp32(data_dir, tmp_path, precision):
+    """A few updates in bf16 autocast (or fp16 with dynamic loss scaling) move the weights as fp32
+    does: validation loss within 2% of the fp32 run's, no skipped step, finite weights."""
+    kw = dict(device="cuda", max_update=6, validate_interval_updates=6)
+    fp32 = train(opts(data_dir, tmp_path / "fp32", precision="fp32", **kw))
+    half = train(opts(data_dir, tmp_path / precision, precision=precision, **kw))
+    assert fp32["num_updates"] == half["num_updates"] == 6
+    assert half["skipped_updates"] == 0
+    start = valid_losses(tmp_path / "fp32")  # the first validation is at update 6; compare the runs
+    assert valid_losses(tmp_path / precision)[-1] == pytest.approx(start[-1], rel=0.02)
+    ckpt = load_checkpoint(tmp_path / precision / "checkpoint_last.pt")
+    assert all(torch.isfinite(t).all() for t in ckpt["model"].values() if t.is_floating_point())
+    scaler = ckpt["train_state"]["scaler"]
+    if precision == "fp16":  # the loss scale is part of the state a resume restores
+        assert scaler is not None and scaler["scale"] > 1
+    else:
+        assert scaler is None
+    assert half["peak_memory_mib"] > 0  # CUDA allocated memory was measured
+
+
+# -- DDP under torchrun with one process -----------------------------------------------------------
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=CUDA)])
+def test_torchrun_one_process_trains_through_ddp_like_a_plain_run(data_dir, tmp_path, device):
+    """torchrun --nproc-per-node 1 joins a process group (NCCL on a GPU, gloo on CPU) and trains
+    through DDP (gradient accumulation with no_sync); the weights equal a plain run's."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "1"]
+    probe = ("from xformer_cli import distributed as d; import torch.distributed as dist; "
+             f"e = d.setup({device!r}); print(e.distributed, dist.get_backend(), e.world_size); d.shutdown()")
+    out = subprocess.run([*torchrun, "--no-python", sys.executable, "-c", probe],
+                         capture_output=True, text=True, env=env, timeout=120)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.split() == ["True", "nccl" if device == "cuda" else "gloo", "1"]
+
+    kw = dict(device=device, max_update=2, update_freq=2)
+    plain = train(opts(data_dir, tmp_path / "plain", **kw))
+    args = [str(data_dir), "--save-dir", str(tmp_path / "ddp")]
+    for key, value in {**SHAPE, **TRAIN, **kw}.items():
+        args += [f"--{key.replace('_', '-')}", str(value)]
+    out = subprocess.run([*torchrun, "-m", "xformer_cli", "train", *args], capture_output=True, text=True,
+                         env=env, cwd=tmp_path, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    a = load_checkpoint(tmp_path / "plain" / "checkpoint_last.pt")["model"]
+    b = load_checkpoint(tmp_path / "ddp" / "checkpoint_last.pt")["model"]
+    assert plain["num_updates"] == 2
+    for name in a:
+        torch.testing.assert_close(a[name], b[name], rtol=0, atol=1e-5)
+
+
+# -- decoding on the GPU equals decoding on the CPU ------------------------------------------------
+def random_sources(n: int, vocab: int, seed: int) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    lengths = torch.randint(1, 30, (n,), generator=g)
+    src = torch.full((n, int(lengths.max()) + 1), PAD_ID)
+    for i, length in enumerate(lengths.tolist()):
+        src[i, :length] = torch.randint(4, vocab, (length,), generator=g)
+        src[i, length] = EOS_ID
+    return src
+
+
+@CUDA
+def test_gpu_greedy_and_beam_equal_cpu_fp32():
+    """fp32 search on the GPU (SDPA kernels, cached decoding, batch shrinking as sentences finish)
+    chooses the same tokens as on the CPU, with scores equal to 1e-3."""
+    torch.manual_seed(0)
+    model = build_model("small", vocab_size=500, encoder_layers=2, decoder_layers=2).eval()
+    src = random_sources(24, 500, seed=1)
+    gpu_model = build_model("small", vocab_size=500, encoder_layers=2, decoder_layers=2)
+    gpu_model.load_state_dict(model.state_dict())
+    gpu_model = gpu_model.cuda().eval()
+    tf32 = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = False  # fp32 means fp32
+    try:
+        for search, kw in ((greedy_search, {}), (beam_search, dict(beam_size=4, nbest=2))):
+            cpu = search([model], src, max_len_a=1.0, max_len_b=5, **kw)
+            gpu = search([gpu_model], src.cuda(), max_len_a=1.0, max_len_b=5, **kw)
+            assert len(cpu) == len(gpu) == len(src)
+            for hyps_cpu, hyps_gpu in zip(cpu, gpu):
+                assert [h.tokens for h in hyps_cpu] == [h.tokens for h in hyps_gpu], search.__name__
+                for h_cpu, h_gpu in zip(hyps_cpu, hyps_gpu):
+                    assert h_gpu.score == pytest.approx(h_cpu.score, abs=1e-3)
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = tf32
