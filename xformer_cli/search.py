@@ -189,6 +189,9 @@ def beam_search(
     hypothesis: log-probabilities only fall, so score / max lp(any length still reachable)
     bounds every continuation. That last rule (not fairseq's) never changes the result.
     """
+    # One function on purpose (~95 lines): a step reads as one story (score, rank, finish, next
+    # beam, drop done sentences) over about ten tensors that change together; split into helpers
+    # they would be passed back and forth on every call.
     k, nbest, device = options.beam_size, options.nbest, src.device
     lp = lambda length: length_penalty(length, options.lenpen, options.lenpen_style)  # noqa: E731
     nsent = src.size(0)
