@@ -316,3 +316,16 @@ def test_quantize_int8(tmp_path, ckpt, sentences):
     fp32 = run(tmp_path, ckpt, data, device="cpu")
     # a tiny random model is fragile; int8 still agrees with fp32 on most outputs
     assert sum(a == b for a, b in zip(out.splitlines(), fp32.splitlines())) >= len(sentences) // 2
+
+
+def test_output_over_a_training_checkpoint_is_refused(tmp_path, ckpt):
+    save = tmp_path / "ck"
+    save.mkdir()
+    last = save / "checkpoint_last.pt"
+    last.write_bytes(Path(ckpt).read_bytes())  # training state that is not the model translating
+    result = runner.invoke(app, ["translate", "--path", ckpt, "--output", str(last)], input=b"a man\n")
+    assert result.exit_code == 1 and "is a training checkpoint" in result.output, result.output
+    assert last.read_bytes() == Path(ckpt).read_bytes()
+    fresh = save / "checkpoint_2_10.pt"  # a name training would use, not yet written: allowed
+    result = runner.invoke(app, ["translate", "--path", ckpt, "--output", str(fresh)], input=b"a man\n")
+    assert result.exit_code == 0, result.output

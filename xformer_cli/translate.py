@@ -22,7 +22,7 @@ import torch
 
 from . import distributed
 from .attention_maps import alignment_pairs, format_alignment, hard_alignments, resolve_layer
-from .checkpoint import load_checkpoint, model_from_checkpoint, same_vocabulary
+from .checkpoint import is_training_checkpoint, load_checkpoint, model_from_checkpoint, same_vocabulary
 from .console import print_table, stderr_console
 from .data import batch_by_size, collate_source
 from .errors import ConfigError, XfError
@@ -304,6 +304,9 @@ def translate(options: TranslateOptions) -> None:
     if options.output is not None and not Path(options.output).resolve().parent.is_dir():
         raise XfError(f"{options.output}: its directory does not exist")
     refuse_overwriting_inputs(options.output, [options.input, *options.path])
+    if options.output is not None and is_training_checkpoint(Path(options.output)) and Path(options.output).exists():
+        raise XfError(f"--output {options.output} is a training checkpoint; a translation would replace it "
+                      "(choose another output file)")
     engine, sp, device = open_engine(options)
     if options.print_alignment:  # a layer the models lack fails now, not at the first batch
         if not isinstance(engine, XfEngine):
