@@ -161,6 +161,8 @@ def test_disk_full_at_every_train_write_site(data_dir, tmp_path, enospc):
         assert not list(save.glob(".*.tmp"))
     # resumable: with space again, the same command ends where an uninterrupted run does
     assert train(opts(data_dir, save, max_update=4))["num_updates"] == 4
+    # the reference runs the same two commands without a full disk (the stop at update 2 validates)
+    train(opts(data_dir, tmp_path / "reference", max_update=2))
     train(opts(data_dir, tmp_path / "reference", max_update=4))
     assert_same_training_state(tmp_path / "reference" / "checkpoint_last.pt", save / "checkpoint_last.pt")
     assert [r["update"] for r in records(save, "start")][-1] == 2  # every log line is whole JSON

@@ -366,7 +366,8 @@ def test_prefetched_batches_are_the_batches_of_each_update(data_dir, tmp_path):
     """Collated ahead in a thread (CUDA's way, forced here on CPU), across an epoch boundary and
     after a jump (a resume), the micro-batches are those made when asked."""
     o = opts(data_dir, tmp_path, update_freq=2)
-    run = train_module.set_up(o, train_module.distributed.setup("cpu"))
+    with train_module.SaveDirLock(o.save_dir) as lock:
+        run = train_module.set_up(o, train_module.distributed.setup("cpu"), lock)
     ahead = train_module.Prefetch(run, background=True)
     n = len(run.batches)
     positions = [(1, off) for off in range(0, n, 2)] + [(2, 0), (2, 2), (2, 6), (2, 8)]
