@@ -22,13 +22,14 @@ import re
 import struct
 import zipfile
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Optional, Sequence
 
 import torch
 
-from .errors import XfError
+from .errors import ConfigError, XfError
 from .fileio import atomic_write
 from .model import ModelConfig, Transformer, config_from_dict, config_to_dict
+from .vocab import load_sentencepiece
 
 CHECKPOINT_FORMAT = "xf-checkpoint"
 CHECKPOINT_VERSION = 1
@@ -197,3 +198,31 @@ def model_from_checkpoint(ckpt: dict, path: str | Path = "checkpoint") -> Transf
     except (XfError, RuntimeError, TypeError) as e:
         raise XfError(f"{path}: model does not match its configuration: {e}") from None
     return model
+
+
+def load_ensemble(paths: Sequence[str], device: torch.device, dtype: torch.dtype = torch.float32):
+    """Models of ``paths`` in eval mode on ``device`` and the sentencepiece model they share.
+
+    An ensemble must share one vocabulary: the same sentencepiece pieces and ids.
+    """
+    if not paths:
+        raise ConfigError("give a checkpoint with --path")
+    models: list[Transformer] = []
+    sp, first_spm = None, None
+    for path in paths:
+        ckpt = load_checkpoint(path)
+        if sp is None:
+            sp, first_spm = load_sentencepiece(ckpt["spm_model"], str(path)), ckpt["spm_model"]
+        elif not same_vocabulary(ckpt["spm_model"], first_spm):
+            raise XfError(
+                f"{path}: its vocabulary (sentencepiece model) differs from {paths[0]}'s; "
+                "an ensemble needs checkpoints trained on the same vocabulary"
+            )
+        model = model_from_checkpoint(ckpt, path)
+        if model.cfg.vocab_size != sp.get_piece_size():
+            raise XfError(
+                f"{path}: model vocabulary {model.cfg.vocab_size} != sentencepiece vocabulary {sp.get_piece_size()}"
+            )
+        models.append(model.to(device=device, dtype=dtype).eval())
+        del ckpt
+    return models, sp

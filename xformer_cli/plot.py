@@ -348,7 +348,7 @@ def attention_figure(options: PlotAttentionOptions):
     from .search import beam_search
     from .data import collate_source
     from .distributed import resolve_device
-    from .translate import load_ensemble
+    from .checkpoint import load_ensemble
 
     if options.style == "lines" and options.layer is None:
         raise ConfigError("--style lines draws one layer: choose it with --layer N")

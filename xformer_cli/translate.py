@@ -22,7 +22,7 @@ import torch
 
 from . import distributed
 from .attention_maps import alignment_pairs, format_alignment, hard_alignments, resolve_layer
-from .checkpoint import is_training_checkpoint, load_checkpoint, model_from_checkpoint, same_vocabulary
+from .checkpoint import is_training_checkpoint, load_ensemble  # noqa: F401 - load_ensemble: part of translate's API
 from .console import print_table, stderr_console
 from .data import batch_by_size, collate_source
 from .errors import ConfigError, XfError
@@ -32,38 +32,12 @@ from .options import TranslateOptions
 from .precision import cpu_bf16_instructions, cuda_has_bf16
 from .safety import refuse_overwriting_inputs
 from .search import Hypothesis, search
-from .vocab import decode_line, load_sentencepiece
+from .vocab import decode_line
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
 # -- loading -------------------------------------------------------------------------------------
-def load_ensemble(paths: Sequence[str], device: torch.device, dtype: torch.dtype = torch.float32):
-    """Models of ``paths`` in eval mode on ``device`` and the sentencepiece model they share.
-
-    An ensemble must share one vocabulary: the same sentencepiece pieces and ids.
-    """
-    if not paths:
-        raise ConfigError("give a checkpoint with --path")
-    models: list[Transformer] = []
-    sp, first_spm = None, None
-    for path in paths:
-        ckpt = load_checkpoint(path)
-        if sp is None:
-            sp, first_spm = load_sentencepiece(ckpt["spm_model"], str(path)), ckpt["spm_model"]
-        elif not same_vocabulary(ckpt["spm_model"], first_spm):
-            raise XfError(
-                f"{path}: its vocabulary (sentencepiece model) differs from {paths[0]}'s; "
-                "an ensemble needs checkpoints trained on the same vocabulary"
-            )
-        model = model_from_checkpoint(ckpt, path)
-        if model.cfg.vocab_size != sp.get_piece_size():
-            raise XfError(
-                f"{path}: model vocabulary {model.cfg.vocab_size} != sentencepiece vocabulary {sp.get_piece_size()}"
-            )
-        models.append(model.to(device=device, dtype=dtype).eval())
-        del ckpt
-    return models, sp
 
 
 def resolve_precision(device: torch.device, precision: str, quantize: str = "none") -> str:
