@@ -443,7 +443,7 @@ def start_report(run: Run) -> Reporter:
         ("effective batch", f"{o.max_tokens:,} tokens x {o.update_freq} (update freq) x {env.world_size} "
                             f"(processes) = {o.max_tokens * run.per_update:,} tokens per update"),
         ("updates per epoch", f"{run.updates_per_epoch:,} ({len(run.batches):,} batches)"),
-        ("device", f"{env.device} x {env.world_size}, {torch.get_num_threads()} threads"
+        ("device", f"{env.device} x {env.world_size}, {torch.get_num_threads()} thread{'s' * (torch.get_num_threads() != 1)}"
                    + (", compiled (torch.compile, dynamic shapes)" if o.compile else "")),
         ("precision", f"{o.precision} ({hardware_note(env.device)})"),
         ("schedule", f"{o.lr_scheduler}, warmup {o.warmup_updates}"

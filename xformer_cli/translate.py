@@ -22,7 +22,7 @@ import torch
 
 from . import distributed
 from .attention_maps import alignment_pairs, format_alignment, hard_alignments, resolve_layer
-from .checkpoint import is_training_checkpoint, load_ensemble  # noqa: F401 - load_ensemble: part of translate's API
+from .checkpoint import is_training_checkpoint, load_ensemble
 from .console import print_table, stderr_console
 from .data import batch_by_size, collate_source
 from .errors import ConfigError, XfError
