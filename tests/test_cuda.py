@@ -86,6 +86,32 @@ def test_half_precision_steps_on_cuda_track_fp32(data_dir, tmp_path, precision):
     assert half["peak_memory_mib"] > 0  # CUDA allocated memory was measured
 
 
+@CUDA
+@pytest.mark.parametrize("precision", ["bf16", "fp16"])
+def test_updates_never_wait_for_the_gpu(data_dir, tmp_path, monkeypatch, precision):
+    """Every update after the first (which creates the optimizer's state) runs with CUDA's sync
+    debug mode set to "error": a read of a device value in the step (a loss, a norm, a boolean
+    index's size, the skip decision) would raise. The loop reads them at log intervals only."""
+    import xformer_cli.train as train_module
+
+    real, calls = train_module.train_step, {"n": 0}
+
+    def strict_step(*args, **kwargs):
+        calls["n"] += 1
+        if calls["n"] == 1:
+            return real(*args, **kwargs)
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            return real(*args, **kwargs)
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+
+    monkeypatch.setattr(train_module, "train_step", strict_step)
+    summary = train(opts(data_dir, tmp_path / precision, device="cuda", precision=precision,
+                         max_update=12, log_interval=6))
+    assert summary["num_updates"] == 12 and calls["n"] == 12
+
+
 # -- DDP under torchrun with one process -----------------------------------------------------------
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=CUDA)])
 def test_torchrun_one_process_trains_through_ddp_like_a_plain_run(data_dir, tmp_path, device):

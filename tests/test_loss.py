@@ -2,6 +2,7 @@
 
 import math
 
+import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
@@ -65,6 +66,27 @@ def test_fused_output_loss_equals_projection_then_loss(epsilon, chunk_rows):
     for g, r in zip(grads, ref_grads):
         torch.testing.assert_close(g, r, rtol=1e-10, atol=1e-12)
     assert grads[0][1, 4:].abs().max() == 0  # padding rows get no gradient
+
+
+def test_fused_output_loss_with_host_found_rows_is_bit_identical():
+    """collate's ``target_rows`` (found on the host, so the device is never read) select the same
+    rows as the boolean mask: the same loss and gradients, bit for bit."""
+    from xformer_cli.data import collate
+
+    rng = np.random.default_rng(0)
+    batch = collate([(rng.integers(4, 40, rng.integers(1, 9)), rng.integers(4, 40, rng.integers(1, 9)))
+                     for _ in range(6)])
+    target = batch["target"]
+    assert batch["target_rows"].numel() == batch["ntokens"]
+    torch.manual_seed(0)
+    w = torch.randn(40, 16, requires_grad=True)
+    results = []
+    for rows in (None, batch["target_rows"]):
+        x = torch.randn(*target.shape, 16, generator=torch.Generator().manual_seed(1), requires_grad=True)
+        loss, nll = fused_output_loss(x, w, target, 0.1, 7, rows=rows)
+        results.append((loss, nll, *torch.autograd.grad(loss, (x, w))))
+    for a, b in zip(*results):
+        assert torch.equal(a, b)
 
 
 def test_fused_output_loss_without_grad_and_under_bf16_autocast():

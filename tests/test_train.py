@@ -155,9 +155,9 @@ def test_non_finite_updates_are_skipped_then_stop_naming_the_last_good_checkpoin
     real = train_module.fused_output_loss
     calls = {"n": 0}
 
-    def poisoned(features, weight, target, eps):
+    def poisoned(features, weight, target, eps, **kwargs):
         calls["n"] += 1
-        loss, nll = real(features, weight, target, eps)
+        loss, nll = real(features, weight, target, eps, **kwargs)
         if calls["n"] == 3 or calls["n"] >= 6:  # update 3 is bad once; from update 6 on, always
             loss = loss * float("nan")
         return loss, nll
@@ -177,15 +177,48 @@ def test_non_finite_updates_are_skipped_then_stop_naming_the_last_good_checkpoin
     assert not all(torch.equal(at(3)[k], at(4)[k]) for k in at(3))
 
 
+def test_updates_never_read_back_from_the_device_between_log_intervals(data_dir, tmp_path, monkeypatch):
+    """No host-device synchronisation per update: the loss, gradient norm and skip decision stay on
+    the device until a log interval, a validation or a save reads them. On a CPU nothing waits,
+    so the test counts the reads that would make the host wait for a GPU."""
+    reads: list[int] = []
+    at = {"update": 0}
+    for name in ("item", "tolist", "__bool__", "__float__", "__int__"):
+        def spy(self, *args, _real=getattr(torch.Tensor, name), **kwargs):
+            reads.append(at["update"])
+            return _real(self, *args, **kwargs)
+        monkeypatch.setattr(torch.Tensor, name, spy)
+    real_step, real_plan = train_module.train_step, train_module.plan_update
+    acting = set()  # updates after which the plan logs, validates, saves or stops
+
+    def step(*args, **kwargs):
+        at["update"] += 1  # reads from here to the next update's start belong to this update
+        return real_step(*args, **kwargs)
+
+    def plan(o, after):
+        p = real_plan(o, after)
+        if p.log or p.validate or p.save or p.stop:
+            acting.add(after.num_updates)
+        return p
+
+    monkeypatch.setattr(train_module, "train_step", step)
+    monkeypatch.setattr(train_module, "plan_update", plan)
+    train(opts(data_dir, tmp_path / "ck", max_update=14, log_interval=5, save_interval_minutes=0))
+    quiet = [n for n in range(1, 15) if n not in acting]
+    assert len(quiet) >= 8 and {5, 10, 14} <= acting
+    assert [n for n in reads if n in quiet] == []
+    assert reads.count(5) > 0  # the spy sees the reads of a log interval
+
+
 def test_fp16_overflows_skip_lower_the_scale_then_stop(data_dir, tmp_path, monkeypatch):
     """The dynamic loss scaling path (CUDA in real use), run on CPU's fp16 autocast."""
     monkeypatch.setattr(train_module, "check_precision", lambda o, device: None)
     real = train_module.fused_output_loss
     calls = {"n": 0}
 
-    def overflowing(features, weight, target, eps):
+    def overflowing(features, weight, target, eps, **kwargs):
         calls["n"] += 1
-        loss, nll = real(features, weight, target, eps)
+        loss, nll = real(features, weight, target, eps, **kwargs)
         return (loss * float("inf") if calls["n"] >= 2 else loss), nll
 
     monkeypatch.setattr(train_module, "fused_output_loss", overflowing)

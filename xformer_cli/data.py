@@ -441,6 +441,7 @@ def collate(samples: Sequence[tuple[np.ndarray, np.ndarray]]) -> dict[str, Any]:
         "src": collate_source([s for s, _ in samples]),
         "prev_output": torch.from_numpy(prev),
         "target": torch.from_numpy(target),
+        "target_rows": torch.from_numpy(np.flatnonzero(target.reshape(-1) != PAD_ID)),
         "ntokens": sum(tgt_lens),
         "nsentences": b,
         "src_tokens": sum(src_lens),

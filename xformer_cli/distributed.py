@@ -36,6 +36,7 @@ class Env:
     local_rank: int
     device: torch.device
     process_group: bool = False  # joined a torch.distributed group (torchrun), even a world of one
+    host_group: object = None  # a gloo group for ``sum``: numbers the host holds stay on the host
 
     @property
     def is_main(self) -> bool:
@@ -48,11 +49,15 @@ class Env:
         return self.process_group
 
     def sum(self, values: Sequence[float]) -> list[float]:
-        """Element-wise sum of ``values`` over all ranks (one collective), as Python floats."""
+        """Element-wise sum of ``values`` over all ranks (one collective), as Python floats.
+
+        The values are the host's (token counts, signals), so they travel between CPU memories on
+        a gloo group: over NCCL they would queue behind the GPU's work and make the host wait
+        for it every update."""
         if not self.distributed:
             return [float(v) for v in values]
-        t = torch.tensor(values, dtype=torch.float64, device=self.device)
-        dist.all_reduce(t)
+        t = torch.tensor(values, dtype=torch.float64)
+        dist.all_reduce(t, group=self.host_group)
         return t.tolist()
 
     def sum_tensor(self, t: torch.Tensor) -> torch.Tensor:
@@ -94,7 +99,10 @@ def setup(device_option: str, timeout_minutes: float = 10.0) -> Env:
     if launched and not dist.is_initialized():
         dist.init_process_group(backend="nccl" if device.type == "cuda" else "gloo",
                                 timeout=timedelta(minutes=timeout_minutes))
-    return Env(rank, world_size, local_rank, device, process_group=dist.is_initialized())
+    host_group = None
+    if dist.is_initialized():  # on CPU a second gloo group, redundant but the same code path
+        host_group = dist.new_group(backend="gloo", timeout=timedelta(minutes=timeout_minutes))
+    return Env(rank, world_size, local_rank, device, process_group=dist.is_initialized(), host_group=host_group)
 
 
 # What the backends say when another process died or hung (gloo, NCCL, the TCP store).

@@ -10,6 +10,8 @@ fairseq spreads epsilon over the V - 1 other tokens instead; the two differ by O
 
 from __future__ import annotations
 
+from typing import Optional
+
 import torch
 
 from .vocab import PAD_ID
@@ -88,17 +90,25 @@ class _FusedOutputLoss(torch.autograd.Function):
 
 
 def fused_output_loss(
-    features: torch.Tensor, weight: torch.Tensor, target: torch.Tensor, epsilon: float, chunk_rows: int = 0
+    features: torch.Tensor, weight: torch.Tensor, target: torch.Tensor, epsilon: float, chunk_rows: int = 0,
+    rows: Optional[torch.Tensor] = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """label_smoothed_loss(features @ weight.T, target) without materializing the logits.
 
     features (..., D) decoder outputs, weight (V, D) output projection, target (...). Padding
     rows are dropped before projecting (no work is spent on them). Returns (loss, nll) summed.
     ``chunk_rows`` 0 picks chunks of about 4M logits on CPU (16 MB in float32: cache-sized) and
-    64M on GPUs (where passes over memory are cheap and many small kernels are not).
+    64M on GPUs (where passes over memory are cheap and many small kernels are not). ``rows``, the
+    positions of the non-pad targets in ``target.reshape(-1)`` (``collate``'s ``target_rows``),
+    spares finding them on the device, which makes the host wait for it (a boolean index's size
+    is only known there).
     """
-    keep = target.ne(PAD_ID)
-    x, t = features[keep], target[keep]  # (N, D), (N,)
+    if rows is None:
+        keep = target.ne(PAD_ID)
+        x, t = features[keep], target[keep]  # (N, D), (N,)
+    else:
+        x = features.reshape(-1, features.size(-1)).index_select(0, rows)  # the same rows, in order
+        t = target.reshape(-1).index_select(0, rows)
     chunk_rows = chunk_rows or max(1, (1 << (26 if x.is_cuda else 22)) // weight.size(0))
     loss, nll = _FusedOutputLoss.apply(x, weight, t, float(epsilon), chunk_rows)
     return loss, nll.detach()

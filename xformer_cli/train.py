@@ -219,12 +219,14 @@ class StopSignal:
 # -- one update ----------------------------------------------------------------------------------
 @dataclasses.dataclass(frozen=True)
 class Step:
-    """What an update leaves behind for the log."""
+    """What an update leaves behind for the log: tensors on the device, so that an update never
+    waits for the device; they are read at log intervals (``Meter``, ``Skips``)."""
 
-    loss_sums: torch.Tensor  # (2,) float64 on the device: label-smoothed loss and nll summed over tokens
-    gnorm: float  # gradient norm before clipping (inf or nan: the step was skipped)
-    finite: bool  # the optimizer step was taken
-    scale: Optional[float]  # the fp16 loss scale the update ran with (None without fp16)
+    loss_sums: torch.Tensor  # (2,) float64: label-smoothed loss and nll summed over tokens
+    gnorm: torch.Tensor  # () gradient norm before clipping (inf or nan: the step was skipped)
+    finite: torch.Tensor  # () bool: the optimizer step was taken
+    scale: Optional[torch.Tensor]  # () the fp16 loss scale the update ran with (None without fp16)
+    next_scale: Optional[torch.Tensor]  # () the scale after the update (lowered after an overflow)
 
 
 def train_step(
@@ -263,25 +265,44 @@ def train_step(
                 features = forward(batch["src"].to(device, non_blocking=True),
                                    batch["prev_output"].to(device, non_blocking=True), features_only=True)
                 loss, nll = fused_output_loss(features, model.output_proj.weight,
-                                              batch["target"].to(device, non_blocking=True), label_smoothing)
+                                              batch["target"].to(device, non_blocking=True), label_smoothing,
+                                              rows=batch["target_rows"].to(device, non_blocking=True))
             scaler.scale(loss * grad_scale).backward()
         loss_sums += torch.stack([loss.detach().double(), nll.double()])
         del features, loss, nll
 
     # -- optimizer step, skipped on a non-finite gradient (fp16: an overflow) --------------------
+    # Decided on the device, without reading anything back: the fused optimizer skips its step
+    # when ``found_inf`` is set (the flag GradScaler itself hands it).
     if scaler.is_enabled():
         scaler.unscale_(optimizer)
-    gnorm = torch.nn.utils.clip_grad_norm_(model.parameters(), clip_norm or math.inf).item()
-    finite = math.isfinite(gnorm)  # the same on every rank: gradients are synced
-    scale = None
+    gnorm = gradient_norm(model, clip_norm)
+    finite = torch.isfinite(gnorm)  # the same on every rank: gradients are synced
+    scale = next_scale = None
     if scaler.is_enabled():
-        scale = scaler.get_scale()
-        scaler.step(optimizer)  # skips the step when it finds inf/nan gradients
+        scale = scaler._get_scale_async().clone()
+        scaler.step(optimizer)  # skips the step when it found inf/nan gradients
         scaler.update()  # and then lowers the scale
-    elif finite:
+        next_scale = scaler._get_scale_async().clone()
+    elif getattr(optimizer, "_step_supports_amp_scaling", False):  # fused Adam(W)
+        optimizer.found_inf = (~finite).float()
+        optimizer.step()
+        del optimizer.found_inf
+    elif finite.item():  # an optimizer without the flag: one read of the norm per update
         optimizer.step()
     optimizer.zero_grad(set_to_none=True)
-    return Step(loss_sums, gnorm, finite, scale)
+    return Step(loss_sums, gnorm, finite, scale, next_scale)
+
+
+def gradient_norm(model: torch.nn.Module, clip_norm: float) -> torch.Tensor:
+    """The norm of all gradients (a tensor on the device); with ``clip_norm`` they are scaled down
+    to it. Without clipping the gradients are left alone (no pass multiplying them by 1)."""
+    if clip_norm:
+        return torch.nn.utils.clip_grad_norm_(model.parameters(), clip_norm)
+    total_norm = getattr(torch.nn.utils, "get_total_norm", None)  # torch >= 2.6
+    if total_norm is None:
+        return torch.nn.utils.clip_grad_norm_(model.parameters(), math.inf)
+    return total_norm([p.grad for p in model.parameters() if p.grad is not None])
 
 
 # -- set-up: data, model, optimizer, resume ----------------------------------------------------
@@ -510,17 +531,16 @@ class Meter:
 
     def __init__(self, device: torch.device):
         self.timed = {"seconds": 0.0, "updates": 0, "src": 0.0, "tgt": 0.0}
-        self.window = dict(self.timed, gnorm=0.0, finite=0, tokens=0.0)
-        self.window_loss = torch.zeros(2, dtype=torch.float64, device=device)  # loss and nll sums
+        self.window = dict(self.timed, finite=0, tokens=0.0)  # finite, tokens: filled by settle()
+        # on the device, summed over the window's good updates: loss and nll sums, gradient norms
+        self.window_loss = torch.zeros(2, dtype=torch.float64, device=device)
+        self.window_gnorm = torch.zeros((), dtype=torch.float64, device=device)
         self.first_update = True
         self.first_update_seconds: Optional[float] = None  # with --compile: the compilation's time
 
     def add(self, step: Step, ntokens: float, src_tokens: float, seconds: float) -> None:
-        if step.finite:
-            self.window_loss += step.loss_sums
-            self.window["tokens"] += ntokens
-            self.window["gnorm"] += step.gnorm
-            self.window["finite"] += 1
+        self.window_loss += torch.where(step.finite, step.loss_sums, 0.0)  # no read-back
+        self.window_gnorm += torch.where(step.finite, step.gnorm.double(), 0.0)
         if not self.first_update:
             for d in (self.timed, self.window):
                 d["seconds"] += seconds
@@ -530,6 +550,11 @@ class Meter:
         else:
             self.first_update_seconds = seconds
         self.first_update = False
+
+    def good_update(self, ntokens: float) -> None:
+        """An update of the window turned out finite (known once settled)."""
+        self.window["tokens"] += ntokens
+        self.window["finite"] += 1
 
     def eta(self, remaining_updates: Optional[int], time_left: Optional[float]) -> Optional[float]:
         eta = None
@@ -553,12 +578,13 @@ class Meter:
             tok = self.window["tokens"]  # already summed over ranks
             rec = {"epoch": epoch, "update": update, "loss": loss_sum / tok, "nll": nll_sum / tok,
                    "ppl": math.exp(min(nll_sum / tok, 700.0)), "lr": lr,
-                   "gnorm": self.window["gnorm"] / self.window["finite"]}
+                   "gnorm": self.window_gnorm.item() / self.window["finite"]}
             if self.window["seconds"] > 0:
                 rec.update(self.speed(self.window))
             rec["elapsed"] = round(self.timed["seconds"], 1)
         self.window_loss.zero_()
-        self.window.update(seconds=0.0, updates=0, src=0.0, tgt=0.0, gnorm=0.0, finite=0, tokens=0.0)
+        self.window_gnorm.zero_()
+        self.window.update(seconds=0.0, updates=0, src=0.0, tgt=0.0, finite=0, tokens=0.0)
         return rec
 
 
@@ -575,6 +601,8 @@ class Loop:
     last_good: Optional[str] = None  # for error messages: the last checkpoint before a bad streak
     saved_at: int = -1  # the update of the last checkpoint_last.pt written by this process
     last_save_time: float = dataclasses.field(default_factory=time.monotonic)
+    # updates whose outcome (finite or skipped) is still on the device: (update, step, target tokens)
+    pending: list[tuple[int, Step, float]] = dataclasses.field(default_factory=list)
 
     def elapsed(self) -> float:
         """Training wall time, earlier runs included."""
@@ -628,27 +656,38 @@ class Prefetch:
             self.pool.shutdown(wait=True, cancel_futures=True)
 
 
-def check_step(run: Run, report: Reporter, loop: Loop, step: Step) -> None:
-    """Count a skipped update and warn; stop with the last good checkpoint when they persist."""
-    if step.finite:
-        loop.bad_in_a_row = 0
+def settle(run: Run, report: Reporter, loop: Loop, meter: Meter) -> None:
+    """Read back which of the updates since the last call were skipped (one transfer from the
+    device, at log intervals and before validating or saving, so that updates never wait for the
+    device), then, update by update: count them, warn, and stop with the last good checkpoint
+    when --max-nan-updates skipped updates come in a row."""
+    if not loop.pending:
         return
-    n, scaler = run.pos.num_updates, run.scaler
-    loop.bad_in_a_row += 1
-    loop.skipped += 1
-    if scaler.is_enabled():
-        report.warn(f"fp16 gradient overflow at update {n:,}: step skipped, loss scale {step.scale:g} -> "
-                    f"{scaler.get_scale():g}", "overflow", {"update": n, "scale": scaler.get_scale()})
-    else:
-        report.warn(f"non-finite loss or gradient at update {n:,}: step skipped", "skip", {"update": n})
-    if loop.bad_in_a_row >= run.o.max_nan_updates:
-        what = (f"fp16 gradient overflows (the loss scale fell to {scaler.get_scale():g})"
-                if scaler.is_enabled() else "non-finite losses or gradients")
-        raise XfError(
-            f"{loop.bad_in_a_row} consecutive updates with {what}, the last at update {n:,}: training "
-            f"diverged. Last good checkpoint: {loop.last_good or 'none written yet'}. Try a lower --lr, a "
-            "longer --warmup-updates, --clip-norm, or another --precision"
-        )
+    pending, loop.pending = loop.pending, []
+    finite = torch.stack([step.finite for _, step, _ in pending]).tolist()
+    scaler = run.scaler
+    scales = (torch.stack([torch.stack([step.scale, step.next_scale]) for _, step, _ in pending]).tolist()
+              if scaler.is_enabled() else [None] * len(pending))
+    for (n, _, ntokens), ok, scale in zip(pending, finite, scales):
+        if ok:
+            meter.good_update(ntokens)
+            loop.bad_in_a_row = 0
+            continue
+        loop.bad_in_a_row += 1
+        loop.skipped += 1
+        if scale is not None:
+            report.warn(f"fp16 gradient overflow at update {n:,}: step skipped, loss scale {scale[0]:g} -> "
+                        f"{scale[1]:g}", "overflow", {"update": n, "scale": scale[1]})
+        else:
+            report.warn(f"non-finite loss or gradient at update {n:,}: step skipped", "skip", {"update": n})
+        if loop.bad_in_a_row >= run.o.max_nan_updates:
+            what = (f"fp16 gradient overflows (the loss scale fell to {scale[1]:g})"
+                    if scale is not None else "non-finite losses or gradients")
+            raise XfError(
+                f"{loop.bad_in_a_row} consecutive updates with {what}, the last at update {n:,}: training "
+                f"diverged. Last good checkpoint: {loop.last_good or 'none written yet'}. Try a lower --lr, "
+                "a longer --warmup-updates, --clip-norm, or another --precision"
+            )
 
 
 def train_loop(run: Run, report: Reporter, stop: StopSignal) -> tuple[Loop, Meter]:
@@ -683,7 +722,7 @@ def train_loop(run: Run, report: Reporter, stop: StopSignal) -> tuple[Loop, Mete
             pos.num_updates += 1
             pos.batch_offset = min(pos.batch_offset + run.per_update, len(order))
             meter.add(step, ntokens, src_tokens, time.perf_counter() - t0)
-            check_step(run, report, loop, step)
+            loop.pending.append((pos.num_updates, step, ntokens))
             remaining = run.total_updates - pos.num_updates if run.total_updates else None
             report.advance(pos.num_updates, epoch,
                            meter.eta(remaining, time_limit - loop.elapsed() if time_limit else None))
@@ -693,6 +732,7 @@ def train_loop(run: Run, report: Reporter, stop: StopSignal) -> tuple[Loop, Mete
             after = AfterUpdate(epoch, pos.num_updates, end_of_epoch, bool(out_of_time),
                                 time.monotonic() - loop.last_save_time)
             follow_plan(run, report, loop, meter, after, lr)
+    settle(run, report, loop, meter)
     if loop.stop_reason == "signal" and loop.saved_at != pos.num_updates:
         save(run, ["checkpoint_last.pt"], loop.last_valid, loop.elapsed())
     prefetch.close()
@@ -702,6 +742,8 @@ def train_loop(run: Run, report: Reporter, stop: StopSignal) -> tuple[Loop, Mete
 def follow_plan(run: Run, report: Reporter, loop: Loop, meter: Meter, after: AfterUpdate, lr: float) -> None:
     """Do what the policy asks after an update: log, validate, save; note its stop reason."""
     plan = plan_update(run.o, after)
+    if plan.log or plan.validate or plan.save or plan.stop:
+        settle(run, report, loop, meter)
     if plan.log:
         rec = meter.take_window(run.env, after.epoch, after.num_updates, lr)
         if rec is not None:
