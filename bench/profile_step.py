@@ -23,6 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from xformer_cli import distributed  # noqa: E402
 from xformer_cli.data import epoch_order  # noqa: E402
 from xformer_cli.options import TrainOptions  # noqa: E402
+from xformer_cli.safety import SaveDirLock  # noqa: E402
 from xformer_cli.train import micro_batches, set_up, train_step  # noqa: E402
 
 
@@ -38,7 +39,8 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as save:
         o = TrainOptions(data=a.data, save_dir=save, arch=a.arch, max_tokens=a.max_tokens, device=a.device,
                          precision=a.precision)
-        run = set_up(o, distributed.setup(o.device))
+        with SaveDirLock(save) as lock:
+            run = set_up(o, distributed.setup(o.device), lock)
         order = epoch_order(len(run.batches), o.seed, 1)
         # the batch closest to the median size, so the profile is of a typical update
         sizes = np.array([len(b) for b in run.batches])
