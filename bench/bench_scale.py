@@ -6,8 +6,8 @@ pairs) and News Commentary EN-FR (5,000) from ../shared/data, each repetition in
 order; validation is newstest2013 EN-FR. The sentencepiece model (8000) is learned once on them.
 
 - preprocess (part ``preprocess``): for each size in XF_BENCH_SCALE_PREPROCESS_PAIRS (default:
-  the training sizes), ``xf preprocess`` with 2 workers and the learned model (so the time is the
-  line check and binarization): pairs/s and peak memory of the process tree, and their ratio to
+  the training sizes), ``xf preprocess`` with XF_BENCH_SCALE_PREPROCESS_WORKERS workers (default
+  2) and the learned model (so the time is the line check and binarization): pairs/s and peak memory of the process tree, and their ratio to
   the smallest size (flat: about 1);
 - train (part ``train``): for each size in XF_BENCH_SCALE_PAIRS (default 4500000,36000000: WMT14
   EN-DE and EN-FR) a data directory of the binarized sentences repeated the same way (what xf
@@ -47,6 +47,7 @@ REPO = Path(__file__).resolve().parents[1]
 SHARED = Path(os.environ.get("XF_SHARED_DATA", REPO.parent / "shared" / "data"))
 SIZES = [int(float(s)) for s in os.environ.get("XF_BENCH_SCALE_PAIRS", "4500000,36000000").split(",")]
 PREPROCESS_SIZES = [int(float(s)) for s in os.environ.get("XF_BENCH_SCALE_PREPROCESS_PAIRS", ",".join(map(str, SIZES))).split(",")]
+PREPROCESS_WORKERS = os.environ.get("XF_BENCH_SCALE_PREPROCESS_WORKERS", "2")
 SUBSET = int(os.environ.get("XF_BENCH_SCALE_SUBSET", "5000"))
 # XF_BENCH_SCALE_PARTS picks parts: preprocess, train (start-up, memory, resume), epoch (the boundary)
 PARTS = set(os.environ.get("XF_BENCH_SCALE_PARTS", "preprocess,train,epoch").split(","))
@@ -165,7 +166,7 @@ def rows() -> list[dict]:
                             "--target-lang", "fr", "--bpe-vocab-size", "8000", "--workers", "2", "--validpref",
                             str(valid), "--overwrite"])
         spm_model = str(kept / "base-bin" / "spm.model")
-        common = ["--source-lang", "en", "--target-lang", "fr", "--spm-model", spm_model, "--workers", "2",
+        common = ["--source-lang", "en", "--target-lang", "fr", "--spm-model", spm_model, "--workers", PREPROCESS_WORKERS,
                   "--validpref", str(valid)]
         smallest = f"vs {min(PREPROCESS_SIZES) / 1e6:g}M pairs"
         first: dict = {}
@@ -178,7 +179,7 @@ def rows() -> list[dict]:
             out += [
                 dict(bench="scale", case=case, metric="preprocess", value=pairs / seconds, unit="pairs/s",
                      ratio=pairs / seconds / first["rate"] if pairs != min(PREPROCESS_SIZES) else None,
-                     note=f"2 workers, {seconds:.0f}s; {smallest}"),
+                     note=f"{PREPROCESS_WORKERS} worker(s), {seconds:.0f}s; {smallest}"),
                 dict(bench="scale", case=case, metric="preprocess peak memory", value=peak, unit="MiB",
                      ratio=peak / first["peak"] if pairs != min(PREPROCESS_SIZES) else None,
                      note=f"process tree; {smallest}"),
