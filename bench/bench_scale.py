@@ -6,8 +6,8 @@ pairs) and News Commentary EN-FR (5,000) from ../shared/data, each repetition in
 order; validation is newstest2013 EN-FR. The sentencepiece model (8000) is learned once on them.
 
 - preprocess (part ``preprocess``): for each size in XF_BENCH_SCALE_PREPROCESS_PAIRS (default:
-  the training sizes), ``xf preprocess`` with 2 workers and the learned model (so the time is the
-  line check and binarization): pairs/s and peak memory of the process tree, and their ratio to
+  the training sizes), ``xf preprocess`` with XF_BENCH_SCALE_PREPROCESS_WORKERS workers (default
+  2) and the learned model (so the time is the line check and binarization): pairs/s and peak memory of the process tree, and their ratio to
   the smallest size (flat: about 1);
 - train (part ``train``): for each size in XF_BENCH_SCALE_PAIRS (default 4500000,36000000: WMT14
   EN-DE and EN-FR) a data directory of the binarized sentences repeated the same way (what xf
@@ -20,13 +20,17 @@ order; validation is newstest2013 EN-FR. The sentencepiece model (8000) is learn
   epochs in one process: the first update of epoch 2 against the median update (nothing is
   reloaded at the boundary, so the ratio stays near 1).
 
-XF_BENCH_SCALE_PARTS picks the parts (default all three).
+XF_BENCH_SCALE_PARTS picks the parts (default all three). XF_BENCH_SCALE_DATA names a directory
+that keeps the binarized base and the repeated training directories between runs (built when
+missing, reused after: a 36M-pair directory takes minutes to write); by default they live in a
+temporary directory and go with it.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -43,9 +47,11 @@ REPO = Path(__file__).resolve().parents[1]
 SHARED = Path(os.environ.get("XF_SHARED_DATA", REPO.parent / "shared" / "data"))
 SIZES = [int(float(s)) for s in os.environ.get("XF_BENCH_SCALE_PAIRS", "4500000,36000000").split(",")]
 PREPROCESS_SIZES = [int(float(s)) for s in os.environ.get("XF_BENCH_SCALE_PREPROCESS_PAIRS", ",".join(map(str, SIZES))).split(",")]
+PREPROCESS_WORKERS = os.environ.get("XF_BENCH_SCALE_PREPROCESS_WORKERS", "2")
 SUBSET = int(os.environ.get("XF_BENCH_SCALE_SUBSET", "5000"))
 # XF_BENCH_SCALE_PARTS picks parts: preprocess, train (start-up, memory, resume), epoch (the boundary)
 PARTS = set(os.environ.get("XF_BENCH_SCALE_PARTS", "preprocess,train,epoch").split(","))
+KEEP = os.environ.get("XF_BENCH_SCALE_DATA")  # keeps the binarized directories between runs
 UPDATES = 3
 TRAIN = ["--arch", "tiny", "--max-tokens", "4096", "--log-interval", "1", "--save-interval-minutes", "0",
          "--device", "cpu", "--warmup-updates", "100"]
@@ -116,8 +122,6 @@ def repeat_data_dir(base: Path, dest: Path, pairs: int) -> None:
     """A data directory like ``base`` whose training split holds ``pairs`` pairs: base's binarized
     sentences repeated, each round in another seeded order (what xf preprocess would write for the
     repeated text, without encoding the same sentences again)."""
-    import shutil
-
     from xformer_cli.data import TokenArray, TokenArrayWriter
 
     dest.mkdir()
@@ -152,13 +156,17 @@ def rows() -> list[dict]:
     en, fr = base_pairs()
     with tempfile.TemporaryDirectory(prefix="xf-bench-scale-") as tmp:
         tmp = Path(tmp)
+        kept = Path(KEEP) if KEEP else tmp
+        kept.mkdir(parents=True, exist_ok=True)
         valid = SHARED / "wmt14" / "newstest2013.en-fr"
         (tmp / "base.en").write_bytes(b"\n".join(en) + b"\n")
         (tmp / "base.fr").write_bytes(b"\n".join(fr) + b"\n")
-        run_preprocess(["--trainpref", str(tmp / "base"), "--destdir", str(tmp / "base-bin"), "--source-lang", "en",
-                        "--target-lang", "fr", "--bpe-vocab-size", "8000", "--workers", "2", "--validpref", str(valid)])
-        spm_model = str(tmp / "base-bin" / "spm.model")
-        common = ["--source-lang", "en", "--target-lang", "fr", "--spm-model", spm_model, "--workers", "2",
+        if not (kept / "base-bin" / "meta.json").exists():
+            run_preprocess(["--trainpref", str(tmp / "base"), "--destdir", str(kept / "base-bin"), "--source-lang", "en",
+                            "--target-lang", "fr", "--bpe-vocab-size", "8000", "--workers", "2", "--validpref",
+                            str(valid), "--overwrite"])
+        spm_model = str(kept / "base-bin" / "spm.model")
+        common = ["--source-lang", "en", "--target-lang", "fr", "--spm-model", spm_model, "--workers", PREPROCESS_WORKERS,
                   "--validpref", str(valid)]
         smallest = f"vs {min(PREPROCESS_SIZES) / 1e6:g}M pairs"
         first: dict = {}
@@ -171,7 +179,7 @@ def rows() -> list[dict]:
             out += [
                 dict(bench="scale", case=case, metric="preprocess", value=pairs / seconds, unit="pairs/s",
                      ratio=pairs / seconds / first["rate"] if pairs != min(PREPROCESS_SIZES) else None,
-                     note=f"2 workers, {seconds:.0f}s; {smallest}"),
+                     note=f"{PREPROCESS_WORKERS} worker(s), {seconds:.0f}s; {smallest}"),
                 dict(bench="scale", case=case, metric="preprocess peak memory", value=peak, unit="MiB",
                      ratio=peak / first["peak"] if pairs != min(PREPROCESS_SIZES) else None,
                      note=f"process tree; {smallest}"),
@@ -183,8 +191,10 @@ def rows() -> list[dict]:
         first = {}
         for pairs in sorted(SIZES) if "train" in PARTS else []:
             case = f"{pairs / 1e6:g}M pairs EN-FR"
-            data = tmp / f"bin-{pairs}"
-            repeat_data_dir(tmp / "base-bin", data, pairs)
+            data = kept / f"bin-{pairs}"
+            if not (data / "meta.json").exists():
+                shutil.rmtree(data, ignore_errors=True)  # a build that was interrupted
+                repeat_data_dir(kept / "base-bin", data, pairs)
             t = run_train(data, tmp / f"ck-{pairs}", ["--max-update", str(UPDATES)])
             figures = dict(startup=t["first_update_s"], peak=t["summary"]["peak_memory_mib"])
             first = first or figures
@@ -202,13 +212,12 @@ def rows() -> list[dict]:
                                 unit="s", ratio=r["first_update_s"] / t["first_update_s"],
                                 note=f"resumed at update {r['start']['update']} (epoch {r['start']['epoch']}, "
                                      "mid-epoch); vs the fresh start"))
-            import shutil
-
-            shutil.rmtree(data)
+            if not KEEP:
+                shutil.rmtree(data)
         if "epoch" not in PARTS:
             return out
         # the epoch boundary, on a subset small enough to reach it
-        repeat_data_dir(tmp / "base-bin", tmp / "subset-bin", SUBSET)
+        repeat_data_dir(kept / "base-bin", tmp / "subset-bin", SUBSET)
         e = run_train(tmp / "subset-bin", tmp / "ck-subset", ["--max-epoch", "2"])
         per_update = [1.0 / r["ups"] for r in e["train"] if r.get("ups")]
         boundary = next(i for i, r in enumerate(e["train"]) if r["epoch"] == 2)

@@ -215,15 +215,122 @@ def test_batch_by_size_equals_the_plain_greedy_cut():
         assert [b.tolist() for b in batch_by_size(src, tgt, max_tokens, max_sentences)] == expected
 
 
-def test_length_order_equals_lexsort_and_breaks_ties_by_perm():
-    rng = np.random.default_rng(1)
-    keys = [rng.integers(0, 9, 500) for _ in range(3)]
-    assert np.array_equal(length_order(keys), np.lexsort(keys))
-    assert np.array_equal(length_order(keys, descending=True), np.lexsort([-k for k in keys]))
-    wide = [k * 10_000 for k in keys]  # beyond 16 bits: the np.lexsort path
-    assert np.array_equal(length_order(wide), np.lexsort(wide))
-    perm = rng.permutation(500)
-    assert np.array_equal(length_order(keys, perm=perm), perm[np.lexsort([k[perm] for k in keys])])
+def batch_by_size_before(src_sizes, tgt_sizes=None, max_tokens=None, max_sentences=None, seed=None,
+                         longest_first=False):
+    """batch_by_size as it was before its chunked counting sort (commit 265804b; the reference):
+    the whole corpus sorted at once, one stable radix pass per key, then the same greedy cut."""
+
+    def padded(sizes):
+        sizes = np.asarray(sizes)
+        fits = len(sizes) == 0 or int(sizes.max()) < (1 << 16) - 1
+        return np.add(sizes, 1, dtype=np.uint16 if fits else np.int64, casting="unsafe")
+
+    def sort(keys, descending, perm):
+        n = len(keys[0])
+        order = np.arange(n, dtype=np.int32) if perm is None else np.asarray(perm, dtype=np.int32)
+        if all(n == 0 or int(k.max()) < 1 << 16 for k in keys):
+            for key in keys:
+                k = key.astype(np.uint16, copy=False)[order]
+                order = order[np.argsort(~k if descending else k, kind="stable")]
+            return order
+        sign = -1 if descending else 1
+        return order[np.lexsort([sign * np.asarray(k)[order] for k in keys])]
+
+    src_len = padded(src_sizes)
+    tgt_len = src_len if tgt_sizes is None else padded(tgt_sizes)
+    n = len(src_len)
+    longest_len = np.maximum(src_len, tgt_len)
+    perm = None if seed is None else np.random.default_rng(seed).permutation(n)
+    order = sort([tgt_len, src_len, longest_len], longest_first, perm)
+    longest = longest_len[order]
+    cap = min(max_sentences or n, max_tokens or n, n) if n else 0
+    batches, start = [], 0
+    while start < n:
+        if max_tokens is None:
+            k = min(cap, n - start)
+        else:
+            per = min(cap, max(1, max_tokens // int(longest[start])))
+            window = longest[start : start + per]
+            cost = np.maximum.accumulate(window) * np.arange(1, len(window) + 1)
+            k = max(1, int(np.searchsorted(cost, max_tokens, side="right")))
+        batches.append(order[start : start + k])
+        start += k
+    return batches
+
+
+def assert_same_batches(ours, reference):
+    assert len(ours) == len(reference)
+    for a, b in zip(ours, reference):
+        assert a.dtype == b.dtype and np.array_equal(a, b)
+
+
+@pytest.mark.parametrize("hi", [3, 12, 60, 260, 70_000])  # 3: nearly all ties; 70,000: beyond uint16
+def test_batch_by_size_equals_the_former_whole_corpus_sort(hi):
+    rng = np.random.default_rng(hi)
+    for trial in range(12):
+        n = int(rng.integers(0, 300))
+        src, tgt = rng.integers(0, hi, n), rng.integers(0, hi, n)
+        if trial % 4 == 0:  # skewed: a long tail, as real corpora
+            src, tgt = rng.geometric(0.15, n) - 1, rng.geometric(0.12, n) - 1
+        smallest = int(np.maximum(src, tgt).min()) + 1 if n else 1
+        budgets = [(None, int(rng.integers(1, 20))), (int(rng.integers(1, 4 * hi)), None),
+                   (int(rng.integers(1, 4 * hi)), int(rng.integers(1, 20))), (1, None),  # every pair oversize
+                   (smallest, None), (smallest - 1 or 1, None), (10**9, None)]  # one length fits / one batch
+        for max_tokens, max_sentences in budgets:
+            for seed in (None, trial):
+                for tgt_sizes, longest_first in ((tgt, False), (None, False), (None, True), (tgt, True)):
+                    if tgt_sizes is not None and longest_first and hi > 60_000:
+                        continue  # the former sort overflowed there (-1 * uint16); no caller sorts pairs longest first
+                    with warnings.catch_warnings():
+                        warnings.simplefilter("ignore")  # oversize pairs
+                        ours = batch_by_size(src, tgt_sizes, max_tokens, max_sentences, seed, longest_first)
+                    assert_same_batches(ours, batch_by_size_before(src, tgt_sizes, max_tokens, max_sentences, seed,
+                                                                   longest_first))
+
+
+def test_length_order_chunk_by_chunk_equals_the_whole_corpus_sort():
+    rng = np.random.default_rng(5)
+    for n in (0, 1, 9, 250):
+        src, tgt = rng.integers(0, 6, n), rng.integers(0, 6, n)  # many ties across chunks
+        for perm in (None, rng.permutation(n)):
+            for tgt_sizes, descending in ((tgt, False), (tgt, True), (None, False), (None, True)):
+                reference = np.concatenate(batch_by_size_before(src, tgt_sizes, max_sentences=1, longest_first=descending,
+                                                                seed=None) or [np.zeros(0, np.int32)])
+                if perm is not None:  # ties in the order of perm
+                    both = np.maximum(src, src if tgt_sizes is None else tgt)
+                    keys = [k[perm] for k in ((src if tgt_sizes is None else tgt), src, both)]
+                    reference = perm[np.lexsort([-k if descending else k for k in keys])]
+                for chunk in (1, 7, 64, 1 << 20):
+                    order, run_starts, run_lengths = length_order(src, tgt_sizes, descending, perm, chunk=chunk)
+                    assert order.dtype == np.int32 and np.array_equal(order, reference)
+                    longer = np.maximum(src, src if tgt_sizes is None else tgt)[order] + 1
+                    assert np.array_equal(np.repeat(run_lengths, np.diff(run_starts)), longer)
+                    assert run_starts[0] == 0 and run_starts[-1] == n and (np.diff(run_lengths) != 0).all()
+
+
+def test_batch_by_size_many_distinct_length_pairs_and_long_sentences():
+    """Over 2^16 distinct (source, target) lengths (ranks beyond uint16), and sentences long enough
+    that the length table would exceed 2^22 entries (the whole-corpus sort)."""
+    rng = np.random.default_rng(3)
+    src, tgt = rng.integers(0, 1500, 150_000), rng.integers(0, 1500, 150_000)
+    assert len(np.unique(src * 1501 + tgt)) > 1 << 16
+    assert_same_batches(batch_by_size(src, tgt, 3000), batch_by_size_before(src, tgt, 3000))
+    src[7] = 5000
+    with pytest.warns(UserWarning, match="1 pair"):
+        ours = batch_by_size(src, tgt, 3000)
+    assert_same_batches(ours, batch_by_size_before(src, tgt, 3000))
+
+
+def test_batch_by_size_reads_a_memory_map_as_the_array(tmp_path):
+    rng = np.random.default_rng(4)
+    for lang in ("en", "de"):
+        write_array(tmp_path / lang, [[1] * int(k) for k in rng.integers(0, 40, 3000)])
+    src, tgt = TokenArray(tmp_path / "en"), TokenArray(tmp_path / "de")
+    assert isinstance(src.sizes, np.memmap)
+    ours = batch_by_size(src.sizes, tgt.sizes, 300, seed=None)
+    assert_same_batches(ours, batch_by_size_before(np.array(src.sizes), np.array(tgt.sizes), 300))
+    assert_same_batches(batch_by_size(src.sizes, tgt.sizes, 300, seed=2),
+                        batch_by_size_before(np.array(src.sizes), np.array(tgt.sizes), 300, seed=2))
 
 
 def test_batch_by_size_invariants():

@@ -20,6 +20,7 @@ from __future__ import annotations
 import hashlib
 import itertools
 import json
+import mmap
 import os
 import struct
 import warnings
@@ -153,13 +154,14 @@ class TokenArray:
     def verify(self, vocab_size: int, chunk: int = 1 << 20) -> None:
         """Check what the header cannot: each sentence starts where the one before it ends (so
         offsets are monotonic, inside the .bin and consistent with the sizes) and every id is
-        below ``vocab_size``. Vectorized, a chunk at a time, the .bin by plain reads into one
-        small buffer (mapped pages would count as resident memory): see bench/bench_data.py."""
+        below ``vocab_size``. Vectorized, a chunk at a time, the index and the .bin by plain reads
+        (pages touched through the maps would stay resident: 24 bytes a pair for the index of both
+        sides), the .bin into one small buffer: see bench/bench_data.py."""
         idx, bin_ = _with(self.prefix, ".idx"), _with(self.prefix, ".bin")
         end = 0  # where the sentence before the chunk ends
         for start in range(0, len(self.sizes), chunk):
-            sizes = self.sizes[start : start + chunk]
-            offsets = self.offsets[start : start + chunk]
+            sizes = _rows(self.sizes, slice(start, start + chunk))
+            offsets = _rows(self.offsets, slice(start, start + chunk))
             if sizes.min() < 0:
                 i = start + int(np.argmax(sizes < 0))
                 raise XfError(f"{idx}: corrupt: sentence {i} has size {int(self.sizes[i])}")
@@ -314,47 +316,49 @@ def batch_by_size(
 
     Source-only mode (``tgt_sizes`` None: translation, validation BLEU) batches by source length
     alone, and an oversize sentence is batched alone without a warning (every line is translated).
+
+    Memory: the returned order (4 bytes a pair) and the list's views (under 1 byte a pair at
+    4096 tokens a batch), besides them a chunk of pairs and a table of lengths (``length_order``);
+    sizes in a TokenArray's memory map are read from its file, so they do not stay resident.
     """
-    src_len = padded_lengths(src_sizes)
-    tgt_len = src_len if tgt_sizes is None else padded_lengths(tgt_sizes)
-    n = len(src_len)
-    if len(tgt_len) != n:
-        raise ValueError(f"{n} source sizes but {len(tgt_len)} target sizes")
+    if tgt_sizes is not None and len(tgt_sizes) != len(src_sizes):
+        raise ValueError(f"{len(src_sizes)} source sizes but {len(tgt_sizes)} target sizes")
     if max_tokens is not None and max_tokens < 1:
         raise ValueError("max_tokens must be positive")
     if max_tokens is None and not max_sentences:
         raise ValueError("batch_by_size needs max_tokens or max_sentences")
-    # 2-D order: by the longer side first (what the budget counts), then the source, then the
-    # target length, so both sides of a batch are nearly equal. (Issue 10, Multi30k EN-DE, max_tokens
-    # 4096: sorting by target then source left 10.4% of source and 0.7% of target positions padding
-    # in 122 batches; this order leaves 3.8% and 3.9% in 115.) Source-only: by source length.
-    longest_len = np.maximum(src_len, tgt_len)
+    n = len(src_sizes)
     perm = None if seed is None else np.random.default_rng(seed).permutation(n)
-    order = length_order([tgt_len, src_len, longest_len], descending=longest_first, perm=perm)
-    longest = longest_len[order]
-    del src_len, tgt_len, longest_len, perm
+    order, run_starts, run_lengths = length_order(src_sizes, tgt_sizes, descending=longest_first, perm=perm)
+    del perm
+
+    def longest(start: int, stop: int) -> np.ndarray:
+        """The padded length of the longer side of pairs order[start:stop] (int64)."""
+        first = int(np.searchsorted(run_starts, start, side="right")) - 1
+        last = int(np.searchsorted(run_starts, stop, side="left"))
+        return np.repeat(run_lengths[first:last], np.diff(np.clip(run_starts[first : last + 1], start, stop)))
+
     cap = min(max_sentences or n, max_tokens or n, n) if n else 0
     batches, oversize, start = [], 0, 0
     while start < n:
         if max_tokens is None:
             k = min(cap, n - start)
         else:
-            length = int(longest[start])
+            run = int(np.searchsorted(run_starts, start, side="right")) - 1
+            length = int(run_lengths[run])
             per = min(cap, max(1, max_tokens // length))  # no batch starting here holds more pairs
             if not longest_first and length <= max_tokens:
-                # Shortest first, ``longest`` never decreases: inside a run of pairs of this length
+                # Shortest first, the length never decreases: inside a run of pairs of this length
                 # every batch the greedy cut makes is ``per`` pairs. Cut them all at once (one step
                 # per distinct length, not per batch: 36M pairs make some 10^5 batches).
-                # (the needle in the array's dtype: another one would convert the whole array)
-                run_end = int(np.searchsorted(longest, longest.dtype.type(length), side="right"))
-                full = (run_end - start) // per
+                full = (int(run_starts[run + 1]) - start) // per
                 if full > 1:
-                    batches.extend(np.split(order[start : start + full * per], full))
+                    batches.extend(order[i : i + per] for i in range(start, start + full * per, per))
                     start += full * per
                     continue
             # Sizes of the candidate batches order[start:start+k] for k = 1..per; the cost k * max
             # length only grows with k, so the batch ends before the first k over budget.
-            window = longest[start : start + per]
+            window = longest(start, min(start + per, n))
             cost = np.maximum.accumulate(window) * np.arange(1, len(window) + 1)
             k = int(np.searchsorted(cost, max_tokens, side="right"))
             if k == 0:
@@ -366,32 +370,105 @@ def batch_by_size(
     return batches
 
 
-def padded_lengths(sizes: Sequence[int]) -> np.ndarray:
-    """``sizes + 1`` (the eos or bos each side gets), as uint16 where they fit -- any real corpus:
-    36M pairs then cost 2 bytes a length instead of 8 -- else int64."""
-    sizes = np.asarray(sizes)
-    fits = len(sizes) == 0 or int(sizes.max()) < (1 << 16) - 1
-    return np.add(sizes, 1, dtype=np.uint16 if fits else np.int64, casting="unsafe")
+def length_order(
+    src_sizes: Sequence[int],
+    tgt_sizes: Sequence[int] | None = None,
+    descending: bool = False,
+    perm: np.ndarray | None = None,
+    chunk: int = 1 << 20,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Pair indices sorted by padded length (``size + 1``) of the longer side, then of the
+    source, then of the target (source only: ``tgt_sizes`` None), stable: ties keep index order,
+    or with ``perm``, a permutation, the order they have in it.
 
+    Returns ``(order, run_starts, run_lengths)``: the indices (int32 below 2^31 pairs: 4 bytes a
+    pair), and the runs of equal longer-side length along ``order``: run r covers
+    ``order[run_starts[r]:run_starts[r + 1]]`` (R + 1 starts, the last n) and has padded length
+    ``run_lengths[r]`` (R, int64).
 
-def length_order(keys: Sequence[np.ndarray], descending: bool = False, perm: np.ndarray | None = None) -> np.ndarray:
-    """Indices sorted by ``keys`` (non-negative integer arrays, the LAST one primary, as
-    np.lexsort), stable; ``perm``, a permutation, decides the order of ties instead of the index.
-
-    Lengths fit in 16 bits, and numpy's stable sort of 16-bit integers is a radix sort: one O(n)
-    pass per key (for 36M pairs several times faster than np.lexsort, which sorts in
-    O(n log n)). Longer keys fall back to np.lexsort. Indices are int32 below 2^31 (4 bytes a pair).
+    A counting sort, a chunk of pairs at a time. The keys are a function of the two padded
+    lengths, so a table of (source, target) lengths holds each key's rank: the first pass counts
+    the pairs of each length pair, the second writes each chunk's indices to their places. Besides
+    ``order`` it holds one chunk and the table: (longest source + 1) x (longest target + 1)
+    entries, 63,504 after ``xf preprocess``'s default --max-len 250. (Sorting all pairs at once --
+    one radix pass per key, each gathering and argsorting the whole corpus -- peaked at some 27
+    bytes a pair, 1 GB for 36M pairs.) Tables over 2^22 entries (sentences of thousands of
+    subwords) sort all pairs at once instead.
     """
-    n = len(keys[0])
-    index = np.int32 if n < 2**31 else np.int64
-    order = np.arange(n, dtype=index) if perm is None else np.asarray(perm, dtype=index)
-    if all(n == 0 or int(k.max()) < 1 << 16 for k in keys):
-        for key in keys:  # least significant first; each pass stable
-            k = key.astype(np.uint16, copy=False)[order]
-            order = order[np.argsort(~k if descending else k, kind="stable")]
-        return order
+    src_sizes, tgt_sizes = (s if s is None or isinstance(s, np.ndarray) else np.asarray(s, np.int64)
+                            for s in (src_sizes, tgt_sizes))
+    n = len(src_sizes)
+    spans = [slice(start, min(start + chunk, n)) for start in range(0, n, chunk)]
+    width = [max((int(_rows(s, span).max()) + 2 for span in spans), default=1) if s is not None else 1
+             for s in (src_sizes, tgt_sizes)]  # padded lengths 0 .. longest + 1 on each side
+    if width[0] * width[1] > 1 << 22:
+        return _length_order_at_once(src_sizes, tgt_sizes, descending, perm)
+
+    def chunks():  # (the pairs' indices, their length pair src * width[1] + tgt), in the order ties keep
+        for span in spans:
+            rows = span if perm is None else np.asarray(perm[span])
+            code = _rows(src_sizes, rows).astype(np.int64) + 1
+            if tgt_sizes is not None:
+                code *= width[1]
+                code += _rows(tgt_sizes, rows)
+                code += 1
+            yield rows, code
+
+    counts = np.zeros(width[0] * width[1], np.int64)
+    for _, code in chunks():
+        counts += np.bincount(code, minlength=len(counts))
+    present = np.flatnonzero(counts)  # the length pairs that occur, sorted by key:
+    src, tgt = (present, present) if tgt_sizes is None else (present // width[1], present % width[1])
+    longer = np.maximum(src, tgt)
+    present = present[np.lexsort((tgt, src, longer))[:: -1 if descending else 1]]
+    rank = np.zeros(len(counts), np.uint16 if len(present) <= 1 << 16 else np.int64)  # uint16: a radix sort
+    rank[present] = np.arange(len(present))
+    counts = counts[present]
+    free = np.cumsum(counts) - counts  # where the next pair of each key goes
+    order = np.empty(n, np.int32 if n < 2**31 else np.int64)
+    for rows, code in chunks():
+        ranks = rank[code]
+        by_rank = np.argsort(ranks, kind="stable")
+        here = np.bincount(ranks, minlength=len(present))
+        # a pair's place: its key's next free slot + the pairs of its key before it in this chunk
+        place = (free - (np.cumsum(here) - here))[ranks[by_rank]]
+        place += np.arange(len(place))
+        order[place] = by_rank + rows.start if perm is None else rows[by_rank]
+        free += here
+    longer = (present if tgt_sizes is None else np.maximum(present // width[1], present % width[1])).astype(np.int64)
+    return (order, *_runs(longer, counts))
+
+
+def _runs(longer: np.ndarray, counts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``(run_starts, run_lengths)`` of groups of ``counts[i]`` pairs of longer-side length
+    ``longer[i]``, in order: consecutive groups of one length make one run."""
+    first = np.flatnonzero(np.concatenate([[True], longer[1:] != longer[:-1]])) if len(longer) else np.zeros(0, np.int64)
+    starts = np.concatenate([[0], np.cumsum(counts)])[np.concatenate([first, [len(longer)]])]
+    return starts.astype(np.int64), longer[first]
+
+
+def _length_order_at_once(src_sizes, tgt_sizes, descending, perm):
+    """``length_order`` for lengths too long for its table: np.lexsort of the whole corpus at once."""
+    src = np.asarray(src_sizes, np.int64) + 1
+    tgt = src if tgt_sizes is None else np.asarray(tgt_sizes, np.int64) + 1
+    longer = np.maximum(src, tgt)
+    order = np.arange(len(src)) if perm is None else np.asarray(perm)
     sign = -1 if descending else 1
-    return order[np.lexsort([sign * np.asarray(k)[order] for k in keys])]
+    order = order[np.lexsort([sign * k[order] for k in (tgt, src, longer)])]
+    return (order.astype(np.int32 if len(src) < 2**31 else np.int64), *_runs(longer[order], np.ones(len(src), np.int64)))
+
+
+def _rows(array: Sequence[int], rows: slice | np.ndarray) -> np.ndarray:
+    """``array[rows]`` as a plain array. A contiguous slice of a whole-file np.memmap (a
+    TokenArray's sizes or offsets) is read from the file: pages touched through the map would
+    stay resident in this process, counted in its memory (4 bytes a pair a side for the sizes)."""
+    if isinstance(rows, slice) and isinstance(array, np.memmap) and isinstance(array.base, mmap.mmap):
+        start, stop, _ = rows.indices(len(array))
+        count = max(0, stop - start)
+        return np.fromfile(array.filename, array.dtype, count, offset=array.offset + start * array.itemsize)
+    if not isinstance(array, np.ndarray):
+        array = np.asarray(array, dtype=np.int64)
+    return array[rows]
 
 
 def epoch_order(num_batches: int, seed: int, epoch: int) -> np.ndarray:
