@@ -220,7 +220,7 @@ class StopSignal:
 @dataclasses.dataclass(frozen=True)
 class Step:
     """What an update leaves behind for the log: tensors on the device, so that an update never
-    waits for the device; they are read at log intervals (``Meter``, ``Skips``)."""
+    waits for the device; they are read at log intervals (``Meter``, ``settle``)."""
 
     loss_sums: torch.Tensor  # (2,) float64: label-smoothed loss and nll summed over tokens
     gnorm: torch.Tensor  # () gradient norm before clipping (inf or nan: the step was skipped)
