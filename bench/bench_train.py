@@ -67,7 +67,7 @@ LABEL_SMOOTHING, SEED = 0.1, 1
 # -- data ------------------------------------------------------------------------------------------
 def multi30k_data(root: Path) -> Path:
     from xformer_cli.options import PreprocessOptions
-    from xformer_cli.preprocess import preprocess
+    from xformer_cli.commands.preprocess import preprocess
 
     dest = root / "m30k-ende"
     preprocess(PreprocessOptions(destdir=str(dest), source_lang="en", target_lang="de",
@@ -230,7 +230,7 @@ def reference_train(data: str, out: str, device: str, precision: str, compiled: 
     from xformer_cli.data import DataDir, batch_by_size, collate, epoch_order
     from xformer_cli.model import PAD_ID, model_config, sinusoidal_positions
     from xformer_cli.schedule import learning_rate
-    from xformer_cli.train import peak_memory_mib
+    from xformer_cli.commands.train import peak_memory_mib
 
     dev = torch.device(device)
     dd = DataDir.open(data)

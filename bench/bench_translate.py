@@ -85,8 +85,9 @@ def run_case(checkpoint: str, ct2_dir: str, lines: list[str], case: str, trained
     import torch
 
     from xformer_cli.options import TranslateOptions
-    from xformer_cli.train import peak_memory_mib
-    from xformer_cli.translate import Stats, open_engine, translate_buffer
+    from xformer_cli.commands.train import peak_memory_mib
+    from xformer_cli.commands.translate import Stats, translate_buffer
+    from xformer_cli.engines import open_engine
 
     if THREADS:
         torch.set_num_threads(THREADS)
@@ -133,7 +134,7 @@ def run_interleaved(checkpoint: str, ct2_dir: str, lines: list[str], trained: bo
 
     from xformer_cli.options import TranslateOptions
     from xformer_cli.data import batch_by_size
-    from xformer_cli.translate import open_engine
+    from xformer_cli.engines import open_engine
 
     if THREADS:
         torch.set_num_threads(THREADS)
@@ -176,7 +177,7 @@ def run_cache_case(checkpoint: str, lines: list[str], use_cache: bool, trained: 
     from xformer_cli.options import DecodingOptions
     from xformer_cli.search import beam_search
     from xformer_cli.data import batch_by_size, collate_source
-    from xformer_cli.translate import load_ensemble
+    from xformer_cli.checkpoint import load_ensemble
 
     if THREADS:
         torch.set_num_threads(THREADS)
@@ -221,7 +222,7 @@ def rows() -> list[dict]:
         checkpoint = CHECKPOINT or random_checkpoint(Path(tmp))
         ct2_dir = str(Path(tmp) / "ct2")
         if have_ct2:
-            from xformer_cli.export import export_ctranslate2
+            from xformer_cli.commands.export import export_ctranslate2
             from xformer_cli.options import ExportOptions
 
             export_ctranslate2(ExportOptions(format="ctranslate2", path=checkpoint, output=ct2_dir))

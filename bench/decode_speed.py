@@ -32,7 +32,7 @@ from bench_train import cpu_flags, wmt_like_lengths  # noqa: E402
 from xformer_cli.data import batch_by_size, collate_source  # noqa: E402
 from xformer_cli.model import build_model  # noqa: E402
 from xformer_cli.options import TranslateOptions  # noqa: E402
-from xformer_cli.translate import search  # noqa: E402
+from xformer_cli.search import search  # noqa: E402
 
 DRY = os.environ.get("XF_BENCH_DRY_RUN") == "1"
 ARCH, VOCAB = ("tiny", 1000) if DRY else ("base", 37000)

@@ -24,7 +24,7 @@ from xformer_cli import distributed  # noqa: E402
 from xformer_cli.data import epoch_order  # noqa: E402
 from xformer_cli.options import TrainOptions  # noqa: E402
 from xformer_cli.safety import SaveDirLock  # noqa: E402
-from xformer_cli.train import micro_batches, set_up, train_step  # noqa: E402
+from xformer_cli.commands.train import micro_batches, set_up, train_step  # noqa: E402
 
 
 def main() -> None:

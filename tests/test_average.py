@@ -7,7 +7,7 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from xformer_cli.average import average_checkpoints
+from xformer_cli.commands.average import average_checkpoints
 from xformer_cli.checkpoint import load_checkpoint, make_checkpoint, model_from_checkpoint, save_checkpoint
 from xformer_cli.cli import app
 from xformer_cli.errors import XfError

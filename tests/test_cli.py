@@ -113,7 +113,7 @@ def test_help_at_80_columns_shows_full_names_and_marks_required(name, cls):
 def run_capturing(monkeypatch, module: str, function: str, args: list[str]):
     """Invoke ``xf args`` with the library function replaced by one that records its options."""
     seen = []
-    monkeypatch.setattr(f"xformer_cli.{module}.{function}", seen.append)
+    monkeypatch.setattr(f"xformer_cli.commands.{module}.{function}", seen.append)
     result = runner.invoke(app, args)
     assert result.exit_code == 0, result.output
     (options,) = seen

@@ -20,9 +20,9 @@ import torch
 from xformer_cli.checkpoint import load_checkpoint
 from xformer_cli.model import EOS_ID, PAD_ID, build_model
 from xformer_cli.options import PreprocessOptions, TrainOptions
-from xformer_cli.preprocess import preprocess
+from xformer_cli.commands.preprocess import preprocess
 from xformer_cli.search import beam_search, greedy_search
-from xformer_cli.train import train
+from xformer_cli.commands.train import train
 
 REPO = Path(__file__).resolve().parents[1]
 SHAPE = dict(arch="tiny", d_model=64, d_ff=128, heads=4, encoder_layers=2, decoder_layers=2)
@@ -92,7 +92,7 @@ def test_updates_never_wait_for_the_gpu(data_dir, tmp_path, monkeypatch, precisi
     """Every update after the first (which creates the optimizer's state) runs with CUDA's sync
     debug mode set to "error": a read of a device value in the step (a loss, a norm, a boolean
     index's size, the skip decision) would raise. The loop reads them at log intervals only."""
-    import xformer_cli.train as train_module
+    import xformer_cli.commands.train as train_module
 
     real, calls = train_module.train_step, {"n": 0}
 

@@ -14,11 +14,12 @@ from typer.testing import CliRunner
 from xformer_cli.checkpoint import make_checkpoint, save_checkpoint
 from xformer_cli.cli import app
 from xformer_cli.errors import XfError
-from xformer_cli.export import export_ctranslate2
+from xformer_cli.commands.export import export_ctranslate2
 from xformer_cli.model import BOS_ID, EOS_ID, build_model
 from xformer_cli.options import ExportOptions, TranslateOptions
 from xformer_cli.data import collate_source
-from xformer_cli.translate import load_ensemble, translate
+from xformer_cli.checkpoint import load_ensemble
+from xformer_cli.commands.translate import translate
 
 from test_translate import one_thread, spm_model  # noqa: F401  (fixtures: one thread, a tiny sentencepiece model)
 

@@ -24,7 +24,7 @@ from xformer_cli.checkpoint import load_checkpoint, make_checkpoint, save_checkp
 from xformer_cli.config import load_options
 from xformer_cli.options import TrainOptions
 from xformer_cli.model import build_model
-from xformer_cli.train import train
+from xformer_cli.commands.train import train
 
 REPO = Path(__file__).resolve().parents[1]
 XF = [sys.executable, "-m", "xformer_cli"]

@@ -18,7 +18,7 @@ from xformer_cli.attention_maps import AttentionMaps  # noqa: E402
 from xformer_cli.cli import app  # noqa: E402
 from xformer_cli.errors import XfError  # noqa: E402
 from xformer_cli.options import PlotAttentionOptions, PlotCurvesOptions  # noqa: E402
-from xformer_cli.plot import (  # noqa: E402
+from xformer_cli.commands.plot import (  # noqa: E402
     attention_figure,
     attention_heatmaps,
     attention_lines,
@@ -215,7 +215,7 @@ def test_lines_style_draws_one_layer():
 
 
 def test_attention_figure_of_a_checkpoint_has_its_pieces(ckpt):
-    from xformer_cli.translate import load_ensemble
+    from xformer_cli.checkpoint import load_ensemble
 
     _, sp = load_ensemble([ckpt], torch.device("cpu"))
     source, target = "A dog runs on the beach.", "Ein Hund rennt am Strand."

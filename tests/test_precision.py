@@ -13,7 +13,7 @@ import yaml
 from xformer_cli import precision
 from xformer_cli.options import TrainOptions
 from xformer_cli.precision import choose_precision, cpu_bf16_instructions
-from xformer_cli.train import train
+from xformer_cli.commands.train import train
 
 from test_train import MICRO, data_dir, raw_slice  # noqa: F401 - the shared Multi30k slice fixtures
 

@@ -9,7 +9,7 @@ import pytest
 import sentencepiece as spm
 from typer.testing import CliRunner
 
-from xformer_cli import preprocess as pp
+from xformer_cli.commands import preprocess as pp
 from xformer_cli.cli import app
 from xformer_cli.data import DataDir
 from xformer_cli.errors import XfError

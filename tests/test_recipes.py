@@ -26,7 +26,7 @@ from testdata import data_root
 REPO = Path(__file__).resolve().parents[1]
 RECIPES = REPO / "recipes"
 
-PIPELINE_MODULES = ("xformer_cli.train", "xformer_cli.average", "xformer_cli.translate")
+PIPELINE_MODULES = ("xformer_cli.commands.train", "xformer_cli.commands.average", "xformer_cli.commands.translate")
 needs_pipeline = pytest.mark.skipif(
     not all(importlib.util.find_spec(m) for m in PIPELINE_MODULES),
     reason="end to end: waits for xf train, xf average-checkpoints and xf translate to land",

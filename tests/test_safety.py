@@ -49,7 +49,7 @@ def test_a_second_holder_fails_at_once_naming_the_first_and_kill_9_releases_it(t
 
 
 def test_xf_train_refuses_a_save_dir_in_use_before_reading_any_data(tmp_path, holder):
-    from xformer_cli.train import train
+    from xformer_cli.commands.train import train
 
     with pytest.raises(XfError, match=f"in use by another xf train .pid {holder.pid} "):
         train(TrainOptions(data=str(tmp_path / "no-such-data"), save_dir=str(tmp_path / "ck"), device="cpu"))

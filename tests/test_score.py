@@ -13,7 +13,7 @@ from typer.testing import CliRunner
 from xformer_cli.cli import app
 from xformer_cli.errors import XfError
 from xformer_cli.options import ScoreOptions
-from xformer_cli.score import compound_split, moses_tokenize, read_lines, score
+from xformer_cli.commands.score import compound_split, moses_tokenize, read_lines, score
 
 
 runner = CliRunner()

@@ -15,13 +15,13 @@ import pytest
 import torch
 import yaml
 
-from xformer_cli import train as train_module
+from xformer_cli.commands import train as train_module
 from xformer_cli.checkpoint import load_checkpoint
 from xformer_cli.config import ConfigError, load_options
 from xformer_cli.errors import XfError
 from xformer_cli.options import PreprocessOptions, TrainOptions
-from xformer_cli.preprocess import preprocess
-from xformer_cli.train import remove_old_checkpoints, train
+from xformer_cli.commands.preprocess import preprocess
+from xformer_cli.commands.train import remove_old_checkpoints, train
 
 REPO = Path(__file__).resolve().parents[1]
 # A model small enough that an update takes milliseconds.

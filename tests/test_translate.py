@@ -18,7 +18,9 @@ from xformer_cli.cli import app
 from xformer_cli.model import build_model
 from xformer_cli.options import TranslateOptions
 from xformer_cli.search import gnmt_length_penalty
-from xformer_cli.translate import Stats, XfEngine, load_ensemble, translate, translate_buffer
+from xformer_cli.checkpoint import load_ensemble
+from xformer_cli.commands.translate import Stats, translate, translate_buffer
+from xformer_cli.engines import XfEngine
 
 runner = CliRunner()
 MAX_POSITIONS = 128  # so that a long line must be truncated
@@ -282,9 +284,9 @@ def test_a_length_limit_that_allows_no_output_is_an_option_error(ckpt, a, b):
 
 
 def test_precision_auto_and_its_refusals(monkeypatch):
-    from xformer_cli import translate as translate_module
+    from xformer_cli import precision as translate_module
     from xformer_cli.errors import ConfigError
-    from xformer_cli.translate import resolve_precision
+    from xformer_cli.precision import resolve_precision
 
     cpu, cuda = torch.device("cpu"), torch.device("cuda")
     for native, expected in ((False, "fp32"), (True, "bf16")):
@@ -304,7 +306,7 @@ def test_precision_auto_and_its_refusals(monkeypatch):
 
 
 def test_quantize_int8(tmp_path, ckpt, sentences):
-    from xformer_cli.translate import open_engine
+    from xformer_cli.engines import open_engine
 
     options = TranslateOptions(path=(ckpt,), quantize="int8", device="cpu")
     engine, _, _ = open_engine(options)

@@ -303,7 +303,7 @@ def command(name: str, options_cls: type, section: str, parent: typer.Typer = ap
 @command("preprocess", PreprocessOptions, "preprocess")
 def preprocess_cmd(options: PreprocessOptions) -> None:
     """Learn a joint sentencepiece BPE and binarize parallel text into memory-mapped arrays."""
-    from .preprocess import preprocess
+    from .commands.preprocess import preprocess
 
     preprocess(options)
 
@@ -311,7 +311,7 @@ def preprocess_cmd(options: PreprocessOptions) -> None:
 @command("train", TrainOptions, "train")
 def train_cmd(options: TrainOptions) -> None:
     """Train a Transformer (one CPU, one GPU, or many under torchrun)."""
-    from .train import train
+    from .commands.train import train
 
     train(options)
 
@@ -319,7 +319,7 @@ def train_cmd(options: TrainOptions) -> None:
 @command("average-checkpoints", AverageOptions, "average_checkpoints")
 def average_cmd(options: AverageOptions) -> None:
     """Average the parameters of the last N checkpoints, as the paper does."""
-    from .average import average_checkpoints
+    from .commands.average import average_checkpoints
 
     average_checkpoints(options)
 
@@ -327,7 +327,7 @@ def average_cmd(options: AverageOptions) -> None:
 @command("translate", TranslateOptions, "translate")
 def translate_cmd(options: TranslateOptions) -> None:
     """Translate stdin to stdout with batched beam search: one output line per input line."""
-    from .translate import translate
+    from .commands.translate import translate
 
     translate(options)
 
@@ -335,7 +335,7 @@ def translate_cmd(options: TranslateOptions) -> None:
 @command("export", ExportOptions, "export")
 def export_cmd(options: ExportOptions) -> None:
     """Export a checkpoint for another runtime: xf export ctranslate2 --path CKPT --output DIR."""
-    from .export import export_ctranslate2
+    from .commands.export import export_ctranslate2
 
     export_ctranslate2(options)
 
@@ -343,7 +343,7 @@ def export_cmd(options: ExportOptions) -> None:
 @command("score", ScoreOptions, "score")
 def score_cmd(options: ScoreOptions) -> None:
     """Score hypotheses with sacreBLEU, chrF and TER (and the paper's tokenized BLEU)."""
-    from .score import score
+    from .commands.score import score
 
     score(options)
 
@@ -360,7 +360,7 @@ app.add_typer(plot_app)
 @command("curves", PlotCurvesOptions, "plot_curves", plot_app)
 def plot_curves_cmd(options: PlotCurvesOptions) -> None:
     """Training and validation loss, validation BLEU, learning rate and speed of one or more runs."""
-    from .plot import plot_curves
+    from .commands.plot import plot_curves
 
     plot_curves(options)
 
@@ -368,6 +368,6 @@ def plot_curves_cmd(options: PlotCurvesOptions) -> None:
 @command("attention", PlotAttentionOptions, "plot_attention", plot_app)
 def plot_attention_cmd(options: PlotAttentionOptions) -> None:
     """Attention weights of a checkpoint on one sentence, as heat maps or as lines between tokens."""
-    from .plot import plot_attention
+    from .commands.plot import plot_attention
 
     plot_attention(options)

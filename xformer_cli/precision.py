@@ -13,6 +13,8 @@ from pathlib import Path
 
 import torch
 
+from .errors import ConfigError
+
 # CPU flags (Linux /proc/cpuinfo) of native bf16 matrix instructions: AVX512-BF16 (Cooper Lake,
 # Zen 4 and later) and AMX (Sapphire Rapids and later).
 BF16_CPU_FLAGS = ("avx512_bf16", "amx_bf16")
@@ -65,3 +67,36 @@ def autocast_context(precision: str, device: torch.device) -> contextlib.Abstrac
         return contextlib.nullcontext()
     dtype = torch.bfloat16 if precision == "bf16" else torch.float16
     return torch.autocast(device.type, dtype=dtype)
+
+
+# -- inference: xf translate, the engines, export ------------------------------------------------
+def resolve_precision(device: torch.device, precision: str, quantize: str = "none") -> str:
+    """The precision to run in: auto is bf16 on GPUs with bf16 and on CPUs with bf16
+    instructions, else fp32; --quantize int8 runs its int8 layers with fp32 around them."""
+    cpu = device.type == "cpu"
+    if quantize == "int8":
+        if not cpu:
+            raise ConfigError("--quantize int8 is for CPUs (dynamic int8 linear layers); on CUDA use --precision")
+        if precision not in ("auto", "fp32"):
+            raise ConfigError(f"--quantize int8 runs around its int8 layers in fp32, not --precision {precision}")
+        return "fp32"
+    if precision == "auto":
+        bf16 = bool(cpu_bf16_instructions()) if cpu else cuda_has_bf16(device)
+        return "bf16" if bf16 else "fp32"
+    if precision == "fp16" and cpu:
+        raise ConfigError("--precision fp16 is for CUDA; on CPU translate in fp32 (or bf16 with bf16 instructions)")
+    if precision == "bf16" and cpu and not bool(cpu_bf16_instructions()):
+        raise ConfigError("--precision bf16 on CPU needs bf16 instructions (avx512_bf16 or amx_bf16), which "
+                          "this CPU lacks; use fp32 or auto")
+    return precision
+
+
+def ct2_compute_type(device: str, precision: str, quantize: str, native_bf16: bool) -> str:
+    """CTranslate2's compute_type for xf's --precision and --quantize (same meanings)."""
+    if quantize == "int8":
+        if device != "cpu":
+            raise ConfigError("--quantize int8 is for CPUs; on CUDA use --precision")
+        return "int8"
+    if precision == "auto":
+        precision = "bf16" if (device == "cuda" or native_bf16) else "fp32"
+    return {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}[precision]

@@ -20,8 +20,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any, Optional, Sequence
 
-from .errors import XfError
-from .options import ScoreOptions
+from ..errors import XfError
+from ..options import ScoreOptions
 
 METRICS = ("bleu", "chrf", "ter")
 

@@ -44,13 +44,13 @@ from rich.progress import TimeElapsedColumn, TimeRemainingColumn
 from rich.table import Table
 from rich.text import Text
 
-from . import __version__
-from .console import print_table, stderr_console
-from .data import FORMAT_VERSION, DataDir, TokenArrayWriter, file_sha256, smallest_dtype
-from .errors import XfError
-from .fileio import fsync_dir, reporting_write_errors
-from .options import PreprocessOptions
-from .vocab import BOS_ID, EOS_ID, PAD_ID, UNK_ID, decode_line, load_sentencepiece
+from .. import __version__
+from ..console import print_table, stderr_console
+from ..data import FORMAT_VERSION, DataDir, TokenArrayWriter, file_sha256, smallest_dtype
+from ..errors import XfError
+from ..fileio import fsync_dir, reporting_write_errors
+from ..options import PreprocessOptions
+from ..vocab import BOS_ID, EOS_ID, PAD_ID, UNK_ID, decode_line, load_sentencepiece
 
 CHUNK_LINES = 10_000  # pairs per worker task: large enough that inter-process traffic is noise
 DROP_REASONS = ("invalid_utf8", "empty", "too_long", "ratio")  # a pair counts under the first that applies

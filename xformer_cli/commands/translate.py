@@ -16,102 +16,21 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Iterator, Optional, Sequence
+from typing import IO, Iterator, Optional
 
 import torch
 
-from . import distributed
-from .attention_maps import alignment_pairs, format_alignment, hard_alignments, resolve_layer
-from .checkpoint import is_training_checkpoint, load_ensemble
-from .console import print_table, stderr_console
-from .data import batch_by_size, collate_source
-from .errors import ConfigError, XfError
-from .fileio import atomic_write
-from .model import Transformer
-from .options import TranslateOptions
-from .precision import cpu_bf16_instructions, cuda_has_bf16
-from .safety import refuse_overwriting_inputs
-from .search import Hypothesis, search
-from .vocab import decode_line
-
-DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
-
-
-# -- loading -------------------------------------------------------------------------------------
-
-
-def resolve_precision(device: torch.device, precision: str, quantize: str = "none") -> str:
-    """The precision to run in: auto is bf16 on GPUs with bf16 and on CPUs with bf16
-    instructions, else fp32; --quantize int8 runs its int8 layers with fp32 around them."""
-    cpu = device.type == "cpu"
-    if quantize == "int8":
-        if not cpu:
-            raise ConfigError("--quantize int8 is for CPUs (dynamic int8 linear layers); on CUDA use --precision")
-        if precision not in ("auto", "fp32"):
-            raise ConfigError(f"--quantize int8 runs around its int8 layers in fp32, not --precision {precision}")
-        return "fp32"
-    if precision == "auto":
-        bf16 = bool(cpu_bf16_instructions()) if cpu else cuda_has_bf16(device)
-        return "bf16" if bf16 else "fp32"
-    if precision == "fp16" and cpu:
-        raise ConfigError("--precision fp16 is for CUDA; on CPU translate in fp32 (or bf16 with bf16 instructions)")
-    if precision == "bf16" and cpu and not bool(cpu_bf16_instructions()):
-        raise ConfigError("--precision bf16 on CPU needs bf16 instructions (avx512_bf16 or amx_bf16), which "
-                          "this CPU lacks; use fp32 or auto")
-    return precision
-
-
-def resolve_device(device: str, precision: str, quantize: str = "none") -> tuple[torch.device, str]:
-    """The device and the precision (fp32, bf16 or fp16) that --device and --precision ask for."""
-    resolved = distributed.resolve_device(device)
-    return resolved, resolve_precision(resolved, precision, quantize)
-
-
-def quantize_int8(model: Transformer) -> Transformer:
-    """Dynamic int8 quantization of every linear layer (weights int8 per tensor, activations
-    quantized on the fly): torch.ao's quantize_dynamic, deprecated in favour of torchao but the
-    one that ships with torch. Embeddings and layer norms stay fp32."""
-    import warnings
-
-    from torch import nn
-    from torch.ao.quantization import quantize_dynamic
-
-    from .model import MultiHeadAttention
-
-    for module in model.modules():
-        if isinstance(module, MultiHeadAttention):
-            module.split_projections()
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # the deprecation warnings of torch.ao.quantization
-        return quantize_dynamic(model, {nn.Linear}, dtype=torch.qint8, inplace=True)
-
-
-class XfEngine:
-    """xf's own search (``search.py``) over one model or an ensemble: the default --engine."""
-
-    def __init__(self, models: Sequence[Transformer], device: torch.device):
-        self.models, self.device = list(models), device
-        self.max_source = min(m.cfg.max_positions for m in models) - 1  # room for the source's eos
-
-    def search(self, sentences: Sequence[Sequence[int]], options: TranslateOptions, generator=None) -> list[list[Hypothesis]]:
-        """Hypotheses of each sentence (subword ids without eos), best first."""
-        return search(self.models, collate_source(sentences).to(self.device), options, generator)
-
-
-def open_engine(options: TranslateOptions):
-    """(engine, sentencepiece processor, device) of --engine for --path."""
-    if options.engine == "ctranslate2":
-        from .export import CTranslate2Engine
-
-        return CTranslate2Engine.open(options)
-    device, precision = resolve_device(options.device, options.precision, options.quantize)
-    if options.threads > 0:
-        torch.set_num_threads(options.threads)
-    models, sp = load_ensemble(options.path, device, DTYPES[precision])
-    if options.quantize == "int8":
-        models = [quantize_int8(m) for m in models]
-    return XfEngine(models, device), sp, device
-
+from ..attention_maps import alignment_pairs, format_alignment
+from ..checkpoint import is_training_checkpoint
+from ..console import print_table, stderr_console
+from ..data import batch_by_size
+from ..engines import Engine, open_engine
+from ..errors import XfError
+from ..fileio import atomic_write
+from ..options import TranslateOptions
+from ..safety import refuse_overwriting_inputs
+from ..search import Hypothesis
+from ..vocab import decode_line
 
 # -- batching and search -------------------------------------------------------------------------
 
@@ -187,7 +106,7 @@ def empty_hypotheses(options: TranslateOptions) -> list[Hypothesis]:
     return [Hypothesis([], 0.0, []) for _ in range(count)]
 
 
-def translate_buffer(engine, sp, lines: list[str], first_index: int, options: TranslateOptions, stats: Stats,
+def translate_buffer(engine: Engine, sp, lines: list[str], first_index: int, options: TranslateOptions, stats: Stats,
                      generator=None) -> list[str]:
     """Outputs (one string per input line, in input order) for a buffer of input lines."""
     max_source = engine.max_source
@@ -215,8 +134,7 @@ def translate_buffer(engine, sp, lines: list[str], first_index: int, options: Tr
             stats.src_tokens += len(pieces[i]) + 1
             stats.tgt_tokens += len(hyps[0].tokens) if hyps else 0
         if options.print_alignment:  # a forced-decoding pass over the final hypotheses
-            src = collate_source(sentences).to(engine.device)
-            for i, per_hyp in zip(idx, hard_alignments(engine.models, src, found, options.alignment_layer)):
+            for i, per_hyp in zip(idx, engine.alignments(sentences, found, options.alignment_layer)):
                 alignments[i] = per_hyp
     out = []
     for i, hyps in enumerate(results):
@@ -283,11 +201,7 @@ def translate(options: TranslateOptions) -> None:
                       "(choose another output file)")
     engine, sp, device = open_engine(options)
     if options.print_alignment:  # a layer the models lack fails now, not at the first batch
-        if not isinstance(engine, XfEngine):
-            raise ConfigError("--print-alignment needs xf's own engine (the attention of --engine ctranslate2 "
-                              "is not recorded)")
-        for model in engine.models:
-            resolve_layer(options.alignment_layer, len(model.decoder_layers))
+        engine.check_alignment_layer(options.alignment_layer)
     generator = torch.Generator(device=device).manual_seed(options.seed) if options.sampling else None
 
     console = stderr_console()

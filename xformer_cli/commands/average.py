@@ -13,12 +13,12 @@ from typing import Optional
 
 import torch
 
-from .checkpoint import checkpoint_numbers, is_training_checkpoint, load_checkpoint, model_from_checkpoint
-from .checkpoint import same_vocabulary, save_checkpoint
-from .console import print_table, stderr_console
-from .errors import ConfigError, XfError
-from .options import AverageOptions
-from .safety import refuse_overwriting_inputs
+from ..checkpoint import checkpoint_numbers, is_training_checkpoint, load_checkpoint, model_from_checkpoint
+from ..checkpoint import same_vocabulary, save_checkpoint
+from ..console import print_table, stderr_console
+from ..errors import ConfigError, XfError
+from ..options import AverageOptions
+from ..safety import refuse_overwriting_inputs
 
 # Fields that change training, not the function the weights compute.
 TRAINING_ONLY_FIELDS = ("dropout", "attention_dropout", "activation_dropout")

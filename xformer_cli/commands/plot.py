@@ -12,9 +12,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
-from .errors import ConfigError, XfError
-from .fileio import atomic_write
-from .options import PlotAttentionOptions, PlotCurvesOptions
+from ..errors import ConfigError, XfError
+from ..fileio import atomic_write
+from ..options import PlotAttentionOptions, PlotCurvesOptions
 
 FORMATS = ("png", "pdf", "svg")
 DPI = 110
@@ -342,13 +342,13 @@ def attention_figure(options: PlotAttentionOptions):
     """The figure of plot_attention: load the checkpoint, translate unless --target, record."""
     import torch
 
-    from .attention_maps import force_decode
-    from .model import EOS_ID
-    from .options import DecodingOptions
-    from .search import beam_search
-    from .data import collate_source
-    from .distributed import resolve_device
-    from .checkpoint import load_ensemble
+    from ..attention_maps import force_decode
+    from ..model import EOS_ID
+    from ..options import DecodingOptions
+    from ..search import beam_search
+    from ..data import collate_source
+    from ..distributed import resolve_device
+    from ..checkpoint import load_ensemble
 
     if options.style == "lines" and options.layer is None:
         raise ConfigError("--style lines draws one layer: choose it with --layer N")

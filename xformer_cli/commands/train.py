@@ -37,23 +37,23 @@ import torch
 import yaml
 from rich.console import Console
 
-from . import distributed
-from .checkpoint import checkpoint_numbers, load_last_checkpoint, make_checkpoint, same_vocabulary, save_checkpoint
-from .config import ConfigError, to_dict
-from .console import stderr_console
-from .data import DataDir, ParallelDataset, batch_by_size, collate, epoch_order, update_batches
-from .errors import XfError
-from .fileio import atomic_write, atomic_write_text, remove_stale_temporaries
-from .loss import fused_output_loss
-from .model import Transformer, config_to_dict
-from .options import MODEL_OVERRIDES, ModelConfig, TrainOptions, model_config
-from .safety import SaveDirLock
-from .precision import autocast_context, choose_precision, cpu_bf16_instructions, hardware_note
-from .schedule import learning_rate
-from .train_log import Reporter, format_seconds
-from .train_policy import AfterUpdate, improves, plan_after_validation, plan_update
-from .validate import validation_bleu, validation_loss
-from .vocab import load_sentencepiece
+from .. import distributed
+from ..checkpoint import checkpoint_numbers, load_last_checkpoint, make_checkpoint, same_vocabulary, save_checkpoint
+from ..config import ConfigError, to_dict
+from ..console import stderr_console
+from ..data import DataDir, ParallelDataset, batch_by_size, collate, epoch_order, update_batches
+from ..errors import XfError
+from ..fileio import atomic_write, atomic_write_text, remove_stale_temporaries
+from ..loss import fused_output_loss
+from ..model import Transformer, config_to_dict
+from ..options import MODEL_OVERRIDES, ModelConfig, TrainOptions, model_config
+from ..safety import SaveDirLock
+from ..precision import autocast_context, choose_precision, cpu_bf16_instructions, hardware_note
+from ..schedule import learning_rate
+from ..train_log import Reporter, format_seconds
+from ..train_policy import AfterUpdate, improves, plan_after_validation, plan_update
+from ..validate import validation_bleu, validation_loss
+from ..vocab import load_sentencepiece
 
 
 

@@ -1,0 +1,83 @@
+"""The shape of the package: commands over a library.
+
+``xformer_cli/commands/`` holds one module per subcommand; they import the library, never each
+other, and no library module imports a command. ``cli.py`` (the Typer front end) and
+``__main__`` are the only modules that name every command.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+PACKAGE = Path(__file__).resolve().parents[1] / "xformer_cli"
+FRONT_END = {"cli", "__main__"}
+
+
+def imported_modules(path: Path, source: str | None = None) -> set[str]:
+    """Every ``xformer_cli`` module the module at ``path`` imports, as dotted names relative to
+    the package (``commands.train``, ``model``), function-level imports included."""
+    package = list(path.relative_to(PACKAGE).parts[:-1])
+    found = set()
+    source = path.read_text(encoding="utf-8") if source is None else source
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package[: len(package) - (node.level - 1)] if node.level > 1 else package
+                module = ".".join([*base, *([node.module] if node.module else [])])
+                names = [module] if node.module else []
+                names += [".".join(filter(None, [module, a.name])) for a in node.names]
+            elif node.module and node.module.startswith("xformer_cli"):
+                module = node.module[len("xformer_cli"):].lstrip(".")
+                names = [module] + [".".join(filter(None, [module, a.name])) for a in node.names]
+            else:
+                continue
+            found.update(n for n in names if n)
+        elif isinstance(node, ast.Import):
+            found.update(a.name[len("xformer_cli."):] for a in node.names if a.name.startswith("xformer_cli."))
+    return found
+
+
+def module_name(path: Path) -> str:
+    return ".".join(path.relative_to(PACKAGE).with_suffix("").parts)
+
+
+def commands() -> list[Path]:
+    return sorted(p for p in (PACKAGE / "commands").glob("*.py") if p.name != "__init__.py")
+
+
+def library() -> list[Path]:
+    return sorted(p for p in PACKAGE.rglob("*.py")
+                  if "commands" not in p.relative_to(PACKAGE).parts and p.stem not in FRONT_END)
+
+
+def test_every_subcommand_has_its_module_in_commands():
+    names = {p.stem for p in commands()}
+    assert {"preprocess", "train", "average", "translate", "export", "score", "plot"} <= names
+
+
+def test_no_library_module_imports_a_command():
+    offenders = {module_name(p): sorted(m for m in imported_modules(p) if m.startswith("commands"))
+                 for p in library()}
+    assert {k: v for k, v in offenders.items() if v} == {}
+
+
+def test_no_command_imports_another_command():
+    offenders = {}
+    for p in commands():
+        me = module_name(p)
+        others = sorted(m for m in imported_modules(p)
+                        if m.startswith("commands.") and not (m == me or m.startswith(me + ".")))
+        if others:
+            offenders[me] = others
+    assert offenders == {}
+
+
+def test_the_checker_sees_command_imports():
+    """The check itself can fail: relative, absolute and function-level imports of a command."""
+    source = ("from __future__ import annotations\n\ndef f():\n    from .train import train\n"
+              "    from ..commands.export import x\n    import xformer_cli.commands.score\n")
+    found = imported_modules(PACKAGE / "commands" / "translate.py", source)
+    assert {"commands.train", "commands.export", "commands.score"} <= found
+    found = imported_modules(PACKAGE / "model.py", "from .commands import plot\n")
+    assert "commands.plot" in found
