@@ -334,10 +334,10 @@ def translate_cmd(options: TranslateOptions) -> None:
 
 @command("export", ExportOptions, "export")
 def export_cmd(options: ExportOptions) -> None:
-    """Export a checkpoint for another runtime: xf export ctranslate2 --path CKPT --output DIR."""
-    from .commands.export import export_ctranslate2
+    """Export a checkpoint for another runtime: xf export ctranslate2|huggingface --path CKPT --output DIR."""
+    from .commands.export import export
 
-    export_ctranslate2(options)
+    export(options)
 
 
 @command("score", ScoreOptions, "score")

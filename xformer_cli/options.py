@@ -46,7 +46,9 @@ class ModelConfig:
     attention_dropout: float = option(0.0, "dropout on attention weights (not in the paper)")
     activation_dropout: float = option(0.0, "dropout after the FFN activation (not in the paper)")
     normalize_before: bool = option(False, "pre-LN instead of the paper's post-LN")
-    activation: Literal["relu", "gelu", "swiglu"] = option("relu", "FFN activation")
+    activation: Literal["relu", "gelu", "swish", "swiglu"] = option(
+        "relu", "FFN activation (swish: x * sigmoid(x), as MarianMT's; swiglu: gated)"
+    )
     positions: Literal["sinusoidal", "learned", "rope", "alibi"] = option(
         "sinusoidal", "position information"
     )
@@ -54,6 +56,10 @@ class ModelConfig:
     share_embeddings: Literal["all", "decoder", "none"] = option(
         "all", "tie source, target and output embeddings (all), target and output (decoder)"
     )
+    scale_embedding: bool = option(True, "multiply token embeddings by sqrt(d_model) (Sec. 3.4; some MarianMT "
+                                   "models do not)")
+    output_bias: bool = option(False, "a fixed bias on the output logits, not trained (MarianMT's "
+                               "final_logits_bias; xf import huggingface sets it)")
 
     def __post_init__(self) -> None:
         at_least(self, 1, "vocab_size", "encoder_layers", "decoder_layers", "d_model", "d_ff", "heads",
@@ -313,13 +319,37 @@ class TranslateOptions(DecodingOptions):
 
 @dataclass(frozen=True)
 class ExportOptions:
-    format: Literal["ctranslate2"] = option(help="what to export to: ctranslate2", positional=True)
+    format: Literal["ctranslate2", "huggingface"] = option(
+        help="what to export to: ctranslate2, or huggingface (a MarianMT directory)", positional=True)
     path: str = option(help="the xf checkpoint to export")
-    output: str = option(help="the model directory to write (with the sentencepiece model as spm.model)")
+    output: str = option(help="the model directory to write (ctranslate2: with the sentencepiece model as spm.model)")
     quantization: Literal["float32", "int8", "bfloat16"] = option(
-        "float32", "weight type of the exported model (CTranslate2 can still compute in another type)"
+        "float32", "ctranslate2: weight type of the exported model (CTranslate2 can still compute in another type)"
     )
+    beam_size: int = option(4, "huggingface: num_beams of generation_config.json", aliases=("beam",))
+    lenpen: float = option(1.0, "huggingface: length_penalty of generation_config.json, score / |Y|^lenpen "
+                           "(xf translate --lenpen-style length; GNMT's penalty has no transformers equivalent)")
+    max_length: int = option(0, "huggingface: max_length of generation_config.json, decoder start and eos "
+                             "included (0: the model's max_positions)")
+    source_lang: str = option("en", "huggingface: source language, for the model card and tokenizer")
+    target_lang: str = option("de", "huggingface: target language, for the model card and tokenizer")
+    bleu: Optional[str] = option(None, "huggingface: the test score for the model card: a file written by "
+                                 "xf score --json (BLEU and its sacreBLEU signature)")
     overwrite: bool = option(False, "replace an existing non-empty output directory")
+
+    def __post_init__(self) -> None:
+        at_least(self, 1, "beam_size")
+        at_least(self, 0, "max_length")
+
+
+@dataclass(frozen=True)
+class ImportOptions:
+    format: Literal["huggingface"] = option(help="what to import from: huggingface (a MarianMT directory)",
+                                            positional=True)
+    directory: str = option(help="the model directory (e.g. from huggingface-cli download Helsinki-NLP/opus-mt-en-de)",
+                            positional=True)
+    output: str = option(help="the xf checkpoint to write")
+    overwrite: bool = option(False, "replace --output if it exists (a training checkpoint never)")
 
 
 @dataclass(frozen=True)

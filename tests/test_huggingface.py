@@ -1,0 +1,188 @@
+"""xf export huggingface / xf import huggingface: MarianMT directories that transformers loads,
+with teacher-forced log-probabilities equal to xf's (fp32, 1e-4) and the same beam search
+translations; imports of MarianMT models built here (odd special ids, separate sentencepiece
+models); the xf -> HF -> xf round trip bit for bit; one-line refusals of bad input."""
+
+import json
+
+import pytest
+import torch
+import torch.nn.functional as F
+from typer.testing import CliRunner
+
+from xformer_cli.checkpoint import load_checkpoint, load_ensemble, make_checkpoint, save_checkpoint
+from xformer_cli.cli import app
+from xformer_cli.data import collate_source
+from xformer_cli.errors import XfError
+from xformer_cli.huggingface import export_marian, residual_permutation
+from xformer_cli.model import BOS_ID, EOS_ID, build_model, sinusoidal_positions
+from xformer_cli.options import DecodingOptions, ExportOptions
+from xformer_cli.search import beam_search
+
+from test_translate import one_thread, spm_model  # noqa: F401  (fixtures: one thread, a tiny sentencepiece model)
+
+transformers = pytest.importorskip("transformers", reason="the hf extra is not installed")
+runner = CliRunner()
+
+
+@pytest.fixture(scope="module")
+def pairs(multi30k_dir):
+    src = (multi30k_dir / "test2016.en").read_text(encoding="utf-8").splitlines()
+    tgt = (multi30k_dir / "test2016.de").read_text(encoding="utf-8").splitlines()
+    return src[:100], tgt[:100]
+
+
+def random_checkpoint(path, spm_model: bytes, **overrides):
+    torch.manual_seed(0)
+    model = build_model("tiny", vocab_size=200, d_model=32, d_ff=64, heads=4, max_positions=128, **overrides)
+    with torch.no_grad():  # LayerNorms and biases away from their initialisation, so that they are tested
+        for name, p in model.named_parameters():
+            if "norm" in name or name.endswith("bias"):
+                p.add_(torch.randn_like(p) * 0.1)
+        if model.output_bias is not None:
+            model.output_bias.copy_(torch.randn_like(model.output_bias))
+    save_checkpoint(path, make_checkpoint(model, spm_model))
+    return str(path)
+
+
+def export(ckpt, out, **kw):
+    return export_marian(ExportOptions(format="huggingface", path=str(ckpt), output=str(out), **kw))
+
+
+def xf_log_probs(ckpt, src_ids, tgt_ids):
+    """xf's teacher-forced log p (T+1, V) of each target position, eos included."""
+    (model,), _ = load_ensemble([ckpt], torch.device("cpu"))
+    with torch.no_grad():
+        return F.log_softmax(model(collate_source([src_ids]), torch.tensor([[BOS_ID] + tgt_ids])).float(), dim=-1)[0]
+
+
+def hf_log_probs(hf, src_ids, tgt_ids, start):
+    with torch.no_grad():
+        logits = hf(input_ids=torch.tensor([src_ids + [hf.config.eos_token_id]]),
+                    decoder_input_ids=torch.tensor([[start] + tgt_ids])).logits
+    return F.log_softmax(logits.float(), dim=-1)[0]
+
+
+def test_residual_permutation_turns_xf_sinusoids_into_marians():
+    from transformers.models.marian.modeling_marian import MarianSinusoidalPositionalEmbedding
+
+    theirs = MarianSinusoidalPositionalEmbedding(50, 16).create_weight()
+    assert torch.allclose(sinusoidal_positions(50, 16)[:, residual_permutation(16)], theirs, atol=1e-6)
+
+
+VARIANTS = {
+    "paper": dict(),  # post-LN, ReLU, scaled embeddings, three-way tying
+    "gelu-decoder-tied-unscaled": dict(activation="gelu", share_embeddings="decoder", scale_embedding=False),
+    "swish-untied-bias": dict(activation="swish", share_embeddings="none", output_bias=True),
+    "relu-bias-1x3": dict(output_bias=True, encoder_layers=1, decoder_layers=3),
+}
+
+
+@pytest.mark.parametrize("variant", list(VARIANTS))
+def test_export_loads_in_transformers_with_equal_log_probs(tmp_path, spm_model, pairs, variant):
+    ckpt = random_checkpoint(tmp_path / "m.pt", spm_model, **VARIANTS[variant])
+    out = export(ckpt, tmp_path / "hf")
+    hf, info = transformers.MarianMTModel.from_pretrained(str(out), output_loading_info=True)
+    assert not info["missing_keys"] and not info["unexpected_keys"], info
+    tok = transformers.MarianTokenizer.from_pretrained(str(out))
+    sp = load_ensemble([ckpt], torch.device("cpu"))[1]
+    worst = 0.0
+    for src, tgt in zip(pairs[0][:5], pairs[1][:5]):
+        assert tok(src)["input_ids"] == sp.encode(src) + [EOS_ID]  # the tokenizer cuts as xf does
+        src_ids, tgt_ids = sp.encode(src), sp.encode(tgt)
+        mine, theirs = xf_log_probs(ckpt, src_ids, tgt_ids), hf_log_probs(hf.eval(), src_ids, tgt_ids, BOS_ID)
+        worst = max(worst, (mine - theirs).abs().max().item())
+    assert worst < 1e-4, worst
+    config = json.loads((out / "generation_config.json").read_text())
+    assert config["num_beams"] == 4 and config["decoder_start_token_id"] == BOS_ID
+
+
+# -- a small trained model: the same beam search translations -----------------------------------
+@pytest.fixture(scope="module")
+def trained(multi30k_dir, tmp_path_factory):
+    """A 2-layer model trained for 300 updates on 3,000 Multi30k pairs (a minute on one core)."""
+    tmp = tmp_path_factory.mktemp("trained")
+    raw = tmp / "raw"
+    raw.mkdir()
+    for split, name, count in (("train", "train", 3000), ("val", "val", 50)):
+        for lang in ("en", "de"):
+            lines = (multi30k_dir / f"{name}.{lang}").read_text(encoding="utf-8").splitlines()[:count]
+            (raw / f"{split}.{lang}").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    xf("preprocess", "--destdir", tmp / "data", "--trainpref", raw / "train", "--validpref", raw / "val",
+       "--bpe-vocab-size", 1000, "--workers", 1)
+    xf("train", tmp / "data", "--save-dir", tmp / "ckpt", "--arch", "tiny", "--max-tokens", 2000,
+       "--warmup-updates", 50, "--max-update", 300, "--device", "cpu", "--threads", 1, "--seed", 1,
+       "--dropout", 0.0, "--save-interval-minutes", 0, "--activation", "swish",
+       "--lr-scheduler", "inverse_sqrt", "--lr", 3e-3)
+    return tmp
+
+
+def xf(*args):
+    result = runner.invoke(app, [str(a) for a in args])
+    assert result.exit_code == 0, result.output
+    return result
+
+
+def xf_translations(ckpt, sources, lenpen):
+    models, sp = load_ensemble([str(ckpt)], torch.device("cpu"))
+    options = DecodingOptions(beam_size=4, lenpen=lenpen, lenpen_style="length", max_len_a=0.0, max_len_b=60)
+    ids = [sp.encode(s) for s in sources]
+    return [hyps[0].tokens[:-1] for hyps in beam_search(models, collate_source(ids), options)], ids
+
+
+def hf_translations(model_dir, src_ids, lenpen):
+    hf = transformers.MarianMTModel.from_pretrained(str(model_dir)).eval()
+    eos = hf.config.eos_token_id
+    out = []
+    for i in range(0, len(src_ids), 25):
+        batch = [ids + [eos] for ids in src_ids[i : i + 25]]
+        width = max(map(len, batch))
+        pad = hf.config.pad_token_id
+        input_ids = torch.tensor([ids + [pad] * (width - len(ids)) for ids in batch])
+        with torch.no_grad():
+            generated = hf.generate(input_ids=input_ids, attention_mask=input_ids.ne(pad), num_beams=4,
+                                    length_penalty=lenpen, max_length=62)
+        for row in generated.tolist():
+            row = row[1:]  # the decoder start
+            out.append(row[: row.index(eos)] if eos in row else row)
+    return out
+
+
+@pytest.mark.slow
+def test_trained_model_exports_with_the_same_translations(tmp_path, trained, pairs, one_thread):
+    ckpt = trained / "ckpt" / "checkpoint_last.pt"
+    out = tmp_path / "hf"
+    xf("export", "huggingface", "--path", ckpt, "--output", out, "--lenpen", 1.0)
+    mine, src_ids = xf_translations(ckpt, pairs[0], 1.0)
+    theirs = hf_translations(out, src_ids, 1.0)
+    same = sum(a == b for a, b in zip(mine, theirs))
+    assert same >= 99, same
+    assert len({tuple(t) for t in mine}) > 50  # a model that translates, not one that repeats a line
+    tok = transformers.MarianTokenizer.from_pretrained(str(out))
+    sp = load_ensemble([str(ckpt)], torch.device("cpu"))[1]
+    assert tok.decode(theirs[0], skip_special_tokens=True) == sp.decode(mine[0])
+
+
+# -- refusals ------------------------------------------------------------------------------------
+def fails(args, message):
+    result = runner.invoke(app, [str(a) for a in args])
+    assert result.exit_code != 0
+    lines = result.output.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("xf: error:") and message in lines[0], result.output
+
+
+@pytest.mark.parametrize("variant, option", [
+    (dict(normalize_before=True), "--normalize-before"), (dict(positions="learned"), "--positions learned"),
+    (dict(positions="rope"), "--positions rope"), (dict(activation="swiglu"), "--activation swiglu"),
+])
+def test_export_refuses_what_marian_cannot_compute(tmp_path, spm_model, variant, option):
+    ckpt = random_checkpoint(tmp_path / "m.pt", spm_model, **variant)
+    fails(["export", "huggingface", "--path", ckpt, "--output", tmp_path / "hf"], option)
+    assert not (tmp_path / "hf").exists() and [p.name for p in tmp_path.iterdir()] == ["m.pt"]
+
+
+def test_export_refuses_an_occupied_output(tmp_path, spm_model):
+    ckpt = random_checkpoint(tmp_path / "m.pt", spm_model)
+    (tmp_path / "hf").mkdir()
+    (tmp_path / "hf" / "x").write_text("x")
+    fails(["export", "huggingface", "--path", ckpt, "--output", tmp_path / "hf"], "not an empty directory")
