@@ -117,8 +117,8 @@ def trained(multi30k_dir, tmp_path_factory):
     return tmp
 
 
-def xf(*args):
-    result = runner.invoke(app, [str(a) for a in args])
+def xf(*args, input=None):
+    result = runner.invoke(app, [str(a) for a in args], input=input)
     assert result.exit_code == 0, result.output
     return result
 
@@ -186,3 +186,158 @@ def test_export_refuses_an_occupied_output(tmp_path, spm_model):
     (tmp_path / "hf").mkdir()
     (tmp_path / "hf" / "x").write_text("x")
     fails(["export", "huggingface", "--path", ckpt, "--output", tmp_path / "hf"], "not an empty directory")
+
+
+# -- import: MarianMT models built here, OPUS-MT's layout ---------------------------------------
+def learn_unigram(lines, vocab_size) -> bytes:
+    """A sentencepiece model with sentencepiece's default ids (unk 0, bos 1, eos 2), as OPUS-MT's."""
+    import io
+
+    import sentencepiece as spm
+
+    model = io.BytesIO()
+    spm.SentencePieceTrainer.train(sentence_iterator=iter(lines), model_writer=model, vocab_size=vocab_size,
+                                   model_type="unigram", character_coverage=1.0, minloglevel=2)
+    return model.getvalue()
+
+
+def write_tokenizer(out, source_spm: bytes, target_spm: bytes, pieces: list[str], pad="<pad>"):
+    (out / "source.spm").write_bytes(source_spm)
+    (out / "target.spm").write_bytes(target_spm)
+    (out / "vocab.json").write_text(json.dumps({p: i for i, p in enumerate(pieces)}), encoding="utf-8")
+    (out / "tokenizer_config.json").write_text(json.dumps(
+        {"tokenizer_class": "MarianTokenizer", "unk_token": "<unk>", "eos_token": "</s>", "pad_token": pad,
+         "source_lang": "en", "target_lang": "de", "model_max_length": 128, "separate_vocabs": False}))
+
+
+@pytest.fixture(scope="module")
+def opus_spms(multi30k_dir):
+    """Separate source and target sentencepiece models, and OPUS-MT's vocab.json over both: eos 0,
+    unk 1, the pieces of both models, pad last (also the decoder start)."""
+    import sentencepiece as spm
+
+    models = [learn_unigram((multi30k_dir / f"train.{lang}").read_text(encoding="utf-8").splitlines()[:500], 150)
+              for lang in ("en", "de")]
+    pieces = ["</s>", "<unk>"]
+    for model in models:
+        sp = spm.SentencePieceProcessor(model_proto=model)
+        pieces += [sp.id_to_piece(i) for i in range(sp.get_piece_size())
+                   if not (sp.is_control(i) or sp.is_unknown(i)) and sp.id_to_piece(i) not in pieces]
+    return models[0], models[1], pieces + ["<pad>"]
+
+
+def marian_directory(out, opus_spms, seed=0, **config):
+    """A random MarianMTModel in OPUS-MT's layout, saved as transformers saves it."""
+    source_spm, target_spm, pieces = opus_spms
+    size = len(pieces)
+    values = dict(vocab_size=size, decoder_vocab_size=size, d_model=32, encoder_layers=2, decoder_layers=2,
+                  encoder_attention_heads=4, decoder_attention_heads=4, encoder_ffn_dim=64, decoder_ffn_dim=64,
+                  max_position_embeddings=128, pad_token_id=size - 1, eos_token_id=0, forced_eos_token_id=0,
+                  decoder_start_token_id=size - 1, bos_token_id=None, activation_function="swish",
+                  scale_embedding=False)
+    torch.manual_seed(seed)
+    model = transformers.MarianMTModel(transformers.MarianConfig(**{**values, **config})).eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "embed_positions" in name:  # the static sinusoids, not saved: transformers recomputes them
+                continue
+            if "norm" in name or name.endswith("bias"):
+                p.add_(torch.randn_like(p) * 0.1)
+            else:
+                p.mul_(5.0)  # transformers' init (std 0.02) leaves every distribution almost flat
+        model.final_logits_bias.copy_(torch.randn_like(model.final_logits_bias))
+    model.save_pretrained(str(out))
+    write_tokenizer(out, source_spm, target_spm, pieces)
+    return model
+
+
+MARIAN_VARIANTS = {
+    "opus-swish-shared-unscaled": dict(),
+    "gelu-decoder-tied-scaled": dict(activation_function="gelu", scale_embedding=True,
+                                     share_encoder_decoder_embeddings=False),
+    "relu-untied-1x3": dict(activation_function="relu", share_encoder_decoder_embeddings=False,
+                            tie_word_embeddings=False, encoder_layers=1, decoder_layers=3),
+}
+
+
+@pytest.mark.parametrize("variant", list(MARIAN_VARIANTS))
+def test_import_translates_as_the_marian_model(tmp_path, opus_spms, pairs, variant):
+    hf = marian_directory(tmp_path / "hf", opus_spms, **MARIAN_VARIANTS[variant])
+    xf("import", "huggingface", tmp_path / "hf", "--output", tmp_path / "m.pt")
+    tok = transformers.MarianTokenizer.from_pretrained(str(tmp_path / "hf"))
+    vocab = json.loads((tmp_path / "hf" / "vocab.json").read_text())
+    (model,), sp = load_ensemble([str(tmp_path / "m.pt")], torch.device("cpu"))
+    assert sp.get_piece_size() == len(vocab) + 1  # xf's pad is a new row: OPUS-MT's pad is its decoder start
+    to_hf = torch.tensor([vocab[sp.id_to_piece(i)] for i in range(1, sp.get_piece_size())])
+    worst = 0.0
+    for src, tgt in zip(pairs[0][:5], pairs[1][:5]):
+        src_ids, tgt_ids = sp.encode(src), sp.encode_target(tgt)
+        assert to_hf[torch.tensor(src_ids) - 1].tolist() + [0] == tok(src)["input_ids"]
+        assert to_hf[torch.tensor(tgt_ids) - 1].tolist() + [0] == tok(text_target=tgt)["input_ids"]
+        mine = xf_log_probs(str(tmp_path / "m.pt"), src_ids, tgt_ids)[:, 1:]  # without xf's pad
+        theirs = hf_log_probs(hf, to_hf[torch.tensor(src_ids) - 1].tolist(), to_hf[torch.tensor(tgt_ids) - 1].tolist(),
+                              len(vocab) - 1)[:, to_hf]
+        worst = max(worst, (mine - theirs).abs().max().item())
+    assert worst < 1e-4, worst
+    assert sp.decode(sp.encode_target(pairs[1][0])) == tok.decode(tok(text_target=pairs[1][0])["input_ids"],
+                                                                   skip_special_tokens=True)
+
+
+# -- the round trip, and OPUS-MT's layout on a trained model ----------------------------------------
+@pytest.mark.slow
+def test_round_trip_is_bit_identical(tmp_path, trained, pairs):
+    ckpt = trained / "ckpt" / "checkpoint_last.pt"
+    xf("export", "huggingface", "--path", ckpt, "--output", tmp_path / "hf")
+    xf("import", "huggingface", tmp_path / "hf", "--output", tmp_path / "back.pt")
+    a, b = load_checkpoint(ckpt), load_checkpoint(tmp_path / "back.pt")
+    assert a["spm_model"] == b["spm_model"] and a["model_config"] == b["model_config"]
+    assert a["model"].keys() == b["model"].keys()
+    for key in a["model"]:
+        assert torch.equal(a["model"][key], b["model"][key]), key
+    lines = "\n".join(pairs[0][:20]) + "\n"
+    assert xf("translate", "--path", ckpt, "--quiet", input=lines).stdout == \
+        xf("translate", "--path", tmp_path / "back.pt", "--quiet", input=lines).stdout
+
+
+def opus_layout(hf_dir, out):
+    """The MarianMT directory that xf exported, rewritten in OPUS-MT's layout: eos 0, unk 1, the other
+    pieces, then bos as pad and decoder start (last id); xf's pad row dropped."""
+    from safetensors.torch import load_file, save_file
+
+    config = json.loads((hf_dir / "config.json").read_text())
+    vocab = json.loads((hf_dir / "vocab.json").read_text())
+    pieces = sorted(vocab, key=vocab.get)
+    order = [EOS_ID, 1] + list(range(4, len(pieces))) + [BOS_ID]  # new id -> xf id
+    tensors = {k: (v[..., order] if k == "final_logits_bias" else v[order] if "embed_tokens" in k or "shared" in k
+                   or k == "lm_head.weight" else v) for k, v in load_file(str(hf_dir / "model.safetensors")).items()}
+    out.mkdir()
+    save_file({k: v.contiguous() for k, v in tensors.items()}, str(out / "model.safetensors"), metadata={"format": "pt"})
+    size = len(order)
+    config.update(vocab_size=size, decoder_vocab_size=size, pad_token_id=size - 1, decoder_start_token_id=size - 1,
+                  eos_token_id=0, forced_eos_token_id=0, bos_token_id=None)
+    (out / "config.json").write_text(json.dumps(config))
+    spm_bytes = (hf_dir / "source.spm").read_bytes()
+    write_tokenizer(out, spm_bytes, spm_bytes, [pieces[i] for i in order[:-1]] + ["<pad>"], pad="<pad>")
+
+
+@pytest.mark.slow
+def test_imported_opus_layout_translates_as_transformers(tmp_path, trained, pairs, one_thread):
+    ckpt = trained / "ckpt" / "checkpoint_last.pt"
+    xf("export", "huggingface", "--path", ckpt, "--output", tmp_path / "hf")
+    opus_layout(tmp_path / "hf", tmp_path / "opus")
+    xf("import", "huggingface", tmp_path / "opus", "--output", tmp_path / "m.pt")
+    lines = "\n".join(pairs[0]) + "\n"
+    mine = xf("translate", "--path", tmp_path / "m.pt", "--quiet", "--lenpen", 1.0, "--lenpen-style", "length",
+              "--max-len-a", 0, "--max-len-b", 60, input=lines).stdout.splitlines()
+    tok = transformers.MarianTokenizer.from_pretrained(str(tmp_path / "opus"))
+    hf = transformers.MarianMTModel.from_pretrained(str(tmp_path / "opus")).eval()
+    theirs = []
+    for i in range(0, 100, 25):
+        batch = tok(pairs[0][i : i + 25], return_tensors="pt", padding=True)
+        with torch.no_grad():
+            generated = hf.generate(**batch, num_beams=4, length_penalty=1.0, max_length=62, early_stopping=True,
+                                    bad_words_ids=[[hf.config.pad_token_id]])
+        theirs += tok.batch_decode(generated, skip_special_tokens=True)
+    same = sum(a == b for a, b in zip(mine, theirs))
+    assert same >= 99, (same, [(a, b) for a, b in zip(mine, theirs) if a != b][:3])
+    assert len(set(mine)) > 50

@@ -7,7 +7,9 @@ with ``torch.load(weights_only=True)``, so a malicious pickle is refused instead
     version           CHECKPOINT_VERSION
     model_config      dict of ModelConfig fields
     model             state dict (tied weights stored once, shared on load)
-    spm_model         bytes of the sentencepiece model (translation needs nothing else)
+    spm_model         bytes of the sentencepiece model, or of a mapped vocabulary (source and
+                      target sentencepiece models over one piece list: an imported MarianMT
+                      model's); translation needs nothing else
     spm_sha256        hex digest of spm_model's bytes (vocabularies are compared by content:
                       ``same_vocabulary``)
     train_state       optional: optimizer, scheduler, scaler, RNG, data position, options, ...
@@ -29,13 +31,23 @@ import torch
 from .errors import ConfigError, XfError
 from .fileio import atomic_write
 from .model import ModelConfig, Transformer, config_from_dict, config_to_dict
-from .vocab import load_sentencepiece
+from .vocab import MAPPED_MAGIC, load_sentencepiece
 
 CHECKPOINT_FORMAT = "xf-checkpoint"
-CHECKPOINT_VERSION = 1
+CHECKPOINT_VERSION = 2
+
+
+def upgrade_v1(ckpt: dict) -> dict:
+    """Version 2 adds two model options, stated in every checkpoint: scale_embedding (version 1
+    models all scale by sqrt(d_model)) and output_bias (none had one); and ``spm_model`` may hold
+    a mapped vocabulary (``vocab.MappedVocabulary``, imported MarianMT models) instead of a
+    sentencepiece model."""
+    config = {**ckpt["model_config"], "scale_embedding": True, "output_bias": False} if "model_config" in ckpt else None
+    return {**ckpt, "version": 2, **({"model_config": config} if config is not None else {})}
+
 
 # One function per version change: UPGRADES[v] turns a version-v dict into version v + 1.
-UPGRADES: dict[int, Any] = {}
+UPGRADES: dict[int, Any] = {1: upgrade_v1}
 
 
 # checkpoint_<epoch>_<update>.pt: the numbered checkpoints that training writes and averaging reads
@@ -173,6 +185,8 @@ def vocab_digest(spm_model: bytes) -> str:
     """
     import sentencepiece
 
+    if spm_model.startswith(MAPPED_MAGIC):  # its bytes are its identity: pieces and both models, in order
+        return "mapped:" + spm_digest(spm_model)
     sp = sentencepiece.SentencePieceProcessor()
     try:
         sp.LoadFromSerializedProto(spm_model)

@@ -30,6 +30,7 @@ from .errors import XfError
 from .options import (
     AverageOptions,
     ExportOptions,
+    ImportOptions,
     PlotAttentionOptions,
     PlotCurvesOptions,
     PreprocessOptions,
@@ -338,6 +339,14 @@ def export_cmd(options: ExportOptions) -> None:
     from .commands.export import export
 
     export(options)
+
+
+@command("import", ImportOptions, "import")
+def import_cmd(options: ImportOptions) -> None:
+    """Import a model from another toolkit: xf import huggingface DIR --output CKPT (a MarianMT directory)."""
+    from .commands.import_ import import_model
+
+    import_model(options)
 
 
 @command("score", ScoreOptions, "score")

@@ -37,16 +37,18 @@ Loading never runs code from the directory: safetensors, or a pytorch_model.bin 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
+from typing import Optional
 
 import torch
 
-from .checkpoint import load_checkpoint, model_from_checkpoint
+from .checkpoint import load_checkpoint, make_checkpoint, model_from_checkpoint, save_checkpoint
 from .errors import XfError
 from .fileio import atomic_directory
-from .model import BOS_ID, EOS_ID, PAD_ID, UNK_ID, Transformer
-from .options import ExportOptions
+from .model import BOS_ID, EOS_ID, PAD_ID, UNK_ID, Transformer, model_config
+from .options import ExportOptions, ImportOptions
 from .vocab import MappedVocabulary, load_sentencepiece
 
 # The logit of a row that MarianMT does not have (xf's pad, when MarianMT's pad is its decoder
@@ -244,3 +246,225 @@ def export_marian(options: ExportOptions) -> Path:
         (tmp / "README.md").write_text(model_card(cfg, options, model.num_parameters()), encoding="utf-8")
     return Path(options.output)
 
+
+# -- import --------------------------------------------------------------------------------------
+def _read_json(path: Path):
+    if not path.is_file():
+        raise XfError(f"{path}: missing (a MarianMT directory has config.json, model.safetensors, source.spm, "
+                      "target.spm and vocab.json)")
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as e:
+        raise XfError(f"{path}: not readable JSON ({e})") from None
+
+
+def config_from_marian(config: dict, where: Path):
+    """The xf ModelConfig of a MarianMT config.json (vocabulary size as MarianMT's), or a one-line
+    refusal naming the key that xf cannot represent."""
+    if config.get("model_type") != "marian":
+        raise XfError(f"{where}: not a MarianMT model (model_type {config.get('model_type')!r}, not 'marian')")
+
+    def need(key, default=None):
+        value = config.get(key, default)
+        if value is None:
+            raise XfError(f"{where}: '{key}' is missing")
+        return value
+
+    vocab = need("vocab_size")
+    if config.get("decoder_vocab_size") not in (None, vocab):
+        raise XfError(f"{where}: decoder_vocab_size {config['decoder_vocab_size']} != vocab_size {vocab}: "
+                      "separate source and target id spaces cannot be represented (xf has one)")
+    for a, b in (("encoder_attention_heads", "decoder_attention_heads"), ("encoder_ffn_dim", "decoder_ffn_dim")):
+        if need(a) != need(b):
+            raise XfError(f"{where}: {a} {config[a]} != {b} {config[b]}; xf's encoder and decoder have one width")
+    activation = {"silu": "swish"}.get(need("activation_function"), config["activation_function"])
+    if activation not in ACTIVATIONS:
+        raise XfError(f"{where}: activation_function {config['activation_function']!r} cannot be represented "
+                      "(relu, gelu, swish)")
+    for key, bad in (("normalize_before", True), ("normalize_embedding", True), ("add_final_layer_norm", True),
+                     ("static_position_embeddings", False), ("add_bias_logits", True)):
+        if config.get(key, not bad) == bad:
+            raise XfError(f"{where}: {key} {str(bad).lower()} cannot be represented (xf imports post-LN MarianMT "
+                          "with static sinusoids)")
+    share, tie = config.get("share_encoder_decoder_embeddings", True), config.get("tie_word_embeddings", True)
+    if share and not tie:
+        raise XfError(f"{where}: share_encoder_decoder_embeddings with tie_word_embeddings false (one source/target "
+                      "embedding, a separate lm_head) cannot be represented")
+    d_model, heads = need("d_model"), need("encoder_attention_heads")
+    if d_model % 2 or d_model % heads:
+        raise XfError(f"{where}: d_model {d_model} must be even and divisible by the {heads} heads")
+    try:
+        return model_config(
+            "base", vocab_size=vocab, encoder_layers=need("encoder_layers"), decoder_layers=need("decoder_layers"),
+            d_model=d_model, d_ff=need("encoder_ffn_dim"), heads=heads, dropout=float(config.get("dropout", 0.1)),
+            attention_dropout=float(config.get("attention_dropout", 0.0)),
+            activation_dropout=float(config.get("activation_dropout", 0.0)), normalize_before=False,
+            activation=activation, positions="sinusoidal", max_positions=need("max_position_embeddings"),
+            share_embeddings="all" if share else "decoder" if tie else "none",
+            scale_embedding=bool(config.get("scale_embedding", False)), output_bias=True)
+    except XfError as e:
+        raise XfError(f"{where}: {e}") from None
+
+
+def read_weights(directory: Path) -> tuple[dict[str, torch.Tensor], Path]:
+    """The tensors of model.safetensors, else of pytorch_model.bin (weights_only: plain tensors
+    only, no code), with MarianMTModel's names ("model." first)."""
+    st_path, bin_path = directory / "model.safetensors", directory / "pytorch_model.bin"
+    if st_path.is_file():
+        st = import_hf_extra()
+        try:
+            tensors, path = st.load_file(str(st_path)), st_path
+        except Exception as e:  # noqa: BLE001 - safetensors raises its own SafetensorError, and OSError
+            raise XfError(f"{st_path}: not a readable safetensors file ({str(e).splitlines()[0][:120]})") from None
+    elif bin_path.is_file():
+        try:
+            tensors, path = torch.load(bin_path, map_location="cpu", weights_only=True), bin_path
+        except Exception as e:  # noqa: BLE001 - the unpickler refuses code, or the bytes are corrupt
+            raise XfError(f"{bin_path}: not loadable as plain tensors without running code "
+                          f"({str(e).splitlines()[0][:120]})") from None
+        if not isinstance(tensors, dict) or not all(isinstance(v, torch.Tensor) for v in tensors.values()):
+            raise XfError(f"{bin_path}: not a state dict of tensors")
+    else:
+        raise XfError(f"{directory}: no weights (model.safetensors or pytorch_model.bin)")
+    named = {}
+    for key, value in tensors.items():
+        named[key if key.startswith(("model.", "lm_head.", "final_logits_bias")) else f"model.{key}"] = value
+    return named, path
+
+
+def xf_id_order(vocab: dict[str, int], size: int, pad: int, unk: int, start: int, eos: int) -> list[Optional[int]]:
+    """rows[i] = the MarianMT id of xf id i (None: a new row, xf's pad when MarianMT's pad is its
+    decoder start): pad, unk, bos (the decoder start), eos, then every other id in order."""
+    first = [pad if pad != start else None, unk, start, eos]
+    used = {i for i in first if i is not None}
+    return first + [i for i in range(size) if i not in used]
+
+
+def import_marian(options: ImportOptions) -> Path:
+    """Read the MarianMT directory options.directory and write the xf checkpoint options.output."""
+    from .checkpoint import is_training_checkpoint
+
+    directory, output = Path(options.directory), Path(options.output)
+    if not directory.is_dir():
+        raise XfError(f"{directory}: not a directory")
+    if output.exists() and (is_training_checkpoint(output) or not options.overwrite):
+        raise XfError(f"{output}: exists (--overwrite replaces it, unless it is a training checkpoint)")
+    config = _read_json(directory / "config.json")
+    cfg = config_from_marian(config, directory / "config.json")
+    size = cfg.vocab_size
+
+    # the tokenizer: two sentencepiece models, one id space (vocab.json)
+    vocab_path = directory / "vocab.json"
+    vocab = _read_json(vocab_path)
+    tok_config = _read_json(directory / "tokenizer_config.json") if (directory / "tokenizer_config.json").is_file() else {}
+    if tok_config.get("separate_vocabs") or (directory / "target_vocab.json").is_file():
+        raise XfError(f"{directory}: separate source and target vocabularies (target_vocab.json) cannot be represented")
+    if not isinstance(vocab, dict) or sorted(vocab.values()) != list(range(size)):
+        raise XfError(f"{vocab_path}: its ids are not 0..{size - 1}, the vocab_size of config.json "
+                      f"({len(vocab) if isinstance(vocab, dict) else 'no'} pieces)")
+    spms = {}
+    for name in ("source.spm", "target.spm"):
+        if not (directory / name).is_file():
+            raise XfError(f"{directory / name}: missing (MarianTokenizer's sentencepiece model)")
+        spms[name] = (directory / name).read_bytes()
+    hf_pieces = [""] * size
+    for piece, i in vocab.items():
+        hf_pieces[i] = piece
+    unk_piece = tok_config.get("unk_token", "<unk>")
+    unk_piece = unk_piece.get("content") if isinstance(unk_piece, dict) else unk_piece
+    if unk_piece not in vocab:
+        raise XfError(f"{vocab_path}: has no unknown token {unk_piece!r}")
+    pad, eos = config.get("pad_token_id"), config.get("eos_token_id")
+    start = config.get("decoder_start_token_id", pad)
+    eos = eos[0] if isinstance(eos, list) else eos
+    for key, value in (("pad_token_id", pad), ("eos_token_id", eos), ("decoder_start_token_id", start)):
+        if not isinstance(value, int) or not 0 <= value < size:
+            raise XfError(f"{directory / 'config.json'}: {key} {value!r} is not an id below vocab_size {size}")
+    rows = xf_id_order(vocab, size, pad, vocab[unk_piece], start, eos)
+
+    # the weights, checked against the configuration before any is used
+    tensors, weights_path = read_weights(directory)
+    expected = marian_state_dict(Transformer(cfg))
+    shared = "model.shared.weight" in expected
+    tensors.setdefault("final_logits_bias", torch.zeros(1, size))  # transformers too takes it as zeros when absent
+    for key, value in expected.items():
+        if key not in tensors and shared and key == "model.shared.weight":
+            key = "model.encoder.embed_tokens.weight"
+        if key not in tensors:
+            raise XfError(f"{weights_path}: {key} is missing")
+        got = tuple(tensors[key].shape)
+        if got != tuple(value.shape) and not (key == "final_logits_bias" and got == (size,)):
+            raise XfError(f"{weights_path}: {key} has shape {got}, config.json says {tuple(value.shape)}")
+    known = set(expected) | {"model.encoder.embed_positions.weight", "model.decoder.embed_positions.weight",
+                             "model.encoder.embed_tokens.weight", "model.decoder.embed_tokens.weight", "lm_head.weight"}
+    unknown = sorted(set(tensors) - known)
+    if unknown:
+        raise XfError(f"{weights_path}: {unknown[0]} is not part of MarianMTModel (an architecture xf cannot represent)")
+
+    # a bias only where it does something: a zero bias and no new row (what xf exports) is none
+    needs_bias = bool(tensors["final_logits_bias"].any()) or None in rows
+    model = marian_to_xf(dataclasses.replace(cfg, output_bias=needs_bias), tensors, rows)
+    spm_model = xf_vocabulary(spms["source.spm"], spms["target.spm"], hf_pieces, rows)
+    meta = {"imported_from": str(directory.resolve()), "format": "huggingface-marian"}
+    save_checkpoint(output, make_checkpoint(model, spm_model, meta=meta))
+    return output
+
+
+def marian_to_xf(cfg, tensors: dict[str, torch.Tensor], rows: list[Optional[int]]) -> Transformer:
+    """The xf model of MarianMT ``tensors``, its vocabulary rows in xf's order ``rows``."""
+    d, size = cfg.d_model, len(rows)
+    inverse = torch.argsort(residual_permutation(d))
+    model = Transformer(dataclasses.replace(cfg, vocab_size=size))
+    state = model.state_dict()
+    parts: dict[str, list] = {}
+    for xf_name, hf_name, how in tensor_pairs(cfg.encoder_layers, cfg.decoder_layers):
+        t = _permute(tensors[hf_name].float(), how, inverse)
+        name, _, part = xf_name.partition(":")
+        if part:
+            parts.setdefault(name, []).append(t)
+        else:
+            state[name] = t
+    for name, pieces in parts.items():
+        state[name] = torch.cat(pieces, dim=0)
+
+    def vocab_rows(t: torch.Tensor, fill: float = 0.0) -> torch.Tensor:
+        out = t.new_full((size,) + tuple(t.shape[1:]), fill)
+        known = torch.tensor([i for i, r in enumerate(rows) if r is not None])
+        out[known] = t[torch.tensor([r for r in rows if r is not None])]
+        return out
+
+    def embed(key: str) -> torch.Tensor:
+        for k in (key, "model.shared.weight", "model.encoder.embed_tokens.weight"):
+            if k in tensors:
+                return vocab_rows(tensors[k].float()[:, inverse])
+        raise KeyError(key)
+
+    if cfg.share_embeddings == "all":
+        e = embed("model.shared.weight")
+        state["encoder_embed.weight"] = state["decoder_embed.weight"] = state["output_proj.weight"] = e
+    else:
+        state["encoder_embed.weight"] = embed("model.encoder.embed_tokens.weight")
+        state["decoder_embed.weight"] = embed("model.decoder.embed_tokens.weight")
+        state["output_proj.weight"] = (state["decoder_embed.weight"] if cfg.share_embeddings == "decoder"
+                                       else vocab_rows(tensors["lm_head.weight"].float()[:, inverse]))
+    if cfg.output_bias:
+        state["output_bias"] = vocab_rows(tensors["final_logits_bias"].float().view(-1), NEVER_LOGIT)
+    model.load_state_dict(state)
+    return model.eval()
+
+
+def xf_vocabulary(source_spm: bytes, target_spm: bytes, hf_pieces: list[str], rows: list[Optional[int]]) -> bytes:
+    """The checkpoint's vocabulary bytes: the sentencepiece model itself when MarianMT's vocabulary
+    is one xf sentencepiece model in xf's layout (what xf export writes), else a mapped vocabulary
+    of both models with the pieces in xf's id order."""
+    if source_spm == target_spm and rows == list(range(len(hf_pieces))):
+        try:
+            sp = load_sentencepiece(source_spm, "source.spm")
+        except XfError:
+            sp = None
+        if sp is not None and [sp.id_to_piece(i) for i in range(sp.get_piece_size())] == hf_pieces:
+            return source_spm
+    pieces = [hf_pieces[r] if r is not None else None for r in rows]
+    new_pad = "<pad>" if "<pad>" not in pieces else "<xf-pad>"
+    pieces = [p if p is not None else new_pad for p in pieces]
+    return MappedVocabulary(source_spm, target_spm, pieces, "source.spm/target.spm").to_bytes()
