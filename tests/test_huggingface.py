@@ -341,3 +341,48 @@ def test_imported_opus_layout_translates_as_transformers(tmp_path, trained, pair
     same = sum(a == b for a, b in zip(mine, theirs))
     assert same >= 99, (same, [(a, b) for a, b in zip(mine, theirs) if a != b][:3])
     assert len(set(mine)) > 50
+
+
+# -- imported models in every xf command; today's checkpoints upgrade ---------------------------
+def test_imported_model_in_translate_average_and_ctranslate2(tmp_path, opus_spms, pairs):
+    for seed in (0, 1):
+        marian_directory(tmp_path / f"hf{seed}", opus_spms, seed=seed)
+        xf("import", "huggingface", tmp_path / f"hf{seed}", "--output", tmp_path / f"m{seed}.pt")
+    lines = "\n".join(pairs[0][:8]) + "\n"
+    one = xf("translate", "--path", tmp_path / "m0.pt", "--quiet", "--max-len-a", 0, "--max-len-b", 8,
+             input=lines).stdout.splitlines()
+    two = xf("translate", "--path", tmp_path / "m0.pt", tmp_path / "m0.pt", "--quiet", "--max-len-a", 0,
+             "--max-len-b", 8, input=lines).stdout.splitlines()
+    assert len(one) == 8 and one == two  # an ensemble of one model twice is that model
+    aligned = xf("translate", "--path", tmp_path / "m0.pt", tmp_path / "m1.pt", "--quiet", "--print-alignment",
+                 "--max-len-a", 0, "--max-len-b", 8, input=lines).stdout.splitlines()
+    assert len(aligned) == 8 and all(" ||| " in line for line in aligned)
+    xf("average-checkpoints", "--inputs", tmp_path / "m0.pt", tmp_path / "m1.pt", "--output", tmp_path / "avg.pt")
+    a, b, avg = (load_checkpoint(tmp_path / n)["model"] for n in ("m0.pt", "m1.pt", "avg.pt"))
+    key = "encoder_layers.0.ffn.fc1.weight"
+    assert torch.allclose(avg[key], (a[key] + b[key]) / 2)
+    ct2 = pytest.importorskip("ctranslate2")
+    xf("export", "ctranslate2", "--path", tmp_path / "m0.pt", "--output", tmp_path / "ct2")
+    sp = load_ensemble([str(tmp_path / "m0.pt")], torch.device("cpu"))[1]
+    translator = ct2.Translator(str(tmp_path / "ct2"), device="cpu", compute_type="float32", intra_threads=1)
+    for src, tgt in zip(pairs[0][:3], pairs[1][:3]):
+        src_ids, tgt_ids = sp.encode(src), sp.encode_target(tgt)
+        theirs = translator.score_batch([[sp.id_to_piece(i) for i in src_ids]], [[sp.id_to_piece(i) for i in tgt_ids]])
+        mine = xf_log_probs(str(tmp_path / "m0.pt"), src_ids, tgt_ids).gather(1, torch.tensor(tgt_ids + [EOS_ID])[:, None])
+        assert torch.allclose(torch.tensor(theirs[0].log_probs), mine.view(-1), atol=1e-4)
+    ct2_lines = xf("translate", "--path", tmp_path / "ct2", "--engine", "ctranslate2", "--quiet", "--max-len-a", 0,
+                   "--max-len-b", 8, input=lines).stdout.splitlines()
+    assert sum(x == y for x, y in zip(one, ct2_lines)) >= 7
+
+
+def test_version_1_checkpoints_upgrade(tmp_path, spm_model, pairs):
+    ckpt = load_checkpoint(random_checkpoint(tmp_path / "v2.pt", spm_model))
+    assert ckpt["version"] == 2 and ckpt["model_config"]["scale_embedding"] is True
+    old = {**ckpt, "version": 1, "model_config": {k: v for k, v in ckpt["model_config"].items()
+                                                  if k not in ("scale_embedding", "output_bias")}}
+    torch.save(old, tmp_path / "v1.pt")  # as xf wrote it before format version 2
+    upgraded = load_checkpoint(tmp_path / "v1.pt")
+    assert upgraded["version"] == 2 and upgraded["model_config"] == ckpt["model_config"]
+    lines = "\n".join(pairs[0][:5]) + "\n"
+    assert xf("translate", "--path", tmp_path / "v1.pt", "--quiet", "--max-len-b", 5, input=lines).stdout == \
+        xf("translate", "--path", tmp_path / "v2.pt", "--quiet", "--max-len-b", 5, input=lines).stdout
