@@ -24,7 +24,7 @@ from xformer_cli.errors import ConfigError
 from xformer_cli.model import EOS_ID, PAD_ID, build_model
 from xformer_cli.options import TranslateOptions
 from xformer_cli.search import Hypothesis, beam_search
-from xformer_cli.data import collate_source
+from xformer_cli.batching import collate_source
 from xformer_cli.options import DecodingOptions
 from xformer_cli.checkpoint import load_ensemble
 from xformer_cli.commands.translate import Stats, translate_buffer

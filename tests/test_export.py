@@ -17,7 +17,7 @@ from xformer_cli.errors import XfError
 from xformer_cli.commands.export import export_ctranslate2
 from xformer_cli.model import BOS_ID, EOS_ID, build_model
 from xformer_cli.options import ExportOptions, TranslateOptions
-from xformer_cli.data import collate_source
+from xformer_cli.batching import collate_source
 from xformer_cli.checkpoint import load_ensemble
 from xformer_cli.commands.translate import translate
 

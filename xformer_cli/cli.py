@@ -10,12 +10,9 @@ SIGTERM, like Ctrl-C, unwinds the command, so that it removes its temporary file
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import inspect
-import signal
 import sys
-import threading
 import traceback
 import typing
 from pathlib import Path
@@ -27,6 +24,7 @@ import typer
 from . import __version__
 from .config import ConfigError, _is_optional, field_types, load_options
 from .errors import XfError
+from .signals import Terminated, sigterm_unwinds
 from .options import (
     AverageOptions,
     ExportOptions,
@@ -157,31 +155,6 @@ def main(
 def fail(message: str, code: int = 1) -> typing.NoReturn:
     typer.echo(f"xf: error: {message}", err=True)
     raise typer.Exit(code)
-
-
-class Terminated(BaseException):
-    """SIGTERM as an exception (like KeyboardInterrupt for SIGINT), so that ``finally`` blocks run:
-    temporary files are removed and child processes stopped on the way out."""
-
-    def __init__(self, signum: int):
-        super().__init__(signal.Signals(signum).name)
-        self.signum = signum
-
-
-@contextlib.contextmanager
-def sigterm_unwinds() -> typing.Iterator[None]:
-    """While the command runs, SIGTERM raises ``Terminated`` (xf train handles it itself)."""
-    def handle(signum, frame):
-        raise Terminated(signum)
-
-    if threading.current_thread() is not threading.main_thread():  # e.g. under a test runner
-        yield
-        return
-    previous = signal.signal(signal.SIGTERM, handle)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
 
 
 def _parameter(f: dataclasses.Field, tp: Any) -> inspect.Parameter:
