@@ -21,7 +21,9 @@ from xformer_cli.batching import collate_source
 from xformer_cli.checkpoint import load_ensemble
 from xformer_cli.commands.translate import translate
 
-from test_translate import one_thread, spm_model  # noqa: F401  (fixtures: one thread, a tiny sentencepiece model)
+pytestmark = pytest.mark.usefixtures("one_thread")  # conftest.py: torch on one thread for the module
+
+
 
 ct2 = pytest.importorskip("ctranslate2", reason="the ctranslate2 extra is not installed")
 runner = CliRunner()

@@ -4,7 +4,6 @@ instructions)."""
 
 import json
 import math
-from pathlib import Path
 
 import pytest
 import torch
@@ -15,7 +14,7 @@ from xformer_cli.options import TrainOptions
 from xformer_cli.precision import cpu_bf16_instructions, resolve_precision
 from xformer_cli.commands.train import train
 
-from test_train import MICRO, data_dir, raw_slice  # noqa: F401 - the shared Multi30k slice fixtures
+from helpers import MICRO
 
 CPUINFO = "processor\t: 0\nflags\t\t: fpu sse2 avx2 {extra}\nbogomips\t: 4000\n"
 

@@ -2,7 +2,6 @@
 non-finite updates, and bad input. Models are a few thousand parameters; runs take seconds."""
 
 import dataclasses
-import json
 import os
 import signal
 import subprocess
@@ -13,62 +12,21 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-import yaml
 
 from xformer_cli import training
 from xformer_cli.batching import Prefetch
 from xformer_cli.commands import train as train_module
 from xformer_cli.checkpoint import load_checkpoint
-from xformer_cli.config import ConfigError, load_options
+from xformer_cli.config import load_options
 from xformer_cli.errors import XfError
-from xformer_cli.options import PreprocessOptions, TrainOptions
-from xformer_cli.commands.preprocess import preprocess
+from xformer_cli.options import TrainOptions
 from xformer_cli.checkpoint import remove_old_checkpoints
 from xformer_cli.commands.train import train
+from helpers import cli_args, make_data, opts, records
 
 REPO = Path(__file__).resolve().parents[1]
-# A model small enough that an update takes milliseconds.
-# fp32 by name: --precision auto would pick bf16 on CPUs with bf16 instructions (test_precision.py)
-MICRO = dict(arch="tiny", d_model=32, d_ff=64, heads=2, encoder_layers=1, decoder_layers=1,
-             max_tokens=300, warmup_updates=4, log_interval=1, device="cpu", seed=3, threads=1, precision="fp32")
-
-
-def slice_multi30k(src_dir: Path, out: Path, train_lines: int, valid_lines: int) -> Path:
-    out.mkdir(parents=True, exist_ok=True)
-    for split, n in (("train", train_lines), ("val", valid_lines)):
-        for lang in ("en", "de"):
-            lines = (src_dir / f"{split}.{lang}").read_text(encoding="utf-8").splitlines()[:n]
-            (out / f"{split}.{lang}").write_text("\n".join(lines) + "\n", encoding="utf-8")
-    return out
-
-
-def make_data(raw: Path, dest: Path, vocab: int) -> Path:
-    preprocess(PreprocessOptions(destdir=str(dest), trainpref=str(raw / "train"), validpref=str(raw / "val"),
-                                 bpe_vocab_size=vocab, workers=1))
-    return dest
-
-
-@pytest.fixture(scope="session")
-def raw_slice(tmp_path_factory, multi30k_dir) -> Path:
-    return slice_multi30k(multi30k_dir, tmp_path_factory.mktemp("m30k-raw"), 160, 40)
-
-
-@pytest.fixture(scope="session")
-def data_dir(tmp_path_factory, raw_slice) -> Path:
-    return make_data(raw_slice, tmp_path_factory.mktemp("m30k") / "bin", 300)
-
-
-def opts(data_dir, save_dir, **kw) -> TrainOptions:
-    return TrainOptions(data=str(data_dir), save_dir=str(save_dir), **{**MICRO, **kw})
-
-
 def params(path) -> dict:
     return load_checkpoint(path)["model"]
-
-
-def records(save_dir, kind):
-    lines = (Path(save_dir) / "train_log.jsonl").read_text().splitlines()
-    return [r for r in map(json.loads, lines) if r["type"] == kind]
 
 
 # -- pure pieces ---------------------------------------------------------------------------------
@@ -304,13 +262,6 @@ def test_incomplete_data_dir_and_unwritable_save_dir(data_dir, tmp_path):
 
 
 # -- processes: signals and DDP ------------------------------------------------------------------
-def cli_args(data_dir, save_dir, **kw) -> list[str]:
-    args = [str(data_dir), "--save-dir", str(save_dir)]
-    for k, v in {**MICRO, **kw}.items():
-        args += [f"--{k.replace('_', '-')}", str(v)]
-    return args
-
-
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
 def test_signal_finishes_the_update_saves_and_resumes(data_dir, tmp_path, signum):
     save = tmp_path / "ck"
