@@ -17,11 +17,13 @@ from xformer_cli.errors import XfError
 from xformer_cli.commands.export import export_ctranslate2
 from xformer_cli.model import BOS_ID, EOS_ID, build_model
 from xformer_cli.options import ExportOptions, TranslateOptions
-from xformer_cli.data import collate_source
+from xformer_cli.batching import collate_source
 from xformer_cli.checkpoint import load_ensemble
 from xformer_cli.commands.translate import translate
 
-from test_translate import one_thread, spm_model  # noqa: F401  (fixtures: one thread, a tiny sentencepiece model)
+pytestmark = pytest.mark.usefixtures("one_thread")  # conftest.py: torch on one thread for the module
+
+
 
 ct2 = pytest.importorskip("ctranslate2", reason="the ctranslate2 extra is not installed")
 runner = CliRunner()

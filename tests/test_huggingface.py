@@ -12,14 +12,12 @@ from typer.testing import CliRunner
 
 from xformer_cli.checkpoint import load_checkpoint, load_ensemble, make_checkpoint, save_checkpoint
 from xformer_cli.cli import app
-from xformer_cli.data import collate_source
+from xformer_cli.batching import collate_source
 from xformer_cli.errors import XfError
 from xformer_cli.huggingface import export_marian, residual_permutation
 from xformer_cli.model import BOS_ID, EOS_ID, build_model, sinusoidal_positions
 from xformer_cli.options import DecodingOptions, ExportOptions
 from xformer_cli.search import beam_search
-
-from test_translate import one_thread, spm_model  # noqa: F401  (fixtures: one thread, a tiny sentencepiece model)
 
 transformers = pytest.importorskip("transformers", reason="the hf extra is not installed")
 runner = CliRunner()

@@ -2,7 +2,6 @@
 invariants (beam 1 = greedy, batched = one by one, cached = full prefix, ensembles)."""
 
 import itertools
-import math
 
 import pytest
 import torch
