@@ -384,3 +384,135 @@ def test_version_1_checkpoints_upgrade(tmp_path, spm_model, pairs):
     lines = "\n".join(pairs[0][:5]) + "\n"
     assert xf("translate", "--path", tmp_path / "v1.pt", "--quiet", "--max-len-b", 5, input=lines).stdout == \
         xf("translate", "--path", tmp_path / "v2.pt", "--quiet", "--max-len-b", 5, input=lines).stdout
+
+
+# -- fine-tuning: xf train --init-from, xf preprocess --vocab-from -------------------------------
+def valid_nll(ckpt, data_dir) -> float:
+    """Per-token nll of checkpoint ``ckpt`` on the valid split of ``data_dir``."""
+    from xformer_cli.batching import collate
+    from xformer_cli.data import DataDir
+
+    (model,), _ = load_ensemble([str(ckpt)], torch.device("cpu"))
+    valid = DataDir.open(data_dir).split("valid")
+    batch = collate([valid[i] for i in range(len(valid))])
+    with torch.no_grad():
+        logits = model(batch["src"], batch["prev_output"])
+    return F.cross_entropy(logits.view(-1, logits.size(-1)), batch["target"].view(-1), ignore_index=0).item()
+
+
+@pytest.mark.slow
+def test_fine_tuning_an_imported_model_lowers_its_loss_on_a_new_domain(tmp_path, trained, shared_data, one_thread):
+    ckpt = trained / "ckpt" / "checkpoint_last.pt"  # trained on Multi30k captions
+    xf("export", "huggingface", "--path", ckpt, "--output", tmp_path / "hf")
+    opus_layout(tmp_path / "hf", tmp_path / "opus")
+    xf("import", "huggingface", tmp_path / "opus", "--output", tmp_path / "m.pt")
+    raw = tmp_path / "raw"  # the new domain: news
+    raw.mkdir()
+    for lang in ("en", "de"):
+        lines = (shared_data / "wmt14" / f"newstest2013.en-de.{lang}").read_text(encoding="utf-8").splitlines()
+        (raw / f"train.{lang}").write_text("\n".join(lines[:1500]) + "\n", encoding="utf-8")
+        (raw / f"valid.{lang}").write_text("\n".join(lines[2900:3000]) + "\n", encoding="utf-8")
+    xf("preprocess", "--destdir", tmp_path / "data", "--trainpref", raw / "train", "--validpref", raw / "valid",
+       "--vocab-from", tmp_path / "m.pt", "--max-len", 60)
+    assert (tmp_path / "data" / "spm.model").read_bytes() == load_checkpoint(tmp_path / "m.pt")["spm_model"]
+    before = valid_nll(tmp_path / "m.pt", tmp_path / "data")
+    xf("train", tmp_path / "data", "--init-from", tmp_path / "m.pt", "--save-dir", tmp_path / "ft", "--max-tokens", 2000,
+       "--max-update", 100, "--device", "cpu", "--threads", 1, "--lr-scheduler", "inverse_sqrt", "--lr", 1e-3,
+       "--warmup-updates", 10, "--dropout", 0.1, "--save-interval-minutes", 0)
+    tuned = load_checkpoint(tmp_path / "ft" / "checkpoint_last.pt")
+    assert tuned["meta"]["num_updates"] == 100 and tuned["model_config"]["output_bias"] is True
+    after = valid_nll(tmp_path / "ft" / "checkpoint_last.pt", tmp_path / "data")
+    assert after < 0.9 * before, (before, after)
+
+    # the model options are the checkpoint's; the data must have its vocabulary
+    fails(["train", tmp_path / "data", "--init-from", tmp_path / "m.pt", "--save-dir", tmp_path / "x",
+           "--d-model", 128, "--device", "cpu"], "--d-model 128 conflicts with --init-from")
+    fails(["train", trained / "data", "--init-from", tmp_path / "m.pt", "--save-dir", tmp_path / "x", "--device", "cpu"],
+          f"{trained / 'data'}/spm.model: the data's vocabulary is not that of --init-from {tmp_path / 'm.pt'}")
+    assert not (tmp_path / "x").exists()
+
+
+# -- bad input: one line naming the file, nothing written, no code run ---------------------------
+@pytest.fixture(scope="module")
+def marian_dir(tmp_path_factory, opus_spms):
+    out = tmp_path_factory.mktemp("marian") / "hf"
+    marian_directory(out, opus_spms)
+    return out
+
+
+def broken_copy(marian_dir, tmp_path, edit):
+    import shutil
+
+    out = tmp_path / "hf"
+    shutil.copytree(marian_dir, out)
+    edit(out)
+    return out
+
+
+def edit_json(name, **changes):
+    def edit(out):
+        data = json.loads((out / name).read_text())
+        data.update(changes)
+        (out / name).write_text(json.dumps(data))
+    return edit
+
+
+def reshape_weight(out):
+    from safetensors.torch import load_file, save_file
+
+    tensors = load_file(str(out / "model.safetensors"))
+    tensors["model.encoder.layers.0.fc1.weight"] = torch.zeros(65, 32)
+    save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
+
+
+BAD_INPUT = {
+    "not-marian": (edit_json("config.json", model_type="bart"), "config.json: not a MarianMT model (model_type 'bart'"),
+    "no-config": (lambda out: (out / "config.json").unlink(), "config.json: missing"),
+    "no-target-spm": (lambda out: (out / "target.spm").unlink(), "target.spm: missing"),
+    "corrupt-spm": (lambda out: (out / "source.spm").write_bytes(b"not a model"), "not a readable sentencepiece model"),
+    "vocab-mismatch": (lambda out: (out / "vocab.json").write_text('{"<unk>": 0, "a": 1}'), "vocab.json: its ids are not 0.."),
+    "shape": (reshape_weight, "model.encoder.layers.0.fc1.weight has shape (65, 32), config.json says (64, 32)"),
+    "no-weights": (lambda out: (out / "model.safetensors").unlink(), "no weights (model.safetensors or pytorch_model.bin)"),
+    "separate-vocabularies": (edit_json("config.json", decoder_vocab_size=7), "decoder_vocab_size 7 != vocab_size"),
+    "pre-ln": (edit_json("config.json", normalize_before=True), "normalize_before true cannot be represented"),
+    "activation": (edit_json("config.json", activation_function="tanh"), "activation_function 'tanh' cannot be represented"),
+    "untied-shared": (edit_json("config.json", tie_word_embeddings=False), "tie_word_embeddings false"),
+    "unequal-widths": (edit_json("config.json", decoder_ffn_dim=128), "encoder_ffn_dim 64 != decoder_ffn_dim 128"),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD_INPUT))
+def test_import_refuses_bad_input_in_one_line(tmp_path, marian_dir, case):
+    edit, message = BAD_INPUT[case]
+    directory = broken_copy(marian_dir, tmp_path, edit)
+    fails(["import", "huggingface", directory, "--output", tmp_path / "m.pt"], message)
+    assert not (tmp_path / "m.pt").exists() and [p.name for p in tmp_path.iterdir()] == ["hf"]
+
+
+class Payload:
+    """A pickle that would create a file when unpickled without weights_only."""
+
+    def __init__(self, marker):
+        self.marker = marker
+
+    def __reduce__(self):
+        return (open, (str(self.marker), "w"))
+
+
+def test_pytorch_model_bin_loads_as_plain_tensors_only(tmp_path, marian_dir):
+    from safetensors.torch import load_file
+
+    def to_bin(out):
+        torch.save(load_file(str(out / "model.safetensors")), out / "pytorch_model.bin")
+        (out / "model.safetensors").unlink()
+
+    directory = broken_copy(marian_dir, tmp_path, to_bin)
+    xf("import", "huggingface", directory, "--output", tmp_path / "bin.pt")
+    xf("import", "huggingface", marian_dir, "--output", tmp_path / "st.pt")
+    a, b = load_checkpoint(tmp_path / "bin.pt")["model"], load_checkpoint(tmp_path / "st.pt")["model"]
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    marker = tmp_path / "code-ran"
+    torch.save({"model.shared.weight": Payload(marker)}, directory / "pytorch_model.bin")
+    fails(["import", "huggingface", directory, "--output", tmp_path / "evil.pt"], "pytorch_model.bin: not loadable as "
+          "plain tensors without running code")
+    assert not marker.exists() and not (tmp_path / "evil.pt").exists()

@@ -227,6 +227,33 @@ def model_from_checkpoint(ckpt: dict, path: str | Path = "checkpoint") -> Transf
     return model
 
 
+# What fine-tuning may set apart from the checkpoint: regularization, not the function the weights compute.
+FINE_TUNING_MAY_CHANGE = ("dropout", "attention_dropout", "activation_dropout")
+
+
+def load_initial_model(path: str | Path, data_vocabulary: bytes, data_path: Path, given: dict) -> tuple[ModelConfig, dict]:
+    """(model configuration, weights) of checkpoint ``path`` to fine-tune from (xf train --init-from).
+
+    ``given``: the model options set on the command line or in YAML (None: not set); one that
+    differs from the checkpoint's is an error, except the dropouts. The data must have the
+    checkpoint's vocabulary (``data_vocabulary``, the bytes of data_path/spm.model)."""
+    ckpt = load_checkpoint(path)
+    if not same_vocabulary(ckpt["spm_model"], data_vocabulary):
+        raise XfError(f"{data_path}/spm.model: the data's vocabulary is not that of --init-from {path}; write the data "
+                      f"with xf preprocess --vocab-from {path}")
+    values = dict(ckpt["model_config"])
+    for name, value in given.items():
+        if value is None or value == values.get(name):
+            continue
+        if name not in FINE_TUNING_MAY_CHANGE:
+            raise ConfigError(f"--{name.replace('_', '-')} {value} conflicts with --init-from {path}, whose model has "
+                              f"{values.get(name)} (the model options come from the checkpoint)")
+        values[name] = value
+    cfg = config_from_dict(values)
+    model_from_checkpoint(ckpt, path)  # its weights fit its configuration
+    return cfg, ckpt["model"]
+
+
 def load_ensemble(paths: Sequence[str], device: torch.device, dtype: torch.dtype = torch.float32):
     """Models of ``paths`` in eval mode on ``device`` and the sentencepiece model they share.
 

@@ -128,6 +128,9 @@ class PreprocessOptions:
         2_000_000, "training pairs sampled (both sides) to learn the BPE model; bounds its memory"
     )
     spm_model: Optional[str] = option(None, "reuse this sentencepiece model instead of learning one")
+    vocab_from: Optional[str] = option(None, "use this checkpoint's vocabulary (xf's or imported, joint or separate "
+                                       "source/target sentencepiece models) instead of learning one: data for "
+                                       "xf train --init-from")
     max_len: int = option(250, "drop training pairs longer than this many subwords on either side")
     max_len_ratio: float = option(1.5, "drop training pairs whose subword length ratio exceeds this")
     workers: int = option(1, "parallel encoding processes (also sentencepiece training threads)")
@@ -142,6 +145,8 @@ class PreprocessOptions:
     def __post_init__(self) -> None:
         if self.source_lang == self.target_lang:
             raise ConfigError(f"--source-lang and --target-lang are both {self.source_lang!r}")
+        if self.spm_model and self.vocab_from:
+            raise ConfigError("--spm-model and --vocab-from both give the vocabulary: choose one")
         at_least(self, 1, "workers", "max_len", "bpe_sample_lines")
         at_least(self, 8, "bpe_vocab_size")
         if self.max_len_ratio < 1:
@@ -154,6 +159,10 @@ class TrainOptions:
     data: str = option(help="data directory written by xf preprocess", positional=True)
     save_dir: str = option("checkpoints", "where checkpoints and logs are written")
     arch: str = option("base", "architecture preset: base | big | small | tiny")
+    init_from: Optional[str] = option(
+        None, "fine-tune: start from this checkpoint's weights (xf's or imported) with a fresh optimizer, schedule and "
+        "counters; the model options are the checkpoint's (a conflicting one is an error; dropouts may change) and "
+        "the data must have its vocabulary (xf preprocess --vocab-from). A checkpoint_last.pt in --save-dir resumes instead")
     # batching
     max_tokens: int = option(4096, "tokens per micro-batch (source or target, whichever is larger)")
     update_freq: int = option(1, "micro-batches accumulated per update")

@@ -95,6 +95,9 @@ class MappedVocabulary:
     def get_piece_size(self) -> int:
         return len(self.pieces)
 
+    def get_score(self, i: int) -> float:
+        return 0.0  # the pieces' scores live in the two models; the id space has none
+
 
 def encode_target(sp, text, **kwargs):
     """Target-side ids of ``text``: the target model of a MappedVocabulary, else the joint model."""
