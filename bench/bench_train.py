@@ -232,7 +232,8 @@ def reference_train(data: str, out: str, device: str, precision: str, compiled: 
     from xformer_cli.batching import batch_by_size, collate, epoch_order
 
     from xformer_cli.data import DataDir
-    from xformer_cli.model import PAD_ID, model_config, sinusoidal_positions
+    from xformer_cli.model import model_config, sinusoidal_positions
+    from xformer_cli.vocab import PAD_ID
     from xformer_cli.schedule import make_schedule
     from xformer_cli.train_log import peak_memory_mib
 

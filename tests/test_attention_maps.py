@@ -21,7 +21,8 @@ from xformer_cli.attention_maps import (
 )
 from xformer_cli.cli import app
 from xformer_cli.errors import ConfigError
-from xformer_cli.model import EOS_ID, PAD_ID, build_model
+from xformer_cli.model import build_model
+from xformer_cli.vocab import PAD_ID, EOS_ID
 from xformer_cli.options import TranslateOptions
 from xformer_cli.search import Hypothesis, beam_search
 from xformer_cli.batching import collate_source

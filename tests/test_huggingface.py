@@ -15,9 +15,10 @@ from xformer_cli.cli import app
 from xformer_cli.batching import collate_source
 from xformer_cli.errors import XfError
 from xformer_cli.huggingface import export_marian, residual_permutation
-from xformer_cli.model import BOS_ID, EOS_ID, build_model, sinusoidal_positions
+from xformer_cli.model import build_model, sinusoidal_positions
 from xformer_cli.options import DecodingOptions, ExportOptions
 from xformer_cli.search import beam_search
+from xformer_cli.vocab import BOS_ID, EOS_ID
 
 transformers = pytest.importorskip("transformers", reason="the hf extra is not installed")
 runner = CliRunner()
@@ -97,22 +98,11 @@ def test_export_loads_in_transformers_with_equal_log_probs(tmp_path, spm_model, 
 
 # -- a small trained model: the same beam search translations -----------------------------------
 @pytest.fixture(scope="module")
-def trained(multi30k_dir, tmp_path_factory):
-    """A 2-layer model trained for 300 updates on 3,000 Multi30k pairs (a minute on one core)."""
-    tmp = tmp_path_factory.mktemp("trained")
-    raw = tmp / "raw"
-    raw.mkdir()
-    for split, name, count in (("train", "train", 3000), ("val", "val", 50)):
-        for lang in ("en", "de"):
-            lines = (multi30k_dir / f"{name}.{lang}").read_text(encoding="utf-8").splitlines()[:count]
-            (raw / f"{split}.{lang}").write_text("\n".join(lines) + "\n", encoding="utf-8")
-    xf("preprocess", "--destdir", tmp / "data", "--trainpref", raw / "train", "--validpref", raw / "val",
-       "--bpe-vocab-size", 1000, "--workers", 1)
-    xf("train", tmp / "data", "--save-dir", tmp / "ckpt", "--arch", "tiny", "--max-tokens", 2000,
-       "--warmup-updates", 50, "--max-update", 300, "--device", "cpu", "--threads", 1, "--seed", 1,
-       "--dropout", 0.0, "--save-interval-minutes", 0, "--activation", "swish",
-       "--lr-scheduler", "inverse_sqrt", "--lr", 3e-3)
-    return tmp
+def exported(trained_tiny, tmp_path_factory):
+    """conftest's trained model (relu, shared embeddings) exported with --lenpen 1.0."""
+    out = tmp_path_factory.mktemp("hf") / "hf"
+    xf("export", "huggingface", "--path", trained_tiny, "--output", out, "--lenpen", 1.0)
+    return out
 
 
 def xf(*args, input=None):
@@ -147,10 +137,8 @@ def hf_translations(model_dir, src_ids, lenpen):
 
 
 @pytest.mark.slow
-def test_trained_model_exports_with_the_same_translations(tmp_path, trained, pairs, one_thread):
-    ckpt = trained / "ckpt" / "checkpoint_last.pt"
-    out = tmp_path / "hf"
-    xf("export", "huggingface", "--path", ckpt, "--output", out, "--lenpen", 1.0)
+def test_trained_model_exports_with_the_same_translations(trained_tiny, exported, pairs, one_thread):
+    ckpt, out = trained_tiny, exported
     mine, src_ids = xf_translations(ckpt, pairs[0], 1.0)
     theirs = hf_translations(out, src_ids, 1.0)
     same = sum(a == b for a, b in zip(mine, theirs))
@@ -283,10 +271,9 @@ def test_import_translates_as_the_marian_model(tmp_path, opus_spms, pairs, varia
 
 # -- the round trip, and OPUS-MT's layout on a trained model ----------------------------------------
 @pytest.mark.slow
-def test_round_trip_is_bit_identical(tmp_path, trained, pairs):
-    ckpt = trained / "ckpt" / "checkpoint_last.pt"
-    xf("export", "huggingface", "--path", ckpt, "--output", tmp_path / "hf")
-    xf("import", "huggingface", tmp_path / "hf", "--output", tmp_path / "back.pt")
+def test_round_trip_is_bit_identical(tmp_path, trained_tiny, exported, pairs):
+    ckpt = trained_tiny
+    xf("import", "huggingface", exported, "--output", tmp_path / "back.pt")
     a, b = load_checkpoint(ckpt), load_checkpoint(tmp_path / "back.pt")
     assert a["spm_model"] == b["spm_model"] and a["model_config"] == b["model_config"]
     assert a["model"].keys() == b["model"].keys()
@@ -318,12 +305,18 @@ def opus_layout(hf_dir, out):
     write_tokenizer(out, spm_bytes, spm_bytes, [pieces[i] for i in order[:-1]] + ["<pad>"], pad="<pad>")
 
 
+@pytest.fixture(scope="module")
+def opus_import(exported, tmp_path_factory):
+    """The trained model in OPUS-MT's layout (a MarianMT directory) and its import (an xf checkpoint)."""
+    tmp = tmp_path_factory.mktemp("opus")
+    opus_layout(exported, tmp / "opus")
+    xf("import", "huggingface", tmp / "opus", "--output", tmp / "m.pt")
+    return tmp
+
+
 @pytest.mark.slow
-def test_imported_opus_layout_translates_as_transformers(tmp_path, trained, pairs, one_thread):
-    ckpt = trained / "ckpt" / "checkpoint_last.pt"
-    xf("export", "huggingface", "--path", ckpt, "--output", tmp_path / "hf")
-    opus_layout(tmp_path / "hf", tmp_path / "opus")
-    xf("import", "huggingface", tmp_path / "opus", "--output", tmp_path / "m.pt")
+def test_imported_opus_layout_translates_as_transformers(opus_import, pairs, one_thread):
+    tmp_path = opus_import
     lines = "\n".join(pairs[0]) + "\n"
     mine = xf("translate", "--path", tmp_path / "m.pt", "--quiet", "--lenpen", 1.0, "--lenpen-style", "length",
               "--max-len-a", 0, "--max-len-b", 60, input=lines).stdout.splitlines()
@@ -401,22 +394,20 @@ def valid_nll(ckpt, data_dir) -> float:
 
 
 @pytest.mark.slow
-def test_fine_tuning_an_imported_model_lowers_its_loss_on_a_new_domain(tmp_path, trained, shared_data, one_thread):
-    ckpt = trained / "ckpt" / "checkpoint_last.pt"  # trained on Multi30k captions
-    xf("export", "huggingface", "--path", ckpt, "--output", tmp_path / "hf")
-    opus_layout(tmp_path / "hf", tmp_path / "opus")
-    xf("import", "huggingface", tmp_path / "opus", "--output", tmp_path / "m.pt")
+def test_fine_tuning_an_imported_model_lowers_its_loss_on_a_new_domain(tmp_path, trained_tiny, opus_import,
+                                                                        shared_data, one_thread):
+    imported = opus_import / "m.pt"  # trained on Multi30k captions
     raw = tmp_path / "raw"  # the new domain: news
     raw.mkdir()
     for lang in ("en", "de"):
         lines = (shared_data / "wmt14" / f"newstest2013.en-de.{lang}").read_text(encoding="utf-8").splitlines()
-        (raw / f"train.{lang}").write_text("\n".join(lines[:1500]) + "\n", encoding="utf-8")
+        (raw / f"train.{lang}").write_text("\n".join(lines[:800]) + "\n", encoding="utf-8")
         (raw / f"valid.{lang}").write_text("\n".join(lines[2900:3000]) + "\n", encoding="utf-8")
     xf("preprocess", "--destdir", tmp_path / "data", "--trainpref", raw / "train", "--validpref", raw / "valid",
-       "--vocab-from", tmp_path / "m.pt", "--max-len", 60)
-    assert (tmp_path / "data" / "spm.model").read_bytes() == load_checkpoint(tmp_path / "m.pt")["spm_model"]
-    before = valid_nll(tmp_path / "m.pt", tmp_path / "data")
-    xf("train", tmp_path / "data", "--init-from", tmp_path / "m.pt", "--save-dir", tmp_path / "ft", "--max-tokens", 2000,
+       "--vocab-from", imported, "--max-len", 60)
+    assert (tmp_path / "data" / "spm.model").read_bytes() == load_checkpoint(imported)["spm_model"]
+    before = valid_nll(imported, tmp_path / "data")
+    xf("train", tmp_path / "data", "--init-from", imported, "--save-dir", tmp_path / "ft", "--max-tokens", 1000,
        "--max-update", 100, "--device", "cpu", "--threads", 1, "--lr-scheduler", "inverse_sqrt", "--lr", 1e-3,
        "--warmup-updates", 10, "--dropout", 0.1, "--save-interval-minutes", 0)
     tuned = load_checkpoint(tmp_path / "ft" / "checkpoint_last.pt")
@@ -425,10 +416,11 @@ def test_fine_tuning_an_imported_model_lowers_its_loss_on_a_new_domain(tmp_path,
     assert after < 0.9 * before, (before, after)
 
     # the model options are the checkpoint's; the data must have its vocabulary
-    fails(["train", tmp_path / "data", "--init-from", tmp_path / "m.pt", "--save-dir", tmp_path / "x",
+    fails(["train", tmp_path / "data", "--init-from", imported, "--save-dir", tmp_path / "x",
            "--d-model", 128, "--device", "cpu"], "--d-model 128 conflicts with --init-from")
-    fails(["train", trained / "data", "--init-from", tmp_path / "m.pt", "--save-dir", tmp_path / "x", "--device", "cpu"],
-          f"{trained / 'data'}/spm.model: the data's vocabulary is not that of --init-from {tmp_path / 'm.pt'}")
+    xf_data = trained_tiny.parent.parent / "data"  # the model's own data, with xf's joint vocabulary
+    fails(["train", xf_data, "--init-from", imported, "--save-dir", tmp_path / "x", "--device", "cpu"],
+          f"{xf_data}/spm.model: the data's vocabulary is not that of --init-from {imported}")
     assert not (tmp_path / "x").exists()
 
 

@@ -43,11 +43,13 @@ def test_auto_is_bf16_only_with_native_bf16(monkeypatch):
         assert resolve_precision(cuda, "auto") == chosen
 
 
-def test_auto_is_the_default_and_the_run_says_what_it_chose(data_dir, tmp_path):  # noqa: F811
+@pytest.mark.parametrize("flags, expected", [([], "fp32"), (["avx512_bf16"], "bf16")])
+def test_auto_is_the_default_and_the_run_says_what_it_chose(data_dir, tmp_path, monkeypatch, flags, expected):
+    """The CPU's flags are given (not read from this machine), so both outcomes are tested here."""
     assert TrainOptions(data="x").precision == "auto"
+    monkeypatch.setattr(precision, "cpu_bf16_instructions", lambda: flags)
     kw = {**MICRO, "precision": "auto"}
     train(TrainOptions(data=str(data_dir), save_dir=str(tmp_path), max_update=1, **kw))
-    expected = "bf16" if cpu_bf16_instructions() else "fp32"
     assert yaml.safe_load((tmp_path / "config.yaml").read_text())["precision"] == expected
     start = [json.loads(line) for line in (tmp_path / "train_log.jsonl").read_text().splitlines()][0]
     assert start["type"] == "start" and start["options"]["precision"] == expected

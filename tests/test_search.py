@@ -7,7 +7,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from xformer_cli.model import BOS_ID, EOS_ID, PAD_ID, build_model
+from xformer_cli.model import build_model
+
+from xformer_cli.vocab import PAD_ID, BOS_ID, EOS_ID
 from xformer_cli.options import DecodingOptions
 from xformer_cli.search import (
     DecoderState,

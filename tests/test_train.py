@@ -22,7 +22,7 @@ from xformer_cli.errors import XfError
 from xformer_cli.options import TrainOptions
 from xformer_cli.checkpoint import remove_old_checkpoints
 from xformer_cli.commands.train import train
-from helpers import cli_args, make_data, opts, records
+from helpers import MICRO, cli_args, make_data, opts, records
 
 REPO = Path(__file__).resolve().parents[1]
 def params(path) -> dict:
@@ -110,8 +110,23 @@ def test_bf16_autocast_and_eval_bleu(data_dir, tmp_path):
     summary = train(opts(data_dir, save, max_update=2, precision="bf16", eval_bleu=True))
     assert summary["num_updates"] == 2 and summary["skipped_updates"] == 0
     valid = records(save, "valid")[-1]
-    assert 0.0 <= valid["bleu"] <= 100.0 and np.isfinite(valid["loss"])
-    assert summary["best_metric"] == "bleu"
+    assert np.isfinite(valid["loss"]) and summary["best_metric"] == "bleu"
+    # the logged BLEU is validation_bleu of the final weights, under the same bf16 autocast
+    from xformer_cli import distributed
+    from xformer_cli.data import DataDir
+    from xformer_cli.precision import autocast_context
+    from xformer_cli.validate import validation_bleu
+    from xformer_cli.vocab import load_sentencepiece
+
+    ckpt = load_checkpoint(save / "checkpoint_last.pt")
+    model = train_module.Transformer(train_module.build_config(opts(data_dir, save), 300))
+    model.load_state_dict(ckpt["model"])
+    data = DataDir.open(str(data_dir))
+    sp = load_sentencepiece(data.spm_model_bytes, "spm.model")
+    cpu = torch.device("cpu")
+    again = validation_bleu(model, data.split("valid"), sp, distributed.setup("cpu"), autocast_context("bf16", cpu),
+                            MICRO["max_tokens"])
+    assert valid["bleu"] == again
 
 
 def test_non_finite_updates_are_skipped_then_stop_naming_the_last_good_checkpoint(data_dir, tmp_path, monkeypatch):

@@ -21,7 +21,8 @@ from .attention_maps import hard_alignments, resolve_layer
 from .checkpoint import load_ensemble
 from .batching import collate_source
 from .errors import ConfigError, XfError
-from .model import BOS_ID, EOS_ID, PAD_ID, Transformer
+from .model import Transformer
+from .vocab import PAD_ID, BOS_ID, EOS_ID
 from .options import TranslateOptions
 from .precision import cpu_bf16_instructions, ct2_compute_type, precision_warning, resolve_precision
 from .search import Hypothesis, length_penalty, max_output_lengths, search

@@ -47,9 +47,9 @@ import torch
 from .checkpoint import load_checkpoint, make_checkpoint, model_from_checkpoint, save_checkpoint
 from .errors import XfError
 from .fileio import atomic_directory
-from .model import BOS_ID, EOS_ID, PAD_ID, UNK_ID, Transformer, model_config
+from .model import Transformer, model_config
 from .options import ExportOptions, ImportOptions
-from .vocab import MappedVocabulary, load_sentencepiece
+from .vocab import BOS_ID, EOS_ID, PAD_ID, UNK_ID, MappedVocabulary, load_sentencepiece
 
 # The logit of a row that MarianMT does not have (xf's pad, when MarianMT's pad is its decoder
 # start): exp(-1000 - max logit) is 0 in float32, yet finite in the label-smoothed loss.
@@ -127,8 +127,10 @@ def refuse_for_marian(cfg, where: str) -> None:
                       f"({', '.join(ACTIVATIONS)} only)")
     if cfg.d_model % 2:
         raise XfError(f"{where}: --d-model {cfg.d_model} is odd; MarianMT's sinusoids need an even width")
-    if getattr(cfg, "head_dim", None) not in (None, cfg.d_model // cfg.heads):
-        raise XfError(f"{where}: --head-dim {cfg.head_dim} (not d_model / heads) cannot be exported to MarianMT")
+    head_dim = getattr(cfg, "head_dim", None)  # projections d_model -> heads * head_dim, where that option exists
+    if head_dim and head_dim * cfg.heads != cfg.d_model:
+        raise XfError(f"{where}: --head-dim {head_dim} (heads x head_dim != d_model) cannot be exported to MarianMT, "
+                      "whose heads split d_model")
 
 
 def marian_state_dict(model: Transformer) -> dict[str, torch.Tensor]:

@@ -72,8 +72,11 @@ class MappedVocabulary:
     def _ids(self, sp, text):
         if isinstance(text, list):
             return [self._ids(sp, t) for t in text]
-        unk = self.ids[self.pieces[UNK_ID]]
-        return [self.ids.get(p, unk) for p in sp.encode(text, out_type=str)]
+        code = []  # a leading language code (">>fra<<", multilingual OPUS-MT) is one piece, as MarianTokenizer has it
+        if text.startswith(">>") and "<<" in text:
+            end = text.index("<<") + 2
+            code, text = [text[:end]], text[end:]
+        return [self.ids.get(p, UNK_ID) for p in code + sp.encode(text, out_type=str)]
 
     def encode(self, text, out_type=int, num_threads=None):
         """Source text (a str or a list of them) -> ids."""

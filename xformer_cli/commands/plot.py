@@ -343,7 +343,7 @@ def attention_figure(options: PlotAttentionOptions):
     import torch
 
     from ..attention_maps import force_decode
-    from ..model import EOS_ID
+    from ..vocab import EOS_ID
     from ..options import DecodingOptions
     from ..search import beam_search
     from ..batching import collate_source
