@@ -3,6 +3,7 @@ with teacher-forced log-probabilities equal to xf's (fp32, 1e-4) and the same be
 translations; imports of MarianMT models built here (odd special ids, separate sentencepiece
 models); the xf -> HF -> xf round trip bit for bit; one-line refusals of bad input."""
 
+import functools
 import json
 
 import pytest
@@ -48,9 +49,14 @@ def export(ckpt, out, **kw):
     return export_marian(ExportOptions(format="huggingface", path=str(ckpt), output=str(out), **kw))
 
 
+@functools.lru_cache(maxsize=2)
+def xf_model(ckpt):
+    return load_ensemble([ckpt], torch.device("cpu"))[0][0]
+
+
 def xf_log_probs(ckpt, src_ids, tgt_ids):
     """xf's teacher-forced log p (T+1, V) of each target position, eos included."""
-    (model,), _ = load_ensemble([ckpt], torch.device("cpu"))
+    model = xf_model(str(ckpt))
     with torch.no_grad():
         return F.log_softmax(model(collate_source([src_ids]), torch.tensor([[BOS_ID] + tgt_ids])).float(), dim=-1)[0]
 
@@ -113,7 +119,7 @@ def xf(*args, input=None):
 
 def xf_translations(ckpt, sources, lenpen):
     models, sp = load_ensemble([str(ckpt)], torch.device("cpu"))
-    options = DecodingOptions(beam_size=4, lenpen=lenpen, lenpen_style="length", max_len_a=0.0, max_len_b=60)
+    options = DecodingOptions(beam_size=4, lenpen=lenpen, lenpen_style="length", max_len_a=0.0, max_len_b=LIMIT)
     ids = [sp.encode(s) for s in sources]
     return [hyps[0].tokens[:-1] for hyps in beam_search(models, collate_source(ids), options)], ids
 
@@ -129,11 +135,23 @@ def hf_translations(model_dir, src_ids, lenpen):
         input_ids = torch.tensor([ids + [pad] * (width - len(ids)) for ids in batch])
         with torch.no_grad():
             generated = hf.generate(input_ids=input_ids, attention_mask=input_ids.ne(pad), num_beams=4,
-                                    length_penalty=lenpen, max_length=62)
+                                    length_penalty=lenpen, max_length=LIMIT + 2)
         for row in generated.tolist():
             row = row[1:]  # the decoder start
             out.append(row[: row.index(eos)] if eos in row else row)
     return out
+
+
+LIMIT = 60  # output subwords before eos: xf's --max-len-b, transformers' max_length 62 less start and eos
+
+
+def agreement(mine: list, theirs: list, lengths: list[tuple[int, int]]) -> tuple[int, int, int]:
+    """(same outputs, outputs that reach neither engine's length limit, same among those).
+
+    At the limit the two differ by design: transformers' forced eos is given log-probability 0,
+    xf scores it with the model's own, so a hypothesis cut there ranks differently."""
+    free = [i for i, (a, b) in enumerate(lengths) if a < LIMIT and b < LIMIT]
+    return sum(a == b for a, b in zip(mine, theirs)), len(free), sum(mine[i] == theirs[i] for i in free)
 
 
 @pytest.mark.slow
@@ -141,8 +159,8 @@ def test_trained_model_exports_with_the_same_translations(trained_tiny, exported
     ckpt, out = trained_tiny, exported
     mine, src_ids = xf_translations(ckpt, pairs[0], 1.0)
     theirs = hf_translations(out, src_ids, 1.0)
-    same = sum(a == b for a, b in zip(mine, theirs))
-    assert same >= 99, same
+    same, free, same_free = agreement(mine, theirs, [(len(a), len(b)) for a, b in zip(mine, theirs)])
+    assert same >= 95 and free >= 90 and same_free >= 0.99 * free, (same, free, same_free)
     assert len({tuple(t) for t in mine}) > 50  # a model that translates, not one that repeats a line
     tok = transformers.MarianTokenizer.from_pretrained(str(out))
     sp = load_ensemble([str(ckpt)], torch.device("cpu"))[1]
@@ -316,29 +334,43 @@ def opus_import(exported, tmp_path_factory):
 
 @pytest.mark.slow
 def test_imported_opus_layout_translates_as_transformers(opus_import, pairs, one_thread):
-    tmp_path = opus_import
-    lines = "\n".join(pairs[0]) + "\n"
-    mine = xf("translate", "--path", tmp_path / "m.pt", "--quiet", "--lenpen", 1.0, "--lenpen-style", "length",
-              "--max-len-a", 0, "--max-len-b", 60, input=lines).stdout.splitlines()
-    tok = transformers.MarianTokenizer.from_pretrained(str(tmp_path / "opus"))
-    hf = transformers.MarianMTModel.from_pretrained(str(tmp_path / "opus")).eval()
-    theirs = []
-    for i in range(0, 100, 25):
+    tokens, _ = xf_translations(opus_import / "m.pt", pairs[0], 1.0)
+    sp = load_ensemble([str(opus_import / "m.pt")], torch.device("cpu"))[1]
+    mine = [sp.decode(t) for t in tokens]
+    tok = transformers.MarianTokenizer.from_pretrained(str(opus_import / "opus"))
+    hf = transformers.MarianMTModel.from_pretrained(str(opus_import / "opus")).eval()
+    theirs, their_lengths = [], []
+    for i in range(0, 100, 25):  # MarianTokenizer's ids, padded by it, as a user runs it
         batch = tok(pairs[0][i : i + 25], return_tensors="pt", padding=True)
         with torch.no_grad():
-            generated = hf.generate(**batch, num_beams=4, length_penalty=1.0, max_length=62, early_stopping=True,
-                                    bad_words_ids=[[hf.config.pad_token_id]])
+            generated = hf.generate(**batch, num_beams=4, length_penalty=1.0, max_length=LIMIT + 2,
+                                    early_stopping=True, bad_words_ids=[[hf.config.pad_token_id]])
         theirs += tok.batch_decode(generated, skip_special_tokens=True)
-    same = sum(a == b for a, b in zip(mine, theirs))
-    assert same >= 99, (same, [(a, b) for a, b in zip(mine, theirs) if a != b][:3])
+        their_lengths += [row[1:].index(0) if 0 in row[1:] else LIMIT + 1 for row in generated.tolist()]
+    same, free, same_free = agreement(mine, theirs, [(len(t), n) for t, n in zip(tokens, their_lengths)])
+    assert same >= 95 and free >= 90 and same_free >= 0.99 * free, (same, free, same_free)
     assert len(set(mine)) > 50
 
 
 # -- imported models in every xf command; today's checkpoints upgrade ---------------------------
 def test_imported_model_in_translate_average_and_ctranslate2(tmp_path, opus_spms, pairs):
+    original = marian_directory(tmp_path / "hf0", opus_spms, seed=0)
+    marian_directory(tmp_path / "hf1", opus_spms, seed=1)
     for seed in (0, 1):
-        marian_directory(tmp_path / f"hf{seed}", opus_spms, seed=seed)
         xf("import", "huggingface", tmp_path / f"hf{seed}", "--output", tmp_path / f"m{seed}.pt")
+    # back to Hugging Face: its two sentencepiece models and its pieces (xf's layout), the same model
+    xf("export", "huggingface", "--path", tmp_path / "m0.pt", "--output", tmp_path / "again")
+    assert (tmp_path / "again" / "target.spm").read_bytes() == opus_spms[1]
+    again = transformers.MarianMTModel.from_pretrained(str(tmp_path / "again")).eval()
+    tok, tok_again = (transformers.MarianTokenizer.from_pretrained(str(tmp_path / d)) for d in ("hf0", "again"))
+    vocab, vocab_again = (json.loads((tmp_path / d / "vocab.json").read_text()) for d in ("hf0", "again"))
+    to_hf = torch.tensor([vocab[p] for p in sorted(vocab_again, key=vocab_again.get)[1:]])  # xf's new pad apart
+    src, tgt = tok_again(pairs[0][0])["input_ids"][:-1], tok_again(text_target=pairs[1][0])["input_ids"][:-1]
+    assert (to_hf[torch.tensor(src) - 1].tolist() + [0]) == tok(pairs[0][0])["input_ids"]
+    mine = hf_log_probs(again, src, tgt, BOS_ID)[:, 1:]
+    theirs = hf_log_probs(original, to_hf[torch.tensor(src) - 1].tolist(), to_hf[torch.tensor(tgt) - 1].tolist(),
+                          len(vocab) - 1)[:, to_hf]
+    assert (mine - theirs).abs().max() < 1e-4
     lines = "\n".join(pairs[0][:8]) + "\n"
     one = xf("translate", "--path", tmp_path / "m0.pt", "--quiet", "--max-len-a", 0, "--max-len-b", 8,
              input=lines).stdout.splitlines()
@@ -374,9 +406,9 @@ def test_version_1_checkpoints_upgrade(tmp_path, spm_model, pairs):
     torch.save(old, tmp_path / "v1.pt")  # as xf wrote it before format version 2
     upgraded = load_checkpoint(tmp_path / "v1.pt")
     assert upgraded["version"] == 2 and upgraded["model_config"] == ckpt["model_config"]
-    lines = "\n".join(pairs[0][:5]) + "\n"
-    assert xf("translate", "--path", tmp_path / "v1.pt", "--quiet", "--max-len-b", 5, input=lines).stdout == \
-        xf("translate", "--path", tmp_path / "v2.pt", "--quiet", "--max-len-b", 5, input=lines).stdout
+    (old_model, new_model), sp = load_ensemble([str(tmp_path / "v1.pt"), str(tmp_path / "v2.pt")], torch.device("cpu"))
+    src = collate_source([sp.encode(line) for line in pairs[0][:5]])
+    assert torch.equal(old_model(src, src[:, :4]), new_model(src, src[:, :4]))  # the same model
 
 
 # -- fine-tuning: xf train --init-from, xf preprocess --vocab-from -------------------------------
