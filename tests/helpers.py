@@ -65,6 +65,21 @@ def learn_spm(lines, vocab_size=200) -> bytes:
     return model.getvalue()
 
 
+def random_checkpoint(path, spm_model: bytes, **overrides) -> str:
+    """A random tiny model (vocabulary 200, d_model 32) whose LayerNorms, biases and output bias are
+    away from their initialisation (ones and zeros), so that an export has to map them right."""
+    torch.manual_seed(0)
+    model = build_model("tiny", vocab_size=200, d_model=32, d_ff=64, heads=4, max_positions=128, **overrides)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "norm" in name or name.endswith("bias"):
+                p.add_(torch.randn_like(p) * 0.1)
+        if model.output_bias is not None:
+            model.output_bias.copy_(torch.randn_like(model.output_bias))
+    save_checkpoint(path, make_checkpoint(model, spm_model))
+    return str(path)
+
+
 def tiny_checkpoint(path, spm_model: bytes, seed: int):
     torch.manual_seed(seed)
     model = build_model("tiny", vocab_size=200, d_model=32, d_ff=64, heads=4, max_positions=MAX_POSITIONS)

@@ -11,16 +11,16 @@ import torch
 import torch.nn.functional as F
 from typer.testing import CliRunner
 
-from xformer_cli.checkpoint import make_checkpoint, save_checkpoint
 from xformer_cli.cli import app
 from xformer_cli.errors import XfError
 from xformer_cli.commands.export import export_ctranslate2
-from xformer_cli.model import build_model
 from xformer_cli.vocab import BOS_ID, EOS_ID
 from xformer_cli.options import ExportOptions, TranslateOptions
 from xformer_cli.batching import collate_source
 from xformer_cli.checkpoint import load_ensemble
 from xformer_cli.commands.translate import translate
+
+from helpers import random_checkpoint
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # conftest.py: torch on one thread for the module
 
@@ -35,17 +35,6 @@ def pairs(multi30k_dir):
     src = (multi30k_dir / "test2016.en").read_text(encoding="utf-8").splitlines()
     tgt = (multi30k_dir / "test2016.de").read_text(encoding="utf-8").splitlines()
     return src[:50], tgt[:50]
-
-
-def random_checkpoint(path, spm_model: bytes, **overrides):
-    torch.manual_seed(0)
-    model = build_model("tiny", vocab_size=200, d_model=32, d_ff=64, heads=4, max_positions=128, **overrides)
-    with torch.no_grad():  # LayerNorms away from their (1, 0) initialisation, so that they are tested
-        for name, p in model.named_parameters():
-            if "norm" in name:
-                p.add_(torch.randn_like(p) * 0.1)
-    save_checkpoint(path, make_checkpoint(model, spm_model))
-    return str(path)
 
 
 def export(ckpt, out, **kw):

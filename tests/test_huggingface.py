@@ -11,15 +11,16 @@ import torch
 import torch.nn.functional as F
 from typer.testing import CliRunner
 
-from xformer_cli.checkpoint import load_checkpoint, load_ensemble, make_checkpoint, save_checkpoint
+from xformer_cli.checkpoint import load_checkpoint, load_ensemble
 from xformer_cli.cli import app
 from xformer_cli.batching import collate_source
-from xformer_cli.errors import XfError
 from xformer_cli.huggingface import export_marian, residual_permutation
-from xformer_cli.model import build_model, sinusoidal_positions
+from xformer_cli.model import sinusoidal_positions
 from xformer_cli.options import DecodingOptions, ExportOptions
 from xformer_cli.search import beam_search
 from xformer_cli.vocab import BOS_ID, EOS_ID
+
+from helpers import random_checkpoint
 
 transformers = pytest.importorskip("transformers", reason="the hf extra is not installed")
 runner = CliRunner()
@@ -30,19 +31,6 @@ def pairs(multi30k_dir):
     src = (multi30k_dir / "test2016.en").read_text(encoding="utf-8").splitlines()
     tgt = (multi30k_dir / "test2016.de").read_text(encoding="utf-8").splitlines()
     return src[:100], tgt[:100]
-
-
-def random_checkpoint(path, spm_model: bytes, **overrides):
-    torch.manual_seed(0)
-    model = build_model("tiny", vocab_size=200, d_model=32, d_ff=64, heads=4, max_positions=128, **overrides)
-    with torch.no_grad():  # LayerNorms and biases away from their initialisation, so that they are tested
-        for name, p in model.named_parameters():
-            if "norm" in name or name.endswith("bias"):
-                p.add_(torch.randn_like(p) * 0.1)
-        if model.output_bias is not None:
-            model.output_bias.copy_(torch.randn_like(model.output_bias))
-    save_checkpoint(path, make_checkpoint(model, spm_model))
-    return str(path)
 
 
 def export(ckpt, out, **kw):

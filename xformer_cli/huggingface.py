@@ -326,6 +326,8 @@ def read_weights(directory: Path) -> tuple[dict[str, torch.Tensor], Path]:
                           f"({str(e).splitlines()[0][:120]})") from None
         if not isinstance(tensors, dict) or not all(isinstance(v, torch.Tensor) for v in tensors.values()):
             raise XfError(f"{bin_path}: not a state dict of tensors")
+    elif (directory / "model.safetensors.index.json").is_file() or (directory / "pytorch_model.bin.index.json").is_file():
+        raise XfError(f"{directory}: sharded weights (*.index.json) are not read; save the model unsharded")
     else:
         raise XfError(f"{directory}: no weights (model.safetensors or pytorch_model.bin)")
     named = {}
@@ -334,7 +336,7 @@ def read_weights(directory: Path) -> tuple[dict[str, torch.Tensor], Path]:
     return named, path
 
 
-def xf_id_order(vocab: dict[str, int], size: int, pad: int, unk: int, start: int, eos: int) -> list[Optional[int]]:
+def xf_id_order(size: int, pad: int, unk: int, start: int, eos: int) -> list[Optional[int]]:
     """rows[i] = the MarianMT id of xf id i (None: a new row, xf's pad when MarianMT's pad is its
     decoder start): pad, unk, bos (the decoder start), eos, then every other id in order."""
     first = [pad if pad != start else None, unk, start, eos]
@@ -382,7 +384,11 @@ def import_marian(options: ImportOptions) -> Path:
     for key, value in (("pad_token_id", pad), ("eos_token_id", eos), ("decoder_start_token_id", start)):
         if not isinstance(value, int) or not 0 <= value < size:
             raise XfError(f"{directory / 'config.json'}: {key} {value!r} is not an id below vocab_size {size}")
-    rows = xf_id_order(vocab, size, pad, vocab[unk_piece], start, eos)
+    unk = vocab[unk_piece]
+    if len({unk, start, eos}) < 3 or (pad != start and pad in (unk, eos)):
+        raise XfError(f"{directory}: special ids pad {pad}, unk {unk}, eos {eos}, decoder start {start} overlap; "
+                      "xf needs unk, eos and the decoder start apart (pad may be the decoder start)")
+    rows = xf_id_order(size, pad, unk, start, eos)
 
     # the weights, checked against the configuration before any is used
     tensors, weights_path = read_weights(directory)

@@ -142,20 +142,16 @@ def export(options: ExportOptions) -> Path:
     """xf export FORMAT: ctranslate2 (this module) or huggingface (``huggingface.export_marian``)."""
     if options.format != "huggingface":
         return export_ctranslate2(options)
-    from rich.table import Table
-
-    from ..console import print_table, stderr_console
+    from ..console import print_summary, stderr_console
     from ..huggingface import export_marian
 
     output = export_marian(options)
     config = json.loads((output / "config.json").read_text(encoding="utf-8"))
-    table = Table(title="xf export huggingface", show_header=False)
-    table.add_column()
-    table.add_column()
-    table.add_row("from", str(options.path))
-    table.add_row("model", f"MarianMT, {config['encoder_layers']} / {config['decoder_layers']} layers, "
-                  f"d_model {config['d_model']}, {config['activation_function']}, vocabulary {config['vocab_size']}")
-    table.add_row("generation", f"num_beams {options.beam_size}, length_penalty {options.lenpen}")
-    table.add_row("written", ", ".join(sorted(p.name for p in output.iterdir())) + f" in {output}")
-    print_table(stderr_console(), table)
+    print_summary(stderr_console(), "xf export huggingface", [
+        ("from", str(options.path)),
+        ("model", f"MarianMT, {config['encoder_layers']} / {config['decoder_layers']} layers, d_model "
+                  f"{config['d_model']}, {config['activation_function']}, vocabulary {config['vocab_size']}"),
+        ("generation", f"num_beams {options.beam_size}, length_penalty {options.lenpen}"),
+        ("written", ", ".join(sorted(p.name for p in output.iterdir())) + f" in {output}"),
+    ])
     return output
