@@ -19,7 +19,8 @@ from xformer_cli.model import build_model
 from xformer_cli.options import TranslateOptions
 from xformer_cli.search import gnmt_length_penalty
 from xformer_cli.checkpoint import load_ensemble
-from xformer_cli.commands.translate import Stats, translate, translate_buffer
+from xformer_cli.commands.translate import translate
+from xformer_cli.translation import Stats, translate_buffer
 from xformer_cli.engines import XfEngine
 
 runner = CliRunner()
