@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Optional
 
 from .attention_maps import alignment_pairs, format_alignment
-from .data import batch_by_size
+from .batching import batch_by_size
 from .engines import Engine
 from .options import TranslateOptions
 from .search import Hypothesis
