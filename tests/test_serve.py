@@ -24,16 +24,15 @@ import pytest
 pytest.importorskip("starlette", reason="the serve extra is not installed")
 pytest.importorskip("uvicorn", reason="the serve extra is not installed")
 
-from test_translate import ckpt, one_thread, sentences, spm_model  # noqa: E402, F401 (fixtures: a tiny checkpoint)
-
 from xformer_cli.commands.translate import translate  # noqa: E402
 from xformer_cli.errors import ConfigError  # noqa: E402
-from xformer_cli.config import build_options  # noqa: E402
+from xformer_cli.config import build_options, load_options  # noqa: E402
 from xformer_cli.options import ServeOptions, TranslateOptions  # noqa: E402
 from xformer_cli.search import Hypothesis  # noqa: E402
 from xformer_cli.serve_queue import BatchQueue, Direction, Job, QueueFull  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
+pytestmark = pytest.mark.usefixtures("one_thread")  # conftest.py: torch on one thread (the in-process references)
 DECODING = ["--nbest", "2", "--max-len-a", "0.5", "--max-len-b", "3", "--threads", "1"]
 
 
@@ -385,8 +384,10 @@ def test_a_full_queue_refuses_and_a_cancelled_job_is_not_decoded():
     assert de.engine.batches == [[[7]]]
 
 
-def test_serve_options():
-    options = build_options(ServeOptions, {"model": ["en-de=a.pt"], "beam": 5, "nbest": 3}, "test")
+def test_serve_options(tmp_path):
+    (tmp_path / "xf.yaml").write_text("translate: {beam: 6}\nserve: {model: [en-de=a.pt], beam: 5, nbest: 3}\n")
+    options = load_options(ServeOptions, tmp_path / "xf.yaml", {"port": 8080}, section="serve")
+    assert (options.beam_size, options.nbest, options.port) == (5, 3, 8080)
     translate_options = options.translate_options("a.pt")
     assert (translate_options.path, translate_options.beam_size, translate_options.nbest) == (("a.pt",), 5, 3)
     assert options.host == "127.0.0.1"
