@@ -92,7 +92,6 @@ def bind(host: str, port: int) -> socket.socket:
         sock.listen(2048)
     except OSError as e:
         raise XfError(f"--host {host} --port {port}: cannot listen there: {e.strerror or e}") from None
-    sock.set_inheritable(True)
     return sock
 
 

@@ -22,6 +22,8 @@ from ..serving import Server, bind, load_directions, read_api_keys
 def serve(options: ServeOptions) -> None:
     """Serve until SIGTERM (exit 0 after the drain) or Ctrl-C."""
     try:
+        import prometheus_client  # noqa: F401 - the three of the serve extra, checked before the models load
+        import starlette  # noqa: F401
         import uvicorn
     except ImportError:
         raise XfError("xf serve needs starlette, uvicorn and prometheus_client: pip install 'xformer-cli[serve]'") from None
