@@ -18,6 +18,7 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from urllib.parse import urlencode
 
 import pytest
 
@@ -125,13 +126,19 @@ def test_every_endpoint(server, ckpt, lines, tmp_path):
     assert status == 200 and answer == {"translatedText": reference[0][0], "alternatives": reference[0][1:2]}
     status, _, answer = server.translate([lines[1], lines[2]])
     assert status == 200 and answer == {"translatedText": [reference[1][0], reference[2][0]]}
+    # the same fields form-encoded, as LibreTranslate also takes them
+    form = urlencode([("q", lines[1]), ("q", lines[2]), ("source", "en"), ("target", "de"), ("alternatives", "1")])
+    status, _, answer = server.request("POST", "/translate", raw=form.encode(),
+                                       headers={"Content-Type": "application/x-www-form-urlencoded"})
+    assert status == 200 and answer == {"translatedText": [reference[1][0], reference[2][0]],
+                                        "alternatives": [reference[1][1:2], reference[2][1:2]]}
     # a text of several lines: each line translated as xf translate reads a file's lines
     status, _, answer = server.translate(f"{lines[0]}\r\n\n{lines[2]}")
     assert status == 200 and answer["translatedText"] == f"{reference[0][0]}\n\n{reference[2][0]}"
 
     status, headers, metrics = server.request("GET", "/metrics")
     assert status == 200 and headers["content-type"].startswith("text/plain")
-    assert 'xf_serve_requests_total{path="/translate",status="200"} 4.0' in metrics
+    assert 'xf_serve_requests_total{path="/translate",status="200"} 5.0' in metrics
     assert "xf_serve_translate_seconds_bucket" in metrics and "xf_serve_batch_sentences_count" in metrics
     assert "xf_serve_queue_lines 0.0" in metrics
     status, headers, page = server.request("GET", "/")
@@ -222,19 +229,26 @@ def test_api_keys(ckpt, tmp_path):
         assert served.stop() == 0
 
 
+def wait_for_queued(served: Served, lines: int, seconds: float = 10) -> None:
+    """Until /health counts ``lines`` queued lines (at most ``seconds``)."""
+    deadline = time.time() + seconds
+    while served.request("GET", "/health")[2]["queue_lines"] < lines and time.time() < deadline:
+        time.sleep(0.02)
+
+
 @pytest.mark.slow
 def test_a_full_queue_is_503_and_a_long_wait_504(ckpt):
-    # the first request waits 800 ms for others to join its batch; it holds the 2 queued lines
-    served = Served("--model", f"en-de={ckpt}", *DECODING, "--max-queue-lines", "2", "--max-wait-ms", "800",
-                    "--timeout", "0.3")
+    # the first request waits 5 s for others to join its batch: it holds the 2 queued lines
+    served = Served("--model", f"en-de={ckpt}", *DECODING, "--max-queue-lines", "2", "--max-wait-ms", "5000",
+                    "--timeout", "1.5")
     try:
         with ThreadPoolExecutor(1) as pool:
             first = pool.submit(served.translate, ["A dog .", "A cat ."])
-            time.sleep(0.15)
+            wait_for_queued(served, 2)
             status, headers, answer = served.translate("A man .")
             assert status == 503 and int(headers["retry-after"]) >= 1 and "queue is full" in answer["error"]
             status, _, answer = first.result()
-            assert status == 504 and "no translation within 0.3 s" in answer["error"]
+            assert status == 504 and "no translation within 1.5 s" in answer["error"]
     finally:
         assert served.stop() == 0
     assert "Traceback" not in served.log
@@ -243,10 +257,10 @@ def test_a_full_queue_is_503_and_a_long_wait_504(ckpt):
 @pytest.mark.slow
 def test_sigterm_drains_the_requests_in_flight(ckpt, lines, tmp_path):
     reference = xf_translate(ckpt, lines[:6], tmp_path)
-    served = Served("--model", f"en-de={ckpt}", *DECODING, "--max-wait-ms", "700", "--grace-seconds", "5")
+    served = Served("--model", f"en-de={ckpt}", *DECODING, "--max-wait-ms", "1500", "--grace-seconds", "5")
     with ThreadPoolExecutor(6) as pool:
         answers = [pool.submit(served.translate, line) for line in lines[:6]]
-        time.sleep(0.3)  # all six queued, their batch not yet started
+        wait_for_queued(served, 6, seconds=1.2)  # all six queued, their batch not yet started
         start = time.perf_counter()
         code = served.stop()
         took = time.perf_counter() - start
@@ -255,7 +269,8 @@ def test_sigterm_drains_the_requests_in_flight(ckpt, lines, tmp_path):
     assert [(status, answer["translatedText"]) for status, _, answer in results] == [(200, r[0]) for r in reference]
     with pytest.raises(OSError):
         served.request("GET", "/health")
-    assert "xf serve (en-de) | requests by status 200: 6" in served.log and "Traceback" not in served.log
+    assert "xf serve (en-de) | requests by status 200: " in served.log and "| lines translated 6 |" in served.log
+    assert "Traceback" not in served.log
 
 
 @pytest.mark.slow

@@ -3,8 +3,9 @@
 Endpoints (the shape LibreTranslate's clients already speak):
 
 - ``POST /translate`` ``{"q": "text" or ["t1", "t2"], "source": "en", "target": "de",
-  "format": "text", "alternatives": 2, "api_key": "..."}`` -> ``{"translatedText": ...,
-  "alternatives": [...]}`` (alternatives only when asked for). A text of several lines is
+  "format": "text", "alternatives": 2, "api_key": "..."}`` (JSON, or the same fields
+  form-encoded) -> ``{"translatedText": ..., "alternatives": [...]}`` (alternatives only when
+  asked for). A text of several lines is
   translated line by line, as ``xf translate`` reads a file, and its lines come back joined by LF.
 - ``GET /languages`` -> ``[{"code": "en", "name": "English", "targets": ["de"]}]``
 - ``GET /health`` (ready: the models are loaded), ``GET /metrics`` (Prometheus), ``GET /`` (a page).
@@ -143,6 +144,16 @@ def text_lines(text: str, stats: Stats) -> list[str]:
     return [decode_input_line(line, i + 1, stats, "request") for i, line in enumerate(raw.split(b"\n"))]
 
 
+def form_fields(text: str) -> dict:
+    """A form-encoded body as LibreTranslate reads one: a repeated q is a list, alternatives a number."""
+    from urllib.parse import parse_qs
+
+    fields = {k: v if k == "q" and len(v) > 1 else v[0] for k, v in parse_qs(text, keep_blank_values=True).items()}
+    if isinstance(fields.get("alternatives"), str) and fields["alternatives"].isdigit():
+        fields["alternatives"] = int(fields["alternatives"])
+    return fields
+
+
 class Translation:
     """One POST /translate: its checked fields (``parse``), then its lines translated (``run``)."""
 
@@ -277,10 +288,13 @@ class Server:
             except UnicodeDecodeError:  # as xf translate reads a line: the bad bytes become U+FFFD
                 text = body.decode("utf-8", errors="replace")
                 info["invalid_utf8_body"] = True
-            try:
-                payload = json.loads(text)
-            except json.JSONDecodeError as e:
-                raise HttpError(400, f"the body is not JSON: {e.msg} (line {e.lineno}, column {e.colno})") from None
+            if request.headers.get("content-type", "").startswith("application/x-www-form-urlencoded"):
+                payload = form_fields(text)
+            else:
+                try:
+                    payload = json.loads(text)
+                except json.JSONDecodeError as e:
+                    raise HttpError(400, f"the body is not JSON: {e.msg} (line {e.lineno}, column {e.colno})") from None
             answer = await Translation(self, payload, info).run(arrived)
         except HttpError as e:
             info["error"] = str(e)

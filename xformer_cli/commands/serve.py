@@ -50,7 +50,9 @@ def serve(options: ServeOptions) -> None:
     try:
         uvi.run(sockets=[sock])
     finally:
-        server.queue.stop(timeout=max(options.grace_seconds, 1.0))
+        # the requests in flight are answered (or given up at --grace-seconds): the worker is idle or, after
+        # a given-up batch, a daemon thread that ends with the process
+        server.queue.stop(timeout=min(options.grace_seconds, 1.0))
     _summary(console, server, time.perf_counter() - start)
 
 
