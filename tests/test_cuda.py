@@ -114,6 +114,7 @@ def test_updates_never_wait_for_the_gpu(data_dir, tmp_path, monkeypatch, precisi
 
 
 # -- DDP under torchrun with one process -----------------------------------------------------------
+@pytest.mark.slow
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=CUDA)])
 def test_torchrun_one_process_trains_through_ddp_like_a_plain_run(data_dir, tmp_path, device):
     """torchrun --nproc-per-node 1 joins a process group (NCCL on a GPU, gloo on CPU) and trains
