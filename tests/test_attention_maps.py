@@ -28,7 +28,7 @@ from xformer_cli.search import Hypothesis, beam_search
 from xformer_cli.batching import collate_source
 from xformer_cli.options import DecodingOptions
 from xformer_cli.checkpoint import load_ensemble
-from xformer_cli.commands.translate import Stats, translate_buffer
+from xformer_cli.translation import Stats, translate_buffer
 from xformer_cli.engines import XfEngine
 
 V = 40

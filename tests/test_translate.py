@@ -17,7 +17,8 @@ from xformer_cli.cli import app
 from xformer_cli.options import TranslateOptions
 from xformer_cli.search import gnmt_length_penalty
 from xformer_cli.checkpoint import load_ensemble
-from xformer_cli.commands.translate import Stats, translate, translate_buffer
+from xformer_cli.commands.translate import translate
+from xformer_cli.translation import Stats, translate_buffer
 from xformer_cli.engines import XfEngine
 from helpers import learn_spm, tiny_checkpoint
 
