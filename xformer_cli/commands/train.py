@@ -38,6 +38,7 @@ import yaml
 from rich.console import Console
 
 from .. import distributed
+from ..compiling import compile_forward, compiled_graphs
 from ..checkpoint import checkpoint_numbers, load_last_checkpoint, make_checkpoint, same_vocabulary, save_checkpoint
 from ..config import ConfigError, to_dict
 from ..console import stderr_console
@@ -400,24 +401,6 @@ def set_up(o: TrainOptions, env: distributed.Env, lock: SaveDirLock) -> Run:
         forward = compile_forward(forward)
     return Run(o, env, console, data, train_set, valid_set, batches, valid_batches, cfg, sp, model, forward,
                optimizer, scaler, autocast_context(o.precision, env.device), pos, elapsed_before)
-
-
-COMPILE_BACKEND = "inductor"  # tests use "aot_eager": the same graphs, without minutes of code generation
-
-
-def compile_forward(forward: torch.nn.Module) -> torch.nn.Module:
-    """torch.compile of the training forward pass (the model, or DDP around it, whose buckets
-    dynamo splits the graph at). Dynamic shapes: batches of every (B, S, T) share one compiled
-    graph instead of one per shape. Validation and search run the uncompiled model, and the output
-    projection with the loss (loss.fused_output_loss, a custom autograd function) stays eager."""
-    return torch.compile(forward, backend=COMPILE_BACKEND, dynamic=True)
-
-
-def compiled_graphs() -> int:
-    """How many graphs torch.compile has made in this process (recompilations included)."""
-    from torch._dynamo.utils import counters
-
-    return int(counters["stats"]["unique_graphs"])
 
 
 def resume(ckpt: dict, model: Transformer, optimizer: torch.optim.Optimizer,
