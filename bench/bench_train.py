@@ -36,10 +36,11 @@ Environment (all optional):
   there for the next run; default: a temporary directory), XF_BENCH_TRAIN_DEVICES (cpu, plus cuda
   when present), XF_BENCH_TRAIN_PRECISIONS (fp32 and bf16 on CPU; bf16 on CUDA),
   XF_BENCH_TRAIN_COMPILE (0; "0,1" adds compiled runs), XF_BENCH_COMPILE_BACKEND (inductor;
-  the dry run: aot_eager), XF_BENCH_TRAIN_REFERENCE (1), XF_BENCH_TRAIN_ROUNDS (2),
+  the dry run: aot_eager), XF_BENCH_TRAIN_REFERENCE (1; 0: xf alone), XF_BENCH_TRAIN_ENGINES
+  (xf,reference; "reference": the reference alone), XF_BENCH_TRAIN_ROUNDS (2),
   XF_BENCH_TRAIN_UPDATES (40, the first included), XF_BENCH_TRAIN_SECONDS (600: the most a timed
   window lasts), XF_BENCH_DEADLINE (a Unix time by which every run has ended: bench/gpu.sh's
-  stage end; each run gets its share of what is left, is sent SIGTERM at its end and killed 20 s
+  stage end; each run gets its share of what is left, is sent SIGTERM at its end and killed 8 s
   later), XF_BENCH_DRY_RUN=1: tiny model, tiny wmt-like corpus, 4 updates, CPU (proves it runs).
 ``python bench/bench_train.py OUT.json`` writes the rows to OUT.json after every measurement.
 """
@@ -73,10 +74,11 @@ SECONDS = float(ENV("XF_BENCH_TRAIN_SECONDS", "600"))
 DEADLINE = float(ENV("XF_BENCH_DEADLINE", "inf"))
 ROUNDS = int(ENV("XF_BENCH_TRAIN_ROUNDS", "1" if DRY else "2"))
 REFERENCE = ENV("XF_BENCH_TRAIN_REFERENCE", "1") == "1"
+ENGINES = ENV("XF_BENCH_TRAIN_ENGINES", "xf,reference" if REFERENCE else "xf").split(",")
 COMPILE = [c == "1" for c in ENV("XF_BENCH_TRAIN_COMPILE", "0").split(",")]
 BACKEND = ENV("XF_BENCH_COMPILE_BACKEND", "aot_eager" if DRY else "inductor")
 LABEL_SMOOTHING, SEED = 0.1, 1
-GRACE = 20.0  # seconds between a run's SIGTERM and its kill
+GRACE = 8.0  # seconds between a run's SIGTERM and its kill
 
 
 # -- data ------------------------------------------------------------------------------------------
@@ -390,21 +392,19 @@ def measure(emit) -> None:
                     for r in range(ROUNDS):  # alternate xf and the reference: the machine's load hits both
                         name = f"{case}{' compiled' if compiled else ''}" + (f" round {r + 1}" if ROUNDS > 1 else "")
                         tag = f"{device}-{precision}-{int(compiled)}-{r}"
-                        runs = 2 if REFERENCE else 1
-                        # each run its share of the time left (the reference's share starts when xf ends)
-                        share = (DEADLINE - time.time()) / runs if math.isfinite(DEADLINE) else math.inf
-                        xf = run_child("xf", data, tmp, tag, device, precision, compiled, time.time() + share)
-                        for row in rows_of(name, xf, peak, precision):
-                            emit(row)
-                        if REFERENCE:
-                            ref = run_child("reference", data, tmp, tag, device, precision, compiled, DEADLINE)
-                            for row in rows_of(name, ref, peak, precision):
+                        results = {}
+                        for i, engine in enumerate(ENGINES):
+                            # each run its share of the time left (the next one's starts when this one ends)
+                            share = (DEADLINE - time.time()) / (len(ENGINES) - i) if math.isfinite(DEADLINE) else math.inf
+                            results[engine] = run_child(engine, data, tmp, tag, device, precision, compiled,
+                                                        time.time() + share)
+                            for row in rows_of(name, results[engine], peak, precision):
                                 emit(row)
-                            if xf.get("tgt_tok_s") and ref.get("tgt_tok_s"):
-                                emit(dict(bench="train", case=name, metric="xf / reference", unit="",
-                                          value=xf["tgt_tok_s"] / ref["tgt_tok_s"],
-                                          ratio=xf["tgt_tok_s"] / ref["tgt_tok_s"],
-                                          note="target tokens/s, the two runs above"))
+                        xf, ref = results.get("xf", {}), results.get("reference", {})
+                        if xf.get("tgt_tok_s") and ref.get("tgt_tok_s"):
+                            emit(dict(bench="train", case=name, metric="xf / reference", unit="",
+                                      value=xf["tgt_tok_s"] / ref["tgt_tok_s"], ratio=xf["tgt_tok_s"] / ref["tgt_tok_s"],
+                                      note="target tokens/s, the two runs above"))
 
 
 def rows_of(case: str, r: dict, peak: float, precision: str) -> list[dict]:
