@@ -41,7 +41,8 @@ Environment (all optional):
   XF_BENCH_TRAIN_UPDATES (40, the first included), XF_BENCH_TRAIN_SECONDS (600: the most a timed
   window lasts), XF_BENCH_DEADLINE (a Unix time by which every run has ended: bench/gpu.sh's
   stage end; each run gets its share of what is left, is sent SIGTERM at its end and killed 8 s
-  later), XF_BENCH_DRY_RUN=1: tiny model, tiny wmt-like corpus, 4 updates, CPU (proves it runs).
+  later), XF_BENCH_DRY_RUN=1: tiny model of one layer a side, tiny wmt-like corpus, 4 updates, CPU
+  (proves it runs).
 ``python bench/bench_train.py OUT.json`` writes the rows to OUT.json after every measurement.
 """
 
@@ -78,6 +79,8 @@ ENGINES = ENV("XF_BENCH_TRAIN_ENGINES", "xf,reference" if REFERENCE else "xf").s
 COMPILE = [c == "1" for c in ENV("XF_BENCH_TRAIN_COMPILE", "0").split(",")]
 BACKEND = ENV("XF_BENCH_COMPILE_BACKEND", "aot_eager" if DRY else "inductor")
 LABEL_SMOOTHING, SEED = 0.1, 1
+# the dry run: one layer a side (dynamo's tracing time grows with the layers)
+LAYERS = dict(encoder_layers=1, decoder_layers=1) if DRY else {}
 GRACE = 8.0  # seconds between a run's SIGTERM and its kill
 
 
@@ -231,14 +234,14 @@ def one_run(engine: str, data: str, save_dir: str, out: str, device: str, precis
     # The reference's set-up builds only the data, the batches and the autocast of xf train; the
     # xf model it also builds is made negligible (d_model 8, one layer) so as not to count in the
     # reference's memory.
-    shrink = {} if xf else dict(d_model=8, d_ff=8, heads=1, encoder_layers=1, decoder_layers=1)
+    shrink = LAYERS if xf else dict(d_model=8, d_ff=8, heads=1, encoder_layers=1, decoder_layers=1)
     o = TrainOptions(data=data, save_dir=save_dir, arch=ARCH, max_tokens=MAX_TOKENS, precision=precision,
                      device=device, seed=SEED, label_smoothing=LABEL_SMOOTHING, compile=compiled and xf, **shrink)
     env = distributed.setup(device)
     dev = env.device
     with SaveDirLock(save_dir) as lock:
         run = set_up(o, env, lock)
-    cfg = run.cfg if xf else model_config(ARCH, vocab_size=run.data.vocab_size)
+    cfg = run.cfg if xf else model_config(ARCH, vocab_size=run.data.vocab_size, **LAYERS)
     if xf:
         def step(micro, lr, ntokens):
             return train_step(run.model, run.forward, run.optimizer, run.scaler, micro, grad_scale=1.0 / ntokens,
