@@ -15,7 +15,7 @@ embeddings plus sinusoidal positions, fed by the same Prefetch with the same bat
 order, with fused AdamW, the same learning-rate schedule, gradients normalized by the update's
 target tokens and the label-smoothed loss written the plain way (``F.cross_entropy(...,
 label_smoothing=0.1)`` on full logits). Compiled runs compile both the same way
-(``compiling.compile_forward``: dynamic shapes, inputs marked dynamic).
+(``training.compile_forward``: dynamic shapes, inputs marked dynamic).
 
 Timing, the same for both: update 1 (allocation, compilation) is timed alone; then the timed
 window is the updates that follow, with the device synchronised at its two ends only, so the
@@ -186,7 +186,8 @@ def reference_model(cfg):
     import torch.nn.functional as F
     from torch import nn
 
-    from xformer_cli.model import PAD_ID, sinusoidal_positions
+    from xformer_cli.model import sinusoidal_positions
+    from xformer_cli.vocab import PAD_ID
 
     class Reference(nn.Module):
         def __init__(self):
@@ -219,17 +220,19 @@ def one_run(engine: str, data: str, save_dir: str, out: str, device: str, precis
     (so that a run killed later still tells its compile time) and at the end."""
     import torch.nn.functional as F
 
-    from xformer_cli import compiling, distributed
-    from xformer_cli.commands.train import Prefetch, set_up, train_step, peak_memory_mib
+    from xformer_cli import distributed, training
+    from xformer_cli.batching import Prefetch
+    from xformer_cli.commands.train import set_up
     from xformer_cli.flops import training_flops
-    from xformer_cli.model import PAD_ID
     from xformer_cli.options import TrainOptions, model_config
     from xformer_cli.safety import SaveDirLock
-    from xformer_cli.schedule import learning_rate
+    from xformer_cli.train_log import peak_memory_mib
+    from xformer_cli.training import compile_forward, compiled_graphs, train_step
+    from xformer_cli.vocab import PAD_ID
 
     stop = []  # SIGTERM (the deadline): finish the update, report what was done
     signal.signal(signal.SIGTERM, lambda *_: stop.append(True))
-    compiling.COMPILE_BACKEND = BACKEND
+    training.COMPILE_BACKEND = BACKEND
     xf = engine == "xf"
     # The reference's set-up builds only the data, the batches and the autocast of xf train; the
     # xf model it also builds is made negligible (d_model 8, one layer) so as not to count in the
@@ -244,7 +247,7 @@ def one_run(engine: str, data: str, save_dir: str, out: str, device: str, precis
     cfg = run.cfg if xf else model_config(ARCH, vocab_size=run.data.vocab_size, **LAYERS)
     if xf:
         def step(micro, lr, ntokens):
-            return train_step(run.model, run.forward, run.optimizer, run.scaler, micro, grad_scale=1.0 / ntokens,
+            return train_step(run.model, run.forward, run.state.optimizer, run.state.scaler, micro, grad_scale=1.0 / ntokens,
                               lr=lr, autocast=run.autocast, label_smoothing=o.label_smoothing,
                               clip_norm=o.clip_norm).loss_sums[0]
     else:
@@ -252,7 +255,8 @@ def one_run(engine: str, data: str, save_dir: str, out: str, device: str, precis
         model = reference_model(cfg).to(dev).train()
         optimizer = torch.optim.AdamW(model.parameters(), lr=0.0, betas=(0.9, 0.98), eps=1e-9, weight_decay=0.0,
                                       fused=True)
-        forward = compiling.compile_forward(model) if compiled else model
+        forward = compile_forward(model) if compiled else model
+        scaler = run.state.scaler
 
         def step(micro, lr, ntokens):
             for group in optimizer.param_groups:
@@ -265,26 +269,30 @@ def one_run(engine: str, data: str, save_dir: str, out: str, device: str, precis
                     loss = F.cross_entropy(logits.view(-1, logits.size(-1)),
                                            batch["target"].to(dev, non_blocking=True).view(-1),
                                            ignore_index=PAD_ID, label_smoothing=LABEL_SMOOTHING, reduction="sum")
-                run.scaler.scale(loss / ntokens).backward()
+                scaler.scale(loss / ntokens).backward()
                 total = total + loss.detach()
-            run.scaler.step(optimizer)
-            run.scaler.update()
+            scaler.step(optimizer)
+            scaler.update()
             optimizer.zero_grad(set_to_none=True)
             return total
 
-    prefetch = Prefetch(run)
-    position = [1, 0]  # epoch, batch offset
+    prefetch = Prefetch(run.batches, background=dev.type == "cuda")  # as xf train's loop makes it
+    position = (1, 0)  # epoch, batch offset
 
     def next_update() -> list[dict]:
+        nonlocal position
         micro = prefetch.take(*position)
-        position[1] += run.per_update
-        if position[1] >= len(run.batches):
-            position[0], position[1] = position[0] + 1, 0
+        position = run.batches.next_update(*position)
         return micro
 
-    def lr(n: int) -> float:
-        return learning_rate(n, o.lr_scheduler, cfg.d_model, o.warmup_updates,
-                             o.lr_factor if o.lr_scheduler == "noam" else o.lr, o.warmup_init_lr)
+    def lr(n: int) -> float:  # xf train's schedule (of d_model, which the reference shares)
+        return run.learning_rate(n) if xf else make_lr(n)
+
+    if not xf:
+        from xformer_cli.schedule import make_schedule
+
+        make_lr = make_schedule(o.lr_scheduler, cfg.d_model, o.warmup_updates,
+                                o.lr_factor if o.lr_scheduler == "noam" else o.lr, o.warmup_init_lr)
 
     result = dict(engine=engine, device=device, precision=precision, compiled=compiled, arch=ARCH,
                   parameters=sum(p.numel() for p in (run.model if xf else model).parameters()))
@@ -293,7 +301,7 @@ def one_run(engine: str, data: str, save_dir: str, out: str, device: str, precis
     micro = next_update()
     step(micro, lr(1), sum(b["ntokens"] for b in micro))
     sync(dev)
-    result.update(first_update_seconds=round(time.perf_counter() - start, 3), graphs_after_first=compiling.compiled_graphs(),
+    result.update(first_update_seconds=round(time.perf_counter() - start, 3), graphs_after_first=compiled_graphs(),
                   ended="killed after update 1")
     write_json(Path(out), result)
 
@@ -326,7 +334,7 @@ def one_run(engine: str, data: str, save_dir: str, out: str, device: str, precis
     result.update(ended=ended, updates_timed=updates, seconds=round(seconds, 4), tgt_tokens=tgt, src_tokens=src,
                   flops=flops, tgt_tok_s=tgt / seconds if updates else None,
                   src_tok_s=src / seconds if updates else None, ups=updates / seconds if updates else None,
-                  graphs=compiling.compiled_graphs(), peak_memory_mib=round(peak_memory_mib(dev), 1),
+                  graphs=compiled_graphs(), peak_memory_mib=round(peak_memory_mib(dev), 1),
                   finite=bool(torch.isfinite(loss).item()) if loss is not None else None)
     write_json(Path(out), result)
 

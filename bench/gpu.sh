@@ -40,7 +40,7 @@ cd "$REPO"
 export XF_BENCH_TRAIN_DATA=wmt-like XF_BENCH_TRAIN_DATA_DIR="$OUT/bench-data" XF_BENCH_TRAIN_ROUNDS=1
 if [ $DRY = 1 ]; then
   # fp32: this CPU class has no bf16 matrix instructions; "eager" backend: dynamo's graphs and
-  # recompilations without code generation (tests/test_compiling.py covers aot_eager)
+  # recompilations without code generation (tests/test_compile.py covers aot_eager)
   export XF_BENCH_DRY_RUN=1 CUDA_VISIBLE_DEVICES="" XF_BENCH_COMPILE_BACKEND=eager
   BASE=(XF_BENCH_TRAIN_ARCH=tiny XF_BENCH_TRAIN_MAX_TOKENS=600 XF_BENCH_TRAIN_PAIRS=3000 XF_BENCH_TRAIN_DEVICES=cpu
         XF_BENCH_TRAIN_PRECISIONS=fp32 XF_BENCH_TRAIN_UPDATES=4)

@@ -52,10 +52,11 @@ ARCH, DEVICE, MAX_TOKENS = ("tiny", "cpu", 2000) if DRY else ("base", "cuda", 25
 def train(save_dir: Path, emit) -> Path:
     from xformer_cli import distributed
     from xformer_cli.checkpoint import make_checkpoint, save_checkpoint
-    from xformer_cli.commands.train import Prefetch, set_up, train_step
+    from xformer_cli.batching import Prefetch
+    from xformer_cli.commands.train import set_up
     from xformer_cli.options import TrainOptions
     from xformer_cli.safety import SaveDirLock
-    from xformer_cli.schedule import learning_rate
+    from xformer_cli.training import train_step
     from xformer_cli.validate import validation_loss
 
     stop = []
@@ -66,7 +67,7 @@ def train(save_dir: Path, emit) -> Path:
     env = distributed.setup(o.device)
     with SaveDirLock(save_dir) as lock:
         run = set_up(o, env, lock)
-    prefetch = Prefetch(run)
+    prefetch = Prefetch(run.batches, background=env.device.type == "cuda")
     seconds = min(SECONDS, DEADLINE - time.time() - AFTER_TRAINING)
     best, best_at, best_state, valid = float("inf"), 0, None, {}
     epoch, offset, updates, tgt, validating = 1, 0, 0, 0, 0.0
@@ -85,12 +86,11 @@ def train(save_dir: Path, emit) -> Path:
             break
         micro = prefetch.take(epoch, offset)
         ntokens = sum(b["ntokens"] for b in micro)
-        lr = learning_rate(updates + 1, o.lr_scheduler, run.cfg.d_model, o.warmup_updates, o.lr, o.warmup_init_lr)
-        train_step(run.model, run.forward, run.optimizer, run.scaler, micro, grad_scale=1.0 / ntokens, lr=lr,
-                   autocast=run.autocast, label_smoothing=o.label_smoothing, clip_norm=o.clip_norm)
-        updates, tgt, offset = updates + 1, tgt + ntokens, offset + 1
-        if offset >= len(run.batches):
-            epoch, offset = epoch + 1, 0
+        train_step(run.model, run.forward, run.state.optimizer, run.state.scaler, micro, grad_scale=1.0 / ntokens,
+                   lr=run.learning_rate(updates + 1), autocast=run.autocast, label_smoothing=o.label_smoothing,
+                   clip_norm=o.clip_norm)
+        updates, tgt = updates + 1, tgt + ntokens
+        epoch, offset = run.batches.next_update(epoch, offset)
     sync(env.device)
     elapsed = time.perf_counter() - start
     prefetch.close()
