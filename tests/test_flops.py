@@ -5,7 +5,7 @@ import pytest
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
-from xformer_cli.data import collate
+from xformer_cli.batching import collate
 from xformer_cli.flops import training_flops
 from xformer_cli.loss import label_smoothed_loss
 from xformer_cli.model import Transformer

@@ -2,7 +2,7 @@
 
 Counted per sentence pair from its own lengths, so padding is never counted: a benchmark sums
 them over every pair it trained on and divides by the seconds it took. Forward, per pair with S
-source and T target positions (eos and bos included, as ``data.collate`` makes them), d = d_model:
+source and T target positions (eos and bos included, as ``batching.collate`` makes them), d = d_model:
 
     encoder layer   2 * (4 d^2 + F d) * S             Q, K, V, O projections and the FFN
                     + 4 * S^2 * d                     q k^T and the weighted sum of v
