@@ -302,11 +302,11 @@ def one_run(engine: str, data: str, save_dir: str, out: str, device: str, precis
     step(micro, lr(1), sum(b["ntokens"] for b in micro))
     sync(dev)
     result.update(first_update_seconds=round(time.perf_counter() - start, 3), graphs_after_first=compiled_graphs(),
-                  ended="killed after update 1")
+                  ended="killed in the timed updates, after update 1")
     write_json(Path(out), result)
 
     # the timed window: synchronised at its two ends only
-    window = min(SECONDS, deadline - time.time() - 2.0)
+    window = max(0.0, min(SECONDS, deadline - time.time() - 2.0))
     updates = tgt = src = 0
     flops = 0.0
     loss = None
