@@ -37,6 +37,7 @@ def opts(data_dir, save_dir, **kw) -> TrainOptions:
     return TrainOptions(data=str(data_dir), save_dir=str(save_dir), **{**MICRO, "log_interval": 10, **kw})
 
 
+@pytest.mark.slow
 def test_one_compilation_for_all_batch_shapes_and_the_same_losses_as_eager(data_dir, tmp_path):  # noqa: F811
     train_set = DataDir.open(data_dir).split("train")
     shapes = {(len(b), int(train_set.src_sizes[b].max()), int(train_set.tgt_sizes[b].max()))
@@ -59,6 +60,7 @@ def test_one_compilation_for_all_batch_shapes_and_the_same_losses_as_eager(data_
         assert x == pytest.approx(y, rel=1e-4)
 
 
+@pytest.mark.slow
 def test_compiled_resume_is_exact(data_dir, tmp_path):  # noqa: F811
     """N+M compiled updates in one run == N, stop, resume for M (dropout on)."""
     kw = dict(compile=True, dropout=0.2, max_update=6)

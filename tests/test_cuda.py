@@ -151,6 +151,7 @@ def test_a_timed_out_launcher_takes_its_workers_with_it(tmp_path):
         pytest.fail(f"worker {worker} still runs after its launcher timed out")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=CUDA)])
 def test_torchrun_one_process_trains_through_ddp_like_a_plain_run(data_dir, tmp_path, device):
     """torchrun --nproc-per-node 1 joins a process group (NCCL on a GPU, gloo on CPU) and trains
@@ -188,6 +189,7 @@ def random_sources(n: int, vocab: int, seed: int) -> torch.Tensor:
     return src
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=CUDA)])
 def test_gpu_greedy_and_beam_equal_cpu_fp32(device):
     """fp32 search on the GPU (SDPA kernels, cached decoding, batch shrinking as sentences finish)

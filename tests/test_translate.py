@@ -42,6 +42,7 @@ def one_by_one(ckpt, lines, **overrides):
     return ["".join(translate_buffer(engine, sp, [line], 0, options, Stats())) for line in lines]
 
 
+@pytest.mark.slow
 def test_output_is_aligned_with_input(tmp_path, ckpt, sentences, capsys):
     long_line = " ".join(sentences)  # far more than MAX_POSITIONS subwords
     lines = [
@@ -71,6 +72,7 @@ def test_output_is_aligned_with_input(tmp_path, ckpt, sentences, capsys):
     assert "1 line(s) longer than the model's 127 source subwords were truncated (first: line 4)" in err
 
 
+@pytest.mark.slow
 def test_same_output_whatever_the_batching(tmp_path, ckpt, sentences):
     data = ("\n".join(sentences) + "\n").encode()
     reference = run(tmp_path, ckpt, data)
@@ -122,6 +124,7 @@ def test_sampling_is_reproducible(tmp_path, ckpt, sentences):
     assert first.count("\n") == len(sentences)
 
 
+@pytest.mark.slow
 def test_ensemble(tmp_path, ckpt, spm_model, sentences):
     other = tiny_checkpoint(tmp_path / "other.pt", spm_model, seed=1)
     data = ("\n".join(sentences) + "\n").encode()
@@ -150,6 +153,7 @@ def test_errors_are_one_line(tmp_path, ckpt, multi30k_dir):
     fails(["--path", ckpt, "--output", str(tmp_path / "no" / "out.txt")], "out.txt: its directory does not exist")
 
 
+@pytest.mark.slow
 def test_streams_line_by_line(ckpt, sentences, tmp_path):
     # A filter answers each buffer as soon as it is full, before the input ends.
     proc = subprocess.Popen(
@@ -264,6 +268,7 @@ def test_precision_auto_and_its_refusals(monkeypatch):
         resolve_precision(cpu, "bf16", "int8")
 
 
+@pytest.mark.slow
 def test_quantize_int8(tmp_path, ckpt, sentences):
     from xformer_cli.engines import open_engine
 
