@@ -46,6 +46,7 @@ def test_equals_torchs_count_on_a_batch_without_padding(activation):
     assert counted(cfg, pairs) == training_flops(cfg, *lengths(pairs))
 
 
+@pytest.mark.slow
 def test_padding_is_not_counted():
     """A padded batch costs torch more than the analytic count of its pairs, which is the sum of
     the pairs counted one by one (each alone has no padding)."""
