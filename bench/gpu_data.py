@@ -15,7 +15,6 @@ the commit the checkout was at (the GPU machine has the files, not necessarily g
 from __future__ import annotations
 
 import argparse
-import shutil
 import subprocess
 import sys
 import tempfile
