@@ -22,7 +22,14 @@ from xformer_cli.vocab import BOS_ID, EOS_ID
 
 from helpers import random_checkpoint
 
-transformers = pytest.importorskip("transformers", reason="the hf extra is not installed")
+class _Transformers:
+    """transformers, imported on first use (its import takes seconds; the fast tests never need it)."""
+
+    def __getattr__(self, name):
+        return getattr(pytest.importorskip("transformers", reason="the hf extra is not installed"), name)
+
+
+transformers = _Transformers()
 runner = CliRunner()
 
 
@@ -56,10 +63,10 @@ def hf_log_probs(hf, src_ids, tgt_ids, start):
     return F.log_softmax(logits.float(), dim=-1)[0]
 
 
+@pytest.mark.slow  # imports transformers (seconds)
 def test_residual_permutation_turns_xf_sinusoids_into_marians():
-    from transformers.models.marian.modeling_marian import MarianSinusoidalPositionalEmbedding
-
-    theirs = MarianSinusoidalPositionalEmbedding(50, 16).create_weight()
+    marian = pytest.importorskip("transformers.models.marian.modeling_marian")
+    theirs = marian.MarianSinusoidalPositionalEmbedding(50, 16).create_weight()
     assert torch.allclose(sinusoidal_positions(50, 16)[:, residual_permutation(16)], theirs, atol=1e-6)
 
 
@@ -71,6 +78,7 @@ VARIANTS = {
 }
 
 
+@pytest.mark.slow  # builds MarianMT models with transformers (seconds)
 @pytest.mark.parametrize("variant", list(VARIANTS))
 def test_export_loads_in_transformers_with_equal_log_probs(tmp_path, spm_model, pairs, variant):
     ckpt = random_checkpoint(tmp_path / "m.pt", spm_model, **VARIANTS[variant])
@@ -180,6 +188,22 @@ def test_export_refuses_an_occupied_output(tmp_path, spm_model):
     fails(["export", "huggingface", "--path", ckpt, "--output", tmp_path / "hf"], "not an empty directory")
 
 
+def test_model_card_has_the_test_bleu_and_its_signature(tmp_path, spm_model, pairs):
+    ckpt = random_checkpoint(tmp_path / "m.pt", spm_model)
+    (tmp_path / "ref.de").write_text("\n".join(pairs[1][:20]) + "\n", encoding="utf-8")
+    (tmp_path / "hyp.de").write_text("\n".join(pairs[1][1:21]) + "\n", encoding="utf-8")
+    scored = xf("score", "--ref", tmp_path / "ref.de", "--hyp", tmp_path / "hyp.de", "--metrics", "bleu", "--json")
+    (tmp_path / "score.json").write_text(scored.stdout, encoding="utf-8")
+    bleu = json.loads(scored.stdout)["bleu"]
+    export(ckpt, tmp_path / "hf", bleu=str(tmp_path / "score.json"), source_lang="en", target_lang="de")
+    card = (tmp_path / "hf" / "README.md").read_text(encoding="utf-8")
+    assert f"**{bleu['score']:.2f}**" in card and bleu["signature"] in card and "| d_model / d_ff / heads | 32 / 64 / 4 |" in card
+    (tmp_path / "bad.json").write_text("{}", encoding="utf-8")
+    fails(["export", "huggingface", "--path", ckpt, "--output", tmp_path / "hf2", "--bleu", tmp_path / "bad.json"],
+          "bad.json: not the output of xf score --json with BLEU")
+    assert not (tmp_path / "hf2").exists()
+
+
 # -- import: MarianMT models built here, OPUS-MT's layout ---------------------------------------
 def learn_unigram(lines, vocab_size) -> bytes:
     """A sentencepiece model with sentencepiece's default ids (unk 0, bos 1, eos 2), as OPUS-MT's."""
@@ -252,6 +276,7 @@ MARIAN_VARIANTS = {
 }
 
 
+@pytest.mark.slow  # builds MarianMT models with transformers (seconds)
 @pytest.mark.parametrize("variant", list(MARIAN_VARIANTS))
 def test_import_translates_as_the_marian_model(tmp_path, opus_spms, pairs, variant):
     hf = marian_directory(tmp_path / "hf", opus_spms, **MARIAN_VARIANTS[variant])
@@ -341,6 +366,7 @@ def test_imported_opus_layout_translates_as_transformers(opus_import, pairs, one
 
 
 # -- imported models in every xf command; today's checkpoints upgrade ---------------------------
+@pytest.mark.slow  # builds MarianMT models with transformers (seconds)
 def test_imported_model_in_translate_average_and_ctranslate2(tmp_path, opus_spms, pairs):
     original = marian_directory(tmp_path / "hf0", opus_spms, seed=0)
     marian_directory(tmp_path / "hf1", opus_spms, seed=1)
@@ -386,6 +412,7 @@ def test_imported_model_in_translate_average_and_ctranslate2(tmp_path, opus_spms
     assert sum(x == y for x, y in zip(one, ct2_lines)) >= 7
 
 
+@pytest.mark.slow  # over a second (two models built and loaded)
 def test_version_1_checkpoints_upgrade(tmp_path, spm_model, pairs):
     ckpt = load_checkpoint(random_checkpoint(tmp_path / "v2.pt", spm_model))
     assert ckpt["version"] == 2 and ckpt["model_config"]["scale_embedding"] is True
@@ -493,6 +520,7 @@ BAD_INPUT = {
 }
 
 
+@pytest.mark.slow  # builds MarianMT models with transformers (seconds)
 @pytest.mark.parametrize("case", list(BAD_INPUT))
 def test_import_refuses_bad_input_in_one_line(tmp_path, marian_dir, case):
     edit, message = BAD_INPUT[case]
@@ -511,6 +539,7 @@ class Payload:
         return (open, (str(self.marker), "w"))
 
 
+@pytest.mark.slow  # builds MarianMT models with transformers (seconds)
 def test_pytorch_model_bin_loads_as_plain_tensors_only(tmp_path, marian_dir):
     from safetensors.torch import load_file
 
@@ -528,3 +557,33 @@ def test_pytorch_model_bin_loads_as_plain_tensors_only(tmp_path, marian_dir):
     fails(["import", "huggingface", directory, "--output", tmp_path / "evil.pt"], "pytorch_model.bin: not loadable as "
           "plain tensors without running code")
     assert not marker.exists() and not (tmp_path / "evil.pt").exists()
+
+
+@pytest.mark.slow  # starts a server process
+def test_xf_serve_runs_an_imported_model(tmp_path, marian_dir, pairs):
+    import http.client
+    import subprocess
+    import sys
+
+    pytest.importorskip("uvicorn", reason="the serve extra is not installed")
+    xf("import", "huggingface", marian_dir, "--output", tmp_path / "m.pt")
+    decoding = ["--max-len-a", "0", "--max-len-b", "8"]
+    expected = xf("translate", "--path", tmp_path / "m.pt", "--quiet", *decoding, input=pairs[0][0] + "\n").stdout
+    proc = subprocess.Popen([sys.executable, "-m", "xformer_cli", "serve", "--port", "0", "--model",
+                             f"en-de={tmp_path / 'm.pt'}", *decoding, "--threads", "1"],
+                            stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True)
+    try:
+        port = None
+        for line in proc.stderr:
+            if "listening on http://127.0.0.1:" in line:
+                port = int(line.split("127.0.0.1:")[1].split()[0])
+                break
+        assert port, "xf serve did not start"
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+        conn.request("POST", "/translate", body=json.dumps({"q": pairs[0][0], "source": "en", "target": "de"}),
+                     headers={"Content-Type": "application/json"})
+        answer = json.loads(conn.getresponse().read())
+        assert answer["translatedText"] == expected.rstrip("\n")
+    finally:
+        proc.terminate()
+        proc.wait(30)
