@@ -31,6 +31,7 @@ class _Transformers:
 
 transformers = _Transformers()
 runner = CliRunner()
+pytestmark = pytest.mark.usefixtures("one_thread")  # conftest.py: torch on one thread (tiny models; a loaded machine)
 
 
 @pytest.fixture(scope="module")
@@ -151,7 +152,7 @@ def agreement(mine: list, theirs: list, lengths: list[tuple[int, int]]) -> tuple
 
 
 @pytest.mark.slow
-def test_trained_model_exports_with_the_same_translations(trained_tiny, exported, pairs, one_thread):
+def test_trained_model_exports_with_the_same_translations(trained_tiny, exported, pairs):
     ckpt, out = trained_tiny, exported
     mine, src_ids = xf_translations(ckpt, pairs[0], 1.0)
     theirs = hf_translations(out, src_ids, 1.0)
@@ -346,7 +347,7 @@ def opus_import(exported, tmp_path_factory):
 
 
 @pytest.mark.slow
-def test_imported_opus_layout_translates_as_transformers(opus_import, pairs, one_thread):
+def test_imported_opus_layout_translates_as_transformers(opus_import, pairs):
     tokens, _ = xf_translations(opus_import / "m.pt", pairs[0], 1.0)
     sp = load_ensemble([str(opus_import / "m.pt")], torch.device("cpu"))[1]
     mine = [sp.decode(t) for t in tokens]
@@ -442,7 +443,7 @@ def valid_nll(ckpt, data_dir) -> float:
 
 @pytest.mark.slow
 def test_fine_tuning_an_imported_model_lowers_its_loss_on_a_new_domain(tmp_path, trained_tiny, opus_import,
-                                                                        shared_data, one_thread):
+                                                                        shared_data):
     imported = opus_import / "m.pt"  # trained on Multi30k captions
     raw = tmp_path / "raw"  # the new domain: news
     raw.mkdir()
