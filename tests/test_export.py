@@ -11,16 +11,16 @@ import torch
 import torch.nn.functional as F
 from typer.testing import CliRunner
 
-from xformer_cli.checkpoint import make_checkpoint, save_checkpoint
 from xformer_cli.cli import app
 from xformer_cli.errors import XfError
 from xformer_cli.commands.export import export_ctranslate2
-from xformer_cli.model import build_model
 from xformer_cli.vocab import BOS_ID, EOS_ID
 from xformer_cli.options import ExportOptions, TranslateOptions
 from xformer_cli.batching import collate_source
 from xformer_cli.checkpoint import load_ensemble
 from xformer_cli.commands.translate import translate
+
+from helpers import random_checkpoint
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # conftest.py: torch on one thread for the module
 
@@ -35,17 +35,6 @@ def pairs(multi30k_dir):
     src = (multi30k_dir / "test2016.en").read_text(encoding="utf-8").splitlines()
     tgt = (multi30k_dir / "test2016.de").read_text(encoding="utf-8").splitlines()
     return src[:50], tgt[:50]
-
-
-def random_checkpoint(path, spm_model: bytes, **overrides):
-    torch.manual_seed(0)
-    model = build_model("tiny", vocab_size=200, d_model=32, d_ff=64, heads=4, max_positions=128, **overrides)
-    with torch.no_grad():  # LayerNorms away from their (1, 0) initialisation, so that they are tested
-        for name, p in model.named_parameters():
-            if "norm" in name:
-                p.add_(torch.randn_like(p) * 0.1)
-    save_checkpoint(path, make_checkpoint(model, spm_model))
-    return str(path)
 
 
 def export(ckpt, out, **kw):
@@ -119,29 +108,11 @@ def test_quantized_exports_hold_smaller_weights_that_score_close_to_fp32(tmp_pat
 
 # -- a small trained model: the same translations from both engines ----------------------------
 @pytest.fixture(scope="module")
-def trained(multi30k_dir, tmp_path_factory):
-    """A 2-layer model trained for 300 updates on 3,000 Multi30k pairs (a minute on one core)."""
-    tmp = tmp_path_factory.mktemp("trained")
-    raw = tmp / "raw"
-    raw.mkdir()
-    for split, name, count in (("train", "train", 3000), ("val", "val", 50)):
-        for lang in ("en", "de"):
-            lines = (multi30k_dir / f"{name}.{lang}").read_text(encoding="utf-8").splitlines()[:count]
-            (raw / f"{split}.{lang}").write_text("\n".join(lines) + "\n", encoding="utf-8")
-
-    def xf(*args):
-        result = runner.invoke(app, [str(a) for a in args])
-        assert result.exit_code == 0, result.output
-
-    xf("preprocess", "--destdir", tmp / "data", "--trainpref", raw / "train", "--validpref", raw / "val",
-       "--bpe-vocab-size", 1000, "--workers", 1)
-    xf("train", tmp / "data", "--save-dir", tmp / "ckpt", "--arch", "tiny", "--max-tokens", 2000,
-       "--warmup-updates", 50, "--max-update", 300, "--device", "cpu", "--threads", 1, "--seed", 1,
-       "--dropout", 0.0, "--save-interval-minutes", 0,
-       "--lr-scheduler", "inverse_sqrt", "--lr", 3e-3)  # noam's peak (0.018 at d_model 64) stalls it in a target LM
-    ckpt = tmp / "ckpt" / "checkpoint_last.pt"
-    export(ckpt, tmp / "ct2")
-    return str(ckpt), tmp / "ct2"
+def trained(trained_tiny, tmp_path_factory):
+    """conftest's trained model and its CTranslate2 export."""
+    out = tmp_path_factory.mktemp("ct2") / "ct2"
+    export(trained_tiny, out)
+    return str(trained_tiny), out
 
 
 def translate_file(tmp_path, path, lines, name, **options):

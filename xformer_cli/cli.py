@@ -28,6 +28,7 @@ from .signals import Terminated, sigterm_unwinds
 from .options import (
     AverageOptions,
     ExportOptions,
+    ImportOptions,
     PlotAttentionOptions,
     PlotCurvesOptions,
     PreprocessOptions,
@@ -314,10 +315,18 @@ def translate_cmd(options: TranslateOptions) -> None:
 
 @command("export", ExportOptions, "export")
 def export_cmd(options: ExportOptions) -> None:
-    """Export a checkpoint for another runtime: xf export ctranslate2 --path CKPT --output DIR."""
-    from .commands.export import export_ctranslate2
+    """Export a checkpoint for another runtime: xf export ctranslate2|huggingface --path CKPT --output DIR."""
+    from .commands.export import export
 
-    export_ctranslate2(options)
+    export(options)
+
+
+@command("import", ImportOptions, "import")
+def import_cmd(options: ImportOptions) -> None:
+    """Import a model from another toolkit: xf import huggingface DIR --output CKPT (a MarianMT directory)."""
+    from .commands.import_ import import_model
+
+    import_model(options)
 
 
 @command("score", ScoreOptions, "score")

@@ -141,3 +141,36 @@ def copy_atomic(src: Path, dst: Path) -> None:
     """Copy ``src`` to ``dst`` through an atomic write (a reader never sees half a copy)."""
     with open(src, "rb") as f, atomic_write(dst, "wb") as out:
         shutil.copyfileobj(f, out, 1 << 22)
+
+
+@contextlib.contextmanager
+def atomic_directory(output: str | Path, overwrite: bool = False) -> Iterator[Path]:
+    """A temporary directory beside ``output`` to fill, renamed onto ``output`` at the end.
+
+    Refused before anything is written: ``output`` exists and is not an empty directory (unless
+    ``overwrite``), or its parent is missing or not writable. On any exception the temporary
+    directory is removed and ``output`` is as it was.
+    """
+    output = Path(output)
+    if output.exists() and (not output.is_dir() or any(output.iterdir())) and not overwrite:
+        raise XfError(f"{output}: exists and is not an empty directory (--overwrite replaces it)")
+    parent = output.resolve().parent
+    if not parent.is_dir():
+        raise XfError(f"{output}: its directory does not exist")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise XfError(f"{output}: its directory {parent} is not writable")
+    try:
+        tmp = Path(tempfile.mkdtemp(prefix=f".{output.name}.", dir=parent))
+    except OSError as e:
+        raise XfError(f"{output}: cannot write there: {e.strerror}") from None
+    try:
+        tmp.chmod(0o777 & ~current_umask())  # mkdtemp makes it private; the result is an ordinary directory
+        with reporting_write_errors(output):
+            yield tmp
+            if output.exists():
+                shutil.rmtree(output) if output.is_dir() else output.unlink()
+            os.replace(tmp, output)
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+    fsync_dir(parent)

@@ -46,7 +46,9 @@ class ModelConfig:
     attention_dropout: float = option(0.0, "dropout on attention weights (not in the paper)")
     activation_dropout: float = option(0.0, "dropout after the FFN activation (not in the paper)")
     normalize_before: bool = option(False, "pre-LN instead of the paper's post-LN")
-    activation: Literal["relu", "gelu", "swiglu"] = option("relu", "FFN activation")
+    activation: Literal["relu", "gelu", "swish", "swiglu"] = option(
+        "relu", "FFN activation (swish: x * sigmoid(x), as MarianMT's; swiglu: gated)"
+    )
     positions: Literal["sinusoidal", "learned", "rope", "alibi"] = option(
         "sinusoidal", "position information"
     )
@@ -54,6 +56,10 @@ class ModelConfig:
     share_embeddings: Literal["all", "decoder", "none"] = option(
         "all", "tie source, target and output embeddings (all), target and output (decoder)"
     )
+    scale_embedding: bool = option(True, "multiply token embeddings by sqrt(d_model) (Sec. 3.4; some MarianMT "
+                                   "models do not)")
+    output_bias: bool = option(False, "a fixed bias on the output logits, not trained (MarianMT's "
+                               "final_logits_bias; xf import huggingface sets it)")
 
     def __post_init__(self) -> None:
         at_least(self, 1, "vocab_size", "encoder_layers", "decoder_layers", "d_model", "d_ff", "heads",
@@ -122,6 +128,9 @@ class PreprocessOptions:
         2_000_000, "training pairs sampled (both sides) to learn the BPE model; bounds its memory"
     )
     spm_model: Optional[str] = option(None, "reuse this sentencepiece model instead of learning one")
+    vocab_from: Optional[str] = option(None, "use this checkpoint's vocabulary (xf's or imported, joint or separate "
+                                       "source/target sentencepiece models) instead of learning one: data for "
+                                       "xf train --init-from")
     max_len: int = option(250, "drop training pairs longer than this many subwords on either side")
     max_len_ratio: float = option(1.5, "drop training pairs whose subword length ratio exceeds this")
     workers: int = option(1, "parallel encoding processes (also sentencepiece training threads)")
@@ -136,6 +145,8 @@ class PreprocessOptions:
     def __post_init__(self) -> None:
         if self.source_lang == self.target_lang:
             raise ConfigError(f"--source-lang and --target-lang are both {self.source_lang!r}")
+        if self.spm_model and self.vocab_from:
+            raise ConfigError("--spm-model and --vocab-from both give the vocabulary: choose one")
         at_least(self, 1, "workers", "max_len", "bpe_sample_lines")
         at_least(self, 8, "bpe_vocab_size")
         if self.max_len_ratio < 1:
@@ -148,6 +159,10 @@ class TrainOptions:
     data: str = option(help="data directory written by xf preprocess", positional=True)
     save_dir: str = option("checkpoints", "where checkpoints and logs are written")
     arch: str = option("base", "architecture preset: base | big | small | tiny")
+    init_from: Optional[str] = option(
+        None, "fine-tune: start from this checkpoint's weights (xf's or imported) with a fresh optimizer, schedule and "
+        "counters; the model options are the checkpoint's (a conflicting one is an error; dropouts may change) and "
+        "the data must have its vocabulary (xf preprocess --vocab-from). A checkpoint_last.pt in --save-dir resumes instead")
     # batching
     max_tokens: int = option(4096, "tokens per micro-batch (source or target, whichever is larger)")
     update_freq: int = option(1, "micro-batches accumulated per update")
@@ -380,13 +395,37 @@ def direction_and_path(spec: str) -> tuple[str, str, str]:
 
 @dataclass(frozen=True)
 class ExportOptions:
-    format: Literal["ctranslate2"] = option(help="what to export to: ctranslate2", positional=True)
+    format: Literal["ctranslate2", "huggingface"] = option(
+        help="what to export to: ctranslate2, or huggingface (a MarianMT directory)", positional=True)
     path: str = option(help="the xf checkpoint to export")
-    output: str = option(help="the model directory to write (with the sentencepiece model as spm.model)")
+    output: str = option(help="the model directory to write (ctranslate2: with the sentencepiece model as spm.model)")
     quantization: Literal["float32", "int8", "bfloat16"] = option(
-        "float32", "weight type of the exported model (CTranslate2 can still compute in another type)"
+        "float32", "ctranslate2: weight type of the exported model (CTranslate2 can still compute in another type)"
     )
+    beam_size: int = option(4, "huggingface: num_beams of generation_config.json", aliases=("beam",))
+    lenpen: float = option(1.0, "huggingface: length_penalty of generation_config.json, score / |Y|^lenpen "
+                           "(xf translate --lenpen-style length; GNMT's penalty has no transformers equivalent)")
+    max_length: int = option(0, "huggingface: max_length of generation_config.json, decoder start and eos "
+                             "included (0: the model's max_positions)")
+    source_lang: str = option("en", "huggingface: source language, for the model card and tokenizer")
+    target_lang: str = option("de", "huggingface: target language, for the model card and tokenizer")
+    bleu: Optional[str] = option(None, "huggingface: the test score for the model card: a file written by "
+                                 "xf score --json (BLEU and its sacreBLEU signature)")
     overwrite: bool = option(False, "replace an existing non-empty output directory")
+
+    def __post_init__(self) -> None:
+        at_least(self, 1, "beam_size")
+        at_least(self, 0, "max_length")
+
+
+@dataclass(frozen=True)
+class ImportOptions:
+    format: Literal["huggingface"] = option(help="what to import from: huggingface (a MarianMT directory)",
+                                            positional=True)
+    directory: str = option(help="the model directory (e.g. from huggingface-cli download Helsinki-NLP/opus-mt-en-de)",
+                            positional=True)
+    output: str = option(help="the xf checkpoint to write")
+    overwrite: bool = option(False, "replace --output if it exists (a training checkpoint never)")
 
 
 @dataclass(frozen=True)

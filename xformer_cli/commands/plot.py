@@ -343,7 +343,7 @@ def attention_figure(options: PlotAttentionOptions):
     import torch
 
     from ..attention_maps import force_decode
-    from ..vocab import EOS_ID
+    from ..vocab import EOS_ID, encode_target
     from ..options import DecodingOptions
     from ..search import beam_search
     from ..batching import collate_source
@@ -367,7 +367,7 @@ def attention_figure(options: PlotAttentionOptions):
     if options.target is None:
         tokens = beam_search([model], src, DecodingOptions(beam_size=options.beam_size))[0][0].tokens
     else:
-        tokens = sp.encode(options.target, out_type=int) + [EOS_ID]
+        tokens = encode_target(sp, options.target, out_type=int) + [EOS_ID]  # an imported model's target model
         if len(tokens) > limit:
             raise XfError(f"--target has {len(tokens) - 1} subwords; the model takes at most {limit - 1}")
     with torch.inference_mode():

@@ -50,7 +50,7 @@ from ..data import FORMAT_VERSION, DataDir, TokenArrayWriter, file_sha256, small
 from ..errors import XfError
 from ..fileio import fsync_dir, reporting_write_errors
 from ..options import PreprocessOptions
-from ..vocab import BOS_ID, EOS_ID, PAD_ID, UNK_ID, decode_line, load_sentencepiece
+from ..vocab import BOS_ID, EOS_ID, PAD_ID, UNK_ID, decode_line, encode_target, load_sentencepiece
 
 CHUNK_LINES = 10_000  # pairs per worker task: large enough that inter-process traffic is noise
 DROP_REASONS = ("invalid_utf8", "empty", "too_long", "ratio")  # a pair counts under the first that applies
@@ -86,15 +86,15 @@ def plan_splits(o: PreprocessOptions) -> list[Split]:
 def check_destination(o: PreprocessOptions) -> None:
     """Something to read, and a destination that is a directory, empty unless --overwrite (the
     option values themselves are checked by PreprocessOptions)."""
-    if not o.trainpref and not o.spm_model:
-        raise XfError("--trainpref is required (or --spm-model to binarize valid/test sets only)")
+    if not o.trainpref and not o.spm_model and not o.vocab_from:
+        raise XfError("--trainpref is required (or --spm-model / --vocab-from to binarize valid/test sets only)")
     dest = Path(o.destdir)
     if dest.exists() and not dest.is_dir():
         raise XfError(f"destdir {dest} exists and is not a directory")
     if dest.is_dir() and any(dest.iterdir()) and not o.overwrite:
         raise XfError(f"destdir {dest} exists and is not empty (pass --overwrite to replace it)")
     if dest.is_dir():  # --overwrite removes the old destdir: never with an input inside it
-        inputs = [p for s in plan_splits(o) for p in (s.src, s.tgt)] + ([Path(o.spm_model)] if o.spm_model else [])
+        inputs = [p for s in plan_splits(o) for p in (s.src, s.tgt)] + [Path(p) for p in (o.spm_model, o.vocab_from) if p]
         for path in inputs:
             if path.resolve().is_relative_to(dest.resolve()):
                 raise XfError(f"the input {path} is inside destdir {dest}, which --overwrite would replace; "
@@ -308,7 +308,7 @@ def encode_chunk(task: tuple) -> tuple:
         src_text.append(s2)
         tgt_text.append(t2)
     src_ids = w["sp"].encode(src_text, num_threads=1)  # one thread: the parallelism is the workers
-    tgt_ids = w["sp"].encode(tgt_text, num_threads=1)
+    tgt_ids = encode_target(w["sp"], tgt_text, num_threads=1)  # an imported vocabulary's own target model
     src_sizes = np.fromiter(map(len, src_ids), np.int32, len(src_ids))
     tgt_sizes = np.fromiter(map(len, tgt_ids), np.int32, len(tgt_ids))
     if clean:  # as Moses clean-corpus-n.perl (1..max_len, -ratio), but counted in subwords
@@ -424,9 +424,18 @@ def check_inputs(splits: list[Split], progress: Progress) -> Split | None:
 
 
 def make_spm(o: PreprocessOptions, train: Split | None, out: Path, progress: Progress) -> dict:
-    """Stages 2-3: ``out/spm.model``, learned on a sample of ``train`` or copied from --spm-model.
+    """Stages 2-3: ``out/spm.model``, learned on a sample of ``train``, copied from --spm-model, or
+    the vocabulary of checkpoint --vocab-from (a sentencepiece model or an imported model's mapped
+    vocabulary: the bytes xf train compares).
 
     Returns how it was made (for meta.json)."""
+    if o.vocab_from:
+        from ..checkpoint import load_checkpoint
+
+        vocabulary = load_checkpoint(o.vocab_from)["spm_model"]
+        load_sentencepiece(vocabulary, str(o.vocab_from))  # readable, with xf's special ids
+        (out / "spm.model").write_bytes(vocabulary)
+        return dict(learned=False, source=f"{o.vocab_from} (its vocabulary)")
     if o.spm_model:
         spm_path = Path(o.spm_model)
         if not spm_path.is_file():

@@ -29,7 +29,7 @@ from rich.console import Console
 
 from .. import distributed
 from ..batching import EpochBatches, Prefetch, batch_by_size
-from ..checkpoint import load_last_checkpoint, make_checkpoint, remove_old_checkpoints, save_checkpoint
+from ..checkpoint import load_initial_model, load_last_checkpoint, make_checkpoint, remove_old_checkpoints, save_checkpoint
 from ..config import to_dict
 from ..console import stderr_console
 from ..data import DataDir, ParallelDataset
@@ -125,9 +125,13 @@ def set_up(o: TrainOptions, env: distributed.Env, lock: SaveDirLock) -> Run:
                            seed=o.seed, update_freq=o.update_freq, rank=env.rank, world_size=env.world_size,
                            pin_memory=env.device.type == "cuda")
     valid_batches = batch_by_size(valid_set.src_sizes, valid_set.tgt_sizes, o.max_tokens)
-    cfg = build_config(o, data.vocab_size)
     last_path = Path(o.save_dir) / "checkpoint_last.pt"
     ckpt = load_last_checkpoint(last_path) if last_path.exists() else None
+    init = None  # fine-tuning: (configuration, weights) of --init-from
+    if o.init_from:
+        init = load_initial_model(o.init_from, data.spm_model_bytes, data.path,
+                                  {name: getattr(o, name) for name in MODEL_OVERRIDES})
+    cfg = init[0] if init else build_config(o, data.vocab_size)
     if ckpt is not None:
         check_resumable(ckpt, last_path, data.spm_model_bytes, data.path, cfg)
     if env.is_main:
@@ -147,6 +151,9 @@ def set_up(o: TrainOptions, env: distributed.Env, lock: SaveDirLock) -> Run:
                           f"--max-tokens or data?): epoch {state.position.epoch} restarts from its beginning")
             state.position.batch_offset = 0
         del ckpt  # the weights now live in the model; do not hold a second copy
+    elif init is not None:
+        model.load_state_dict(init[1])
+        del init
     forward = model
     if env.distributed:
         from torch.nn.parallel import DistributedDataParallel as DDP
