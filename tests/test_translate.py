@@ -275,11 +275,16 @@ def test_output_over_an_input_or_the_model_is_refused(tmp_path, ckpt, monkeypatc
     assert source.read_bytes() == b"a man\n" and Path(ckpt).read_bytes() == model
 
 
-@pytest.mark.parametrize("a,b", [(1.0, -5), (1.0, -1), (0.0, 0), (0.5, 0), (-0.1, 50)])
-def test_a_length_limit_that_allows_no_output_is_an_option_error(ckpt, a, b):
+@pytest.mark.parametrize("a,b,message", [
+    (1.0, -5, "allow no output for some sentences"), (1.0, -1, "allow no output for some sentences"),
+    (0.0, 0, "allow no output for some sentences"), (0.5, 0, "allow no output for some sentences"),
+    (-0.1, 50, "--max-len-a must not be negative"), ("inf", 50, "--max-len-a must be a finite number"),
+    (1.0, 2**63 - 10, "--max-len-b must be in"),  # a limit near 2^63 overflowed int64: empty translations
+])
+def test_a_length_limit_that_allows_no_output_is_an_option_error(ckpt, a, b, message):
     result = runner.invoke(app, ["translate", "--path", ckpt, "--max-len-a", str(a), "--max-len-b", str(b)],
                            input=b"a man\n")
-    assert result.exit_code == 2 and "allow no output for some sentences" in result.output, result.output
+    assert result.exit_code == 2 and message in result.output, result.output
     assert TranslateOptions(path=(ckpt,), max_len_a=0.0, max_len_b=1).max_len_b == 1  # one subword: allowed
 
 

@@ -352,8 +352,6 @@ def attention_figure(options: PlotAttentionOptions):
 
     if options.style == "lines" and options.layer is None:
         raise ConfigError("--style lines draws one layer: choose it with --layer N")
-    if options.beam_size < 1:
-        raise ConfigError("--beam-size must be at least 1")
     device = resolve_device(options.device)
     models, sp = load_ensemble([options.path], device)
     model = models[0]
