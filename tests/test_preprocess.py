@@ -292,6 +292,6 @@ def test_overwrite_never_replaces_a_destdir_holding_an_input(tmp_path, corpus):
     dest = tmp_path / "bin"
     run(dest, trainpref=corpus["prefix"], spm_model=corpus["spm"])
     prefix = write_pair(dest / "raw", corpus["src"], corpus["tgt"])
-    with pytest.raises(XfError, match=r"the input .*raw\.en is inside destdir .*--overwrite would replace"):
+    with pytest.raises(XfError, match=r"destdir .*bin holds the input .*raw\.en; replacing it would destroy the input"):
         run(tmp_path / "." / "bin", trainpref=prefix, spm_model=corpus["spm"], overwrite=True)
     assert (dest / "raw.en").exists() and (dest / "meta.json").exists()

@@ -100,6 +100,11 @@ def _sniff(path: Path) -> Optional[str]:
 def load_checkpoint(path: str | Path) -> dict:
     """Load and validate an xf checkpoint; refuse anything else with a clear error."""
     path = Path(path)
+    if path.is_dir() and (path / "model.bin").exists():
+        raise XfError(f"{path}: a CTranslate2 model directory, not an xf checkpoint (translate it with "
+                      "--engine ctranslate2)")
+    if path.is_dir():
+        raise XfError(f"{path}: a directory, not a checkpoint file (e.g. {path / 'checkpoint_best.pt'})")
     if not path.is_file():
         raise XfError(f"{path}: checkpoint not found")
     try:

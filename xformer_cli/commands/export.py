@@ -28,11 +28,15 @@ import tempfile
 from pathlib import Path
 from typing import Sequence
 
+from rich.table import Table
+
+from ..console import print_table, stderr_console
 from ..errors import XfError
-from ..fileio import fsync_dir
+from ..fileio import current_umask, fsync_dir, remove_stale_temporaries_of, replace_path, temporary_prefix
 from ..model import BOS_ID, EOS_ID, UNK_ID, Transformer
 from ..options import ExportOptions
 from ..engines import import_ctranslate2
+from ..safety import refuse_replacing
 
 QUANTIZATIONS = {"float32": "float32", "int8": "int8", "bfloat16": "bfloat16"}
 
@@ -113,14 +117,18 @@ def transformer_spec(model: Transformer, pieces: Sequence[str]):
 
 def export_ctranslate2(options: ExportOptions) -> Path:
     """Write the CTranslate2 model directory of options.path to options.output, atomically:
-    built in a temporary directory beside it, then renamed into place."""
+    built in a temporary directory beside it, then renamed into place (an old output with
+    --overwrite: renamed aside first, deleted once the new one is in place)."""
     from ..checkpoint import load_checkpoint, model_from_checkpoint
     from ..vocab import load_sentencepiece
 
     ct2 = import_ctranslate2()
     output = Path(options.output)
-    if output.exists() and (not output.is_dir() or any(output.iterdir())) and not options.overwrite:
+    if output.is_file() and not options.overwrite:
+        raise XfError(f"{output}: exists and is a file, not a model directory (--overwrite replaces it)")
+    if output.is_dir() and any(output.iterdir()) and not options.overwrite:
         raise XfError(f"{output}: exists and is not an empty directory (--overwrite replaces it)")
+    refuse_replacing(output, [options.path])
     parent = output.resolve().parent
     if not parent.is_dir():
         raise XfError(f"{output}: its directory does not exist")
@@ -136,28 +144,34 @@ def export_ctranslate2(options: ExportOptions) -> Path:
     spec.validate()
     spec.optimize(quantization=QUANTIZATIONS[options.quantization])
     try:
-        tmp = Path(tempfile.mkdtemp(prefix=f".{output.name}.", dir=parent))
+        tmp = Path(tempfile.mkdtemp(prefix=temporary_prefix(output), suffix=".tmp", dir=parent))
     except OSError as e:
         raise XfError(f"{output}: cannot write there: {e.strerror}") from None
     try:
-        umask = os.umask(0)
-        os.umask(umask)
-        tmp.chmod(0o777 & ~umask)  # mkdtemp makes it private; the result is an ordinary directory
+        tmp.chmod(0o777 & ~current_umask())  # mkdtemp makes it private; the result is an ordinary directory
         spec.save(str(tmp))
         (tmp / "spm.model").write_bytes(ckpt["spm_model"])
         info = {"format": "xf-ctranslate2", "version": 1, "checkpoint": str(options.path),
                 "spm_sha256": ckpt.get("spm_sha256"), "max_positions": model.cfg.max_positions,
                 "quantization": options.quantization, "ctranslate2": ct2.__version__}
         (tmp / "xf.json").write_text(json.dumps(info, indent=1) + "\n", encoding="utf-8")
-        if output.exists():
-            shutil.rmtree(output) if output.is_dir() else output.unlink()
-        os.replace(tmp, output)
+        replace_path(tmp, output)
     except OSError as e:
         raise XfError(f"{output}: cannot write the model: {e.strerror or e}") from None
     finally:
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
     fsync_dir(parent)
+    remove_stale_temporaries_of(output)
+
+    table = Table(title="xf export ctranslate2", show_header=False)
+    table.add_column()
+    table.add_column()
+    table.add_row("from", str(options.path))
+    table.add_row("model", f"{model.cfg.encoder_layers}+{model.cfg.decoder_layers} layers, d_model {model.cfg.d_model}, "
+                  f"{len(pieces):,} subwords")
+    table.add_row("weights", options.quantization)
+    table.add_row("size", f"{sum(p.stat().st_size for p in output.iterdir()) / 2**20:.1f} MiB")
+    table.add_row("written", str(output))
+    print_table(stderr_console(), table)
     return output
-
-

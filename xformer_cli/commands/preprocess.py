@@ -50,6 +50,7 @@ from ..data import FORMAT_VERSION, DataDir, TokenArrayWriter, file_sha256, small
 from ..errors import XfError
 from ..fileio import fsync_dir, reporting_write_errors
 from ..options import PreprocessOptions
+from ..safety import refuse_replacing
 from ..vocab import BOS_ID, EOS_ID, PAD_ID, UNK_ID, decode_line, load_sentencepiece
 
 CHUNK_LINES = 10_000  # pairs per worker task: large enough that inter-process traffic is noise
@@ -93,12 +94,9 @@ def check_destination(o: PreprocessOptions) -> None:
         raise XfError(f"destdir {dest} exists and is not a directory")
     if dest.is_dir() and any(dest.iterdir()) and not o.overwrite:
         raise XfError(f"destdir {dest} exists and is not empty (pass --overwrite to replace it)")
-    if dest.is_dir():  # --overwrite removes the old destdir: never with an input inside it
-        inputs = [p for s in plan_splits(o) for p in (s.src, s.tgt)] + ([Path(o.spm_model)] if o.spm_model else [])
-        for path in inputs:
-            if path.resolve().is_relative_to(dest.resolve()):
-                raise XfError(f"the input {path} is inside destdir {dest}, which --overwrite would replace; "
-                              "write the output elsewhere")
+    # --overwrite removes the old destdir: never with an input or a running training inside it
+    inputs = [p for s in plan_splits(o) for p in (s.src, s.tgt)] + ([Path(o.spm_model)] if o.spm_model else [])
+    refuse_replacing(dest, inputs, "destdir")
 
 
 # --------------------------------------------------------------------------- reading text
