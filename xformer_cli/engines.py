@@ -22,7 +22,7 @@ from .data import collate_source
 from .errors import ConfigError, XfError
 from .model import BOS_ID, EOS_ID, PAD_ID, Transformer
 from .options import TranslateOptions
-from .precision import cpu_bf16_instructions, ct2_compute_type, resolve_precision
+from .precision import ct2_compute_type, ct2_precisions, resolve_precision
 from .search import Hypothesis, length_penalty, max_output_lengths, search
 from .vocab import load_sentencepiece
 
@@ -169,7 +169,10 @@ class CTranslate2Engine(Engine):
             device = "cuda" if ct2.get_cuda_device_count() > 0 else "cpu"
         if device == "cuda" and ct2.get_cuda_device_count() == 0:
             raise XfError("--device cuda: no CUDA device is available to CTranslate2")
-        compute_type = ct2_compute_type(device, options.precision, options.quantize, bool(cpu_bf16_instructions()))
+        available = ct2_precisions(set(ct2.get_supported_compute_types(device)))
+        precision = resolve_precision(torch.device(device), options.precision, options.quantize, available,
+                                      "ctranslate2")
+        compute_type = ct2_compute_type(precision, options.quantize)
         translator = ct2.Translator(str(path), device=device, compute_type=compute_type,
                                     intra_threads=max(options.threads, 0), inter_threads=1)
         engine = cls(translator, sp, int(info["max_positions"]))

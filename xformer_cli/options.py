@@ -260,7 +260,8 @@ class TranslateOptions(DecodingOptions):
     )
     device: Literal["auto", "cpu", "cuda"] = option("auto", "device")
     precision: Literal["auto", "fp32", "bf16", "fp16"] = option(
-        "fp32", "inference precision; auto: bf16 on GPUs and on CPUs with bf16 instructions, else fp32 "
+        "fp32", "inference precision, for either engine from what it computes in on the device; auto: bf16 where "
+        "it has bf16 (the xf engine on bf16 GPUs and CPUs with bf16 instructions; CTranslate2 on bf16 GPUs only), else fp32 "
         "(outputs may change); fp16: CUDA only"
     )
     quantize: Literal["none", "int8"] = option(

@@ -70,33 +70,57 @@ def autocast_context(precision: str, device: torch.device) -> contextlib.Abstrac
 
 
 # -- inference: xf translate, the engines, export ------------------------------------------------
-def resolve_precision(device: torch.device, precision: str, quantize: str = "none") -> str:
-    """The precision to run in: auto is bf16 on GPUs with bf16 and on CPUs with bf16
-    instructions, else fp32; --quantize int8 runs its int8 layers with fp32 around them."""
-    cpu = device.type == "cpu"
+# One policy for both engines: each says what it computes in on its device (its real capabilities),
+# and resolve_precision applies the same rules to that set.
+CT2_TYPES = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16", "int8": "int8"}
+ENGINE_NAMES = {"xf": "the xf engine", "ctranslate2": "the CTranslate2 engine"}
+
+
+def xf_precisions(device: torch.device) -> frozenset[str]:
+    """What xf's own engine computes in on ``device``: fp32; bf16 where the hardware multiplies
+    it natively (torch emulates it elsewhere, about 0.03x fp32 on an AVX2 CPU); fp16 on CUDA;
+    int8 (dynamic int8 linear layers, torch.ao) on CPU."""
+    if device.type == "cuda":
+        return frozenset({"fp32", "fp16"} | ({"bf16"} if cuda_has_bf16(device) else set()))
+    return frozenset({"fp32", "int8"} | ({"bf16"} if cpu_bf16_instructions() else set()))
+
+
+def ct2_precisions(compute_types: set[str]) -> frozenset[str]:
+    """What the CTranslate2 engine computes in, from ``ctranslate2.get_supported_compute_types``
+    of its device: on CPU float32 and int8 (int16 on some builds, unused), never bfloat16 or
+    float16, whatever bf16 instructions the CPU has."""
+    return frozenset(CT2_TYPES[t] for t in compute_types if t in CT2_TYPES)
+
+
+def resolve_precision(device: torch.device, precision: str, quantize: str = "none",
+                      available: frozenset[str] | None = None, engine: str = "xf") -> str:
+    """The precision to run in, for --precision and --quantize, from what the engine computes in on
+    this device (``available``: ``xf_precisions(device)`` unless given; ``engine``: --engine): auto is bf16 where it
+    is available, else fp32; a precision asked for by name must be available; --quantize int8
+    runs its int8 layers with fp32 around them."""
+    available = xf_precisions(device) if available is None else available
+    where = f"{ENGINE_NAMES[engine]} on {'CUDA' if device.type == 'cuda' else 'this CPU'}"
     if quantize == "int8":
-        if not cpu:
-            raise ConfigError("--quantize int8 is for CPUs (dynamic int8 linear layers); on CUDA use --precision")
+        if "int8" not in available:
+            raise ConfigError(f"--quantize int8: {where} has no int8 layers (--quantize int8 is for CPUs); "
+                              "use --precision")
         if precision not in ("auto", "fp32"):
             raise ConfigError(f"--quantize int8 runs around its int8 layers in fp32, not --precision {precision}")
         return "fp32"
     if precision == "auto":
-        bf16 = bool(cpu_bf16_instructions()) if cpu else cuda_has_bf16(device)
-        return "bf16" if bf16 else "fp32"
-    if precision == "fp16" and cpu:
-        raise ConfigError("--precision fp16 is for CUDA; on CPU translate in fp32 (or bf16 with bf16 instructions)")
-    if precision == "bf16" and cpu and not bool(cpu_bf16_instructions()):
-        raise ConfigError("--precision bf16 on CPU needs bf16 instructions (avx512_bf16 or amx_bf16), which "
-                          "this CPU lacks; use fp32 or auto")
+        return "bf16" if "bf16" in available else "fp32"
+    if precision not in available:
+        why = {("xf", "bf16"): "bf16 on CPU needs bf16 instructions, avx512_bf16 or amx_bf16, which this CPU lacks",
+               ("xf", "fp16"): "fp16 is for CUDA", ("ctranslate2", "bf16"): "CTranslate2 has no bf16 on CPU",
+               ("ctranslate2", "fp16"): "CTranslate2 has no fp16 on CPU"}
+        known = ", ".join(p for p in ("fp32", "bf16", "fp16") if p in available)
+        hint = why.get((engine, precision), "") if device.type == "cpu" else ""
+        raise ConfigError(f"--precision {precision}: {where} computes in {known}"
+                          f"{' or int8 (--quantize int8)' if 'int8' in available else ''}, not {precision}"
+                          f"{f' ({hint})' if hint else ''}; use auto or one of those")
     return precision
 
 
-def ct2_compute_type(device: str, precision: str, quantize: str, native_bf16: bool) -> str:
-    """CTranslate2's compute_type for xf's --precision and --quantize (same meanings)."""
-    if quantize == "int8":
-        if device != "cpu":
-            raise ConfigError("--quantize int8 is for CPUs; on CUDA use --precision")
-        return "int8"
-    if precision == "auto":
-        precision = "bf16" if (device == "cuda" or native_bf16) else "fp32"
-    return {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}[precision]
+def ct2_compute_type(precision: str, quantize: str) -> str:
+    """CTranslate2's compute_type for a precision that ``resolve_precision`` chose."""
+    return "int8" if quantize == "int8" else {v: k for k, v in CT2_TYPES.items()}[precision]
