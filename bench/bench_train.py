@@ -148,7 +148,9 @@ def flops_per_target_token(data: Path, device: torch.device, batches: int = 2) -
     """Forward+backward model FLOPs per target token, counted on real training batches."""
     from torch.utils.flop_counter import FlopCounterMode
 
-    from xformer_cli.data import DataDir, batch_by_size, collate
+    from xformer_cli.batching import batch_by_size, collate
+
+    from xformer_cli.data import DataDir
     from xformer_cli.loss import label_smoothed_loss
     from xformer_cli.model import build_model
 
@@ -227,10 +229,13 @@ def reference_train(data: str, out: str, device: str, precision: str, compiled: 
     import torch.nn.functional as F
     from torch import nn
 
-    from xformer_cli.data import DataDir, batch_by_size, collate, epoch_order
-    from xformer_cli.model import PAD_ID, model_config, sinusoidal_positions
-    from xformer_cli.schedule import learning_rate
-    from xformer_cli.commands.train import peak_memory_mib
+    from xformer_cli.batching import batch_by_size, collate, epoch_order
+
+    from xformer_cli.data import DataDir
+    from xformer_cli.model import model_config, sinusoidal_positions
+    from xformer_cli.vocab import PAD_ID
+    from xformer_cli.schedule import make_schedule
+    from xformer_cli.train_log import peak_memory_mib
 
     dev = torch.device(device)
     dd = DataDir.open(data)
@@ -284,7 +289,7 @@ def reference_train(data: str, out: str, device: str, precision: str, compiled: 
         t0 = time.perf_counter()
         batch = collate([ds[i] for i in batches[order[step % len(order)]]])
         for group in optimizer.param_groups:
-            group["lr"] = learning_rate(step + 1, "noam", cfg.d_model, 4000, None, 0.0)
+            group["lr"] = make_schedule("noam", cfg.d_model, 4000, None, 0.0)(step + 1)
         with autocast:
             logits = step_model(batch["src"].to(dev, non_blocking=True), batch["prev_output"].to(dev, non_blocking=True))
             loss = F.cross_entropy(logits.view(-1, logits.size(-1)), batch["target"].to(dev).view(-1),

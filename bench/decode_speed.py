@@ -29,7 +29,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench_train import cpu_flags, wmt_like_lengths  # noqa: E402
 
-from xformer_cli.data import batch_by_size, collate_source  # noqa: E402
+from xformer_cli.batching import batch_by_size, collate_source  # noqa: E402
 from xformer_cli.model import build_model  # noqa: E402
 from xformer_cli.options import TranslateOptions  # noqa: E402
 from xformer_cli.search import search  # noqa: E402

@@ -7,7 +7,7 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from test_translate import ckpt, sentences, spm_model  # noqa: F401 (fixtures: a tiny checkpoint, Multi30k lines)
+
 from xformer_cli import model as model_module
 from xformer_cli.attention_maps import (
     alignment_pairs,
@@ -21,10 +21,11 @@ from xformer_cli.attention_maps import (
 )
 from xformer_cli.cli import app
 from xformer_cli.errors import ConfigError
-from xformer_cli.model import EOS_ID, PAD_ID, build_model
+from xformer_cli.model import build_model
+from xformer_cli.vocab import PAD_ID, EOS_ID
 from xformer_cli.options import TranslateOptions
 from xformer_cli.search import Hypothesis, beam_search
-from xformer_cli.data import collate_source
+from xformer_cli.batching import collate_source
 from xformer_cli.options import DecodingOptions
 from xformer_cli.checkpoint import load_ensemble
 from xformer_cli.commands.translate import Stats, translate_buffer
@@ -190,8 +191,8 @@ def test_print_alignment_formats(ckpt, sentences):
 
     records = [json.loads(r) for r in translate_lines(ckpt, lines, print_alignment=True, output_format="jsonl",
                                                        nbest=2).splitlines()]
-    for record, n_best_lines in zip((records[0], records[2]), (nbest[0:2], nbest[4:6])):
-        for h, line in zip(record["hypotheses"], n_best_lines):
+    for rec, n_best_lines in zip((records[0], records[2]), (nbest[0:2], nbest[4:6])):
+        for h, line in zip(rec["hypotheses"], n_best_lines):
             assert format_alignment(h["alignment"]) == line.split(" ||| ")[3]
             assert [t for _, t in h["alignment"]] == list(range(len(h["tokens"]) - 1))
     assert records[1]["hypotheses"][0]["alignment"] == []

@@ -8,18 +8,19 @@ import json
 import pytest
 import torch
 
-from xformer_cli.commands import train as train_module
+from xformer_cli import training
 from xformer_cli.checkpoint import load_checkpoint
-from xformer_cli.data import DataDir, batch_by_size
+from xformer_cli.batching import batch_by_size
+from xformer_cli.data import DataDir
 from xformer_cli.options import TrainOptions
 from xformer_cli.commands.train import train
 
-from test_train import MICRO, data_dir, raw_slice  # noqa: F401 - the shared Multi30k slice fixtures
+from helpers import MICRO
 
 
 @pytest.fixture(autouse=True)
 def aot_eager(monkeypatch):
-    monkeypatch.setattr(train_module, "COMPILE_BACKEND", "aot_eager")
+    monkeypatch.setattr(training, "COMPILE_BACKEND", "aot_eager")
     torch._dynamo.reset()
     torch._dynamo.utils.counters.clear()
     yield

@@ -8,7 +8,7 @@ import sys
 
 from rich.table import Table
 
-from test_train import cli_args, data_dir, raw_slice  # noqa: F401 - fixtures
+from helpers import cli_args
 from xformer_cli.console import print_table, stderr_console, table_line
 
 BOX = re.compile("[\u2500-\u257f]")  # rich's box-drawing characters

@@ -18,7 +18,8 @@ import pytest
 import torch
 
 from xformer_cli.checkpoint import load_checkpoint
-from xformer_cli.model import EOS_ID, PAD_ID, build_model
+from xformer_cli.model import build_model
+from xformer_cli.vocab import PAD_ID, EOS_ID
 from xformer_cli.options import PreprocessOptions, TrainOptions
 from xformer_cli.commands.preprocess import preprocess
 from xformer_cli.search import beam_search, greedy_search

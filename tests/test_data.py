@@ -8,20 +8,8 @@ import numpy as np
 import pytest
 import torch
 
-from xformer_cli.data import (
-    FORMAT_VERSION,
-    DataDir,
-    TokenArray,
-    TokenArrayWriter,
-    batch_by_size,
-    collate,
-    collate_source,
-    epoch_order,
-    length_order,
-    rank_share,
-    smallest_dtype,
-    update_batches,
-)
+from xformer_cli.batching import batch_by_size, collate, collate_source, epoch_order, length_order, rank_share, update_batches
+from xformer_cli.data import FORMAT_VERSION, DataDir, TokenArray, TokenArrayWriter, smallest_dtype
 from xformer_cli.errors import XfError
 
 SENTENCES = [[5, 6, 7], [], [300, 4], [9], [65535, 0, 1, 2, 3]]

@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 import torch
 
-from test_train import cli_args, data_dir, opts, raw_slice, records  # noqa: F401 - fixtures
+from helpers import cli_args, opts, records
 from xformer_cli.checkpoint import load_checkpoint, make_checkpoint, save_checkpoint
 from xformer_cli.config import load_options
 from xformer_cli.options import TrainOptions

@@ -13,7 +13,7 @@ pytest.importorskip("matplotlib", reason="xf plot needs matplotlib (the plot ext
 
 from matplotlib.image import imread  # noqa: E402
 
-from test_translate import ckpt, spm_model  # noqa: E402, F401 (fixtures: a tiny checkpoint)
+
 from xformer_cli.attention_maps import AttentionMaps  # noqa: E402
 from xformer_cli.cli import app  # noqa: E402
 from xformer_cli.errors import XfError  # noqa: E402

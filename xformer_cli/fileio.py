@@ -140,6 +140,11 @@ def remove_stale_temporaries(directory: Path) -> list[Path]:
     return removed
 
 
+def copy_atomic(src: Path, dst: Path) -> None:
+    """Copy ``src`` to ``dst`` through an atomic write (a reader never sees half a copy)."""
+    with open(src, "rb") as f, atomic_write(dst, "wb") as out:
+        shutil.copyfileobj(f, out, 1 << 22)
+
 
 def temporary_prefix(path: str | Path) -> str:
     """The name prefix of this process's temporaries for ``path``: ``.NAME.PID.`` (they end in

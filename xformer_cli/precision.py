@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 from pathlib import Path
+from typing import Optional
 
 import torch
 
@@ -50,17 +51,6 @@ def hardware_note(device: torch.device) -> str:
     return f"CPU with {' and '.join(found)}" if found else "CPU without bf16 instructions (avx512_bf16/amx_bf16)"
 
 
-def choose_precision(option: str, device: torch.device) -> str:
-    """The precision to train in: ``option`` itself, or for ``auto`` bf16 where the device has
-    native bf16 matrix instructions, else fp32. fp16 (with loss scaling) is never chosen: it is
-    for GPUs older than bf16, and asked for by name."""
-    if option != "auto":
-        return option
-    if device.type == "cuda":
-        return "bf16" if cuda_has_bf16(device) else "fp32"
-    return "bf16" if cpu_bf16_instructions() else "fp32"
-
-
 def autocast_context(precision: str, device: torch.device) -> contextlib.AbstractContextManager:
     """bf16 or fp16 autocast (matmuls in half precision, reductions and the loss in float32)."""
     if precision == "fp32":
@@ -69,37 +59,41 @@ def autocast_context(precision: str, device: torch.device) -> contextlib.Abstrac
     return torch.autocast(device.type, dtype=dtype)
 
 
-# -- inference: xf translate, the engines, export ------------------------------------------------
-# One policy for both engines: each says what it computes in on its device (its real capabilities),
-# and resolve_precision applies the same rules to that set.
+# One policy for xf train, xf translate and both engines: each engine says what it computes in on
+# its device (its real capabilities: a precision, native or emulated), and resolve_precision
+# applies the same rules to that.
 CT2_TYPES = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16", "int8": "int8"}
 ENGINE_NAMES = {"xf": "the xf engine", "ctranslate2": "the CTranslate2 engine"}
+NATIVE, EMULATED = "native", "emulated"
 
 
-def xf_precisions(device: torch.device) -> frozenset[str]:
-    """What xf's own engine computes in on ``device``: fp32; bf16 where the hardware multiplies
-    it natively (torch emulates it elsewhere, about 0.03x fp32 on an AVX2 CPU); fp16 on CUDA;
-    int8 (dynamic int8 linear layers, torch.ao) on CPU."""
+def xf_precisions(device: torch.device) -> dict[str, str]:
+    """What xf (torch) computes in on ``device``, each native or emulated: fp32; bf16, native where
+    the hardware multiplies it (CUDA sm_80+, avx512_bf16 or AMX), else emulated and slow (about
+    0.03x fp32 on an AVX2 CPU); fp16 on CUDA only; int8 (dynamic int8 linear layers, torch.ao) on
+    CPU only."""
     if device.type == "cuda":
-        return frozenset({"fp32", "fp16"} | ({"bf16"} if cuda_has_bf16(device) else set()))
-    return frozenset({"fp32", "int8"} | ({"bf16"} if cpu_bf16_instructions() else set()))
+        return {"fp32": NATIVE, "fp16": NATIVE, "bf16": NATIVE if cuda_has_bf16(device) else EMULATED}
+    return {"fp32": NATIVE, "int8": NATIVE, "bf16": NATIVE if cpu_bf16_instructions() else EMULATED}
 
 
-def ct2_precisions(compute_types: set[str]) -> frozenset[str]:
+def ct2_precisions(compute_types: set[str]) -> dict[str, str]:
     """What the CTranslate2 engine computes in, from ``ctranslate2.get_supported_compute_types``
     of its device: on CPU float32 and int8 (int16 on some builds, unused), never bfloat16 or
     float16, whatever bf16 instructions the CPU has."""
-    return frozenset(CT2_TYPES[t] for t in compute_types if t in CT2_TYPES)
+    return {CT2_TYPES[t]: NATIVE for t in compute_types if t in CT2_TYPES}
 
 
 def resolve_precision(device: torch.device, precision: str, quantize: str = "none",
-                      available: frozenset[str] | None = None, engine: str = "xf") -> str:
-    """The precision to run in, for --precision and --quantize, from what the engine computes in on
-    this device (``available``: ``xf_precisions(device)`` unless given; ``engine``: --engine): auto is bf16 where it
-    is available, else fp32; a precision asked for by name must be available; --quantize int8
-    runs its int8 layers with fp32 around them."""
+                      available: dict[str, str] | None = None, engine: str = "xf") -> str:
+    """The precision a command runs in, by one policy for xf train, xf translate and both
+    engines, from what the engine computes in on this device (``available``:
+    ``xf_precisions(device)`` unless given; ``engine``: --engine): ``auto`` is bf16 where bf16 is
+    native, else fp32; a named precision runs if the engine has it (emulated bf16 with
+    ``precision_warning``'s warning), else is refused; ``--quantize int8`` runs its int8 layers
+    with fp32 around them, where the engine has int8."""
     available = xf_precisions(device) if available is None else available
-    where = f"{ENGINE_NAMES[engine]} on {'CUDA' if device.type == 'cuda' else 'this CPU'}"
+    where = f"{ENGINE_NAMES[engine]} on {'CUDA' if device.type == 'cuda' else 'a CPU'}"
     if quantize == "int8":
         if "int8" not in available:
             raise ConfigError(f"--quantize int8: {where} has no int8 layers (--quantize int8 is for CPUs); "
@@ -108,17 +102,23 @@ def resolve_precision(device: torch.device, precision: str, quantize: str = "non
             raise ConfigError(f"--quantize int8 runs around its int8 layers in fp32, not --precision {precision}")
         return "fp32"
     if precision == "auto":
-        return "bf16" if "bf16" in available else "fp32"
+        return "bf16" if available.get("bf16") == NATIVE else "fp32"
     if precision not in available:
-        why = {("xf", "bf16"): "bf16 on CPU needs bf16 instructions, avx512_bf16 or amx_bf16, which this CPU lacks",
-               ("xf", "fp16"): "fp16 is for CUDA", ("ctranslate2", "bf16"): "CTranslate2 has no bf16 on CPU",
-               ("ctranslate2", "fp16"): "CTranslate2 has no fp16 on CPU"}
+        why = {("xf", "fp16"): "fp16 is for CUDA", ("ctranslate2", "bf16"): "CTranslate2 has no bf16 on CPU",
+               ("ctranslate2", "fp16"): "CTranslate2 has no fp16 on CPU"}.get((engine, precision))
         known = ", ".join(p for p in ("fp32", "bf16", "fp16") if p in available)
-        hint = why.get((engine, precision), "") if device.type == "cpu" else ""
         raise ConfigError(f"--precision {precision}: {where} computes in {known}"
                           f"{' or int8 (--quantize int8)' if 'int8' in available else ''}, not {precision}"
-                          f"{f' ({hint})' if hint else ''}; use auto or one of those")
+                          f"{f' ({why})' if why and device.type == 'cpu' else ''}; use auto or one of those")
     return precision
+
+
+def precision_warning(device: torch.device, precision: str) -> Optional[str]:
+    """A warning for a precision that runs but runs badly here, or None."""
+    if xf_precisions(device).get(precision) == EMULATED and device.type == "cpu":
+        return ("this CPU has no native bf16 matrix instructions (avx512_bf16/AMX): bf16 runs emulated, "
+                "far slower than fp32 here")
+    return None
 
 
 def ct2_compute_type(precision: str, quantize: str) -> str:

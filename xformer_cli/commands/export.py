@@ -33,7 +33,8 @@ from rich.table import Table
 from ..console import print_table, stderr_console
 from ..errors import XfError
 from ..fileio import current_umask, fsync_dir, remove_stale_temporaries_of, replace_path, temporary_prefix
-from ..model import BOS_ID, EOS_ID, UNK_ID, Transformer
+from ..model import Transformer
+from ..vocab import UNK_ID, BOS_ID, EOS_ID
 from ..options import ExportOptions
 from ..engines import import_ctranslate2
 from ..safety import refuse_replacing

@@ -23,7 +23,7 @@ import torch
 from ..attention_maps import alignment_pairs, format_alignment
 from ..checkpoint import is_training_checkpoint
 from ..console import print_table, stderr_console
-from ..data import batch_by_size
+from ..batching import batch_by_size
 from ..engines import Engine, open_engine
 from ..errors import XfError
 from ..fileio import atomic_write
