@@ -416,3 +416,28 @@ def test_collate_hand_checked():
     assert batch["target"].tolist() == [[7, 3, 0, 0], [9, 10, 11, 3]]
     assert batch["src"].dtype == torch.long and batch["target"].dtype == torch.long
     assert (batch["ntokens"], batch["nsentences"], batch["src_tokens"]) == (6, 2, 5)
+
+
+def test_check_trainable_refuses_empty_splits_and_the_longest_pair_over_max_positions(tmp_path):
+    """Issue 20 item 3, from the sizes alone: an empty validation split (loss 0, ppl 1, 'best' on no
+    data) and a pair that needs more positions than the model has (it crashed at its batch)."""
+    from types import SimpleNamespace
+
+    from xformer_cli.data import check_trainable
+
+    class Split(SimpleNamespace):
+        def __len__(self):
+            return len(self.src_sizes)
+
+    data = SimpleNamespace(path=tmp_path, source_lang="en", target_lang="de")
+    train = Split(name="train", src_sizes=np.array([3, 83, 5]), tgt_sizes=np.array([4, 6, 79]))
+    valid = Split(name="valid", src_sizes=np.array([2]), tgt_sizes=np.array([2]))
+    check_trainable(data, train, valid, 84)  # 83 subwords + eos: exactly 84 positions
+    with pytest.raises(XfError, match="train pair 2 has 83 en subwords, 84 positions with eos/bos, more than "
+                                      "--max-positions 83; raise --max-positions to at least 84"):
+        check_trainable(data, train, valid, 83)
+    long_valid = Split(name="valid", src_sizes=np.array([2]), tgt_sizes=np.array([90]))
+    with pytest.raises(XfError, match="valid pair 1 has 90 de subwords"):
+        check_trainable(data, train, long_valid, 84)
+    with pytest.raises(XfError, match="the valid split is empty .*--validpref"):
+        check_trainable(data, train, Split(name="valid", src_sizes=np.array([]), tgt_sizes=np.array([])), 84)

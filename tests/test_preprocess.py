@@ -248,7 +248,7 @@ def test_the_same_command_gives_the_same_bytes_in_every_file(tmp_path, corpus):
     assert names == sorted(f.name for f in (tmp_path / "two").iterdir()) and "spm.model" in names
     for name in names:
         assert (tmp_path / "one" / name).read_bytes() == (tmp_path / "two" / name).read_bytes(), name
-    assert b".tmp-" not in (tmp_path / "one" / "spm.model").read_bytes()  # no temporary path recorded
+    assert b".one." not in (tmp_path / "one" / "spm.model").read_bytes()  # no temporary path (.one.PID.*.tmp) recorded
 
 
 def test_verify_checks_every_file_against_meta_checksums(tmp_path, corpus):
@@ -295,3 +295,23 @@ def test_overwrite_never_replaces_a_destdir_holding_an_input(tmp_path, corpus):
     with pytest.raises(XfError, match=r"destdir .*bin holds the input .*raw\.en; replacing it would destroy the input"):
         run(tmp_path / "." / "bin", trainpref=prefix, spm_model=corpus["spm"], overwrite=True)
     assert (dest / "raw.en").exists() and (dest / "meta.json").exists()
+
+
+def test_an_empty_validation_set_and_an_unusable_destdir_are_refused_before_encoding(tmp_path, corpus, monkeypatch):
+    """Issue 20 item 3: an empty validation set would report loss 0 and choose checkpoint_best.pt on
+    no data; a mount point or unwritable parent as destdir failed only after the whole corpus."""
+    empty = write_pair(tmp_path / "empty", [], [])
+    with pytest.raises(XfError, match=r"empty validation set: .*empty\.en and .*empty\.de have no lines"):
+        run(tmp_path / "out", trainpref=corpus["prefix"], validpref=empty, spm_model=corpus["spm"])
+    assert nothing_left(tmp_path / "out")
+    (tmp_path / "mnt").mkdir()
+    monkeypatch.setattr(pp.os.path, "ismount", lambda p: str(p) == str(tmp_path / "mnt"))
+    encoded = []
+    monkeypatch.setattr(pp, "encode_splits", lambda *a: encoded.append(a))
+    with pytest.raises(XfError, match=r"destdir .*mnt is a mount point"):
+        run(tmp_path / "mnt", trainpref=corpus["prefix"], spm_model=corpus["spm"])
+    monkeypatch.setattr(pp.os, "access", lambda p, mode: str(p) != str(tmp_path / "ro"))
+    (tmp_path / "ro").mkdir()
+    with pytest.raises(XfError, match=r"destdir .*ro/new/bin: .*ro is not writable \(checked before encoding"):
+        run(tmp_path / "ro" / "new" / "bin", trainpref=corpus["prefix"], spm_model=corpus["spm"])
+    assert encoded == [] and list((tmp_path / "ro").iterdir()) == []

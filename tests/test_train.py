@@ -258,6 +258,9 @@ def test_vocabulary_mismatch_on_resume_changes_nothing(data_dir, raw_slice, tmp_
     (dict(stop_time_hours=-0.5), "--stop-time-hours must not be negative"),
     (dict(d_model=0), "d.model must be at least 1, got 0"),  # not a ZeroDivisionError
     (dict(heads=0), "heads must be at least 1, got 0"),
+    # issue 20 item 3: known from the index at start-up, not at the update whose batch holds the pair
+    (dict(max_positions=12), r"train pair \d+ has \d+ (en|de) subwords, \d+ positions with eos/bos, more than "
+                             r"--max-positions 12; raise --max-positions to at least \d+"),
 ])
 def test_bad_options_are_one_line_errors(data_dir, tmp_path, change, message):
     with pytest.raises(XfError, match=message) as e:  # impossible values: already when the options are made

@@ -280,6 +280,25 @@ class DataDir:
         return bad
 
 
+def check_trainable(data: DataDir, train: ParallelDataset, valid: ParallelDataset, max_positions: int) -> None:
+    """Refuse at start-up what would otherwise fail or mislead later: an empty training or
+    validation split (a loss of 0 on no data would choose checkpoint_best.pt), and a pair longer
+    than the model's positions (it would stop training at the first batch that holds it). The
+    lengths are in the index: nothing is read but the sizes."""
+    for split in (train, valid):
+        if len(split) == 0:
+            raise XfError(f"{data.path}: the {split.name or 'training'} split is empty (re-run xf preprocess "
+                          f"with {'--validpref' if split is valid else '--trainpref'} files that hold pairs)")
+    for split in (train, valid):
+        for side, sizes in ((data.source_lang, split.src_sizes), (data.target_lang, split.tgt_sizes)):
+            i = int(np.argmax(sizes))
+            if int(sizes[i]) + 1 > max_positions:  # + eos (source) or bos (target input)
+                raise XfError(f"{data.path}: {split.name} pair {i + 1} has {int(sizes[i])} {side} subwords, "
+                              f"{int(sizes[i]) + 1} positions with eos/bos, more than --max-positions "
+                              f"{max_positions}; raise --max-positions to at least {int(sizes[i]) + 1} or "
+                              f"re-run xf preprocess with --max-len {max_positions - 1}")
+
+
 def file_sha256(path: Path, block: int = 1 << 22) -> str:
     h = hashlib.sha256()
     with open(path, "rb") as f:

@@ -32,7 +32,7 @@ from ..batching import EpochBatches, Prefetch, batch_by_size
 from ..checkpoint import load_last_checkpoint, make_checkpoint, remove_old_checkpoints, save_checkpoint
 from ..config import to_dict
 from ..console import stderr_console
-from ..data import DataDir, ParallelDataset
+from ..data import DataDir, ParallelDataset, check_trainable
 from ..errors import XfError
 from ..fileio import atomic_write_text, copy_atomic, remove_stale_temporaries
 from ..model import Transformer
@@ -118,14 +118,13 @@ def set_up(o: TrainOptions, env: distributed.Env, lock: SaveDirLock) -> Run:
     if "valid" not in data.splits:
         raise XfError(f"{data.path} has no validation split (run xf preprocess with --validpref)")
     valid_set = data.split("valid")
-    if len(train_set) == 0:
-        raise XfError(f"{data.path}: the training split is empty")
+    cfg = build_config(o, data.vocab_size)
+    check_trainable(data, train_set, valid_set, cfg.max_positions)  # empty splits, pairs over max_positions
     # Batches of similar lengths up to --max-tokens, made once; each epoch shuffles their order.
     batches = EpochBatches(train_set, batch_by_size(train_set.src_sizes, train_set.tgt_sizes, o.max_tokens),
                            seed=o.seed, update_freq=o.update_freq, rank=env.rank, world_size=env.world_size,
                            pin_memory=env.device.type == "cuda")
     valid_batches = batch_by_size(valid_set.src_sizes, valid_set.tgt_sizes, o.max_tokens)
-    cfg = build_config(o, data.vocab_size)
     last_path = Path(o.save_dir) / "checkpoint_last.pt"
     ckpt = load_last_checkpoint(last_path) if last_path.exists() else None
     if ckpt is not None:
