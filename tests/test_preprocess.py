@@ -2,7 +2,9 @@
 
 import dataclasses
 import hashlib
+import json
 import os
+import re
 
 import numpy as np
 import pytest
@@ -315,3 +317,40 @@ def test_an_empty_validation_set_and_an_unusable_destdir_are_refused_before_enco
     with pytest.raises(XfError, match=r"destdir .*ro/new/bin: .*ro is not writable \(checked before encoding"):
         run(tmp_path / "ro" / "new" / "bin", trainpref=corpus["prefix"], spm_model=corpus["spm"])
     assert encoded == [] and list((tmp_path / "ro").iterdir()) == []
+
+
+@pytest.mark.parametrize("key,value,message", [
+    ("vocab_size", 600, r"vocab_size is 600 but spm\.model has \d+ pieces"),
+    ("dtype", "uint32", r"dtype is 'uint32', but a vocabulary of \d+ is stored as uint8"),
+    ("special_ids", {"pad": 1, "unk": 0, "bos": 2, "eos": 3}, r"special_ids are .*xf's \(and spm\.model's\) are"),
+    ("spm_sha256", "0" * 64, r"its spm_sha256 is not spm\.model's"),
+])
+def test_verify_and_every_opening_cross_check_meta_json_against_the_files(tmp_path, corpus, key, value, message):
+    """Issue 20 item 4: meta.json is not among its own checksums, so an edited vocab_size (500 -> 600)
+    passed --verify and trained a model that translate and export refused."""
+    from xformer_cli.data import DataDir
+
+    dest = tmp_path / "bin"
+    run(dest, trainpref=corpus["prefix"], validpref=corpus["prefix"], spm_model=corpus["spm"])
+    meta = json.loads((dest / "meta.json").read_text())
+    (dest / "meta.json").write_text(json.dumps({**meta, key: value}))
+    result = CliRunner().invoke(app, ["preprocess", "--destdir", str(dest), "--verify"])
+    assert result.exit_code == 1 and re.search(message, result.stderr) and len(result.stderr.splitlines()) == 1, \
+        result.output
+    with pytest.raises(XfError, match=message):
+        DataDir.open(dest)  # what xf train opens
+
+
+def test_an_index_header_that_disagrees_with_meta_json_is_named(tmp_path, corpus):
+    from xformer_cli.data import DataDir, TokenArray, TokenArrayWriter
+
+    dest = tmp_path / "bin"
+    run(dest, trainpref=corpus["prefix"], spm_model=corpus["spm"])
+    old = TokenArray(dest / "train.en")
+    sentences = [old[i].tolist() for i in range(len(old))]
+    del old
+    writer = TokenArrayWriter(dest / "train.en", np.dtype(np.uint16))  # consistent in itself, not with meta's uint8
+    writer.add(sentences)
+    writer.close()
+    with pytest.raises(XfError, match=r"train\.en\.idx: its header says uint16, meta\.json says uint8"):
+        DataDir.open(dest).split("train")
