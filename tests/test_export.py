@@ -349,3 +349,35 @@ def test_ctranslate2_on_a_bf16_cpu_computes_in_what_it_has(tmp_path, spm_model, 
         fails(["translate", "--engine", engine_name, "--path", out if engine_name == "ctranslate2" else tmp_path / "m.pt",
                "--device", "cpu", "--quantize", "int8", "--precision", "bf16"],
               "--quantize int8 runs around its int8 layers in fp32, not --precision bf16")
+
+
+def test_a_damaged_exported_model_names_the_file_and_the_cause(tmp_path, spm_model, multi30k_dir):
+    """Issue 20 item 6: a truncated model.bin, another vocabulary's spm.model and a garbage
+    config.json gave CTranslate2's or a JSON parser's raw messages without the file."""
+    import shutil
+
+    from helpers import learn_spm
+
+    good = export(random_checkpoint(tmp_path / "m.pt", spm_model), tmp_path / "good")
+
+    def damaged(name, change):
+        out = tmp_path / name
+        shutil.copytree(good, out)
+        change(out)
+        return out
+
+    def translate_fails(out, message):
+        result = runner.invoke(app, ["translate", "--engine", "ctranslate2", "--path", str(out), "--device", "cpu"],
+                               input="A dog runs.\n")
+        err = result.stderr.strip()
+        assert result.exit_code == 1 and len(err.splitlines()) == 1 and message in err, result.output
+
+    truncated = damaged("truncated", lambda d: (d / "model.bin").write_bytes((d / "model.bin").read_bytes()[:5000]))
+    translate_fails(truncated, f"{truncated / 'model.bin'}: damaged CTranslate2 model (")
+    french = learn_spm((multi30k_dir / "train.fr").read_text(encoding="utf-8").splitlines()[:300])
+    other = damaged("other_vocab", lambda d: (d / "spm.model").write_bytes(french))
+    translate_fails(other, f"{other / 'spm.model'}: not the sentencepiece model this directory was exported with")
+    garbage = damaged("garbage", lambda d: (d / "config.json").write_text('{"add_source_bos": false,\n  oops}'))
+    translate_fails(garbage, f"{garbage / 'config.json'}: line 2: not valid JSON")
+    no_info = damaged("no_info", lambda d: (d / "xf.json").write_text("[]"))
+    translate_fails(no_info, f"{no_info / 'xf.json'}: not a JSON object")

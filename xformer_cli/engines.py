@@ -9,6 +9,7 @@ says whether ``alignments`` (a forced-decoding pass over the hypotheses) can be 
 
 from __future__ import annotations
 
+import hashlib
 import json
 import sys
 from pathlib import Path
@@ -128,6 +129,36 @@ def import_ctranslate2():
     return ctranslate2
 
 
+def read_exported_model(path: Path) -> dict:
+    """xf.json of a directory written by xf export, after checking what CTranslate2 would report
+    without naming the file: config.json and xf.json must be JSON objects, and spm.model must be
+    the one exported (xf.json's spm_sha256). Returns xf.json's dict."""
+    found = {}
+    for name in ("config.json", "xf.json"):
+        try:
+            found[name] = json.loads((path / name).read_text(encoding="utf-8"))
+        except FileNotFoundError:
+            raise XfError(f"{path / name}: missing (export the model again)") from None
+        except (OSError, UnicodeDecodeError) as e:
+            raise XfError(f"{path / name}: unreadable ({e}); export the model again") from None
+        except json.JSONDecodeError as e:
+            raise XfError(f"{path / name}: line {e.lineno}: not valid JSON ({e.msg}); export the model again") from None
+        if not isinstance(found[name], dict):
+            raise XfError(f"{path / name}: not a JSON object; export the model again")
+    info = found["xf.json"]
+    if not isinstance(info.get("max_positions"), int):
+        raise XfError(f"{path / 'xf.json'}: no max_positions; export the model again")
+    try:
+        spm_bytes = (path / "spm.model").read_bytes()
+    except OSError as e:
+        raise XfError(f"{path / 'spm.model'}: unreadable ({e.strerror or e}); export the model again") from None
+    recorded = info.get("spm_sha256")
+    if recorded and hashlib.sha256(spm_bytes).hexdigest() != recorded:
+        raise XfError(f"{path / 'spm.model'}: not the sentencepiece model this directory was exported with (its sha256 "
+                      "differs from xf.json's spm_sha256); export the model again")
+    return info
+
+
 class CTranslate2Engine(Engine):
     """xf translate's search over an exported model, with xf's rules where CTranslate2 allows:
 
@@ -162,11 +193,8 @@ class CTranslate2Engine(Engine):
         path = Path(options.path[0])
         if not (path / "model.bin").is_file() or not (path / "xf.json").is_file():
             raise XfError(f"{path}: not a model directory written by xf export ctranslate2")
-        try:
-            info = json.loads((path / "xf.json").read_text(encoding="utf-8"))
-            sp = load_sentencepiece((path / "spm.model").read_bytes(), str(path / "spm.model"))
-        except (OSError, ValueError) as e:
-            raise XfError(f"{path}: unreadable exported model: {e}") from None
+        info = read_exported_model(path)
+        sp = load_sentencepiece((path / "spm.model").read_bytes(), str(path / "spm.model"))
         device = options.device
         if device == "auto":
             device = "cuda" if ct2.get_cuda_device_count() > 0 else "cpu"
@@ -176,8 +204,12 @@ class CTranslate2Engine(Engine):
         precision = resolve_precision(torch.device(device), options.precision, options.quantize, available,
                                       "ctranslate2")
         compute_type = ct2_compute_type(precision, options.quantize)
-        translator = ct2.Translator(str(path), device=device, compute_type=compute_type,
-                                    intra_threads=max(options.threads, 0), inter_threads=1)
+        try:
+            translator = ct2.Translator(str(path), device=device, compute_type=compute_type,
+                                        intra_threads=max(options.threads, 0), inter_threads=1)
+        except (RuntimeError, ValueError) as e:  # a damaged model.bin: "invalid payload size", ...
+            first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+            raise XfError(f"{path / 'model.bin'}: damaged CTranslate2 model ({first}); export it again") from None
         engine = cls(translator, sp, int(info["max_positions"]))
         engine.device = torch.device(device)
         return engine, sp, engine.device
