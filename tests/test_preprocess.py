@@ -354,3 +354,17 @@ def test_an_index_header_that_disagrees_with_meta_json_is_named(tmp_path, corpus
     writer.close()
     with pytest.raises(XfError, match=r"train\.en\.idx: its header says uint16, meta\.json says uint8"):
         DataDir.open(dest).split("train")
+
+
+def test_bpe_messages_point_the_right_way(tmp_path, corpus):
+    """Issue 20 item 7: text with too few characters suggested a --bpe-vocab-size the option refuses
+    (7, the minimum is 8); an empty sample was reported as files without text."""
+    few = write_pair(tmp_path / "few", ["\x01a\x02"] * 20, ["\x05a\x06"] * 20)
+    with pytest.raises(XfError, match=r"too few distinct characters for a vocabulary: sentencepiece can make at most "
+                                      r"(\d) pieces from it, and --bpe-vocab-size is at least 8") as e:
+        run(tmp_path / "out", trainpref=few, bpe_vocab_size=100)
+    assert "or less" not in str(e.value)
+    with pytest.raises(XfError, match=r"no non-empty lines in the 1 of 200 pairs sampled from .*raise --bpe-sample-lines"):
+        for seed in range(1, 20):  # a 1-pair sample of 200 is empty for most seeds
+            run(tmp_path / f"s{seed}", trainpref=corpus["prefix"], bpe_vocab_size=60, bpe_sample_lines=1, seed=seed)
+    assert nothing_left(tmp_path / "out")

@@ -213,8 +213,8 @@ def model_from_checkpoint(ckpt: dict, path: str | Path = "checkpoint") -> Transf
         cfg: ModelConfig = config_from_dict(ckpt["model_config"])
         model = Transformer(cfg)
         model.load_state_dict(ckpt["model"])
-    except (XfError, RuntimeError, TypeError) as e:
-        raise XfError(f"{path}: model does not match its configuration: {e}") from None
+    except (XfError, RuntimeError, TypeError) as e:  # load_state_dict's message spans lines: one line here
+        raise XfError(f"{path}: model does not match its configuration: {' '.join(str(e).split())}") from None
     return model
 
 

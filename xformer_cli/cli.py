@@ -153,7 +153,7 @@ def main(
 
 
 def fail(message: str, code: int = 1) -> typing.NoReturn:
-    typer.echo(f"xf: error: {message}", err=True)
+    typer.echo(f"xf: error: {_one_line(message)}", err=True)  # one line, whatever the message held
     raise typer.Exit(code)
 
 

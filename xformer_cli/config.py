@@ -70,6 +70,11 @@ def _number(x: float) -> str:
     return str(int(x)) if float(x).is_integer() and abs(x) < 1e16 else f"{x:g}"
 
 
+def option_range(cls: type, name: str) -> Range:
+    """The Range of option ``name`` of the options dataclass ``cls`` (to quote its ends in a message)."""
+    return next(f for f in dataclasses.fields(cls) if f.name == name).metadata["range"]
+
+
 def check_ranges(options: Any) -> None:
     """ConfigError unless every number of an options dataclass is in its field's ``range``: the
     one numeric rule, called first by every options class's ``__post_init__`` (YAML, flags and

@@ -45,6 +45,7 @@ from rich.table import Table
 from rich.text import Text
 
 from .. import __version__
+from ..config import option_range
 from ..console import print_table, stderr_console
 from ..data import FORMAT_VERSION, DataDir, TokenArrayWriter, file_sha256, smallest_dtype
 from ..errors import XfError
@@ -210,6 +211,13 @@ def learn_bpe(sample: Path, model_prefix: Path, vocab_size: int, max_sentences: 
             f.write(model.getvalue())
     except RuntimeError as e:
         limit = re.search(r"Vocabulary size too high \((\d+)\)\. Please set it to a value <= (\d+)", str(e))
+        smallest = int(option_range(PreprocessOptions, "bpe_vocab_size").lo)
+        if limit and int(limit[2]) < smallest:  # never suggest a size the option refuses
+            raise XfError(
+                f"the training data has too few distinct characters for a vocabulary: sentencepiece can make at "
+                f"most {limit[2]} pieces from it, and --bpe-vocab-size is at least {smallest} (after nmt_nfkc "
+                "normalization, which removes control and zero-width characters: is it text?)"
+            ) from None
         if limit:
             raise XfError(
                 f"--bpe-vocab-size {limit[1]} is too large for this training data: sentencepiece can make at "
@@ -443,6 +451,9 @@ def make_spm(o: PreprocessOptions, train: Split | None, out: Path, progress: Pro
     task = progress.add_task("sampling for BPE", total=train.lines)
     invalid = "skip" if o.skip_invalid else "error"
     sentences = sample_for_bpe(train, o.bpe_sample_lines, o.seed, sample, invalid, lambda n: progress.advance(task, n))
+    if sentences == 0 and o.bpe_sample_lines < train.lines:  # the sample is empty, maybe not the files
+        raise XfError(f"no non-empty lines in the {o.bpe_sample_lines:,} of {train.lines:,} pairs sampled from "
+                      f"{train.src} / {train.tgt} to learn BPE from; raise --bpe-sample-lines")
     if sentences == 0:
         raise XfError(f"no non-empty lines in {train.src} / {train.tgt} to learn BPE from")
     task = progress.add_task(f"learning BPE {o.bpe_vocab_size}", total=None)
