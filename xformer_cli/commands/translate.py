@@ -20,7 +20,7 @@ from typing import IO, Iterator, Optional
 
 import torch
 
-from ..attention_maps import alignment_pairs, format_alignment
+from ..attention_maps import alignment_pairs, format_alignment, line_word_ids, word_ids
 from ..checkpoint import is_training_checkpoint
 from ..console import print_table, stderr_console
 from ..batching import batch_by_size
@@ -142,8 +142,9 @@ def translate_buffer(engine: Engine, sp, lines: list[str], first_index: int, opt
         texts = [sp.decode(h.tokens[:-1]).replace("\n", " ").replace("\r", " ") if h.tokens else "" for h in hyps]
         pairs = None
         if options.print_alignment:
-            src_pieces, words = [sp.id_to_piece(t) for t in pieces[i]], options.alignment_level == "word"
-            pairs = [alignment_pairs(a, src_pieces, [sp.id_to_piece(t) for t in h.tokens[:-1]], words)
+            words = options.alignment_level == "word"  # source words: those of the line as given
+            src_words = line_word_ids(sp, lines[i])[: len(pieces[i])] if words else None
+            pairs = [alignment_pairs(a, src_words, word_ids([sp.id_to_piece(t) for t in h.tokens[:-1]]) if words else None)
                      for h, a in zip(hyps, alignments[i] or [[]] * len(hyps))]  # empty lines: none
         out.append(format_result(first_index + i, lines[i], hyps, texts, options, sp, pairs))
     return out
