@@ -74,6 +74,7 @@ def test_trains_to_falling_validation_loss_with_all_outputs(data_dir, tmp_path):
     # config.yaml is the effective configuration, and reusable as --config
     again = load_options(TrainOptions, save / "config.yaml", section="train")
     assert again.d_model == 32 and again.dropout == 0.0 and again.max_epoch == 3
+    assert Path(again.data).is_absolute() and Path(again.save_dir).is_absolute()  # reusable from any directory
     train_log = records(save, "train")
     assert len(train_log) == summary["num_updates"]
     assert {"loss", "nll", "ppl", "lr", "gnorm", "src_tok_s", "tgt_tok_s", "ups"} <= set(train_log[-1])

@@ -295,3 +295,16 @@ def test_output_over_a_training_checkpoint_is_refused(tmp_path, ckpt):
     fresh = save / "checkpoint_2_10.pt"  # a name training would use, not yet written: allowed
     result = runner.invoke(app, ["translate", "--path", ckpt, "--output", str(fresh)], input=b"a man\n")
     assert result.exit_code == 0, result.output
+
+
+def test_more_threads_than_cores_is_a_warning(ckpt, monkeypatch):
+    """Issue 20 item 10: --threads 1000 on 2 cores ran 100x slower without a word."""
+    from xformer_cli import distributed
+
+    monkeypatch.setattr(distributed, "cpu_cores", lambda: 2)
+    assert distributed.threads_warning(2) is None and distributed.threads_warning(0) is None
+    assert "--threads 3 is more than the 2 CPU cores" in distributed.threads_warning(3)
+    monkeypatch.setattr(torch, "set_num_threads", lambda n: None)  # the test's own threads stay as they are
+    result = runner.invoke(app, ["translate", "--path", ckpt, "--threads", "1000", "--max-len-b", "2", "--quiet"],
+                           input=b"a man\n")
+    assert result.exit_code == 0 and "warning: --threads 1000 is more than the 2 CPU cores" in result.stderr

@@ -96,7 +96,8 @@ def option(default: Any = dataclasses.MISSING, help: str = "", **metadata: Any) 
 
     metadata keys: ``positional`` (a CLI argument, not a flag), ``short`` (e.g. "-s"), ``aliases``
     (old names still accepted as flags and YAML keys, e.g. ``("beam",)`` for ``beam_size``),
-    ``range`` (a Range: required for every int and float option, checked by ``check_ranges``).
+    ``range`` (a Range: required for every int and float option, checked by ``check_ranges``),
+    ``path`` (a file or directory: ``absolute_paths`` makes it absolute for a config.yaml).
     Mutable defaults are not allowed: list-like options are tuples.
     """
     return dataclasses.field(default=default, metadata={"help": help, **metadata})
@@ -255,3 +256,10 @@ def to_dict(options: Any) -> dict[str, Any]:
         value = getattr(options, f.name)
         out[f.name] = list(value) if isinstance(value, tuple) else value
     return out
+
+
+def absolute_paths(cls: type, values: dict[str, Any]) -> dict[str, Any]:
+    """``values`` (a ``to_dict`` of ``cls``) with the options marked ``path`` made absolute, so that
+    a config file written from them works from any directory."""
+    paths = {f.name for f in dataclasses.fields(cls) if f.metadata.get("path")}
+    return {k: str(Path(v).absolute()) if k in paths and v is not None else v for k, v in values.items()}

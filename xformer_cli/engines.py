@@ -106,6 +106,9 @@ class XfEngine(Engine):
 
 def open_engine(options: TranslateOptions):
     """(engine, sentencepiece processor, device) of --engine for --path."""
+    warning = distributed.threads_warning(options.threads)
+    if warning:
+        print(f"xf: warning: {warning}", file=sys.stderr, flush=True)
     if options.engine == "ctranslate2":
         return CTranslate2Engine.open(options)
     device, precision = resolve_device(options.device, options.precision, options.quantize)

@@ -136,8 +136,8 @@ class PreprocessOptions:
 @with_model_overrides
 @dataclass(frozen=True)
 class TrainOptions:
-    data: str = option(help="data directory written by xf preprocess", positional=True)
-    save_dir: str = option("checkpoints", "where checkpoints and logs are written")
+    data: str = option(help="data directory written by xf preprocess", positional=True, path=True)
+    save_dir: str = option("checkpoints", "where checkpoints and logs are written", path=True)
     arch: str = option("base", "architecture preset: base | big | small | tiny")
     # batching
     max_tokens: int = option(4096, "tokens per micro-batch (source or target, whichever is larger)", range=COUNT1)
@@ -176,7 +176,7 @@ class TrainOptions:
     patience: int = option(0, "stop after N validations without improvement (0: off)", range=COUNT)
     eval_bleu: bool = option(False, "validation BLEU (greedy) as the best-checkpoint criterion")
     log_interval: int = option(50, "updates between log lines", range=COUNT1)
-    tensorboard_logdir: Optional[str] = option(None, "write TensorBoard scalars here")
+    tensorboard_logdir: Optional[str] = option(None, "write TensorBoard scalars here", path=True)
     max_nan_updates: int = option(20, "stop after this many consecutive non-finite updates", range=COUNT1)
     ddp_timeout_minutes: float = option(
         10.0, "torchrun: a process that waits this long for another (dead or hung) stops with an error", range=Range(0, 1e5, lo_open=True)

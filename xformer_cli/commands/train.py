@@ -30,7 +30,7 @@ from rich.console import Console
 from .. import distributed
 from ..batching import EpochBatches, Prefetch, batch_by_size
 from ..checkpoint import load_last_checkpoint, make_checkpoint, remove_old_checkpoints, save_checkpoint
-from ..config import to_dict
+from ..config import absolute_paths, to_dict
 from ..console import stderr_console
 from ..data import DataDir, ParallelDataset, check_trainable
 from ..errors import XfError
@@ -166,10 +166,10 @@ def start_report(run: Run) -> Reporter:
     if env.is_main:
         atomic_write_text(run.save_dir / "config.yaml",
                           "# the effective options of this run; reuse with: xf train --config config.yaml\n"
-                          + yaml.safe_dump(run.options_record, sort_keys=False))
-    warning = precision_warning(env.device, o.precision)
-    if warning:
-        report.warn(warning)
+                          + yaml.safe_dump(absolute_paths(TrainOptions, run.options_record), sort_keys=False))
+    for warning in (precision_warning(env.device, o.precision), distributed.threads_warning(o.threads)):
+        if warning:
+            report.warn(warning)
     report.table("xf train", startup_rows(o, run.cfg, run.data, len(run.train_set), len(run.valid_set),
                                           run.model.num_parameters(), run.batches, env.device, env.world_size,
                                           hardware_note(env.device), pos.num_updates, pos.epoch))
