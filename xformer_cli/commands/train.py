@@ -271,7 +271,7 @@ def train_loop(run: Run, report: Reporter, stop: StopSignal) -> tuple[Loop, Mete
     """Train until the policy says stop: for each update, the step, then what the policy asks
     for (log, validate, save)."""
     o, env, pos, batches = run.o, run.env, run.state.position, run.batches
-    loop, meter = Loop(run.state.elapsed_before), Meter(env.device)
+    loop, meter = Loop(run.state.elapsed_before), Meter(env.device, compiled_graphs if o.compile else None)
     prefetch = Prefetch(batches, background=env.device.type == "cuda")  # on a CPU its cores compute
     time_limit = 3600.0 * o.stop_time_hours
     report.start(run.total_updates, pos.num_updates, pos.epoch)
@@ -376,8 +376,8 @@ def finish(run: Run, report: Reporter, loop: Loop, meter: Meter, stop: StopSigna
         "skipped_updates": loop.skipped, "train_seconds": round(meter.timed["seconds"], 3),
         **meter.speed(meter.timed), "peak_memory_mib": round(peak_memory_mib(device), 1),
     }
-    if o.compile:  # compiling is the first update's time, kept apart from the speed above
-        summary.update(compile_seconds=round(meter.first_update_seconds or 0.0, 2), compiled_graphs=compiled_graphs())
+    if o.compile:  # the updates that compiled a graph, kept apart from the speed above
+        summary.update(compile_seconds=round(meter.compile_seconds, 2), compiled_graphs=compiled_graphs())
     report.record("summary", summary)
     report.table("training summary", summary_rows(summary, pos.batch_offset, o.compile, device, run.save_dir))
     report.close()
