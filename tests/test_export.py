@@ -294,6 +294,7 @@ def test_overwrite_moves_the_old_model_aside_and_a_signal_loses_neither(tmp_path
     ct2.Translator(str(out), device="cpu", intra_threads=1)
 
 
+@pytest.mark.slow  # starts a process (to have a pid that no process has)
 def test_a_later_export_removes_what_a_killed_one_left(tmp_path, spm_model):
     import subprocess
 

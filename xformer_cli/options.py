@@ -231,7 +231,8 @@ class DecodingOptions:
     temperature: float = option(1.0, "sampling temperature", range=Range(0, 1000, lo_open=True))
     top_k: int = option(0, "sample from the k most likely tokens (0: all)", aliases=("topk",), range=COUNT)
     top_p: float = option(1.0, "nucleus sampling probability mass", aliases=("topp",), range=Range(0, 1, lo_open=True))
-    seed: int = option(1, "sampling seed", range=COUNT)
+    seed: int = option(1, "sampling seed: the same samples again for the same --seed with the same --batch-size, "
+                       "--max-tokens and --buffer-size (they decide which sentences share a random stream)", range=COUNT)
 
     def __post_init__(self) -> None:
         check_ranges(self)
