@@ -86,7 +86,7 @@ def run_case(checkpoint: str, ct2_dir: str, lines: list[str], case: str, trained
 
     from xformer_cli.options import TranslateOptions
     from xformer_cli.train_log import peak_memory_mib
-    from xformer_cli.commands.translate import Stats, translate_buffer
+    from xformer_cli.translation import Stats, translate_buffer
     from xformer_cli.engines import open_engine
 
     if THREADS:

@@ -28,7 +28,7 @@ from xformer_cli.search import Hypothesis, beam_search
 from xformer_cli.batching import collate_source
 from xformer_cli.options import DecodingOptions
 from xformer_cli.checkpoint import load_ensemble
-from xformer_cli.commands.translate import Stats, translate_buffer
+from xformer_cli.translation import Stats, translate_buffer
 from xformer_cli.engines import XfEngine
 
 V = 40
@@ -57,6 +57,7 @@ def attention_modules(model):
     return modules
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("overrides", [{}, {"normalize_before": True}, {"positions": "alibi"}, {"positions": "rope"}])
 def test_recorded_weights_are_those_of_the_forward_pass(monkeypatch, overrides):
     model = tiny(**overrides)
@@ -83,6 +84,7 @@ def test_recorded_weights_are_those_of_the_forward_pass(monkeypatch, overrides):
     assert all(m.recorded is None for m in modules)  # recording is off again
 
 
+@pytest.mark.slow
 def test_rows_sum_to_one_and_padding_gets_nothing():
     model = tiny()
     src, targets = batch()
@@ -184,6 +186,7 @@ def translate_lines(ckpt, lines, **overrides):
     return "".join(translate_buffer(XfEngine(models, torch.device("cpu")), sp, lines, 0, options, Stats()))
 
 
+@pytest.mark.slow
 def test_print_alignment_formats(ckpt, sentences):
     lines = [sentences[0], "", sentences[1]]
     plain = translate_lines(ckpt, lines).splitlines()
@@ -222,6 +225,7 @@ def test_print_alignment_formats(ckpt, sentences):
     assert {int(p.split("-")[0]) for p in one_word.split(" ||| ")[1].split()} == {0}  # one word in the line
 
 
+@pytest.mark.slow
 def test_print_alignment_through_the_cli(ckpt, sentences):
     result = runner.invoke(app, ["translate", "--path", ckpt, "--max-len-b", "3", "--quiet", "--print-alignment",
                                  "--alignment-layer", "2"], input=(sentences[0] + "\n").encode())

@@ -84,6 +84,7 @@ def assert_same_log_probs(ckpt, model_dir, pairs, count=5):
     ],
     ids=["paper", "preln-gelu-learned-decoder-tied", "preln-swiglu-untied", "postln-swiglu-learned-1x3"],
 )
+@pytest.mark.slow
 def test_every_supported_variant_exports_with_equal_log_probs(tmp_path, spm_model, pairs, variant):
     ckpt = random_checkpoint(tmp_path / "m.pt", spm_model, **variant)
     out = export(ckpt, tmp_path / "ct2")
@@ -151,6 +152,7 @@ def translate_file(tmp_path, path, lines, name, **options):
     return out.read_text(encoding="utf-8")
 
 
+@pytest.mark.slow
 def test_trained_model_same_translations_and_log_probs(tmp_path, trained, pairs):
     ckpt, model_dir = trained
     mine = translate_file(tmp_path, ckpt, pairs[0], "xf").splitlines()
@@ -161,6 +163,7 @@ def test_trained_model_same_translations_and_log_probs(tmp_path, trained, pairs)
     assert_same_log_probs(ckpt, model_dir, pairs, count=10)
 
 
+@pytest.mark.slow
 def test_ctranslate2_engine_formats(tmp_path, trained, pairs):
     ckpt, model_dir = trained
     lines = [pairs[0][0], "", pairs[0][1], "   "]

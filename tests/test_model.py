@@ -113,6 +113,7 @@ def transformer_parameters(V: int, d: int, ff: int, n_enc: int, n_dec: int) -> i
     return V * d + n_enc * (attention + ffn + 2 * norm) + n_dec * (2 * attention + ffn + 3 * norm)
 
 
+@pytest.mark.slow
 def test_parameter_counts_match_the_paper():
     # Table 3: base 65M, big 213M (with a 37,000-token joint vocabulary).
     base = build_model("base", vocab_size=37000).num_parameters()
@@ -156,6 +157,7 @@ def test_unknown_override_names_nearest_field():
         build_model("huge", vocab_size=V)
 
 
+@pytest.mark.slow
 def test_learns_copy_task():
     """A tiny model learns to copy random sequences: gradients flow through the whole model."""
     torch.manual_seed(0)

@@ -7,28 +7,24 @@ import inspect
 import math
 import os
 import re
+import typing
 
 import pytest
 from typer.testing import CliRunner
 
 from xformer_cli import options as options_module
+from xformer_cli import cli
 from xformer_cli.cli import app
 from xformer_cli.config import ConfigError, Range, _is_optional, build_options, field_types, load_options
 
 runner = CliRunner()
 HOSTILE = (math.nan, math.inf, -math.inf, -1, 0, 1e30)
 
-# command line -> (options class, required arguments, other options that make the numeric ones matter)
-COMMANDS = {
-    ("preprocess",): (options_module.PreprocessOptions, ["--destdir", "out"], {"destdir": "out"}),
-    ("train",): (options_module.TrainOptions, ["data"], {"data": "data"}),
-    ("average-checkpoints",): (options_module.AverageOptions, ["--inputs", "a", "--output", "b.pt"],
-                               {"inputs": ("a",), "output": "b.pt"}),
-    ("translate",): (options_module.TranslateOptions, ["--path", "m.pt"], {"path": ("m.pt",)}),
-    ("plot", "attention"): (options_module.PlotAttentionOptions, ["--path", "m.pt", "--source", "a"],
-                            {"path": "m.pt", "source": "a"}),
-}
 NUMBERS = (int, float)
+
+
+def flag(name):
+    return "--" + name.replace("_", "-")
 
 
 def numeric_fields(cls):
@@ -37,6 +33,24 @@ def numeric_fields(cls):
         item = inner.__args__[0] if getattr(inner, "__origin__", None) is tuple else inner
         if item in NUMBERS:
             yield f, item
+
+
+def required_arguments(cls):
+    """Placeholder values for the required options of ``cls``: (command-line words, a dict)."""
+    words, values = [], {}
+    for f in dataclasses.fields(cls):
+        if f.default is not dataclasses.MISSING:
+            continue
+        inner = _is_optional(field_types(cls)[f.name])[1]
+        value = typing.get_args(inner)[0] if typing.get_origin(inner) is typing.Literal else "x"
+        words += [value] if f.metadata.get("positional") else [flag(f.name), value]
+        values[f.name] = (value,) if typing.get_origin(inner) is tuple else value
+    return words, values
+
+
+# every command with a numeric option: its words, its options class, placeholders for what it requires
+COMMANDS = {tuple(words.split()): (cls, *required_arguments(cls)) for words, cls, _, _ in cli.COMMANDS
+            if any(True for _ in numeric_fields(cls))}
 
 
 def options_classes():
@@ -54,9 +68,11 @@ def test_every_numeric_option_has_a_finite_range_holding_its_default():
             assert math.isfinite(where.lo) and math.isfinite(where.hi) and where.hi < 1e30, (cls, f.name)
             defaults = f.default if isinstance(f.default, tuple) else (f.default,)
             assert all(d is None or where.problem(d) is None for d in defaults), (cls, f.name)
-    # every command with a numeric option is swept below (ModelConfig's reach it through xf train)
-    assert with_numbers - {options_module.ModelConfig, options_module.DecodingOptions} == \
+    # every options class with a number is a command's, swept below (ModelConfig's reach it through
+    # xf train's, DecodingOptions' through xf translate's and xf serve's)
+    assert with_numbers - {options_module.ModelConfig, options_module.DecodingOptions} <= \
         {cls for cls, _, _ in COMMANDS.values()}
+    assert {"train", "translate", "preprocess"} <= {" ".join(w) for w in COMMANDS}
 
 
 def sweep():
@@ -64,10 +80,6 @@ def sweep():
         for f, item in numeric_fields(cls):
             for value in HOSTILE:
                 yield words, cls, base, f, item, value
-
-
-def flag(name):
-    return "--" + name.replace("_", "-")
 
 
 @pytest.mark.parametrize("words", list(COMMANDS), ids=" ".join)

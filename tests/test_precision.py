@@ -55,6 +55,7 @@ def test_auto_is_the_default_and_the_run_says_what_it_chose(data_dir, tmp_path, 
     assert start["type"] == "start" and start["options"]["precision"] == expected
 
 
+@pytest.mark.slow
 def test_bf16_validation_loss_tracks_fp32_on_tiny(data_dir, tmp_path):  # noqa: F811
     """Three epochs of `tiny` (no dropout): bf16 autocast's validation loss after each epoch is
     within 1% of fp32's, while training moves it by more than 10%."""

@@ -46,6 +46,7 @@ def test_optimizer_names_say_what_they_build(tmp_path):
 
 
 # -- training ------------------------------------------------------------------------------------
+@pytest.mark.slow
 def test_trains_to_falling_validation_loss_with_all_outputs(data_dir, tmp_path):
     save = tmp_path / "ck"
     summary = train(opts(data_dir, save, max_epoch=3, keep_last_checkpoints=2, warmup_updates=20, dropout=0.0))
@@ -86,6 +87,7 @@ def test_trains_to_falling_validation_loss_with_all_outputs(data_dir, tmp_path):
     assert (save / "checkpoint_last.pt").stat().st_mtime_ns == before
 
 
+@pytest.mark.slow
 def test_resume_is_bit_exact(data_dir, tmp_path):
     """N+M updates in one run == N updates, stop, resume for M (CPU, fp32, with dropout, and
     across an epoch boundary, with gradient accumulation)."""
@@ -106,6 +108,7 @@ def test_resume_is_bit_exact(data_dir, tmp_path):
     assert a["train_state"]["position"] == b["train_state"]["position"]
 
 
+@pytest.mark.slow
 def test_bf16_autocast_and_eval_bleu(data_dir, tmp_path):
     save = tmp_path / "ck"
     summary = train(opts(data_dir, save, max_update=2, precision="bf16", eval_bleu=True))
@@ -130,6 +133,7 @@ def test_bf16_autocast_and_eval_bleu(data_dir, tmp_path):
     assert valid["bleu"] == again
 
 
+@pytest.mark.slow
 def test_non_finite_updates_are_skipped_then_stop_naming_the_last_good_checkpoint(data_dir, tmp_path, monkeypatch):
     real = training.fused_output_loss
     calls = {"n": 0}
@@ -281,6 +285,7 @@ def test_incomplete_data_dir_and_unwritable_save_dir(data_dir, tmp_path):
 
 
 # -- processes: signals and DDP ------------------------------------------------------------------
+@pytest.mark.slow
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
 def test_signal_finishes_the_update_saves_and_resumes(data_dir, tmp_path, signum):
     save = tmp_path / "ck"
@@ -302,6 +307,7 @@ def test_signal_finishes_the_update_saves_and_resumes(data_dir, tmp_path, signum
     assert records(save, "start")[-1]["update"] == stopped
 
 
+@pytest.mark.slow
 def test_ddp_two_gloo_processes_equal_one_process_accumulating(data_dir, tmp_path):
     """One update with world size 2 (one micro-batch each) == one process with update_freq 2."""
     kw = dict(max_update=1, dropout=0.0, lr_scheduler="inverse_sqrt", lr=1e-3, warmup_updates=1)

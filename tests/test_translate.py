@@ -17,7 +17,8 @@ from xformer_cli.cli import app
 from xformer_cli.options import TranslateOptions
 from xformer_cli.search import gnmt_length_penalty
 from xformer_cli.checkpoint import load_ensemble
-from xformer_cli.commands.translate import Stats, translate, translate_buffer
+from xformer_cli.commands.translate import translate
+from xformer_cli.translation import Stats, translate_buffer
 from xformer_cli.engines import XfEngine
 from helpers import learn_spm, tiny_checkpoint
 
@@ -42,6 +43,7 @@ def one_by_one(ckpt, lines, **overrides):
     return ["".join(translate_buffer(engine, sp, [line], 0, options, Stats())) for line in lines]
 
 
+@pytest.mark.slow
 def test_output_is_aligned_with_input(tmp_path, ckpt, sentences, capsys):
     long_line = " ".join(sentences)  # far more than MAX_POSITIONS subwords
     lines = [
@@ -71,6 +73,7 @@ def test_output_is_aligned_with_input(tmp_path, ckpt, sentences, capsys):
     assert "1 line(s) longer than the model's 127 source subwords were truncated (first: line 4)" in err
 
 
+@pytest.mark.slow
 def test_same_output_whatever_the_batching(tmp_path, ckpt, sentences):
     data = ("\n".join(sentences) + "\n").encode()
     reference = run(tmp_path, ckpt, data)
@@ -122,6 +125,7 @@ def test_sampling_is_reproducible(tmp_path, ckpt, sentences):
     assert first.count("\n") == len(sentences)
 
 
+@pytest.mark.slow
 def test_ensemble(tmp_path, ckpt, spm_model, sentences):
     other = tiny_checkpoint(tmp_path / "other.pt", spm_model, seed=1)
     data = ("\n".join(sentences) + "\n").encode()
@@ -150,6 +154,7 @@ def test_errors_are_one_line(tmp_path, ckpt, multi30k_dir):
     fails(["--path", ckpt, "--output", str(tmp_path / "no" / "out.txt")], "out.txt: its directory does not exist")
 
 
+@pytest.mark.slow
 def test_streams_line_by_line(ckpt, sentences, tmp_path):
     # A filter answers each buffer as soon as it is full, before the input ends.
     proc = subprocess.Popen(
@@ -269,6 +274,7 @@ def test_precision_auto_and_its_refusals(monkeypatch):
         resolve_precision(cpu, "bf16", "int8")
 
 
+@pytest.mark.slow
 def test_quantize_int8(tmp_path, ckpt, sentences):
     from xformer_cli.engines import open_engine
 

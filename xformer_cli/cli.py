@@ -32,6 +32,7 @@ from .options import (
     PlotCurvesOptions,
     PreprocessOptions,
     ScoreOptions,
+    ServeOptions,
     TrainOptions,
     TranslateOptions,
 )
@@ -325,6 +326,14 @@ def score_cmd(options: ScoreOptions) -> None:
     from .commands.score import score
 
     score(options)
+
+
+@command("serve", ServeOptions, "serve")
+def serve_cmd(options: ServeOptions) -> None:
+    """Serve translations over HTTP (LibreTranslate's API) with dynamic batching: xf serve --model en-de=avg.pt."""
+    from .commands.serve import serve
+
+    serve(options)
 
 
 plot_app = typer.Typer(

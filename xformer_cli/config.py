@@ -28,7 +28,7 @@ import yaml
 from .errors import ConfigError
 
 SECTIONS = ("preprocess", "train", "average_checkpoints", "translate", "export", "score", "plot_curves",
-            "plot_attention")
+            "plot_attention", "serve")
 
 
 INT_MAX = 2**31 - 1  # the largest count any option needs; also what torch's and sentencepiece's int32 arguments hold

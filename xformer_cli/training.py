@@ -10,7 +10,8 @@ Private torch APIs used here, checked with torch 2.4-2.13 (the GPU machine has 2
 its fallback: ``GradScaler._get_scale_async`` (fp16 only: the scale without a host sync; no
 fallback needed on 2.4+), ``Optimizer._step_supports_amp_scaling`` and ``found_inf`` (the fused
 Adam(W) skip flag; without it: one read of the norm per update), ``torch.nn.utils.get_total_norm``
-(public from 2.6; before it: clip_grad_norm_ with an infinite bound), dynamo's
+(public from 2.6; before it: clip_grad_norm_ with an infinite bound),
+``torch._dynamo.maybe_mark_dynamic`` (from 2.3; before it: ``mark_dynamic``), dynamo's
 ``counters["stats"]["unique_graphs"]`` (the compiled-graph count; 0 where absent).
 """
 
@@ -138,12 +139,42 @@ def gradient_norm(model: torch.nn.Module, clip_norm: float) -> torch.Tensor:
 COMPILE_BACKEND = "inductor"  # tests use "aot_eager": the same graphs, without minutes of code generation
 
 
-def compile_forward(forward: torch.nn.Module) -> torch.nn.Module:
+def mark_dynamic(*tensors: torch.Tensor) -> None:
+    """Give every dimension of every tensor a symbolic size of its own. ``dynamic=True`` alone
+    "duck sizes" the first call: equal sizes share one symbol, so a first batch with as many source
+    as target positions (S == T) makes a graph that assumes S == T, and the first batch with
+    S != T recompiles forward and backward (seen with TORCH_LOGS=recompiles: two graphs).
+    ``torch._dynamo.maybe_mark_dynamic`` (torch >= 2.3; unlike ``mark_dynamic`` it does not raise
+    when a size gets specialized, as a batch of one sentence does) falls back to ``mark_dynamic``."""
+    mark = getattr(torch._dynamo, "maybe_mark_dynamic", None) or torch._dynamo.mark_dynamic
+    for t in tensors:
+        for dim in range(t.dim()):
+            mark(t, dim)
+
+
+class DynamicInputs:
+    """A compiled module whose tensor arguments are marked dynamic before each call. Attribute
+    reads go to the compiled module (and through it to the module itself: DDP's ``no_sync``)."""
+
+    def __init__(self, compiled: torch.nn.Module):
+        self.compiled = compiled
+
+    def __call__(self, *args, **kwargs):
+        mark_dynamic(*(a for a in args if torch.is_tensor(a)))
+        return self.compiled(*args, **kwargs)
+
+    def __getattr__(self, name):
+        return getattr(self.compiled, name)
+
+
+def compile_forward(forward: torch.nn.Module, backend: Optional[str] = None) -> DynamicInputs:
     """torch.compile of the training forward pass (the model, or DDP around it, whose buckets
-    dynamo splits the graph at). Dynamic shapes: batches of every (B, S, T) share one compiled
-    graph instead of one per shape. Validation and search run the uncompiled model, and the output
-    projection with the loss (loss.fused_output_loss, a custom autograd function) stays eager."""
-    return torch.compile(forward, backend=COMPILE_BACKEND, dynamic=True)
+    dynamo splits the graph at; bench/bench_train.py compiles its torch.nn.Transformer reference
+    with it too). Dynamic shapes, inputs marked dynamic: batches of every (B, S, T) share one
+    compiled graph instead of one per shape. Validation and search run the uncompiled model, and
+    the output projection with the loss (loss.fused_output_loss, a custom autograd function)
+    stays eager."""
+    return DynamicInputs(torch.compile(forward, backend=backend or COMPILE_BACKEND, dynamic=True))
 
 
 def compiled_graphs() -> int:
