@@ -105,6 +105,7 @@ def test_out_of_range_values_are_refused_naming_the_option_and_in_range_ones_are
     assert swept > 0
 
 
+@pytest.mark.slow  # over a second for train (some 200 invocations); the in-process sweep above is fast
 @pytest.mark.parametrize("words", list(COMMANDS), ids=" ".join)
 def test_the_command_line_refuses_them_in_one_line_before_writing_anything(words, tmp_path, monkeypatch):
     cls, required, _ = COMMANDS[words]
