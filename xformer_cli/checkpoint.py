@@ -125,6 +125,11 @@ def _sniff(path: Path) -> Optional[str]:
 def load_checkpoint(path: str | Path) -> dict:
     """Load and validate an xf checkpoint; refuse anything else with a clear error."""
     path = Path(path)
+    if path.is_dir() and (path / "model.bin").exists():
+        raise XfError(f"{path}: a CTranslate2 model directory, not an xf checkpoint (translate it with "
+                      "--engine ctranslate2)")
+    if path.is_dir():
+        raise XfError(f"{path}: a directory, not a checkpoint file (e.g. {path / 'checkpoint_best.pt'})")
     if not path.is_file():
         raise XfError(f"{path}: checkpoint not found")
     try:
@@ -222,8 +227,8 @@ def model_from_checkpoint(ckpt: dict, path: str | Path = "checkpoint") -> Transf
         cfg: ModelConfig = config_from_dict(ckpt["model_config"])
         model = Transformer(cfg)
         model.load_state_dict(ckpt["model"])
-    except (XfError, RuntimeError, TypeError) as e:
-        raise XfError(f"{path}: model does not match its configuration: {e}") from None
+    except (XfError, RuntimeError, TypeError) as e:  # load_state_dict's message spans lines: one line here
+        raise XfError(f"{path}: model does not match its configuration: {' '.join(str(e).split())}") from None
     return model
 
 

@@ -226,7 +226,7 @@ def model_card(cfg, options: ExportOptions, parameters: int) -> str:
 def export_marian(options: ExportOptions) -> Path:
     """Write the MarianMT directory of checkpoint options.path to options.output, atomically."""
     st = import_hf_extra()
-    with atomic_directory(options.output, options.overwrite) as tmp:
+    with atomic_directory(options.output, options.overwrite, inputs=(options.path,)) as tmp:
         ckpt = load_checkpoint(options.path)
         model = model_from_checkpoint(ckpt, options.path).eval()
         cfg = model.cfg

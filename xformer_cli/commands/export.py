@@ -25,12 +25,13 @@ import json
 from pathlib import Path
 from typing import Sequence
 
+from ..console import print_summary, stderr_console
+from ..engines import import_ctranslate2
 from ..errors import XfError
 from ..fileio import atomic_directory
 from ..model import Transformer
-from ..vocab import UNK_ID, BOS_ID, EOS_ID
 from ..options import ExportOptions
-from ..engines import import_ctranslate2
+from ..vocab import BOS_ID, EOS_ID, UNK_ID
 
 QUANTIZATIONS = {"float32": "float32", "int8": "int8", "bfloat16": "bfloat16"}
 
@@ -113,13 +114,14 @@ def transformer_spec(model: Transformer, pieces: Sequence[str]):
 
 def export_ctranslate2(options: ExportOptions) -> Path:
     """Write the CTranslate2 model directory of options.path to options.output, atomically:
-    built in a temporary directory beside it, then renamed into place."""
+    built in a temporary directory beside it, then renamed into place (an old output with
+    --overwrite: renamed aside first, deleted once the new one is in place)."""
     from ..checkpoint import load_checkpoint, model_from_checkpoint
     from ..vocab import load_sentencepiece
 
     ct2 = import_ctranslate2()
     output = Path(options.output)
-    with atomic_directory(output, options.overwrite) as tmp:
+    with atomic_directory(output, options.overwrite, inputs=(options.path,)) as tmp:
         ckpt = load_checkpoint(options.path)
         sp = load_sentencepiece(ckpt["spm_model"], str(options.path))
         model = model_from_checkpoint(ckpt, options.path).eval()
@@ -135,6 +137,14 @@ def export_ctranslate2(options: ExportOptions) -> Path:
                 "spm_sha256": ckpt.get("spm_sha256"), "max_positions": model.cfg.max_positions,
                 "quantization": options.quantization, "ctranslate2": ct2.__version__}
         (tmp / "xf.json").write_text(json.dumps(info, indent=1) + "\n", encoding="utf-8")
+    print_summary(stderr_console(), "xf export ctranslate2", [
+        ("from", str(options.path)),
+        ("model", f"{model.cfg.encoder_layers}+{model.cfg.decoder_layers} layers, d_model {model.cfg.d_model}, "
+                  f"{len(pieces):,} subwords"),
+        ("weights", options.quantization),
+        ("size", f"{sum(p.stat().st_size for p in output.iterdir()) / 2**20:.1f} MiB"),
+        ("written", str(output)),
+    ])
     return output
 
 
@@ -142,7 +152,6 @@ def export(options: ExportOptions) -> Path:
     """xf export FORMAT: ctranslate2 (this module) or huggingface (``huggingface.export_marian``)."""
     if options.format != "huggingface":
         return export_ctranslate2(options)
-    from ..console import print_summary, stderr_console
     from ..huggingface import export_marian
 
     output = export_marian(options)
