@@ -242,7 +242,7 @@ def test_overwrite_moves_the_old_model_aside_and_a_signal_loses_neither(tmp_path
     old = {p.name: p.read_bytes() for p in out.iterdir()}
     real_replace = os.replace
     monkeypatch.setattr(fileio.os, "replace", lambda a, b: (_ for _ in ()).throw(OSError(28, "No space left on device")))
-    with pytest.raises(XfError, match="ct2: cannot write the model: No space left on device"):
+    with pytest.raises(XfError, match="cannot write .*ct2: no space left on device"):
         export(ckpt, out, overwrite=True, quantization="int8")
     assert {p.name: p.read_bytes() for p in out.iterdir()} == old  # put back
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []
