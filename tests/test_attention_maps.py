@@ -56,7 +56,8 @@ def attention_modules(model):
     return modules
 
 
-@pytest.mark.parametrize("overrides", [{}, {"normalize_before": True}, {"positions": "alibi"}, {"positions": "rope"}])
+@pytest.mark.parametrize("overrides", [{}, {"normalize_before": True}, {"positions": "alibi"}, {"positions": "rope"},
+                                       {"head_dim": 8}])
 def test_recorded_weights_are_those_of_the_forward_pass(monkeypatch, overrides):
     model = tiny(**overrides)
     src, targets = batch()

@@ -41,7 +41,10 @@ class ModelConfig:
     decoder_layers: int = option(6, "N decoder layers")
     d_model: int = option(512, "model width")
     d_ff: int = option(2048, "inner width of the position-wise feed-forward network")
-    heads: int = option(8, "attention heads h (d_k = d_v = d_model / h)")
+    heads: int = option(8, "attention heads h")
+    head_dim: Optional[int] = option(
+        None, "d_k = d_v, the size of each head (default: d_model / heads); Table 3 row B shrinks it"
+    )
     dropout: float = option(0.1, "P_drop on embeddings+positions and every sub-layer output")
     attention_dropout: float = option(0.0, "dropout on attention weights (not in the paper)")
     activation_dropout: float = option(0.0, "dropout after the FFN activation (not in the paper)")
@@ -59,9 +62,14 @@ class ModelConfig:
         at_least(self, 1, "vocab_size", "encoder_layers", "decoder_layers", "d_model", "d_ff", "heads",
                  "max_positions")
         probability(self, "dropout", "attention_dropout", "activation_dropout")
-        if self.d_model % self.heads:
-            raise ConfigError(f"d_model {self.d_model} is not divisible by heads {self.heads}")
-        if self.positions == "rope" and (self.d_model // self.heads) % 2:
+        if self.head_dim is None:
+            if self.d_model % self.heads:
+                raise ConfigError(f"d_model {self.d_model} is not divisible by heads {self.heads} (or set --head-dim)")
+            # the resolved size is what checkpoints record; one written before head_dim existed
+            # has no such key and gets d_model / heads here, the size it was trained with
+            object.__setattr__(self, "head_dim", self.d_model // self.heads)
+        at_least(self, 1, "head_dim")
+        if self.positions == "rope" and self.head_dim % 2:
             raise ConfigError("rope needs an even head size")
 
 
