@@ -9,7 +9,7 @@ TORCH ?= torch==2.13.0
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.xf-installed
 
-.PHONY: venv test demo bench clean
+.PHONY: venv test test-fast demo bench docs clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -22,6 +22,14 @@ venv: $(STAMP)
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -q tests
+
+# the tests not marked slow (no model trained, no process started): about a minute
+test-fast: $(STAMP)
+	$(BIN)/python -m pytest -q -m "not slow" tests
+
+# docs/options.md, generated from the options classes (tests/test_docs.py fails when it is stale)
+docs: $(STAMP)
+	$(BIN)/python -c "from xformer_cli.cli import options_reference; print(options_reference(), end='')" > docs/options.md
 
 demo: $(STAMP)
 	PATH="$(CURDIR)/$(BIN):$$PATH" bash recipes/quickstart.sh

@@ -8,7 +8,7 @@ import time
 import torch
 
 from xformer_cli.model import MultiHeadAttention, build_model
-from xformer_cli.commands.train import peak_memory_mib
+from xformer_cli.train_log import peak_memory_mib
 
 
 def _time(fn, repeat: int) -> float:

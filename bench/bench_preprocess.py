@@ -108,7 +108,7 @@ def rows() -> list[dict]:
                 one = throughput[size, 1]
                 rows.append(dict(bench="preprocess", case=case, metric="throughput", value=pairs / seconds,
                                  unit="pairs/s", ratio=throughput[size, workers] / one if workers > 1 else None,
-                                 note=(f"vs 1 worker (target >= 1.7); " if workers > 1 else "")
+                                 note=("vs 1 worker (target >= 1.7); " if workers > 1 else "")
                                  + f"{seconds:.1f}s wall, check + binarize"))
                 first = peaks[SIZES[0], workers]
                 rows.append(dict(bench="preprocess", case=case, metric="peak RSS", value=peak, unit="MiB",

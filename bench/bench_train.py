@@ -1,34 +1,48 @@
-"""Training throughput of xf train against a plain PyTorch reference of the same shape, measured
-in the same run, with MFU against matrix-multiply peaks measured in the same run.
+"""Training throughput of xf's update against a plain PyTorch reference of the same shape,
+measured in the same run, with MFU against a matrix-multiply peak measured in the same run.
 
 Default (``make bench``): the small preset (3+3 layers, d_model 256) on Multi30k EN-DE (joint
 BPE 8000) with --max-tokens 4096 on the CPU, fp32, and bf16 where the CPU has native bf16 matrix
 instructions (elsewhere a row says why it was not run). On a GPU, and from ``bench/gpu.sh``:
 ``base``/``big`` at --max-tokens 25000 on a WMT-like corpus (below).
 
-The reference is ``torch.nn.Transformer`` (batch_first, the same width, depth, heads, FFN,
-dropout and post-/pre-LN), with scaled tied embeddings plus sinusoidal positions, trained on the
-same batches in the same order (xf's ``batch_by_size`` and epoch shuffle), with fused AdamW, the
-same learning-rate schedule, gradients normalized by the update's target tokens, and the same
-label-smoothed loss written the plain way (``F.cross_entropy(..., label_smoothing=0.1)`` on full
-logits). xf and the reference alternate, each in its own process (peak memory is its own), for
-XF_BENCH_TRAIN_ROUNDS rounds; the best round of each is reported, and the ratio of the two.
-Speeds exclude each process's first update (start-up, allocation, compilation) and validation.
+Each run is a process of its own (its peak memory is its own), set up by xf train's ``set_up``
+(data, batches, model, optimizer, autocast; nothing is written: no checkpoint, no log) and fed by
+xf train's ``Prefetch`` (on CUDA the next update is collated in a background thread and pinned).
+xf runs ``train_step``, the update of xf train; the reference is ``torch.nn.Transformer``
+(batch_first, the same width, depth, heads, FFN, dropout and post-/pre-LN) with scaled tied
+embeddings plus sinusoidal positions, fed by the same Prefetch with the same batches in the same
+order, with fused AdamW, the same learning-rate schedule, gradients normalized by the update's
+target tokens and the label-smoothed loss written the plain way (``F.cross_entropy(...,
+label_smoothing=0.1)`` on full logits). Compiled runs compile both the same way
+(``training.compile_forward``: dynamic shapes, inputs marked dynamic).
 
-MFU divides the model FLOPs of the tokens trained (forward + backward, counted by torch's
-FlopCounterMode on real batches of xf's model; the reference has the same shape) by a matmul
-peak measured in this run through F.linear, in the run's dtype, device and threads.
+Timing, the same for both: update 1 (allocation, compilation) is timed alone; then the timed
+window is the updates that follow, with the device synchronised at its two ends only, so the
+device's catch-up is inside the window and nothing in it waits for the device. A run ends after
+XF_BENCH_TRAIN_UPDATES updates, when its time is up, or at SIGTERM (bench/gpu.sh's stage timeout),
+and each row says which. MFU divides the model FLOPs of every pair in the timed window, counted
+from its own lengths without padding (``flops.training_flops``: 6 N tokens plus attention), by the
+window's seconds and by a matmul peak measured in this run through F.linear, in the run's dtype,
+device and threads. Compiled rows give the graphs made and those made during the timed window
+(recompilations: 0 when one graph serves every shape). Rows are written the moment they are
+measured: xf's before the reference starts.
 
 Environment (all optional):
   XF_BENCH_TRAIN_ARCH (small), XF_BENCH_TRAIN_MAX_TOKENS (4096),
   XF_BENCH_TRAIN_DATA: multi30k | wmt-like (multi30k; wmt-like: synthetic ids, vocabulary 37000,
     lengths log-normal with a mean of 27 subwords as WMT14 EN-DE with a 37k joint BPE),
-  XF_BENCH_TRAIN_PAIRS (wmt-like corpus size, 100000), XF_BENCH_TRAIN_DEVICES (cpu, plus cuda
+  XF_BENCH_TRAIN_PAIRS (wmt-like corpus size, 100000), XF_BENCH_TRAIN_DATA_DIR (keep the data
+  there for the next run; default: a temporary directory), XF_BENCH_TRAIN_DEVICES (cpu, plus cuda
   when present), XF_BENCH_TRAIN_PRECISIONS (fp32 and bf16 on CPU; bf16 on CUDA),
-  XF_BENCH_TRAIN_COMPILE (0; "0,1" adds compiled runs: xf train --compile and torch.compile of
-  the reference), XF_BENCH_TRAIN_REFERENCE (1), XF_BENCH_TRAIN_ROUNDS (2),
-  XF_BENCH_TRAIN_UPDATES (40), XF_BENCH_TRAIN_SECONDS (600, per process; then SIGTERM),
-  XF_BENCH_DRY_RUN=1: tiny model, tiny wmt-like corpus, 4 updates, CPU (proves the bench runs).
+  XF_BENCH_TRAIN_COMPILE (0; "0,1" adds compiled runs), XF_BENCH_COMPILE_BACKEND (inductor;
+  the dry run: aot_eager), XF_BENCH_TRAIN_REFERENCE (1; 0: xf alone), XF_BENCH_TRAIN_ENGINES
+  (xf,reference; "reference": the reference alone), XF_BENCH_TRAIN_ROUNDS (2),
+  XF_BENCH_TRAIN_UPDATES (40, the first included), XF_BENCH_TRAIN_SECONDS (600: the most a timed
+  window lasts), XF_BENCH_DEADLINE (a Unix time by which every run has ended: bench/gpu.sh's
+  stage end; each run gets its share of what is left, is sent SIGTERM at its end and killed 8 s
+  later), XF_BENCH_DRY_RUN=1: tiny model of one layer a side, tiny wmt-like corpus, 4 updates, CPU
+  (proves it runs).
 ``python bench/bench_train.py OUT.json`` writes the rows to OUT.json after every measurement.
 """
 
@@ -58,10 +72,16 @@ PAIRS = int(ENV("XF_BENCH_TRAIN_PAIRS", "3000" if DRY else "100000"))
 VOCAB = 1000 if DRY else 37000  # wmt-like: the paper's EN-DE joint BPE vocabulary
 UPDATES = int(ENV("XF_BENCH_TRAIN_UPDATES", "4" if DRY else "40"))
 SECONDS = float(ENV("XF_BENCH_TRAIN_SECONDS", "600"))
+DEADLINE = float(ENV("XF_BENCH_DEADLINE", "inf"))
 ROUNDS = int(ENV("XF_BENCH_TRAIN_ROUNDS", "1" if DRY else "2"))
 REFERENCE = ENV("XF_BENCH_TRAIN_REFERENCE", "1") == "1"
+ENGINES = ENV("XF_BENCH_TRAIN_ENGINES", "xf,reference" if REFERENCE else "xf").split(",")
 COMPILE = [c == "1" for c in ENV("XF_BENCH_TRAIN_COMPILE", "0").split(",")]
+BACKEND = ENV("XF_BENCH_COMPILE_BACKEND", "aot_eager" if DRY else "inductor")
 LABEL_SMOOTHING, SEED = 0.1, 1
+# the dry run: one layer a side (dynamo's tracing time grows with the layers)
+LAYERS = dict(encoder_layers=1, decoder_layers=1) if DRY else {}
+GRACE = 8.0  # seconds between a run's SIGTERM and its kill
 
 
 # -- data ------------------------------------------------------------------------------------------
@@ -70,6 +90,8 @@ def multi30k_data(root: Path) -> Path:
     from xformer_cli.commands.preprocess import preprocess
 
     dest = root / "m30k-ende"
+    if (dest / "meta.json").exists():
+        return dest
     preprocess(PreprocessOptions(destdir=str(dest), source_lang="en", target_lang="de",
                                  trainpref=str(MULTI30K / "train"), validpref=str(MULTI30K / "val"),
                                  bpe_vocab_size=8000))
@@ -99,8 +121,10 @@ def wmt_like_data(root: Path, pairs: int = PAIRS, vocab: int = VOCAB) -> Path:
     from xformer_cli.data import FORMAT_VERSION, TokenArrayWriter, smallest_dtype
     from xformer_cli.vocab import BOS_ID, EOS_ID, PAD_ID, UNK_ID
 
-    dest = root / f"wmt-like-{pairs}"
-    dest.mkdir(parents=True)
+    dest = root / f"wmt-like-{pairs}-{vocab}"
+    if (dest / "meta.json").exists():  # XF_BENCH_TRAIN_DATA_DIR: made by an earlier stage of bench/gpu.sh
+        return dest
+    dest.mkdir(parents=True, exist_ok=True)
     rng = np.random.default_rng(SEED)
     dtype = smallest_dtype(vocab)
     for split, n in (("train", pairs), ("valid", 200)):
@@ -127,115 +151,43 @@ def wmt_like_data(root: Path, pairs: int = PAIRS, vocab: int = VOCAB) -> Path:
 def matmul_peak(dtype: torch.dtype, device: torch.device) -> float:
     """FLOP/s of the best of a few n x n x n products through F.linear, the op the model's layers
     use (on CPUs without bf16 instructions a bare bf16 ``a @ b`` takes a far slower path than
-    F.linear does, which would make the peak meaningless). GPUs need larger products to peak."""
-    n, reps = (8192, 20) if device.type == "cuda" else (2048, 1)
+    F.linear does, which would make the peak meaningless). GPUs need larger products to peak.
+    Random operands (zeros run faster on some GPUs)."""
+    n, reps = (8192, 20) if device.type == "cuda" else (512, 2) if DRY else (2048, 1)
     x = torch.randn(n, n, device=device).to(dtype)
     w = torch.randn(n, n, device=device).to(dtype)
+    torch.nn.functional.linear(x, w)  # warm-up: the library's handles and kernels
     best = float("inf")
     for _ in range(5):
-        if device.type == "cuda":
-            torch.cuda.synchronize()
+        sync(device)
         start = time.perf_counter()
         for _ in range(reps):
             torch.nn.functional.linear(x, w)
-        if device.type == "cuda":
-            torch.cuda.synchronize()
+        sync(device)
         best = min(best, (time.perf_counter() - start) / reps)
     return 2 * n**3 / best
 
 
-def flops_per_target_token(data: Path, device: torch.device, batches: int = 2) -> float:
-    """Forward+backward model FLOPs per target token, counted on real training batches."""
-    from torch.utils.flop_counter import FlopCounterMode
-
-    from xformer_cli.data import DataDir, batch_by_size, collate
-    from xformer_cli.loss import label_smoothed_loss
-    from xformer_cli.model import build_model
-
-    dd = DataDir.open(data)
-    ds = dd.split("train")
-    all_batches = batch_by_size(ds.src_sizes, ds.tgt_sizes, MAX_TOKENS)
-    model = build_model(ARCH, dd.vocab_size).to(device)
-    flops = tokens = 0
-    step = max(1, len(all_batches) // batches)
-    for idx in all_batches[::step][:batches]:
-        batch = collate([ds[i] for i in idx])
-        with FlopCounterMode(display=False) as counter:
-            logits = model(batch["src"].to(device), batch["prev_output"].to(device))
-            loss, _ = label_smoothed_loss(logits, batch["target"].to(device), LABEL_SMOOTHING)
-            loss.backward()
-        flops += counter.get_total_flops()
-        tokens += batch["ntokens"]
-        model.zero_grad(set_to_none=True)
-    return flops / tokens
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
 
 
-def has_compile_option() -> bool:
-    from xformer_cli.options import TrainOptions
-
-    return "compile" in TrainOptions.__dataclass_fields__
-
-
-def run_child(args: list[str], log: Path) -> int:
-    """Run a child process for at most SECONDS, then SIGTERM it (xf train then finishes its update
-    and writes its summary); returns its exit code."""
-    with open(log, "w") as err:
-        proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=err, cwd=REPO)
-        try:
-            return proc.wait(timeout=SECONDS)
-        except subprocess.TimeoutExpired:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                return proc.wait(timeout=120)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                return proc.wait()
+def write_json(path: Path, value) -> None:
+    """Whole or not at all: the parent may read it at any moment."""
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(value, indent=1))
+    tmp.replace(path)
 
 
-def run_xf(data: Path, save_dir: Path, device: str, precision: str, compiled: bool) -> dict:
-    """xf train in a child process; its summary record from train_log.jsonl."""
-    args = [sys.executable, "-m", "xformer_cli", "train", str(data), "--arch", ARCH, "--save-dir", str(save_dir),
-            "--max-tokens", str(MAX_TOKENS), "--max-update", str(UPDATES), "--precision", precision,
-            "--device", device, "--log-interval", "10", "--save-interval-minutes", "0", "--seed", str(SEED)]
-    if compiled:
-        args.append("--compile")
-    elif has_compile_option():
-        args.append("--no-compile")
-    code = run_child(args, save_dir.parent / f"{save_dir.name}.log")
-    log = save_dir / "train_log.jsonl"
-    summaries = [json.loads(line) for line in log.read_text().splitlines()
-                 if '"type": "summary"' in line] if log.exists() else []
-    if not summaries:
-        tail = (save_dir.parent / f"{save_dir.name}.log").read_text()[-1500:]
-        raise RuntimeError(f"xf train {precision} on {device} wrote no summary (exit {code}):\n{tail}")
-    return summaries[-1]
-
-
-def run_reference(data: Path, out: Path, device: str, precision: str, compiled: bool) -> dict:
-    args = [sys.executable, __file__, "--reference", json.dumps(dict(
-        data=str(data), out=str(out), device=device, precision=precision, compiled=compiled))]
-    code = run_child(args, out.with_suffix(".log"))
-    if not out.exists():
-        raise RuntimeError(f"reference {precision} on {device} failed (exit {code}):\n"
-                           + out.with_suffix(".log").read_text()[-1500:])
-    return json.loads(out.read_text())
-
-
-# -- the reference: plain PyTorch ------------------------------------------------------------------
-def reference_train(data: str, out: str, device: str, precision: str, compiled: bool) -> None:
-    """Train torch.nn.Transformer on xf's batches for UPDATES updates; write its speed to ``out``."""
+# -- one run, in a process of its own ---------------------------------------------------------------
+def reference_model(cfg):
+    """torch.nn.Transformer of xf's shape, with scaled tied embeddings and sinusoidal positions."""
     import torch.nn.functional as F
     from torch import nn
 
-    from xformer_cli.data import DataDir, batch_by_size, collate, epoch_order
-    from xformer_cli.model import PAD_ID, model_config, sinusoidal_positions
-    from xformer_cli.schedule import learning_rate
-    from xformer_cli.commands.train import peak_memory_mib
-
-    dev = torch.device(device)
-    dd = DataDir.open(data)
-    ds = dd.split("train")
-    cfg = model_config(ARCH, vocab_size=dd.vocab_size)
+    from xformer_cli.model import sinusoidal_positions
+    from xformer_cli.vocab import PAD_ID
 
     class Reference(nn.Module):
         def __init__(self):
@@ -259,53 +211,161 @@ def reference_train(data: str, out: str, device: str, precision: str, compiled: 
                                  tgt_is_causal=True)
             return F.linear(h, self.embed.weight)  # tied output projection
 
-    torch.manual_seed(SEED)
-    model = Reference().to(dev)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=0.0, betas=(0.9, 0.98), eps=1e-9, weight_decay=0.0,
-                                  fused=True)
-    step_model = torch.compile(model) if compiled else model
-    autocast = (torch.autocast(dev.type, dtype=torch.bfloat16 if precision == "bf16" else torch.float16)
-                if precision != "fp32" else torch.autocast(dev.type, enabled=False))
-    batches = batch_by_size(ds.src_sizes, ds.tgt_sizes, MAX_TOKENS)
-    order = epoch_order(len(batches), SEED, 1)
+    return Reference()
 
-    def sync():
-        if dev.type == "cuda":
-            torch.cuda.synchronize()
 
-    timed = dict(seconds=0.0, updates=0, src=0, tgt=0)
-    first_update = 0.0
-    stop = []  # SIGTERM (the bench's time limit): finish the update, report what was done
+def one_run(engine: str, data: str, save_dir: str, out: str, device: str, precision: str, compiled: bool,
+            deadline: float) -> None:
+    """Set up, update 1 alone, then the timed window; writes the result to ``out`` after update 1
+    (so that a run killed later still tells its compile time) and at the end."""
+    import torch.nn.functional as F
+
+    from xformer_cli import distributed, training
+    from xformer_cli.batching import Prefetch
+    from xformer_cli.commands.train import set_up
+    from xformer_cli.flops import training_flops
+    from xformer_cli.options import TrainOptions, model_config
+    from xformer_cli.safety import SaveDirLock
+    from xformer_cli.train_log import peak_memory_mib
+    from xformer_cli.training import compile_forward, compiled_graphs, train_step
+    from xformer_cli.vocab import PAD_ID
+
+    stop = []  # SIGTERM (the deadline): finish the update, report what was done
     signal.signal(signal.SIGTERM, lambda *_: stop.append(True))
-    model.train()
-    for step in range(UPDATES):
-        if stop:
+    training.COMPILE_BACKEND = BACKEND
+    xf = engine == "xf"
+    # The reference's set-up builds only the data, the batches and the autocast of xf train; the
+    # xf model it also builds is made negligible (d_model 8, one layer) so as not to count in the
+    # reference's memory.
+    shrink = LAYERS if xf else dict(d_model=8, d_ff=8, heads=1, encoder_layers=1, decoder_layers=1)
+    o = TrainOptions(data=data, save_dir=save_dir, arch=ARCH, max_tokens=MAX_TOKENS, precision=precision,
+                     device=device, seed=SEED, label_smoothing=LABEL_SMOOTHING, compile=compiled and xf, **shrink)
+    env = distributed.setup(device)
+    dev = env.device
+    with SaveDirLock(save_dir) as lock:
+        run = set_up(o, env, lock)
+    cfg = run.cfg if xf else model_config(ARCH, vocab_size=run.data.vocab_size, **LAYERS)
+    if xf:
+        def step(micro, lr, ntokens):
+            return train_step(run.model, run.forward, run.state.optimizer, run.state.scaler, micro, grad_scale=1.0 / ntokens,
+                              lr=lr, autocast=run.autocast, label_smoothing=o.label_smoothing,
+                              clip_norm=o.clip_norm).loss_sums[0]
+    else:
+        torch.manual_seed(SEED)
+        model = reference_model(cfg).to(dev).train()
+        optimizer = torch.optim.AdamW(model.parameters(), lr=0.0, betas=(0.9, 0.98), eps=1e-9, weight_decay=0.0,
+                                      fused=True)
+        forward = compile_forward(model) if compiled else model
+        scaler = run.state.scaler
+
+        def step(micro, lr, ntokens):
+            for group in optimizer.param_groups:
+                group["lr"] = lr
+            total = 0.0
+            for batch in micro:
+                with run.autocast:
+                    logits = forward(batch["src"].to(dev, non_blocking=True),
+                                     batch["prev_output"].to(dev, non_blocking=True))
+                    loss = F.cross_entropy(logits.view(-1, logits.size(-1)),
+                                           batch["target"].to(dev, non_blocking=True).view(-1),
+                                           ignore_index=PAD_ID, label_smoothing=LABEL_SMOOTHING, reduction="sum")
+                scaler.scale(loss / ntokens).backward()
+                total = total + loss.detach()
+            scaler.step(optimizer)
+            scaler.update()
+            optimizer.zero_grad(set_to_none=True)
+            return total
+
+    prefetch = Prefetch(run.batches, background=dev.type == "cuda")  # as xf train's loop makes it
+    position = (1, 0)  # epoch, batch offset
+
+    def next_update() -> list[dict]:
+        nonlocal position
+        micro = prefetch.take(*position)
+        position = run.batches.next_update(*position)
+        return micro
+
+    def lr(n: int) -> float:  # xf train's schedule (of d_model, which the reference shares)
+        return run.learning_rate(n) if xf else make_lr(n)
+
+    if not xf:
+        from xformer_cli.schedule import make_schedule
+
+        make_lr = make_schedule(o.lr_scheduler, cfg.d_model, o.warmup_updates,
+                                o.lr_factor if o.lr_scheduler == "noam" else o.lr, o.warmup_init_lr)
+
+    result = dict(engine=engine, device=device, precision=precision, compiled=compiled, arch=ARCH,
+                  parameters=sum(p.numel() for p in (run.model if xf else model).parameters()))
+    sync(dev)
+    start = time.perf_counter()
+    micro = next_update()
+    step(micro, lr(1), sum(b["ntokens"] for b in micro))
+    sync(dev)
+    result.update(first_update_seconds=round(time.perf_counter() - start, 3), graphs_after_first=compiled_graphs(),
+                  ended="killed in the timed updates, after update 1")
+    write_json(Path(out), result)
+
+    # the timed window: synchronised at its two ends only
+    window = max(0.0, min(SECONDS, deadline - time.time() - 2.0))
+    updates = tgt = src = 0
+    flops = 0.0
+    loss = None
+    sync(dev)
+    start = time.perf_counter()
+    while True:
+        if updates >= UPDATES - 1:
+            ended = f"all {UPDATES} updates"
             break
-        t0 = time.perf_counter()
-        batch = collate([ds[i] for i in batches[order[step % len(order)]]])
-        for group in optimizer.param_groups:
-            group["lr"] = learning_rate(step + 1, "noam", cfg.d_model, 4000, None, 0.0)
-        with autocast:
-            logits = step_model(batch["src"].to(dev, non_blocking=True), batch["prev_output"].to(dev, non_blocking=True))
-            loss = F.cross_entropy(logits.view(-1, logits.size(-1)), batch["target"].to(dev).view(-1),
-                                   ignore_index=PAD_ID, label_smoothing=LABEL_SMOOTHING, reduction="sum")
-        (loss / batch["ntokens"]).backward()
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-        sync()
-        seconds = time.perf_counter() - t0
-        if step == 0:
-            first_update = seconds
-            continue
-        timed["seconds"] += seconds
-        timed["updates"] += 1
-        timed["src"] += batch["src_tokens"]
-        timed["tgt"] += batch["ntokens"]
-    s = timed["seconds"]
-    Path(out).write_text(json.dumps(dict(
-        num_updates=timed["updates"] + bool(first_update), tgt_tok_s=timed["tgt"] / s if s else None, src_tok_s=timed["src"] / s if s else None,
-        ups=timed["updates"] / s if s else None, peak_memory_mib=round(peak_memory_mib(dev), 1),
-        first_update_seconds=round(first_update, 2))))
+        if stop:
+            ended = "stopped by SIGTERM (the time limit)"
+            break
+        if time.perf_counter() - start >= window:
+            ended = f"stopped by time ({window:.0f} s window)"
+            break
+        micro = next_update()
+        ntokens = sum(b["ntokens"] for b in micro)
+        for b in micro:  # the pairs' own lengths, on the host: no padding counted
+            flops += training_flops(cfg, b["src"].ne(PAD_ID).sum(1).numpy(), b["target"].ne(PAD_ID).sum(1).numpy())
+        loss = step(micro, lr(updates + 2), ntokens)
+        updates, tgt, src = updates + 1, tgt + ntokens, src + sum(b["src_tokens"] for b in micro)
+    sync(dev)
+    seconds = time.perf_counter() - start
+    prefetch.close()
+    result.update(ended=ended, updates_timed=updates, seconds=round(seconds, 4), tgt_tokens=tgt, src_tokens=src,
+                  flops=flops, tgt_tok_s=tgt / seconds if updates else None,
+                  src_tok_s=src / seconds if updates else None, ups=updates / seconds if updates else None,
+                  graphs=compiled_graphs(), peak_memory_mib=round(peak_memory_mib(dev), 1),
+                  finite=bool(torch.isfinite(loss).item()) if loss is not None else None)
+    write_json(Path(out), result)
+
+
+def run_child(engine: str, data: Path, tmp: Path, tag: str, device: str, precision: str, compiled: bool,
+              deadline: float) -> dict:
+    """One run in a child process, sent SIGTERM at ``deadline`` and killed GRACE seconds later;
+    its result, or a result saying how it ended without one."""
+    out, log = tmp / f"{engine}-{tag}.json", tmp / f"{engine}-{tag}.log"
+    spec = dict(engine=engine, data=str(data), save_dir=str(tmp / f"{engine}-{tag}"), out=str(out), device=device,
+                precision=precision, compiled=compiled, deadline=deadline)
+    began = time.time()
+    with open(log, "w") as err:
+        proc = subprocess.Popen([sys.executable, __file__, "--run", json.dumps(spec)], stdout=subprocess.DEVNULL,
+                                stderr=err, cwd=REPO)
+        try:
+            code = proc.wait(timeout=max(1.0, deadline - time.time()) if math.isfinite(deadline) else None)
+        except subprocess.TimeoutExpired:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                code = proc.wait(timeout=GRACE)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                code = proc.wait()
+    result = json.loads(out.read_text()) if out.exists() else dict(engine=engine, ended="killed before update 1 ended")
+    if code != 0 and "updates_timed" not in result:
+        tail = log.read_text()[-1500:].strip().splitlines()
+        result["ended"] = (f"{result['ended']} (exit {code}, after {time.time() - began:.0f} s)"
+                           + (f": {tail[-1]}" if tail else ""))
+        result["log_tail"] = "\n".join(tail[-20:])
+    return result
 
 
 # -- the benchmark ---------------------------------------------------------------------------------
@@ -322,14 +382,15 @@ def measure(emit) -> None:
     from xformer_cli.precision import cpu_bf16_instructions
 
     devices = ENV("XF_BENCH_TRAIN_DEVICES", "cpu" if DRY else ",".join(["cpu"] + ["cuda"] * torch.cuda.is_available()))
+    keep = ENV("XF_BENCH_TRAIN_DATA_DIR")
     with tempfile.TemporaryDirectory(prefix="xf-bench-train-") as tmp:
         tmp = Path(tmp)
-        data = wmt_like_data(tmp) if DATA == "wmt-like" else multi30k_data(tmp)
+        root = Path(keep) if keep else tmp
+        data = wmt_like_data(root) if DATA == "wmt-like" else multi30k_data(root)
         data_name = f"wmt-like {PAIRS:,} pairs" if DATA == "wmt-like" else "m30k en-de"
         for device in devices.split(","):
             dev = torch.device(device)
             default = "bf16" if device == "cuda" else "fp32,bf16"
-            per_token = flops_per_target_token(data, dev)
             for precision in ENV("XF_BENCH_TRAIN_PRECISIONS", default).split(","):
                 case = f"{ARCH} {data_name} max_tokens {MAX_TOKENS:,} {device} {precision}"
                 if device == "cpu" and precision == "bf16" and not cpu_bf16_instructions() and not DRY:
@@ -339,62 +400,58 @@ def measure(emit) -> None:
                 dtype = torch.float32 if precision == "fp32" else torch.bfloat16 if precision == "bf16" else torch.float16
                 peak = matmul_peak(dtype, dev)
                 for compiled in COMPILE:
-                    name = f"{case}{' compiled' if compiled else ''}"
-                    xf_runs, ref_runs = [], []
                     for r in range(ROUNDS):  # alternate xf and the reference: the machine's load hits both
+                        name = f"{case}{' compiled' if compiled else ''}" + (f" round {r + 1}" if ROUNDS > 1 else "")
                         tag = f"{device}-{precision}-{int(compiled)}-{r}"
-                        if compiled and not has_compile_option():
-                            xf_runs.append(None)
-                        else:
-                            xf_runs.append(run_xf(data, tmp / f"xf-{tag}", device, precision, compiled))
-                        if REFERENCE:
-                            try:
-                                ref_runs.append(run_reference(data, tmp / f"ref-{tag}.json", device, precision, compiled))
-                            except RuntimeError as e:
-                                emit(dict(bench="train", case=name, metric="reference tokens/s", value="failed",
-                                          unit="", note=str(e).splitlines()[0]))
-                    for row in rows_of(name, xf_runs, ref_runs, per_token, peak, precision):
-                        emit(row)
+                        results = {}
+                        for i, engine in enumerate(ENGINES):
+                            # each run its share of the time left (the next one's starts when this one ends)
+                            share = (DEADLINE - time.time()) / (len(ENGINES) - i) if math.isfinite(DEADLINE) else math.inf
+                            results[engine] = run_child(engine, data, tmp, tag, device, precision, compiled,
+                                                        time.time() + share)
+                            for row in rows_of(name, results[engine], peak, precision):
+                                emit(row)
+                        xf, ref = results.get("xf", {}), results.get("reference", {})
+                        if xf.get("tgt_tok_s") and ref.get("tgt_tok_s"):
+                            emit(dict(bench="train", case=name, metric="xf / reference", unit="",
+                                      value=xf["tgt_tok_s"] / ref["tgt_tok_s"], ratio=xf["tgt_tok_s"] / ref["tgt_tok_s"],
+                                      note="target tokens/s, the two runs above"))
 
 
-def rows_of(case: str, xf_runs: list, ref_runs: list, per_token: float, peak: float, precision: str) -> list[dict]:
-    """The rows of one configuration: the best round of xf and of the reference, and their ratios."""
-    def best(runs):
-        runs = [r for r in runs if r and r.get("tgt_tok_s")]
-        return max(runs, key=lambda r: r["tgt_tok_s"]) if runs else None
-
-    def rounds(runs):
-        return " / ".join(f"{r['tgt_tok_s']:,.0f}" for r in runs if r and r.get("tgt_tok_s"))
-
-    xf, ref = best(xf_runs), best(ref_runs)
-    mfu_note = f"{per_token / 1e6:.1f} MFLOP/target token; {precision} matmul peak {peak / 1e12:.3g} TFLOP/s measured here"
+def rows_of(case: str, r: dict, peak: float, precision: str) -> list[dict]:
+    """The rows of one run: speed, MFU, peak memory, update 1 (compilation), graphs; each row
+    notes how the run ended."""
+    who = "xf" if r["engine"] == "xf" else "reference"
+    prefix = "" if who == "xf" else "reference "
+    timed = r.get("updates_timed") or 0
+    how = f"{who}; {timed} updates timed in {r.get('seconds', 0):.1f} s, {r['ended']}"
+    row = dict(bench="train", case=case, ended=r["ended"], updates_timed=timed)
     out = []
-    if xf is None and xf_runs and xf_runs[0] is None:
-        out.append(dict(bench="train", case=case, metric="target tokens/s", value="not run", unit="",
-                        note="xf train has no --compile on this branch"))
-    elif xf is not None:
+    if not timed:
+        out.append({**row, "metric": f"{prefix}target tokens/s", "value": "no update timed", "unit": "",
+                    "note": how + (f"; update 1 took {r['first_update_seconds']:.1f} s" if "first_update_seconds" in r
+                                   else "")})
+    else:
+        per_token = r["flops"] / r["tgt_tokens"]
+        peak_note = (f"{per_token / 1e6:.1f} MFLOP/target token over the timed pairs (no padding); {precision} "
+                     f"matmul peak {peak / 1e12:.3g} TFLOP/s measured here")
         out += [
-            dict(bench="train", case=case, metric="target tokens/s", value=xf["tgt_tok_s"], unit="tok/s",
-                 ratio=xf["tgt_tok_s"] / ref["tgt_tok_s"] if ref else None,
-                 note=f"xf; vs torch.nn.Transformer of this run; rounds {rounds(xf_runs)}"),
-            dict(bench="train", case=case, metric="MFU", value=100 * xf["tgt_tok_s"] * per_token / peak, unit="%",
-                 note=f"xf; {mfu_note}"),
-            dict(bench="train", case=case, metric="peak memory", value=xf["peak_memory_mib"], unit="MiB",
-                 ratio=xf["peak_memory_mib"] / ref["peak_memory_mib"] if ref else None,
-                 note="xf; " + ("CUDA allocated" if "cuda" in case else "process RSS") + "; vs the reference"),
+            {**row, "metric": f"{prefix}target tokens/s", "value": r["tgt_tok_s"], "unit": "tok/s",
+             "note": how + ("" if r.get("finite") else "; the last loss was not finite")},
+            {**row, "metric": f"{prefix}MFU", "value": 100 * r["flops"] / r["seconds"] / peak, "unit": "%",
+             "note": f"{who}; {peak_note}"},
+            {**row, "metric": f"{prefix}peak memory", "value": r["peak_memory_mib"], "unit": "MiB",
+             "note": f"{who}; " + ("CUDA allocated" if r["device"] == "cuda" else "process RSS")},
         ]
-        if xf.get("compile_seconds") is not None:
-            out.append(dict(bench="train", case=case, metric="compile time", value=xf["compile_seconds"], unit="s",
-                            note="xf; apart from the speed above"))
-    if ref is not None:
-        out += [
-            dict(bench="train", case=case, metric="reference tokens/s", value=ref["tgt_tok_s"], unit="tok/s",
-                 note=f"torch.nn.Transformer, same batches; rounds {rounds(ref_runs)}"),
-            dict(bench="train", case=case, metric="reference MFU", value=100 * ref["tgt_tok_s"] * per_token / peak,
-                 unit="%", note=mfu_note),
-            dict(bench="train", case=case, metric="reference first update", value=ref["first_update_seconds"],
-                 unit="s", note="includes torch.compile" if "compiled" in case else "start-up of the step"),
-        ]
+    if "first_update_seconds" in r:
+        out.append({**row, "metric": f"{prefix}update 1", "value": r["first_update_seconds"], "unit": "s",
+                    "note": f"{who}; " + ("includes torch.compile" if r["compiled"] else "start-up of the step")
+                            + "; not in the speed"})
+    if r.get("compiled") and "graphs_after_first" in r:
+        during = r.get("graphs", r["graphs_after_first"]) - r["graphs_after_first"]
+        out.append({**row, "metric": f"{prefix}compiled graphs", "value": r.get("graphs", r["graphs_after_first"]),
+                    "unit": "", "note": f"{who}; {during} made during the timed updates (recompilations)",
+                    "recompiles": during})
     return out
 
 
@@ -405,8 +462,8 @@ def rows() -> list[dict]:
 
 
 def main(argv: list[str]) -> None:
-    if argv[:1] == ["--reference"]:
-        reference_train(**json.loads(argv[1]))
+    if argv[:1] == ["--run"]:
+        one_run(**json.loads(argv[1]))
         return
     path = Path(argv[0]) if argv else None
     out: list[dict] = []
@@ -415,9 +472,7 @@ def main(argv: list[str]) -> None:
         out.append(row)
         print(json.dumps(row), flush=True)
         if path:  # written after every row: a run cut short keeps what it measured
-            tmp = path.with_suffix(".tmp")
-            tmp.write_text(json.dumps({"cpu_flags": cpu_flags(), "torch": torch.__version__, "rows": out}, indent=1))
-            tmp.replace(path)
+            write_json(path, {"cpu_flags": cpu_flags(), "torch": torch.__version__, "rows": out})
 
     measure(emit)
 

@@ -85,8 +85,8 @@ def run_case(checkpoint: str, ct2_dir: str, lines: list[str], case: str, trained
     import torch
 
     from xformer_cli.options import TranslateOptions
-    from xformer_cli.commands.train import peak_memory_mib
-    from xformer_cli.commands.translate import Stats, translate_buffer
+    from xformer_cli.train_log import peak_memory_mib
+    from xformer_cli.translation import Stats, translate_buffer
     from xformer_cli.engines import open_engine
 
     if THREADS:
@@ -133,7 +133,7 @@ def run_interleaved(checkpoint: str, ct2_dir: str, lines: list[str], trained: bo
     import torch
 
     from xformer_cli.options import TranslateOptions
-    from xformer_cli.data import batch_by_size
+    from xformer_cli.batching import batch_by_size
     from xformer_cli.engines import open_engine
 
     if THREADS:
@@ -176,7 +176,7 @@ def run_cache_case(checkpoint: str, lines: list[str], use_cache: bool, trained: 
 
     from xformer_cli.options import DecodingOptions
     from xformer_cli.search import beam_search
-    from xformer_cli.data import batch_by_size, collate_source
+    from xformer_cli.batching import batch_by_size, collate_source
     from xformer_cli.checkpoint import load_ensemble
 
     if THREADS:

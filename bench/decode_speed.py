@@ -3,7 +3,7 @@ whose translate bench runs the whole xf translate pipeline on Multi30k).
 
 A randomly initialised `base` model (vocabulary 37000) decodes synthetic sources with WMT-like
 lengths (mean 27 subwords, bench_train.wmt_like_lengths) through xf's own search call
-(``translate.search`` with xf translate's defaults: beam 4, GNMT length penalty 0.6), batches of
+(``search.search`` with xf translate's defaults: beam 4, GNMT length penalty 0.6), batches of
 XF_BENCH_DECODE_BATCH (128) sentences, longest first, as xf translate makes them. A random model never
 chooses eos, so outputs are capped at the source length (max_len_a 1, max_len_b 0): about the
 length of real translations. Sentences/s on the device in fp32 and bf16, and on the CPU in fp32
@@ -16,7 +16,6 @@ XF_BENCH_DRY_RUN=1 (tiny model, vocabulary 1000, 40 sentences, CPU only).
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import sys
@@ -29,9 +28,9 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench_train import cpu_flags, wmt_like_lengths  # noqa: E402
 
-from xformer_cli.data import batch_by_size, collate_source  # noqa: E402
+from xformer_cli.batching import batch_by_size, collate_source  # noqa: E402
 from xformer_cli.model import build_model  # noqa: E402
-from xformer_cli.options import TranslateOptions  # noqa: E402
+from xformer_cli.options import DecodingOptions  # noqa: E402
 from xformer_cli.search import search  # noqa: E402
 
 DRY = os.environ.get("XF_BENCH_DRY_RUN") == "1"
@@ -48,7 +47,7 @@ def sources(n: int) -> list[list[int]]:
 
 
 def sentences_per_second(model, sents: list[list[int]], device: torch.device) -> tuple[float, int]:
-    options = dataclasses.replace(TranslateOptions(path=("-",)), beam=4, max_len_a=1.0, max_len_b=0)
+    options = DecodingOptions(beam_size=4, max_len_a=1.0, max_len_b=0)  # xf translate's defaults, capped
     # as xf translate batches: longest first, by source length
     batches = batch_by_size([len(s) for s in sents], max_sentences=BATCH, longest_first=True)
     # warm-up: one batch (kernels, allocator)

@@ -3,7 +3,7 @@
     python bench/profile_step.py DATA_DIR [--arch small] [--max-tokens 4096] [--device cpu]
                                  [--precision fp32] [--rows 15]
 
-The update is xf's own ``train.train_step`` on the run's set-up (``train.set_up``), after two
+The update is xf's own ``training.train_step`` on xf train's set-up (``commands.train.set_up``), after two
 warm-up updates; operators are sorted by self time on the device (CPU time on a CPU). Writes
 nothing but a throw-away save directory.
 """
@@ -21,10 +21,11 @@ from torch.profiler import ProfilerActivity, profile
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from xformer_cli import distributed  # noqa: E402
-from xformer_cli.data import epoch_order  # noqa: E402
+from xformer_cli.batching import collate  # noqa: E402
 from xformer_cli.options import TrainOptions  # noqa: E402
 from xformer_cli.safety import SaveDirLock  # noqa: E402
-from xformer_cli.commands.train import micro_batches, set_up, train_step  # noqa: E402
+from xformer_cli.commands.train import set_up  # noqa: E402
+from xformer_cli.training import train_step  # noqa: E402
 
 
 def main() -> None:
@@ -41,23 +42,20 @@ def main() -> None:
                          precision=a.precision)
         with SaveDirLock(save) as lock:
             run = set_up(o, distributed.setup(o.device), lock)
-        order = epoch_order(len(run.batches), o.seed, 1)
         # the batch closest to the median size, so the profile is of a typical update
-        sizes = np.array([len(b) for b in run.batches])
-        typical = int(np.argsort(sizes)[len(sizes) // 2])
-        order = np.concatenate([[typical] * 3, order])
+        sizes = np.array([len(b) for b in run.batches.batches])
+        typical = run.batches.batches[int(np.argsort(sizes)[len(sizes) // 2])]
 
         def step():
-            micro = micro_batches(run, order)
+            micro = [collate([run.train_set[i] for i in typical])]
             ntokens = sum(b["ntokens"] for b in micro)
-            train_step(run.model, run.forward, run.optimizer, run.scaler, micro, grad_scale=1.0 / ntokens,
+            train_step(run.model, run.forward, run.state.optimizer, run.state.scaler, micro, grad_scale=1.0 / ntokens,
                        lr=1e-4, autocast=run.autocast, label_smoothing=o.label_smoothing, clip_norm=o.clip_norm)
             return ntokens
 
         run.model.train()
         for _ in range(2):
             step()
-            run.pos.batch_offset += 1
         cuda = run.env.device.type == "cuda"
         activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
         with profile(activities=activities) as prof:

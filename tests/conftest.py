@@ -1,7 +1,9 @@
 from pathlib import Path
 
 import pytest
+import torch
 
+from helpers import learn_spm, make_data, slice_multi30k, tiny_checkpoint
 from testdata import data_root, multi30k
 
 
@@ -48,3 +50,40 @@ def pytest_collection_modifyitems(config, items):
     reason = f"needs a CUDA device (torch {torch.__version__} sees none); bench/gpu.sh runs these on a GPU"
     for item in cuda_tests:
         item.add_marker(pytest.mark.skip(reason=reason))
+
+
+# -- shared fixtures (helpers.py has the builders behind them) ------------------------------------
+@pytest.fixture(scope="session")
+def raw_slice(tmp_path_factory, multi30k_dir) -> Path:
+    return slice_multi30k(multi30k_dir, tmp_path_factory.mktemp("m30k-raw"), 160, 40)
+
+
+@pytest.fixture(scope="session")
+def data_dir(tmp_path_factory, raw_slice) -> Path:
+    return make_data(raw_slice, tmp_path_factory.mktemp("m30k") / "bin", 300)
+
+
+@pytest.fixture(scope="module")
+def one_thread():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def spm_model(multi30k_dir) -> bytes:
+    lines = []
+    for lang in ("en", "de"):
+        lines += (multi30k_dir / f"train.{lang}").read_text(encoding="utf-8").splitlines()[:300]
+    return learn_spm(lines)
+
+
+@pytest.fixture(scope="module")
+def ckpt(spm_model, tmp_path_factory):
+    return tiny_checkpoint(tmp_path_factory.mktemp("ckpt") / "tiny.pt", spm_model, seed=0)
+
+
+@pytest.fixture(scope="module")
+def sentences(multi30k_dir):
+    return (multi30k_dir / "test2016.en").read_text(encoding="utf-8").splitlines()[:7]

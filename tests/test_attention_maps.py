@@ -8,7 +8,7 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from test_translate import ckpt, one_thread, sentences, spm_model  # noqa: F401 (fixtures: a tiny checkpoint, Multi30k lines, one thread)
+
 from xformer_cli import model as model_module
 from xformer_cli.attention_maps import (
     AttentionMaps,
@@ -24,13 +24,14 @@ from xformer_cli.attention_maps import (
 )
 from xformer_cli.cli import app
 from xformer_cli.errors import ConfigError
-from xformer_cli.model import EOS_ID, PAD_ID, build_model
+from xformer_cli.model import build_model
+from xformer_cli.vocab import PAD_ID, EOS_ID
 from xformer_cli.options import TranslateOptions
 from xformer_cli.search import Hypothesis, beam_search
-from xformer_cli.data import collate_source
+from xformer_cli.batching import collate_source
 from xformer_cli.options import DecodingOptions
 from xformer_cli.checkpoint import load_ensemble
-from xformer_cli.commands.translate import Stats, translate_buffer
+from xformer_cli.translation import Stats, translate_buffer
 from xformer_cli.engines import XfEngine
 
 V = 40
@@ -59,6 +60,7 @@ def attention_modules(model):
     return modules
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("overrides", [{}, {"normalize_before": True}, {"positions": "alibi"}, {"positions": "rope"},
                                        {"head_dim": 8}])
 def test_recorded_weights_are_those_of_the_forward_pass(monkeypatch, overrides):
@@ -86,6 +88,7 @@ def test_recorded_weights_are_those_of_the_forward_pass(monkeypatch, overrides):
     assert all(m.recorded is None for m in modules)  # recording is off again
 
 
+@pytest.mark.slow
 def test_rows_sum_to_one_and_padding_gets_nothing():
     model = tiny()
     src, targets = batch()
@@ -172,6 +175,7 @@ def translate_lines(ckpt, lines, **overrides):
     return "".join(translate_buffer(XfEngine(models, torch.device("cpu")), sp, lines, 0, options, Stats()))
 
 
+@pytest.mark.slow
 def test_print_alignment_formats(ckpt, sentences):
     lines = [sentences[0], "", sentences[1]]
     plain = translate_lines(ckpt, lines).splitlines()
@@ -194,8 +198,8 @@ def test_print_alignment_formats(ckpt, sentences):
 
     records = [json.loads(r) for r in translate_lines(ckpt, lines, print_alignment=True, output_format="jsonl",
                                                        nbest=2).splitlines()]
-    for record, n_best_lines in zip((records[0], records[2]), (nbest[0:2], nbest[4:6])):
-        for h, line in zip(record["hypotheses"], n_best_lines):
+    for rec, n_best_lines in zip((records[0], records[2]), (nbest[0:2], nbest[4:6])):
+        for h, line in zip(rec["hypotheses"], n_best_lines):
             assert format_alignment(h["alignment"]) == line.split(" ||| ")[3]
             assert [t for _, t in h["alignment"]] == list(range(len(h["tokens"]) - 1))
     assert records[1]["hypotheses"][0]["alignment"] == []
@@ -208,6 +212,7 @@ def test_print_alignment_formats(ckpt, sentences):
         assert all(0 <= s < len(line.split()) and 0 <= t < len(translation.split()) for s, t in pairs)
 
 
+@pytest.mark.slow
 def test_print_alignment_through_the_cli(ckpt, sentences):
     result = runner.invoke(app, ["translate", "--path", ckpt, "--max-len-b", "3", "--quiet", "--print-alignment",
                                  "--alignment-layer", "2"], input=(sentences[0] + "\n").encode())
@@ -241,8 +246,8 @@ def trained_tiny(multi30k_dir, updates=250, seed=1, batch_size=32):
     sentencepiece model: 250 updates of 32 pairs, label-smoothed, Adam at 3e-3."""
     import sentencepiece as spm
 
-    from test_translate import learn_spm
-    from xformer_cli.data import collate
+    from helpers import learn_spm
+    from xformer_cli.batching import collate
     from xformer_cli.loss import label_smoothed_loss
 
     en = (multi30k_dir / "train.en").read_text(encoding="utf-8").splitlines()[:2000]

@@ -20,6 +20,7 @@ def test_version():
     assert __version__ in result.output
 
 
+@pytest.mark.slow
 def test_python_dash_m_works():
     out = subprocess.run([sys.executable, "-m", "xformer_cli", "--version"], capture_output=True, text=True)
     assert out.returncode == 0 and out.stdout.strip() == f"xf {__version__}"
@@ -53,6 +54,7 @@ def test_bad_config_is_one_line_error(tmp_path):
     assert "Traceback" not in result.output
 
 
+@pytest.mark.slow
 def test_readme_quick_start_puts_xf_on_the_path():
     """Follow the README's Quick start: after `make venv`, `source .venv/bin/activate` gives `xf`."""
     import os

@@ -8,18 +8,20 @@ import json
 import pytest
 import torch
 
-from xformer_cli.commands import train as train_module
+from xformer_cli import training
 from xformer_cli.checkpoint import load_checkpoint
-from xformer_cli.data import DataDir, batch_by_size
+from xformer_cli.batching import batch_by_size
+from xformer_cli.data import DataDir
+from xformer_cli.model import build_model
 from xformer_cli.options import TrainOptions
 from xformer_cli.commands.train import train
 
-from test_train import MICRO, data_dir, raw_slice  # noqa: F401 - the shared Multi30k slice fixtures
+from helpers import MICRO
 
 
 @pytest.fixture(autouse=True)
 def aot_eager(monkeypatch):
-    monkeypatch.setattr(train_module, "COMPILE_BACKEND", "aot_eager")
+    monkeypatch.setattr(training, "COMPILE_BACKEND", "aot_eager")
     torch._dynamo.reset()
     torch._dynamo.utils.counters.clear()
     yield
@@ -35,6 +37,7 @@ def opts(data_dir, save_dir, **kw) -> TrainOptions:
     return TrainOptions(data=str(data_dir), save_dir=str(save_dir), **{**MICRO, "log_interval": 10, **kw})
 
 
+@pytest.mark.slow
 def test_one_compilation_for_all_batch_shapes_and_the_same_losses_as_eager(data_dir, tmp_path):  # noqa: F811
     train_set = DataDir.open(data_dir).split("train")
     shapes = {(len(b), int(train_set.src_sizes[b].max()), int(train_set.tgt_sizes[b].max()))
@@ -57,6 +60,7 @@ def test_one_compilation_for_all_batch_shapes_and_the_same_losses_as_eager(data_
         assert x == pytest.approx(y, rel=1e-4)
 
 
+@pytest.mark.slow
 def test_compiled_resume_is_exact(data_dir, tmp_path):  # noqa: F811
     """N+M compiled updates in one run == N, stop, resume for M (dropout on)."""
     kw = dict(compile=True, dropout=0.2, max_update=6)
@@ -68,3 +72,17 @@ def test_compiled_resume_is_exact(data_dir, tmp_path):  # noqa: F811
     assert a["train_state"]["position"] == b["train_state"]["position"]
     for name in a["model"]:
         assert torch.equal(a["model"][name], b["model"][name]), name
+
+
+@pytest.mark.slow
+def test_a_first_batch_with_as_many_source_as_target_positions_does_not_specialize_the_graph():
+    """Duck sizing would give S and T one symbol when the first batch has S == T; the next batch
+    (S != T) would recompile forward and backward. Marked dynamic, every shape shares one graph."""
+    torch.manual_seed(0)
+    model = build_model("tiny", vocab_size=60, encoder_layers=1, decoder_layers=1)
+    forward = training.compile_forward(model)
+    for b, s, t in [(4, 9, 9), (4, 7, 11), (3, 12, 5), (5, 6, 6)]:
+        src, prev = torch.randint(4, 60, (b, s)), torch.randint(4, 60, (b, t))
+        forward(src, prev).float().sum().backward()
+        assert training.compiled_graphs() == 1, (b, s, t)
+    assert forward.training is model.training  # attributes reach the module through the wrapper

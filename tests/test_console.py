@@ -6,9 +6,10 @@ import re
 import subprocess
 import sys
 
+import pytest
+from helpers import cli_args
 from rich.table import Table
 
-from test_train import cli_args, data_dir, raw_slice  # noqa: F401 - fixtures
 from xformer_cli.console import print_table, stderr_console, table_line
 
 BOX = re.compile("[\u2500-\u257f]")  # rich's box-drawing characters
@@ -45,6 +46,7 @@ def test_a_long_record_is_not_wrapped_when_stderr_is_not_a_terminal(capsys, monk
     assert lines[0] == record and len(lines) == 2 and not BOX.search(lines[1])
 
 
+@pytest.mark.slow
 def test_train_log_in_a_file_is_one_line_per_record(data_dir, tmp_path):
     """Records longer than 80 columns (a long save dir, speeds) stay whole: grep finds them."""
     save = tmp_path / ("a-long-save-directory-name-" * 3) / "ck"

@@ -1,7 +1,8 @@
 """xf on a CUDA device: bf16 and fp16 (loss-scaled) training steps, DDP over NCCL, and GPU decoding
 equal to CPU fp32 decoding. Tests marked ``cuda`` are skipped, with the reason, without a GPU;
-``bench/gpu.sh`` runs them (``pytest -m cuda``). The DDP test also runs on CPU (gloo), so its
-path through torchrun is checked on every machine.
+``bench/gpu.sh`` runs them (``pytest -m cuda``, with a per-test timeout). The DDP and decoding
+tests also run on the CPU (gloo; float64 decoding against float32), so their calls into xf are
+checked by ``make test`` on every machine: a rename breaks CI, not the one GPU run.
 
 No shared data is needed (a GPU machine may have only the repository): the corpus is a toy task
 of seeded pseudo-words, its target the source's words in reverse order, through xf preprocess.
@@ -10,16 +11,19 @@ of seeded pseudo-words, its target the source's words in reverse order, through 
 import json
 import os
 import random
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 import torch
 
 from xformer_cli.checkpoint import load_checkpoint
-from xformer_cli.model import EOS_ID, PAD_ID, build_model
-from xformer_cli.options import PreprocessOptions, TrainOptions
+from xformer_cli.model import build_model
+from xformer_cli.vocab import PAD_ID, EOS_ID
+from xformer_cli.options import DecodingOptions, PreprocessOptions, TrainOptions
 from xformer_cli.commands.preprocess import preprocess
 from xformer_cli.search import beam_search, greedy_search
 from xformer_cli.commands.train import train
@@ -113,6 +117,41 @@ def test_updates_never_wait_for_the_gpu(data_dir, tmp_path, monkeypatch, precisi
 
 
 # -- DDP under torchrun with one process -----------------------------------------------------------
+def run_group(args: list[str], timeout: float, **kw) -> subprocess.CompletedProcess:
+    """subprocess.run in a process group of its own, the whole group killed on timeout: torchrun's
+    workers are its children, and a hung worker (NCCL) would outlive a killed torchrun."""
+    proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True, **kw)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, err = proc.communicate()
+        pytest.fail(f"{' '.join(args[:6])}... timed out after {timeout:.0f}s (process group killed):\n{err[-3000:]}")
+    return subprocess.CompletedProcess(args, proc.returncode, out, err)
+
+
+@pytest.mark.slow
+def test_a_timed_out_launcher_takes_its_workers_with_it(tmp_path):
+    """run_group's timeout kills the launcher's children too (as torchrun's workers would be)."""
+    pid_file = tmp_path / "worker.pid"
+    with pytest.raises(pytest.fail.Exception, match="timed out"):
+        run_group(["bash", "-c", f"sleep 120 & echo $! > {pid_file}; wait"], 2)
+    worker = int(pid_file.read_text())
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        try:  # gone, or a zombie waiting for init to reap it: either way no longer running
+            state = Path(f"/proc/{worker}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except FileNotFoundError:
+            break
+        if state in ("Z", "X"):
+            break
+        time.sleep(0.1)
+    else:
+        pytest.fail(f"worker {worker} still runs after its launcher timed out")
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=CUDA)])
 def test_torchrun_one_process_trains_through_ddp_like_a_plain_run(data_dir, tmp_path, device):
     """torchrun --nproc-per-node 1 joins a process group (NCCL on a GPU, gloo on CPU) and trains
@@ -121,8 +160,7 @@ def test_torchrun_one_process_trains_through_ddp_like_a_plain_run(data_dir, tmp_
     torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "1"]
     probe = ("from xformer_cli import distributed as d; import torch.distributed as dist; "
              f"e = d.setup({device!r}); print(e.distributed, dist.get_backend(), e.world_size); d.shutdown()")
-    out = subprocess.run([*torchrun, "--no-python", sys.executable, "-c", probe],
-                         capture_output=True, text=True, env=env, timeout=120)
+    out = run_group([*torchrun, "--no-python", sys.executable, "-c", probe], 120, env=env)
     assert out.returncode == 0, out.stderr[-3000:]
     assert out.stdout.split() == ["True", "nccl" if device == "cuda" else "gloo", "1"]
 
@@ -131,8 +169,7 @@ def test_torchrun_one_process_trains_through_ddp_like_a_plain_run(data_dir, tmp_
     args = [str(data_dir), "--save-dir", str(tmp_path / "ddp")]
     for key, value in {**SHAPE, **TRAIN, **kw}.items():
         args += [f"--{key.replace('_', '-')}", str(value)]
-    out = subprocess.run([*torchrun, "-m", "xformer_cli", "train", *args], capture_output=True, text=True,
-                         env=env, cwd=tmp_path, timeout=300)
+    out = run_group([*torchrun, "-m", "xformer_cli", "train", *args], 300, env=env, cwd=tmp_path)
     assert out.returncode == 0, out.stderr[-3000:]
     a = load_checkpoint(tmp_path / "plain" / "checkpoint_last.pt")["model"]
     b = load_checkpoint(tmp_path / "ddp" / "checkpoint_last.pt")["model"]
@@ -152,23 +189,27 @@ def random_sources(n: int, vocab: int, seed: int) -> torch.Tensor:
     return src
 
 
-@CUDA
-def test_gpu_greedy_and_beam_equal_cpu_fp32():
+@pytest.mark.slow
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=CUDA)])
+def test_gpu_greedy_and_beam_equal_cpu_fp32(device):
     """fp32 search on the GPU (SDPA kernels, cached decoding, batch shrinking as sentences finish)
-    chooses the same tokens as on the CPU, with scores equal to 1e-3."""
+    chooses the same tokens as on the CPU, with scores equal to 1e-3. Without a GPU: float64 on
+    the CPU against float32 (the same calls, so a changed search signature fails everywhere)."""
     torch.manual_seed(0)
     model = build_model("small", vocab_size=500, encoder_layers=2, decoder_layers=2).eval()
     src = random_sources(24, 500, seed=1)
-    gpu_model = build_model("small", vocab_size=500, encoder_layers=2, decoder_layers=2)
-    gpu_model.load_state_dict(model.state_dict())
-    gpu_model = gpu_model.cuda().eval()
+    other = build_model("small", vocab_size=500, encoder_layers=2, decoder_layers=2)
+    other.load_state_dict(model.state_dict())
+    other = (other.cuda() if device == "cuda" else other.double()).eval()
     tf32 = torch.backends.cuda.matmul.allow_tf32
     torch.backends.cuda.matmul.allow_tf32 = False  # fp32 means fp32
     try:
-        for search, kw in ((greedy_search, {}), (beam_search, dict(beam_size=4, nbest=2))):
-            cpu = search([model], src, max_len_a=1.0, max_len_b=5, **kw)
-            gpu = search([gpu_model], src.cuda(), max_len_a=1.0, max_len_b=5, **kw)
+        for search, options in ((greedy_search, DecodingOptions(beam_size=1, max_len_a=1.0, max_len_b=5)),
+                                (beam_search, DecodingOptions(beam_size=4, nbest=2, max_len_a=1.0, max_len_b=5))):
+            cpu = search([model], src, options)
+            gpu = search([other], src.to(device), options)
             assert len(cpu) == len(gpu) == len(src)
+            assert all(len(h) == options.nbest for h in cpu)
             for hyps_cpu, hyps_gpu in zip(cpu, gpu):
                 assert [h.tokens for h in hyps_cpu] == [h.tokens for h in hyps_gpu], search.__name__
                 for h_cpu, h_gpu in zip(hyps_cpu, hyps_gpu):

@@ -8,20 +8,8 @@ import numpy as np
 import pytest
 import torch
 
-from xformer_cli.data import (
-    FORMAT_VERSION,
-    DataDir,
-    TokenArray,
-    TokenArrayWriter,
-    batch_by_size,
-    collate,
-    collate_source,
-    epoch_order,
-    length_order,
-    rank_share,
-    smallest_dtype,
-    update_batches,
-)
+from xformer_cli.batching import batch_by_size, collate, collate_source, epoch_order, length_order, rank_share, update_batches
+from xformer_cli.data import FORMAT_VERSION, DataDir, TokenArray, TokenArrayWriter, smallest_dtype
 from xformer_cli.errors import XfError
 
 SENTENCES = [[5, 6, 7], [], [300, 4], [9], [65535, 0, 1, 2, 3]]
@@ -164,6 +152,7 @@ def test_opening_a_split_finds_corruption_that_keeps_file_sizes(tmp_path):
         DataDir.open(d).split("train")
 
 
+@pytest.mark.slow
 def test_verify_is_chunked_without_losing_the_boundaries(tmp_path):
     rng = np.random.default_rng(0)
     sentences = [rng.integers(0, 50, rng.integers(0, 6)).tolist() for _ in range(1000)]
@@ -264,6 +253,7 @@ def assert_same_batches(ours, reference):
         assert a.dtype == b.dtype and np.array_equal(a, b)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("hi", [3, 12, 60, 260, 70_000])  # 3: nearly all ties; 70,000: beyond uint16
 def test_batch_by_size_equals_the_former_whole_corpus_sort(hi):
     rng = np.random.default_rng(hi)
@@ -308,6 +298,7 @@ def test_length_order_chunk_by_chunk_equals_the_whole_corpus_sort():
                     assert run_starts[0] == 0 and run_starts[-1] == n and (np.diff(run_lengths) != 0).all()
 
 
+@pytest.mark.slow
 def test_batch_by_size_many_distinct_length_pairs_and_long_sentences():
     """Over 2^16 distinct (source, target) lengths (ranks beyond uint16), and sentences long enough
     that the length table would exceed 2^22 entries (the whole-corpus sort)."""

@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 import torch
 
-from test_train import cli_args, data_dir, opts, raw_slice, records  # noqa: F401 - fixtures
+from helpers import cli_args, opts, records
 from xformer_cli.checkpoint import load_checkpoint, make_checkpoint, save_checkpoint
 from xformer_cli.config import load_options
 from xformer_cli.options import TrainOptions
@@ -91,6 +91,7 @@ def count_starts(log: Path) -> int:
     return log.read_text().count('"type": "start"') if log.exists() else 0
 
 
+@pytest.mark.slow
 def test_kill_9_at_random_moments_then_resume_equals_an_uninterrupted_run(data_dir, tmp_path, request):
     """kill -9 during whatever the run is doing (forward, optimizer step, checkpoint write,
     validation, epoch boundary: a checkpoint every update and a validation every 7 make all of
@@ -139,6 +140,7 @@ def test_kill_9_at_random_moments_then_resume_equals_an_uninterrupted_run(data_d
 
 
 # -- a full disk -------------------------------------------------------------------------------
+@pytest.mark.slow
 def test_disk_full_at_every_train_write_site(data_dir, tmp_path, enospc):
     save = tmp_path / "ck"
     args = cli_args(data_dir, save)
@@ -168,6 +170,7 @@ def test_disk_full_at_every_train_write_site(data_dir, tmp_path, enospc):
     assert [r["update"] for r in records(save, "start")][-1] == 2  # every log line is whole JSON
 
 
+@pytest.mark.slow
 def test_disk_full_in_preprocess_and_translate_keeps_the_old_outputs(data_dir, raw_slice, tmp_path, enospc):
     dest = shutil.copytree(data_dir, tmp_path / "bin")
     good = files(dest)
@@ -234,6 +237,7 @@ def stable_file(pattern: str, where: Path, seconds: float = 0.5):
     return check
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not Path("/proc/self/environ").exists(), reason="needs Linux /proc")
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
 def test_signal_during_preprocess_removes_its_temporary_files(multi30k_dir, tmp_path, signum):
@@ -265,6 +269,7 @@ def synthetic_corpus(path: Path, lines: int, seed: int = 0) -> Path:
     return path / "train"
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not Path("/proc/self/environ").exists(), reason="needs Linux /proc")
 def test_ctrl_c_while_learning_bpe_stops_at_once(tmp_path):
     """Uninterrupted, learning this BPE takes over 20 s on one core; Ctrl-C one second into it
@@ -284,6 +289,7 @@ def test_ctrl_c_while_learning_bpe_stops_at_once(tmp_path):
     assert tagged_processes(tag) == []
 
 
+@pytest.mark.slow
 def test_sigterm_during_translate_removes_the_temporary_output(data_dir, tmp_path):
     torch.manual_seed(0)
     model = build_model("tiny", vocab_size=300, d_model=32, d_ff=64, heads=2, encoder_layers=1, decoder_layers=1)
@@ -346,6 +352,7 @@ def stop_all(tag: str) -> None:
                 pass
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not Path("/proc/self/environ").exists(), reason="needs Linux /proc")
 def test_two_nodes_on_loopback_equal_one_process_accumulating(data_dir, tmp_path):
     kw = dict(max_update=2, dropout=0.0, lr_scheduler="inverse_sqrt", lr=1e-3, warmup_updates=1)
@@ -365,6 +372,7 @@ def test_two_nodes_on_loopback_equal_one_process_accumulating(data_dir, tmp_path
     assert a["train_state"]["position"] == b["train_state"]["position"]
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not Path("/proc/self/environ").exists(), reason="needs Linux /proc")
 def test_a_dead_node_stops_the_other_with_a_message_and_the_job_resumes(data_dir, tmp_path):
     """kill -9 node b (its torchrun agent and its worker) mid-run: node a must not hang. gloo sees

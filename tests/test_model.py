@@ -6,7 +6,8 @@ import pytest
 import torch
 
 from xformer_cli import build_model
-from xformer_cli.model import PAD_ID, PRESETS, Dropout, attention, model_config, sinusoidal_positions, Transformer
+from xformer_cli.model import PRESETS, Dropout, attention, model_config, sinusoidal_positions, Transformer
+from xformer_cli.vocab import PAD_ID
 
 V = 40
 
@@ -107,12 +108,22 @@ def test_three_way_tying_is_one_tensor():
     assert untied.output_proj.weight is not untied.decoder_embed.weight
 
 
+def transformer_parameters(V: int, d: int, ff: int, n_enc: int, n_dec: int) -> int:
+    """The paper's model counted by hand: one V x d matrix (three-way tied embeddings and output
+    projection, no output bias, sinusoids have none); per attention 4 d x d weights + 4d biases;
+    per feed-forward 2 d x ff weights + ff + d biases; per LayerNorm 2d."""
+    attention, ffn, norm = 4 * d * d + 4 * d, 2 * d * ff + ff + d, 2 * d
+    return V * d + n_enc * (attention + ffn + 2 * norm) + n_dec * (2 * attention + ffn + 3 * norm)
+
+
+@pytest.mark.slow
 def test_parameter_counts_match_the_paper():
     # Table 3: base 65M, big 213M (with a 37,000-token joint vocabulary).
     base = build_model("base", vocab_size=37000).num_parameters()
     big = build_model("big", vocab_size=37000).num_parameters()
-    assert 63e6 <= base <= 65e6, base
-    assert 213e6 <= big <= 214.5e6, big
+    assert base == transformer_parameters(37000, 512, 2048, 6, 6) == 63_082_496
+    assert big == transformer_parameters(37000, 1024, 4096, 6, 6)
+    assert round(base / 1e6) == 63 and round(big / 1e6) == 214  # the paper rounds to 65M and 213M
 
 
 def test_small_preset_shape():
@@ -149,6 +160,7 @@ def test_unknown_override_names_nearest_field():
         build_model("huge", vocab_size=V)
 
 
+@pytest.mark.slow
 def test_learns_copy_task():
     """A tiny model learns to copy random sequences: gradients flow through the whole model."""
     torch.manual_seed(0)

@@ -13,7 +13,7 @@ pytest.importorskip("matplotlib", reason="xf plot needs matplotlib (the plot ext
 
 from matplotlib.image import imread  # noqa: E402
 
-from test_translate import ckpt, spm_model  # noqa: E402, F401 (fixtures: a tiny checkpoint)
+
 from xformer_cli.attention_maps import AttentionMaps  # noqa: E402
 from xformer_cli.cli import app  # noqa: E402
 from xformer_cli.errors import XfError  # noqa: E402
@@ -99,6 +99,7 @@ def test_wall_time_and_resumes(tmp_path):
     assert "wall time" in fig.axes[0].get_xlabel()
 
 
+@pytest.mark.slow
 def test_several_runs_are_overlaid_with_their_names(tmp_path):
     a = write_log(tmp_path / "dropout0.3" / "checkpoints" / "train_log.jsonl", fake_run())
     b = write_log(tmp_path / "dropout0.2" / "checkpoints" / "train_log.jsonl", fake_run(updates=20))
@@ -182,6 +183,7 @@ def labels(ticks):
     return [t.get_text() for t in ticks]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind,rows,columns", [
     ("cross", TGT, SRC), ("encoder", SRC, SRC), ("decoder", ["<s>"] + TGT[:-1], ["<s>"] + TGT[:-1]),
 ])
@@ -228,6 +230,7 @@ def test_attention_figure_of_a_checkpoint_has_its_pieces(ckpt):
     assert abs(rows.sum(axis=1) - 1).max() < 1e-5
 
 
+@pytest.mark.slow
 def test_plot_attention_end_to_end(ckpt, tmp_path):
     out = tmp_path / "attention.png"
     result = runner.invoke(app, ["plot", "attention", "--path", ckpt, "--source", "A dog runs on the beach.",

@@ -4,7 +4,6 @@ instructions)."""
 
 import json
 import math
-from pathlib import Path
 
 import pytest
 import torch
@@ -12,10 +11,10 @@ import yaml
 
 from xformer_cli import precision
 from xformer_cli.options import TrainOptions
-from xformer_cli.precision import choose_precision, cpu_bf16_instructions
+from xformer_cli.precision import cpu_bf16_instructions, resolve_precision
 from xformer_cli.commands.train import train
 
-from test_train import MICRO, data_dir, raw_slice  # noqa: F401 - the shared Multi30k slice fixtures
+from helpers import MICRO
 
 CPUINFO = "processor\t: 0\nflags\t\t: fpu sse2 avx2 {extra}\nbogomips\t: 4000\n"
 
@@ -32,28 +31,31 @@ def test_cpu_bf16_instructions_from_cpuinfo_flags(extra, found):
 
 def test_auto_is_bf16_only_with_native_bf16(monkeypatch):
     cpu = torch.device("cpu")
-    for option in ("fp32", "bf16", "fp16"):
-        assert choose_precision(option, cpu) == option  # named precisions are kept as asked
+    for option in ("fp32", "bf16"):
+        assert resolve_precision(cpu, option) == option  # named precisions are kept as asked
     monkeypatch.setattr(precision, "cpu_bf16_instructions", lambda: ["avx512_bf16"])
-    assert choose_precision("auto", cpu) == "bf16"
+    assert resolve_precision(cpu, "auto") == "bf16"
     monkeypatch.setattr(precision, "cpu_bf16_instructions", lambda: [])
-    assert choose_precision("auto", cpu) == "fp32"
+    assert resolve_precision(cpu, "auto") == "fp32"
     cuda = torch.device("cuda", 0)
     for capability, chosen in (((7, 0), "fp32"), ((8, 0), "bf16"), ((9, 0), "bf16")):  # V100, A100, H100
         monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device, c=capability: c)
-        assert choose_precision("auto", cuda) == chosen
+        assert resolve_precision(cuda, "auto") == chosen
 
 
-def test_auto_is_the_default_and_the_run_says_what_it_chose(data_dir, tmp_path):  # noqa: F811
+@pytest.mark.parametrize("flags, expected", [([], "fp32"), (["avx512_bf16"], "bf16")])
+def test_auto_is_the_default_and_the_run_says_what_it_chose(data_dir, tmp_path, monkeypatch, flags, expected):
+    """The CPU's flags are given (not read from this machine), so both outcomes are tested here."""
     assert TrainOptions(data="x").precision == "auto"
+    monkeypatch.setattr(precision, "cpu_bf16_instructions", lambda: flags)
     kw = {**MICRO, "precision": "auto"}
     train(TrainOptions(data=str(data_dir), save_dir=str(tmp_path), max_update=1, **kw))
-    expected = "bf16" if cpu_bf16_instructions() else "fp32"
     assert yaml.safe_load((tmp_path / "config.yaml").read_text())["precision"] == expected
     start = [json.loads(line) for line in (tmp_path / "train_log.jsonl").read_text().splitlines()][0]
     assert start["type"] == "start" and start["options"]["precision"] == expected
 
 
+@pytest.mark.slow
 def test_bf16_validation_loss_tracks_fp32_on_tiny(data_dir, tmp_path):  # noqa: F811
     """Three epochs of `tiny` (no dropout): bf16 autocast's validation loss after each epoch is
     within 1% of fp32's, while training moves it by more than 10%."""

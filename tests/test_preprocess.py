@@ -52,6 +52,7 @@ def normalized(sp, text):
     return sp.normalize(text).replace("\u2581", " ").lstrip(" ")
 
 
+@pytest.mark.slow
 def test_multi30k_en_de_round_trip(multi30k_dir, tmp_path):
     d = multi30k_dir
     meta = run(tmp_path / "ende", trainpref=str(d / "train"), validpref=str(d / "val"),
@@ -77,6 +78,7 @@ def test_multi30k_en_de_round_trip(multi30k_dir, tmp_path):
         assert int(ds.src_sizes.sum()) == meta["stats"][split]["src_tokens"]
 
 
+@pytest.mark.slow
 def test_multi30k_en_fr_two_workers_keep_order(multi30k_dir, tmp_path, monkeypatch, corpus):
     # small chunks: many tasks in flight, so out-of-order completion would show
     monkeypatch.setattr(pp, "CHUNK_LINES", 1500)
@@ -94,6 +96,7 @@ def test_multi30k_en_fr_two_workers_keep_order(multi30k_dir, tmp_path, monkeypat
     assert (dd.source_lang, dd.target_lang) == ("en", "fr") and dd.meta["bpe"]["learned"] is False
 
 
+@pytest.mark.slow
 def test_cleaning_counts(tmp_path):
     # With the vocabulary "a b" learned below, every word is exactly one subword ("▁a", "▁b").
     pairs = [("a b", "b a")] * 20 + [
@@ -165,6 +168,7 @@ def test_empty_training_set(tmp_path, corpus):
     assert nothing_left(tmp_path / "out")
 
 
+@pytest.mark.slow
 def test_invalid_utf8(tmp_path, corpus):
     prefix = write_pair(tmp_path / "raw", ["the dog", "a cat", "red house"], ["THE DOG", "A CAT", "RED HOUSE"])
     with open(f"{prefix}.de", "wb") as f:
@@ -239,6 +243,7 @@ def test_several_valid_and_test_sets(tmp_path, corpus):
     assert dataclasses.asdict(PreprocessOptions(destdir="x")).keys() - not_recorded == meta["options"].keys()
 
 
+@pytest.mark.slow
 def test_the_same_command_gives_the_same_bytes_in_every_file(tmp_path, corpus):
     """Two identical runs into two directories: every file equal, byte for byte."""
     p = corpus["prefix"]
@@ -279,6 +284,7 @@ def test_bare_carriage_return_line_endings_are_named(tmp_path, corpus):
     assert run(tmp_path / "out", trainpref=prefix, spm_model=corpus["spm"])["stats"]["train"]["pairs_in"] == 3
 
 
+@pytest.mark.slow
 def test_training_text_empty_after_normalization_is_named(tmp_path):
     invisible = ["\u200b", "\u200b\u200b", "\x07"] * 10  # zero-width spaces, a control character
     prefix = write_pair(tmp_path / "raw", invisible, invisible)

@@ -32,6 +32,7 @@ def holder(tmp_path):
     proc.wait()
 
 
+@pytest.mark.slow
 def test_a_second_holder_fails_at_once_naming_the_first_and_kill_9_releases_it(tmp_path, holder):
     save = tmp_path / "ck"
     with pytest.raises(XfError, match=rf"save dir {save} is in use by another xf train \(pid {holder.pid} on "
@@ -48,6 +49,7 @@ def test_a_second_holder_fails_at_once_naming_the_first_and_kill_9_releases_it(t
         pass
 
 
+@pytest.mark.slow
 def test_xf_train_refuses_a_save_dir_in_use_before_reading_any_data(tmp_path, holder):
     from xformer_cli.commands.train import train
 

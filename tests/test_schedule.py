@@ -4,7 +4,7 @@ import math
 
 import pytest
 
-from xformer_cli.schedule import inverse_sqrt, learning_rate, noam
+from xformer_cli.schedule import inverse_sqrt, make_schedule, noam
 
 
 def test_noam_peak_is_the_papers():
@@ -36,8 +36,8 @@ def test_inverse_sqrt_with_the_noam_peak_is_noam():
 
 
 def test_learning_rate_dispatch():
-    assert learning_rate(4000, "noam", 512, 4000, None, 0.0) == noam(4000, 512, 4000)
-    assert learning_rate(4000, "noam", 512, 4000, 0.5, 0.0) == 0.5 * noam(4000, 512, 4000)
-    assert learning_rate(8000, "inverse_sqrt", 512, 2000, 1e-3, 0.0) == pytest.approx(1e-3 * math.sqrt(0.25))
+    assert make_schedule("noam", 512, 4000, None, 0.0)(4000) == noam(4000, 512, 4000)
+    assert make_schedule("noam", 512, 4000, 0.5, 0.0)(4000) == 0.5 * noam(4000, 512, 4000)
+    assert make_schedule("inverse_sqrt", 512, 2000, 1e-3, 0.0)(8000) == pytest.approx(1e-3 * math.sqrt(0.25))
     with pytest.raises(ValueError, match="--lr"):
-        learning_rate(1, "inverse_sqrt", 512, 4000, None, 0.0)
+        make_schedule("inverse_sqrt", 512, 4000, None, 0.0)

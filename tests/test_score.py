@@ -58,6 +58,7 @@ def run_score(**kwargs):
     return result, out.getvalue()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "refs,lowercase",
     [(["ref.de"], False), (["ref.de"], True), (["ref.de", "ref2.de"], False)],
@@ -73,6 +74,7 @@ def test_scores_equal_the_sacrebleu_command(files, refs, lowercase):
     assert 5 < result.metrics["bleu"]["score"] < 95  # a score where errors would show
 
 
+@pytest.mark.slow
 def test_json_output_and_stdin(files):
     hyp_bytes = files["sys2.de"].read_bytes()
     result = runner.invoke(app, ["score", "--ref", str(files["ref.de"]), "--json", "--metrics", "bleu"], input=hyp_bytes)

@@ -2,13 +2,14 @@
 invariants (beam 1 = greedy, batched = one by one, cached = full prefix, ensembles)."""
 
 import itertools
-import math
 
 import pytest
 import torch
 import torch.nn.functional as F
 
-from xformer_cli.model import BOS_ID, EOS_ID, PAD_ID, build_model
+from xformer_cli.model import build_model
+
+from xformer_cli.vocab import PAD_ID, BOS_ID, EOS_ID
 from xformer_cli.options import DecodingOptions
 from xformer_cli.search import (
     DecoderState,

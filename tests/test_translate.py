@@ -1,7 +1,6 @@
 """xf translate: one output line per input line, in order, whatever the input holds; formats,
 ensembles and errors. A tiny random model with a tiny sentencepiece model learned on Multi30k."""
 
-import io
 import json
 import select
 import subprocess
@@ -13,61 +12,19 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from xformer_cli.checkpoint import load_checkpoint, make_checkpoint, save_checkpoint
+from xformer_cli.checkpoint import load_checkpoint
 from xformer_cli.cli import app
-from xformer_cli.model import build_model
 from xformer_cli.options import TranslateOptions
 from xformer_cli.search import gnmt_length_penalty
 from xformer_cli.checkpoint import load_ensemble
-from xformer_cli.commands.translate import Stats, translate, translate_buffer
+from xformer_cli.commands.translate import translate
+from xformer_cli.translation import Stats, translate_buffer
 from xformer_cli.engines import XfEngine
+from helpers import learn_spm, tiny_checkpoint
+
+pytestmark = pytest.mark.usefixtures("one_thread")  # conftest.py: torch on one thread for the module
 
 runner = CliRunner()
-MAX_POSITIONS = 128  # so that a long line must be truncated
-
-
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
-def learn_spm(lines, vocab_size=200) -> bytes:
-    import sentencepiece as spm
-
-    model = io.BytesIO()
-    spm.SentencePieceTrainer.train(
-        sentence_iterator=iter(lines), model_writer=model, vocab_size=vocab_size, model_type="bpe",
-        character_coverage=1.0, pad_id=0, unk_id=1, bos_id=2, eos_id=3, minloglevel=2,
-    )
-    return model.getvalue()
-
-
-def tiny_checkpoint(path, spm_model: bytes, seed: int):
-    torch.manual_seed(seed)
-    model = build_model("tiny", vocab_size=200, d_model=32, d_ff=64, heads=4, max_positions=MAX_POSITIONS)
-    save_checkpoint(path, make_checkpoint(model, spm_model, meta={"epoch": 1, "num_updates": 1, "end_of_epoch": True}))
-    return str(path)
-
-
-@pytest.fixture(scope="module")
-def spm_model(multi30k_dir) -> bytes:
-    lines = []
-    for lang in ("en", "de"):
-        lines += (multi30k_dir / f"train.{lang}").read_text(encoding="utf-8").splitlines()[:300]
-    return learn_spm(lines)
-
-
-@pytest.fixture(scope="module")
-def ckpt(spm_model, tmp_path_factory):
-    return tiny_checkpoint(tmp_path_factory.mktemp("ckpt") / "tiny.pt", spm_model, seed=0)
-
-
-@pytest.fixture(scope="module")
-def sentences(multi30k_dir):
-    return (multi30k_dir / "test2016.en").read_text(encoding="utf-8").splitlines()[:7]
 
 
 def run(tmp_path, ckpt, data: bytes, **overrides):
@@ -86,6 +43,7 @@ def one_by_one(ckpt, lines, **overrides):
     return ["".join(translate_buffer(engine, sp, [line], 0, options, Stats())) for line in lines]
 
 
+@pytest.mark.slow
 def test_output_is_aligned_with_input(tmp_path, ckpt, sentences, capsys):
     long_line = " ".join(sentences)  # far more than MAX_POSITIONS subwords
     lines = [
@@ -115,6 +73,7 @@ def test_output_is_aligned_with_input(tmp_path, ckpt, sentences, capsys):
     assert "1 line(s) longer than the model's 127 source subwords were truncated (first: line 4)" in err
 
 
+@pytest.mark.slow
 def test_same_output_whatever_the_batching(tmp_path, ckpt, sentences):
     data = ("\n".join(sentences) + "\n").encode()
     reference = run(tmp_path, ckpt, data)
@@ -166,6 +125,7 @@ def test_sampling_is_reproducible(tmp_path, ckpt, sentences):
     assert first.count("\n") == len(sentences)
 
 
+@pytest.mark.slow
 def test_ensemble(tmp_path, ckpt, spm_model, sentences):
     other = tiny_checkpoint(tmp_path / "other.pt", spm_model, seed=1)
     data = ("\n".join(sentences) + "\n").encode()
@@ -194,6 +154,7 @@ def test_errors_are_one_line(tmp_path, ckpt, multi30k_dir):
     fails(["--path", ckpt, "--output", str(tmp_path / "no" / "out.txt")], "out.txt: its directory does not exist")
 
 
+@pytest.mark.slow
 def test_streams_line_by_line(ckpt, sentences, tmp_path):
     # A filter answers each buffer as soon as it is full, before the input ends.
     proc = subprocess.Popen(
@@ -286,7 +247,7 @@ def test_a_length_limit_that_allows_no_output_is_an_option_error(ckpt, a, b):
 def test_precision_auto_and_its_refusals(monkeypatch):
     from xformer_cli import precision as translate_module
     from xformer_cli.errors import ConfigError
-    from xformer_cli.precision import resolve_precision
+    from xformer_cli.precision import precision_warning, resolve_precision
 
     cpu, cuda = torch.device("cpu"), torch.device("cuda")
     for native, expected in ((False, "fp32"), (True, "bf16")):
@@ -294,9 +255,12 @@ def test_precision_auto_and_its_refusals(monkeypatch):
         assert resolve_precision(cpu, "auto") == expected
         assert resolve_precision(cpu, "auto", "int8") == "fp32"  # int8 layers, fp32 around them
     assert resolve_precision(cpu, "bf16") == "bf16"  # this CPU (patched) has bf16 instructions
+    assert precision_warning(cpu, "bf16") is None
     monkeypatch.setattr(translate_module, "cpu_bf16_instructions", lambda: [])
-    with pytest.raises(ConfigError, match="bf16 instructions"):
-        resolve_precision(cpu, "bf16")
+    # one policy with xf train: bf16 asked for by name runs, with a warning, on a CPU without bf16
+    assert resolve_precision(cpu, "bf16") == "bf16"
+    assert "no native bf16" in precision_warning(cpu, "bf16")
+    assert precision_warning(cpu, "fp32") is None
     with pytest.raises(ConfigError, match="is for CUDA"):
         resolve_precision(cpu, "fp16")
     with pytest.raises(ConfigError, match="int8 is for CPUs"):
@@ -305,6 +269,7 @@ def test_precision_auto_and_its_refusals(monkeypatch):
         resolve_precision(cpu, "bf16", "int8")
 
 
+@pytest.mark.slow
 def test_quantize_int8(tmp_path, ckpt, sentences):
     from xformer_cli.engines import open_engine
 

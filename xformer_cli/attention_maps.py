@@ -19,7 +19,8 @@ from typing import Iterator, Optional, Sequence
 import torch
 
 from .errors import ConfigError
-from .model import BOS_ID, EOS_ID, PAD_ID, MultiHeadAttention, Transformer
+from .model import MultiHeadAttention, Transformer
+from .vocab import PAD_ID, BOS_ID, EOS_ID
 
 
 @contextlib.contextmanager

@@ -52,6 +52,19 @@ def checkpoint_numbers(path: Path) -> Optional[tuple[int, int]]:
     return (int(match[1]), int(match[2])) if match else None
 
 
+def remove_old_checkpoints(save_dir: Path, keep: int) -> None:
+    """Keep the ``keep`` newest checkpoint_<epoch>_<update>.pt (0 keeps all)."""
+    if keep <= 0:
+        return
+    numbered = []
+    for p in save_dir.glob("checkpoint_*_*.pt"):
+        numbers = checkpoint_numbers(p)
+        if numbers:
+            numbered.append((numbers[1], numbers[0], p))
+    for _, _, p in sorted(numbered)[:-keep]:
+        p.unlink(missing_ok=True)
+
+
 def spm_digest(spm_model: bytes) -> str:
     return hashlib.sha256(spm_model).hexdigest()
 

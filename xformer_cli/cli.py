@@ -10,12 +10,9 @@ SIGTERM, like Ctrl-C, unwinds the command, so that it removes its temporary file
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import inspect
-import signal
 import sys
-import threading
 import traceback
 import typing
 from pathlib import Path
@@ -27,6 +24,7 @@ import typer
 from . import __version__
 from .config import ConfigError, _is_optional, field_types, load_options
 from .errors import XfError
+from .signals import Terminated, sigterm_unwinds
 from .options import (
     AverageOptions,
     ExportOptions,
@@ -34,6 +32,7 @@ from .options import (
     PlotCurvesOptions,
     PreprocessOptions,
     ScoreOptions,
+    ServeOptions,
     TrainOptions,
     TranslateOptions,
 )
@@ -159,31 +158,6 @@ def fail(message: str, code: int = 1) -> typing.NoReturn:
     raise typer.Exit(code)
 
 
-class Terminated(BaseException):
-    """SIGTERM as an exception (like KeyboardInterrupt for SIGINT), so that ``finally`` blocks run:
-    temporary files are removed and child processes stopped on the way out."""
-
-    def __init__(self, signum: int):
-        super().__init__(signal.Signals(signum).name)
-        self.signum = signum
-
-
-@contextlib.contextmanager
-def sigterm_unwinds() -> typing.Iterator[None]:
-    """While the command runs, SIGTERM raises ``Terminated`` (xf train handles it itself)."""
-    def handle(signum, frame):
-        raise Terminated(signum)
-
-    if threading.current_thread() is not threading.main_thread():  # e.g. under a test runner
-        yield
-        return
-    previous = signal.signal(signal.SIGTERM, handle)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
-
-
 def _parameter(f: dataclasses.Field, tp: Any) -> inspect.Parameter:
     """The Typer parameter of one options field: every flag defaults to None (= not given)."""
     optional, inner = _is_optional(tp)
@@ -230,11 +204,17 @@ def _list_flags(options_cls: type, types_by_name: dict[str, Any]) -> dict[str, t
     return lists
 
 
+# Every registered command: (its words after `xf`, its options class, its YAML section, its help).
+COMMANDS: list[tuple[str, type, str, str]] = []
+
+
 def command(name: str, options_cls: type, section: str, parent: typer.Typer = app):
     """Register ``fn(options)`` as subcommand ``name`` of ``parent`` with flags generated from
     ``options_cls``."""
 
     def decorate(fn: Callable[[Any], None]):
+        words = name if parent is app else f"{parent.info.name} {name}"
+        COMMANDS.append((words, options_cls, section, (fn.__doc__ or "").strip().splitlines()[0]))
         types_by_name = field_types(options_cls)
         params = [_parameter(f, types_by_name[f.name]) for f in dataclasses.fields(options_cls)]
         params.append(
@@ -348,6 +328,14 @@ def score_cmd(options: ScoreOptions) -> None:
     score(options)
 
 
+@command("serve", ServeOptions, "serve")
+def serve_cmd(options: ServeOptions) -> None:
+    """Serve translations over HTTP (LibreTranslate's API) with dynamic batching: xf serve --model en-de=avg.pt."""
+    from .commands.serve import serve
+
+    serve(options)
+
+
 plot_app = typer.Typer(
     name="plot",
     help="Pictures: training curves from train_log.jsonl, attention maps of a checkpoint (needs matplotlib).",
@@ -371,3 +359,45 @@ def plot_attention_cmd(options: PlotAttentionOptions) -> None:
     from .commands.plot import plot_attention
 
     plot_attention(options)
+
+
+def options_reference() -> str:
+    """docs/options.md: every option of every command, generated from the options classes (the
+    source of the flags, YAML keys and --help), so that the reference cannot drift from the code.
+    ``make docs`` writes it; tests/test_docs.py fails when the file is stale."""
+    from .config import describe_type
+
+    out = ["# Options", "",
+           "Every option of every `xf` command: its flag, its YAML key (in the command's section of a "
+           "`--config` file, or flat), its type, default and help. Generated from `xformer_cli/options.py` "
+           "by `make docs`; do not edit by hand. Every command also takes `--config FILE` (YAML; flags win) "
+           "and `--verbose` (tracebacks on errors).", ""]
+    out += [f"- [`xf {words}`](#xf-{words.replace(' ', '-')})" for words, *_ in COMMANDS] + [""]
+    for words, options_cls, section, summary in COMMANDS:
+        out += [f"## xf {words}", "", summary, "", f"YAML section: `{section}:`", "",
+                "| flag | YAML key | type | default | help |", "|---|---|---|---|---|"]
+        types_by_name = field_types(options_cls)
+        for f in dataclasses.fields(options_cls):
+            meta = f.metadata
+            inner = _is_optional(types_by_name[f.name])[1]
+            if meta.get("positional"):
+                flag = f.name.upper() + " (argument)"
+            elif inner is bool:
+                flag = f"--{f.name.replace('_', '-')} / --no-{f.name.replace('_', '-')}"
+            else:
+                flag = ", ".join(["--" + n.replace("_", "-") for n in (f.name, *meta.get("aliases", ()))]
+                                 + ([meta["short"]] if "short" in meta else []))
+            if f.default is dataclasses.MISSING:
+                default = "required"
+            elif f.default is None or f.default == ():
+                default = "-"
+            elif isinstance(f.default, tuple):
+                default = " ".join(map(str, f.default))
+            elif inner is bool:
+                default = "on" if f.default else "off"
+            else:
+                default = str(f.default)
+            cells = [f"`{flag}`", f"`{f.name}`", describe_type(types_by_name[f.name]), default, meta.get("help", "")]
+            out.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
+        out.append("")
+    return "\n".join(out)

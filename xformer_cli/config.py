@@ -27,7 +27,7 @@ import yaml
 from .errors import ConfigError
 
 SECTIONS = ("preprocess", "train", "average_checkpoints", "translate", "export", "score", "plot_curves",
-            "plot_attention")
+            "plot_attention", "serve")
 
 
 def option(default: Any = dataclasses.MISSING, help: str = "", **metadata: Any) -> Any:

@@ -33,8 +33,7 @@ class Env:
 
     rank: int
     world_size: int
-    local_rank: int
-    device: torch.device
+    device: torch.device  # cuda:LOCAL_RANK under torchrun
     process_group: bool = False  # joined a torch.distributed group (torchrun), even a world of one
     host_group: object = None  # a gloo group for ``sum``: numbers the host holds stay on the host
 
@@ -102,7 +101,7 @@ def setup(device_option: str, timeout_minutes: float = 10.0) -> Env:
     host_group = None
     if dist.is_initialized():  # on CPU a second gloo group, redundant but the same code path
         host_group = dist.new_group(backend="gloo", timeout=timedelta(minutes=timeout_minutes))
-    return Env(rank, world_size, local_rank, device, process_group=dist.is_initialized(), host_group=host_group)
+    return Env(rank, world_size, device, process_group=dist.is_initialized(), host_group=host_group)
 
 
 # What the backends say when another process died or hung (gloo, NCCL, the TCP store).

@@ -10,19 +10,21 @@ says whether ``alignments`` (a forced-decoding pass over the hypotheses) can be 
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 from typing import Optional, Sequence
 
 import torch
 
 from . import distributed
-from .attention_maps import hard_alignments
+from .attention_maps import hard_alignments, resolve_layer
 from .checkpoint import load_ensemble
-from .data import collate_source
+from .batching import collate_source
 from .errors import ConfigError, XfError
-from .model import BOS_ID, EOS_ID, PAD_ID, Transformer
+from .model import Transformer
+from .vocab import PAD_ID, BOS_ID, EOS_ID
 from .options import TranslateOptions
-from .precision import cpu_bf16_instructions, ct2_compute_type, resolve_precision
+from .precision import cpu_bf16_instructions, ct2_compute_type, precision_warning, resolve_precision
 from .search import Hypothesis, length_penalty, max_output_lengths, search
 from .vocab import load_sentencepiece
 
@@ -97,8 +99,6 @@ class XfEngine(Engine):
         return hard_alignments(self.models, collate_source(sentences).to(self.device), found, layer)
 
     def check_alignment_layer(self, layer: int) -> None:
-        from .attention_maps import resolve_layer
-
         for model in self.models:
             resolve_layer(layer, len(model.decoder_layers))
 
@@ -108,6 +108,9 @@ def open_engine(options: TranslateOptions):
     if options.engine == "ctranslate2":
         return CTranslate2Engine.open(options)
     device, precision = resolve_device(options.device, options.precision, options.quantize)
+    warning = precision_warning(device, precision)
+    if warning:
+        print(f"xf: warning: {warning}", file=sys.stderr, flush=True)
     if options.threads > 0:
         torch.set_num_threads(options.threads)
     models, sp = load_ensemble(options.path, device, DTYPES[precision])

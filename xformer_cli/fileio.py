@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
+import shutil
 import stat
 import tempfile
 import threading
@@ -135,3 +136,8 @@ def remove_stale_temporaries(directory: Path) -> list[Path]:
             removed.append(p)
     return removed
 
+
+def copy_atomic(src: Path, dst: Path) -> None:
+    """Copy ``src`` to ``dst`` through an atomic write (a reader never sees half a copy)."""
+    with open(src, "rb") as f, atomic_write(dst, "wb") as out:
+        shutil.copyfileobj(f, out, 1 << 22)

@@ -10,6 +10,7 @@ fairseq spreads epsilon over the V - 1 other tokens instead; the two differ by O
 
 from __future__ import annotations
 
+import math
 from typing import Optional
 
 import torch
@@ -112,3 +113,8 @@ def fused_output_loss(
     chunk_rows = chunk_rows or max(1, (1 << (26 if x.is_cuda else 22)) // weight.size(0))
     loss, nll = _FusedOutputLoss.apply(x, weight, t, float(epsilon), chunk_rows)
     return loss, nll.detach()
+
+
+def perplexity(nll: float) -> float:
+    """exp of the per-token negative log-likelihood, clamped where exp would overflow a float."""
+    return math.exp(min(nll, 700.0))

@@ -22,7 +22,7 @@ from torch import nn
 
 from .config import build_options
 from .options import PRESETS, ModelConfig, model_config  # noqa: F401 - the configuration, as data, torch-free
-from .vocab import BOS_ID, EOS_ID, PAD_ID, UNK_ID  # noqa: F401 - defined there; search imports them from here
+from .vocab import PAD_ID
 
 
 def sinusoidal_positions(length: int, d_model: int) -> torch.Tensor:

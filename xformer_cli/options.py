@@ -319,6 +319,73 @@ class TranslateOptions(DecodingOptions):
             raise ValueError("--batch-size and --buffer-size must be positive, --max-tokens non-negative")
 
 
+def with_translate_fields(*names: str):
+    """The options dataclass it decorates, with the fields ``names`` of TranslateOptions added
+    after its own: the engine options are declared once, in TranslateOptions, and reach every
+    command that opens an engine from there (help text, default and checks included)."""
+    def decorate(cls: type) -> type:
+        hints = typing.get_type_hints(TranslateOptions)
+        source = {f.name: f for f in dataclasses.fields(TranslateOptions)}
+        fields = [(name, hints[name], dataclasses.field(default=source[name].default, metadata=source[name].metadata))
+                  for name in names]
+        return dataclasses.make_dataclass(cls.__name__, fields, bases=(cls,), frozen=True, kw_only=True,
+                                          namespace={"__module__": cls.__module__, "__doc__": cls.__doc__})
+    return decorate
+
+
+@with_translate_fields("engine", "device", "precision", "quantize", "threads")
+@dataclass(frozen=True, kw_only=True)
+class ServeOptions(DecodingOptions):
+    """xf serve: the decoding options (each request is decoded with them; a request may ask for
+    fewer alternatives), the engine's (from TranslateOptions) and the server's own."""
+
+    model: tuple[str, ...] = option(
+        help="DIRECTION=CHECKPOINT, e.g. en-de=avg.pt; repeat for more directions (--engine ctranslate2: "
+        "the directory written by xf export ctranslate2)"
+    )
+    host: str = option("127.0.0.1", "address to listen on (0.0.0.0: every interface)")
+    port: int = option(5000, "port to listen on (0: any free port, printed at start)")
+    max_batch_tokens: int = option(2048, "source subwords decoded together at most (one dynamic batch)")
+    max_wait_ms: float = option(5.0, "how long a batch's first request waits for others to join it")
+    max_queue_lines: int = option(2000, "lines waiting to be decoded at most; a request beyond is a 503")
+    max_lines: int = option(100, "lines in one request at most (more: 413)")
+    max_chars: int = option(5000, "characters in one request at most (more: 413)")
+    max_body_bytes: int = option(1_000_000, "bytes in one request body at most, checked before parsing (more: 413)")
+    timeout: float = option(30.0, "seconds a request may wait for its translation (longer: 504)")
+    api_keys: Optional[str] = option(None, "a file of API keys, one a line; then /translate needs 'api_key' (else 403)")
+    grace_seconds: float = option(10.0, "after SIGTERM: seconds to finish the requests in flight before exiting")
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.sampling:
+            raise ValueError("xf serve does not sample: a sample would depend on the requests that share its batch")
+        at_least(self, 1, "max_batch_tokens", "max_queue_lines", "max_lines", "max_chars", "max_body_bytes")
+        at_least(self, 0, "port")
+        if self.port > 65535:
+            raise ValueError(f"--port must be at most 65535, got {self.port}")
+        if self.max_wait_ms < 0 or self.timeout <= 0 or self.grace_seconds < 0:
+            raise ValueError("--max-wait-ms and --grace-seconds must not be negative, --timeout must be positive")
+        directions = [direction_and_path(spec)[:2] for spec in self.model]
+        for direction in directions:
+            if directions.count(direction) > 1:
+                raise ValueError(f"--model: direction {'-'.join(direction)} is given more than once")
+        self.translate_options("check")  # TranslateOptions' own checks (the length limit)
+
+    def translate_options(self, path: str) -> "TranslateOptions":
+        """The options of ``xf translate --path PATH`` with this server's decoding and engine options."""
+        shared = {f.name for f in dataclasses.fields(TranslateOptions)} & {f.name for f in dataclasses.fields(self)}
+        return TranslateOptions(path=(path,), **{name: getattr(self, name) for name in shared if name != "path"})
+
+
+def direction_and_path(spec: str) -> tuple[str, str, str]:
+    """``en-de=avg.pt`` -> ("en", "de", "avg.pt"); a ValueError naming the --model value otherwise."""
+    direction, sep, path = spec.partition("=")
+    source, dash, target = direction.partition("-")
+    if not sep or not dash or not path or not source or not target or "-" in target or source == target:
+        raise ValueError(f"--model {spec!r}: expected SOURCE-TARGET=CHECKPOINT, e.g. en-de=avg.pt")
+    return source, target, path
+
+
 @dataclass(frozen=True)
 class ExportOptions:
     format: Literal["ctranslate2"] = option(help="what to export to: ctranslate2", positional=True)

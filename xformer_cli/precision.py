@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 from pathlib import Path
+from typing import Optional
 
 import torch
 
@@ -50,17 +51,6 @@ def hardware_note(device: torch.device) -> str:
     return f"CPU with {' and '.join(found)}" if found else "CPU without bf16 instructions (avx512_bf16/amx_bf16)"
 
 
-def choose_precision(option: str, device: torch.device) -> str:
-    """The precision to train in: ``option`` itself, or for ``auto`` bf16 where the device has
-    native bf16 matrix instructions, else fp32. fp16 (with loss scaling) is never chosen: it is
-    for GPUs older than bf16, and asked for by name."""
-    if option != "auto":
-        return option
-    if device.type == "cuda":
-        return "bf16" if cuda_has_bf16(device) else "fp32"
-    return "bf16" if cpu_bf16_instructions() else "fp32"
-
-
 def autocast_context(precision: str, device: torch.device) -> contextlib.AbstractContextManager:
     """bf16 or fp16 autocast (matmuls in half precision, reductions and the loss in float32)."""
     if precision == "fp32":
@@ -69,10 +59,13 @@ def autocast_context(precision: str, device: torch.device) -> contextlib.Abstrac
     return torch.autocast(device.type, dtype=dtype)
 
 
-# -- inference: xf translate, the engines, export ------------------------------------------------
 def resolve_precision(device: torch.device, precision: str, quantize: str = "none") -> str:
-    """The precision to run in: auto is bf16 on GPUs with bf16 and on CPUs with bf16
-    instructions, else fp32; --quantize int8 runs its int8 layers with fp32 around them."""
+    """The precision a command runs in, by one policy for xf train, xf translate and the
+    engines: ``auto`` is bf16 where the device multiplies bf16 natively (CUDA sm_80+, CPUs with
+    avx512_bf16 or AMX), else fp32; a named precision is kept as asked, except fp16 on a CPU
+    (refused: fp16 is for GPUs older than bf16); bf16 on a CPU without bf16 instructions runs,
+    emulated and slow (``precision_warning`` says so). ``--quantize int8`` (CPU inference) runs
+    its int8 layers with fp32 around them."""
     cpu = device.type == "cpu"
     if quantize == "int8":
         if not cpu:
@@ -84,11 +77,16 @@ def resolve_precision(device: torch.device, precision: str, quantize: str = "non
         bf16 = bool(cpu_bf16_instructions()) if cpu else cuda_has_bf16(device)
         return "bf16" if bf16 else "fp32"
     if precision == "fp16" and cpu:
-        raise ConfigError("--precision fp16 is for CUDA; on CPU translate in fp32 (or bf16 with bf16 instructions)")
-    if precision == "bf16" and cpu and not bool(cpu_bf16_instructions()):
-        raise ConfigError("--precision bf16 on CPU needs bf16 instructions (avx512_bf16 or amx_bf16), which "
-                          "this CPU lacks; use fp32 or auto")
+        raise ConfigError("--precision fp16 is for CUDA; on a CPU use fp32 (or bf16)")
     return precision
+
+
+def precision_warning(device: torch.device, precision: str) -> Optional[str]:
+    """A warning for a precision that runs but runs badly here, or None."""
+    if precision == "bf16" and device.type == "cpu" and not cpu_bf16_instructions():
+        return ("this CPU has no native bf16 matrix instructions (avx512_bf16/AMX): bf16 runs emulated, "
+                "far slower than fp32 here")
+    return None
 
 
 def ct2_compute_type(device: str, precision: str, quantize: str, native_bf16: bool) -> str:

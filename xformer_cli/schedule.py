@@ -7,6 +7,7 @@ same shape with an explicit peak learning rate, which is how most later recipes 
 from __future__ import annotations
 
 import math
+from typing import Callable
 
 
 def noam(step: int, d_model: int, warmup: int, factor: float = 1.0) -> float:
@@ -27,16 +28,17 @@ def inverse_sqrt(step: int, peak: float, warmup: int, init: float = 0.0) -> floa
     return peak * math.sqrt(max(warmup, 1) / max(step, 1))
 
 
-def learning_rate(step: int, scheduler: str, d_model: int, warmup: int, lr: float | None, init: float) -> float:
-    """The learning rate of update ``step`` for the options of ``xf train``.
+def make_schedule(scheduler: str, d_model: int, warmup: int, lr: float | None, init: float) -> Callable[[int], float]:
+    """The learning rate of each update (1-based) for the options of ``xf train``, chosen once.
 
     noam: ``lr`` (default 1) multiplies the paper's formula (xf train's --lr-factor);
     inverse_sqrt: ``lr`` is the peak (xf train's --lr).
     """
     if scheduler == "noam":
-        return noam(step, d_model, warmup, 1.0 if lr is None else lr)
+        factor = 1.0 if lr is None else lr
+        return lambda step: noam(step, d_model, warmup, factor)
     if scheduler == "inverse_sqrt":
         if lr is None:
             raise ValueError("inverse_sqrt needs a peak learning rate (--lr)")
-        return inverse_sqrt(step, lr, warmup, init)
+        return lambda step: inverse_sqrt(step, lr, warmup, init)
     raise ValueError(f"unknown lr scheduler {scheduler!r}")

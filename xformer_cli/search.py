@@ -27,7 +27,9 @@ from typing import Callable, Optional, Sequence
 import torch
 import torch.nn.functional as F
 
-from .model import BOS_ID, EOS_ID, PAD_ID, Transformer
+from .model import Transformer
+
+from .vocab import PAD_ID, BOS_ID, EOS_ID
 from .options import DecodingOptions
 
 LOG_ZERO = float("-inf")

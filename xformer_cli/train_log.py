@@ -1,5 +1,5 @@
 """What ``xf train`` shows and records: a live progress line and log lines on stderr, tables at
-start-up, after each validation and at the end, ``train_log.jsonl`` in the save directory, and
+start-up, after each validation and at the end (their rows: ``startup_rows``, ``summary_rows``), ``train_log.jsonl`` in the save directory, and
 TensorBoard scalars when asked. Only rank 0 reports; on other ranks every method does nothing.
 
 When stderr is not a terminal (a cluster job's log) there is no live line, and every record,
@@ -10,9 +10,12 @@ from __future__ import annotations
 
 import json
 import math
+import sys
 import time
 from pathlib import Path
 from typing import Any, Optional
+
+import torch
 
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
@@ -21,6 +24,7 @@ from rich.text import Text
 
 from .console import print_table
 from .fileio import reporting_write_errors
+from .loss import perplexity
 
 
 def format_seconds(seconds: Optional[float]) -> str:
@@ -109,10 +113,6 @@ class Reporter:
                 if isinstance(value, (int, float)) and key not in ("update", "epoch"):
                     self._tb.add_scalar(f"{kind}/{key}", value, values["update"])
 
-    def print(self, *args, **kwargs) -> None:
-        if self.enabled:
-            self.console.print(*args, **kwargs)
-
     def table(self, title: str, rows: list[tuple[str, Any]]) -> None:
         if not self.enabled:
             return
@@ -190,3 +190,126 @@ class Reporter:
         if self._tb is not None:
             self._tb.close()
             self._tb = None
+
+
+# -- what is measured ----------------------------------------------------------------------------
+class Meter:
+    """Loss sums and speed: over the run (``timed``: excluding start-up, validation and this
+    process's first update, which allocates and warms up) and since the last log line (``window``)."""
+
+    def __init__(self, device: torch.device):
+        self.timed = {"seconds": 0.0, "updates": 0, "src": 0.0, "tgt": 0.0}
+        self.window = dict(self.timed, finite=0, tokens=0.0)  # finite, tokens: filled by settle()
+        # on the device, summed over the window's good updates: loss and nll sums, gradient norms
+        self.window_loss = torch.zeros(2, dtype=torch.float64, device=device)
+        self.window_gnorm = torch.zeros((), dtype=torch.float64, device=device)
+        self.first_update = True
+        self.first_update_seconds: Optional[float] = None  # with --compile: the compilation's time
+
+    def add(self, step, ntokens: float, src_tokens: float, seconds: float) -> None:
+        self.window_loss += torch.where(step.finite, step.loss_sums, 0.0)  # no read-back
+        self.window_gnorm += torch.where(step.finite, step.gnorm.double(), 0.0)
+        if not self.first_update:
+            for d in (self.timed, self.window):
+                d["seconds"] += seconds
+                d["updates"] += 1
+                d["src"] += src_tokens
+                d["tgt"] += ntokens
+        else:
+            self.first_update_seconds = seconds
+        self.first_update = False
+
+    def good_update(self, ntokens: float) -> None:
+        """An update of the window turned out finite (known once settled)."""
+        self.window["tokens"] += ntokens
+        self.window["finite"] += 1
+
+    def eta(self, remaining_updates: Optional[int], time_left: Optional[float]) -> Optional[float]:
+        eta = None
+        if remaining_updates is not None and self.timed["updates"]:
+            eta = remaining_updates * self.timed["seconds"] / self.timed["updates"]
+        if time_left is not None:
+            eta = min(eta if eta is not None else math.inf, max(0.0, time_left))
+        return eta
+
+    def speed(self, d: dict) -> dict:
+        s = d["seconds"]
+        return {"src_tok_s": d["src"] / s if s else None, "tgt_tok_s": d["tgt"] / s if s else None,
+                "ups": d["updates"] / s if s else None}
+
+    def take_window(self, env, epoch: int, update: int, lr: float) -> Optional[dict]:
+        """The log record of the window (None if all its updates were skipped); starts a new one.
+        Every rank must call it: the loss sums are summed over ranks."""
+        loss_sum, nll_sum = env.sum_tensor(self.window_loss).tolist()
+        rec = None
+        if self.window["finite"]:
+            tok = self.window["tokens"]  # already summed over ranks
+            rec = {"epoch": epoch, "update": update, "loss": loss_sum / tok, "nll": nll_sum / tok,
+                   "ppl": perplexity(nll_sum / tok), "lr": lr,
+                   "gnorm": self.window_gnorm.item() / self.window["finite"]}
+            if self.window["seconds"] > 0:
+                rec.update(self.speed(self.window))
+            rec["elapsed"] = round(self.timed["seconds"], 1)
+        self.window_loss.zero_()
+        self.window_gnorm.zero_()
+        self.window.update(seconds=0.0, updates=0, src=0.0, tgt=0.0, finite=0, tokens=0.0)
+        return rec
+
+
+def peak_memory_mib(device: torch.device) -> float:
+    """Peak CUDA memory allocated by tensors, or the process's peak resident set on CPU."""
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device) / 2**20
+    try:  # Linux: VmHWM is this process's own peak (ru_maxrss may be inherited from its parent)
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / (1024 if sys.platform != "darwin" else 2**20)
+
+
+def startup_rows(o, cfg, data, train_pairs: int, valid_pairs: int, parameters: int, batches, device: torch.device,
+                 world_size: int, precision_note: str, num_updates: int, epoch: int) -> list[tuple[str, str]]:
+    """The rows of xf train's start-up table (``o``: TrainOptions, ``cfg``: ModelConfig, ``data``:
+    DataDir, ``batches``: EpochBatches)."""
+    threads = torch.get_num_threads()
+    return [
+        ("data", f"{data.path} ({data.source_lang}-{data.target_lang}, {train_pairs:,} training pairs, "
+                 f"{valid_pairs:,} validation)"),
+        ("model", f"{o.arch}: {cfg.encoder_layers}+{cfg.decoder_layers} layers, d_model {cfg.d_model}, "
+                  f"d_ff {cfg.d_ff}, {cfg.heads} heads, vocabulary {cfg.vocab_size:,}"),
+        ("parameters", f"{parameters:,}"),
+        ("effective batch", f"{o.max_tokens:,} tokens x {o.update_freq} (update freq) x {world_size} "
+                            f"(processes) = {o.max_tokens * batches.per_update:,} tokens per update"),
+        ("updates per epoch", f"{batches.updates_per_epoch:,} ({len(batches):,} batches)"),
+        ("device", f"{device} x {world_size}, {threads} thread{'s' * (threads != 1)}"
+                   + (", compiled (torch.compile, dynamic shapes)" if o.compile else "")),
+        ("precision", f"{o.precision} ({precision_note})"),
+        ("schedule", f"{o.lr_scheduler}, warmup {o.warmup_updates}"
+                     + (f", lr {o.lr:g}" if o.lr is not None else f", lr factor {o.lr_factor:g}")),
+        ("save dir", f"{o.save_dir}" + (f" (resuming at update {num_updates:,}, epoch {epoch})" if num_updates else "")),
+    ]
+
+
+def summary_rows(summary: dict, batch_offset: int, compiled: bool, device: torch.device,
+                 save_dir: Path) -> list[tuple[str, Any]]:
+    """The rows of xf train's closing table, from the summary record."""
+    epoch, seconds = summary["epoch"], summary["train_seconds"]
+    best = summary["best"]
+    return [
+        ("stopped", summary["stop_reason"]),
+        ("updates", f"{summary['num_updates']:,} (epoch {epoch if batch_offset else epoch - 1} "
+                    f"{'in progress' if batch_offset else 'done'})"),
+        (f"best validation {summary['best_metric']}", f"{best:.3f}" if best is not None else "-"),
+        ("skipped updates", summary["skipped_updates"]),
+        ("training time", format_seconds(seconds) + " (excluding start-up and validation)"),
+        ("speed", f"{summary['src_tok_s']:,.0f} src tok/s, {summary['tgt_tok_s']:,.0f} tgt tok/s, "
+                  f"{summary['ups']:.2f} upd/s" if seconds else "- (the first update is not timed)"),
+        *([("compile", f"{summary['compile_seconds']:.1f} s (the first update), {summary['compiled_graphs']} "
+                       "graph(s)")] if compiled else []),
+        ("peak memory", f"{summary['peak_memory_mib']:,.0f} MiB ({'CUDA allocated' if device.type == 'cuda' else 'RSS'})"),
+        ("checkpoints", str(save_dir)),
+    ]

@@ -1,6 +1,9 @@
-"""What xf train does after each update, as pure functions of where training stands: log?
-validate? which checkpoints to write? stop, and why? The loop in train.py asks ``plan_update``
-after every update, validates when the plan says so, and then asks ``plan_after_validation``.
+"""What xf train does, as pure functions of where training stands: log? validate? which
+checkpoints to write? stop, and why? Every stop rule is here; the loop in commands/train.py
+acts on what these functions decide. Before an update it asks ``stop_before_update`` (a signal);
+after it, ``plan_update``, then validates when the plan says so and asks
+``plan_after_validation`` (patience, the best checkpoint); ``diverged`` says when skipped
+updates end the run, and ``nothing_to_do`` when a finished run is started again.
 
 The rules: a log line every --log-interval updates; validation every
 --validate-interval-updates, at each epoch end and at every stop; a numbered checkpoint
@@ -50,19 +53,51 @@ def plan_update(o: TrainOptions, s: AfterUpdate) -> Plan:
     """Log? validate? which checkpoints? stop, and why? Decided before validation; validation at
     each epoch end and at every stop, a numbered checkpoint at every stop too (so that averaging
     sees the final weights)."""
-    stop = None
-    if o.max_update and s.num_updates >= o.max_update:
-        stop = f"reached --max-update {o.max_update}"
-    elif s.end_of_epoch and o.max_epoch and s.epoch >= o.max_epoch:
-        stop = f"reached --max-epoch {o.max_epoch}"
-    elif s.out_of_time:
-        stop = f"reached --stop-time-hours {o.stop_time_hours:g}"
+    stop = limit_reached(o, s.num_updates, s.epoch if s.end_of_epoch else s.epoch - 1, s.out_of_time)
     validate = s.end_of_epoch or stop is not None or every(s.num_updates, o.validate_interval_updates)
     numbered = s.end_of_epoch or stop is not None or every(s.num_updates, o.save_interval_updates)
     checkpoints = (numbered_name(s.epoch, s.num_updates),) if numbered else ()
     periodic = bool(o.save_interval_minutes) and s.seconds_since_save >= 60 * o.save_interval_minutes
     return Plan(log=every(s.num_updates, o.log_interval), validate=validate, checkpoints=checkpoints,
                 save=numbered or validate or periodic, stop=stop)
+
+
+def limit_reached(o: TrainOptions, num_updates: int, epochs_done: int, out_of_time: bool) -> Optional[str]:
+    """The limit of --max-update, --max-epoch or --stop-time-hours that training has reached, or
+    None: the one rule for stopping in a run and for refusing to start a finished one."""
+    if o.max_update and num_updates >= o.max_update:
+        return f"reached --max-update {o.max_update}"
+    if o.max_epoch and epochs_done >= o.max_epoch:
+        return f"reached --max-epoch {o.max_epoch}"
+    if out_of_time:
+        return f"reached --stop-time-hours {o.stop_time_hours:g}"
+    return None
+
+
+def nothing_to_do(o: TrainOptions, num_updates: int, epoch: int, elapsed_seconds: float) -> Optional[str]:
+    """The limit a resumed run (at update ``num_updates``, in ``epoch``, after ``elapsed_seconds``
+    of training) has already reached, or None: then there is nothing to train."""
+    out_of_time = bool(o.stop_time_hours) and elapsed_seconds >= 3600.0 * o.stop_time_hours
+    return limit_reached(o, num_updates, epoch - 1, out_of_time)
+
+
+def stop_before_update(signalled: bool) -> Optional[str]:
+    """A SIGINT or SIGTERM on any rank stops training before the next update (the update under
+    way when it came is finished and saved)."""
+    return "signal" if signalled else None
+
+
+def diverged(o: TrainOptions, skipped_in_a_row: int) -> bool:
+    """--max-nan-updates skipped (non-finite) updates in a row end the run as diverged."""
+    return skipped_in_a_row >= o.max_nan_updates
+
+
+def score_validation(score: float, best: Optional[float], bad_validations: int,
+                     higher_is_better: bool) -> tuple[bool, Optional[float], int]:
+    """(improved, best score, validations since the last improvement) after a validation."""
+    if improves(score, best, higher_is_better):
+        return True, score, 0
+    return False, best, bad_validations + 1
 
 
 def plan_after_validation(o: TrainOptions, plan: Plan, s: AfterUpdate, improved: bool,

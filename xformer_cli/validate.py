@@ -7,15 +7,16 @@ so every rank gets the same numbers (and takes the same best-checkpoint and stop
 from __future__ import annotations
 
 import contextlib
-import math
 from typing import Sequence
 
 import numpy as np
 import torch
 
-from .data import ParallelDataset, batch_by_size, collate
+from .batching import batch_by_size, collate
+
+from .data import ParallelDataset
 from .distributed import Env
-from .loss import fused_output_loss
+from .loss import fused_output_loss, perplexity
 from .model import Transformer
 from .options import DecodingOptions
 from .search import greedy_search
@@ -52,7 +53,7 @@ def validation_loss(
     loss, nll, ntokens = env.sum_tensor(sums).tolist()
     model.train(was_training)
     ntokens = max(ntokens, 1.0)
-    return {"loss": loss / ntokens, "nll": nll / ntokens, "ppl": math.exp(min(nll / ntokens, 700.0))}
+    return {"loss": loss / ntokens, "nll": nll / ntokens, "ppl": perplexity(nll / ntokens)}
 
 
 @torch.no_grad()

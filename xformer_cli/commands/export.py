@@ -31,7 +31,8 @@ from typing import Sequence
 
 from ..errors import XfError
 from ..fileio import fsync_dir
-from ..model import BOS_ID, EOS_ID, UNK_ID, Transformer
+from ..model import Transformer
+from ..vocab import UNK_ID, BOS_ID, EOS_ID
 from ..options import ExportOptions
 from ..engines import import_ctranslate2
 

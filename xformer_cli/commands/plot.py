@@ -343,10 +343,10 @@ def attention_figure(options: PlotAttentionOptions):
     import torch
 
     from ..attention_maps import force_decode
-    from ..model import EOS_ID
+    from ..vocab import EOS_ID
     from ..options import DecodingOptions
     from ..search import beam_search
-    from ..data import collate_source
+    from ..batching import collate_source
     from ..distributed import resolve_device
     from ..checkpoint import load_ensemble
 

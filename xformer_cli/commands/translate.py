@@ -9,55 +9,26 @@ in input order, so memory stays flat on inputs of any size.
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import stat
 import sys
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Iterator, Optional
 
 import torch
 
-from ..attention_maps import alignment_pairs, format_alignment
 from ..checkpoint import is_training_checkpoint
 from ..console import print_table, stderr_console
-from ..data import batch_by_size
-from ..engines import Engine, open_engine
+from ..engines import open_engine
 from ..errors import XfError
 from ..fileio import atomic_write
 from ..options import TranslateOptions
 from ..safety import refuse_overwriting_inputs
-from ..search import Hypothesis
-from ..vocab import decode_line
-
-# -- batching and search -------------------------------------------------------------------------
+from ..translation import Stats, decode_input_line, translate_buffer
 
 
 # -- reading and writing -------------------------------------------------------------------------
-@dataclass
-class Stats:
-    lines: int = 0
-    empty: int = 0
-    src_tokens: int = 0
-    tgt_tokens: int = 0
-    invalid_utf8: int = 0
-    first_invalid: int = 0
-    truncated: int = 0
-    first_truncated: int = 0
-
-
-def decode_input_line(raw: bytes, line_no: int, stats: Stats, where: str) -> str:
-    """One input line as text; invalid UTF-8 is replaced by U+FFFD and counted."""
-    text = decode_line(raw, where, line_no, "skip")
-    if text is None:
-        text = decode_line(raw, where, line_no, "replace")
-        stats.invalid_utf8 += 1
-        stats.first_invalid = stats.first_invalid or line_no
-    return text
-
-
 def read_buffers(stream: IO[bytes], size: int) -> Iterator[list[bytes]]:
     buffer: list[bytes] = []
     for raw in stream:
@@ -67,86 +38,6 @@ def read_buffers(stream: IO[bytes], size: int) -> Iterator[list[bytes]]:
             buffer = []
     if buffer:
         yield buffer
-
-
-def format_result(line_index: int, source: str, hyps: list[Hypothesis], texts: list[str], options: TranslateOptions, sp,
-                  alignments: Optional[list[list[tuple[int, int]]]] = None) -> str:
-    """The output for one input line (text: one line; text with --nbest K: K lines; jsonl: one line).
-
-    alignments (with --print-alignment): the (source, target) pairs of each hypothesis.
-    """
-    if options.output_format == "jsonl":
-        record = {
-            "id": line_index,
-            "source": source,
-            "hypotheses": [
-                {
-                    "text": text,
-                    "score": round(h.score, 6),
-                    "tokens": [sp.id_to_piece(t) for t in h.tokens],
-                    "positional_scores": [round(s, 6) for s in h.positional_scores],
-                }
-                for h, text in zip(hyps, texts)
-            ],
-        }
-        if alignments is not None:
-            for hyp_record, pairs in zip(record["hypotheses"], alignments):
-                hyp_record["alignment"] = [list(pair) for pair in pairs]
-        return json.dumps(record, ensure_ascii=False) + "\n"
-    # --print-alignment adds a last field " ||| 0-0 1-2" (Pharaoh pairs), as Marian and Moses do.
-    links = [f" ||| {format_alignment(pairs)}" for pairs in alignments] if alignments is not None else [""] * len(hyps)
-    if options.nbest == 1:
-        return (texts[0] if texts else "") + (links[0] if links else "") + "\n"
-    # Moses n-best format: "SENTENCE_ID ||| hypothesis ||| score", ids counting from 0.
-    return "".join(f"{line_index} ||| {text} ||| {h.score:.6f}{link}\n" for h, text, link in zip(hyps, texts, links))
-
-
-def empty_hypotheses(options: TranslateOptions) -> list[Hypothesis]:
-    count = 1 if options.output_format == "text" and options.nbest == 1 else options.nbest
-    return [Hypothesis([], 0.0, []) for _ in range(count)]
-
-
-def translate_buffer(engine: Engine, sp, lines: list[str], first_index: int, options: TranslateOptions, stats: Stats,
-                     generator=None) -> list[str]:
-    """Outputs (one string per input line, in input order) for a buffer of input lines."""
-    max_source = engine.max_source
-    pieces = sp.encode([line if line.strip() else "" for line in lines], out_type=int)
-    results: list[Optional[list[Hypothesis]]] = [None] * len(lines)
-    alignments: list[Optional[list[list[int]]]] = [None] * len(lines)  # --print-alignment: per hypothesis
-    todo = []
-    for i, ids in enumerate(pieces):
-        if not ids:  # empty or whitespace-only
-            stats.empty += 1
-            results[i] = empty_hypotheses(options)
-            continue
-        if len(ids) > max_source:
-            stats.truncated += 1
-            stats.first_truncated = stats.first_truncated or first_index + i + 1
-            pieces[i] = ids = ids[:max_source]
-        todo.append(i)
-    for batch in batch_by_size([len(pieces[i]) for i in todo], max_tokens=options.max_tokens or None,
-                               max_sentences=None if options.max_tokens else options.batch_size, longest_first=True):
-        idx = [todo[j] for j in batch.tolist()]
-        sentences = [pieces[i] for i in idx]
-        found = engine.search(sentences, options, generator)
-        for i, hyps in zip(idx, found):
-            results[i] = hyps
-            stats.src_tokens += len(pieces[i]) + 1
-            stats.tgt_tokens += len(hyps[0].tokens) if hyps else 0
-        if options.print_alignment:  # a forced-decoding pass over the final hypotheses
-            for i, per_hyp in zip(idx, engine.alignments(sentences, found, options.alignment_layer)):
-                alignments[i] = per_hyp
-    out = []
-    for i, hyps in enumerate(results):
-        # Output stays one line: sentencepiece pieces never hold line breaks, but be sure.
-        texts = [sp.decode(h.tokens[:-1]).replace("\n", " ").replace("\r", " ") if h.tokens else "" for h in hyps]
-        pairs = None
-        if options.print_alignment:
-            src_pieces, words = [sp.id_to_piece(t) for t in pieces[i]], options.alignment_level == "word"
-            pairs = [alignment_pairs(a, src_pieces, [sp.id_to_piece(t) for t in h.tokens[:-1]], words)
-                     for h, a in zip(hyps, alignments[i] or [[]] * len(hyps))]  # empty lines: none
-        out.append(format_result(first_index + i, lines[i], hyps, texts, options, sp, pairs))
-    return out
 
 
 @contextlib.contextmanager

@@ -1,0 +1,73 @@
+"""Fill bench/gpu-data/ (git-ignored) for bench/gpu.sh, on a machine that has ../shared.
+
+The GPU machine gets the checkout and nothing beside it, so the quality stage's Multi30k EN-DE
+travels inside it: the run tool's ``carry`` names ``bench/gpu-data``. It is preprocessed here,
+not there, so that no GPU second goes to learning a BPE:
+
+    python bench/gpu_data.py                      # from ../shared/data/multi30k (a few MiB)
+    python bench/gpu_data.py --lines 2000 --test-lines 60 --bpe 1000 --dest DIR   # the dry run's
+
+DEST/m30k-ende/ is ``xf preprocess`` of train and val (joint BPE 8000, length ratio 2.5, as
+recipes/multi30k/cpu.yaml); DEST/test2016.en and .de are the raw test set; DEST/commit.txt names
+the commit the checkout was at (the GPU machine has the files, not necessarily git).
+"""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def head(src: Path, dst: Path, lines: int | None) -> None:
+    with open(src, encoding="utf-8") as f, open(dst, "w", encoding="utf-8") as out:
+        for i, line in enumerate(f):
+            if lines is not None and i >= lines:
+                break
+            out.write(line)
+
+
+def fill(multi30k: Path, dest: Path, lines: int | None, test_lines: int | None, bpe: int) -> Path:
+    from xformer_cli.commands.preprocess import preprocess
+    from xformer_cli.options import PreprocessOptions
+
+    missing = [f"{multi30k}/{s}.{lang}" for s in ("train", "val", "test2016") for lang in ("en", "de")
+               if not (multi30k / f"{s}.{lang}").exists()]
+    if missing:
+        raise SystemExit(f"gpu_data: {missing[0]} is missing (--multi30k names the folder of Multi30k)")
+    dest.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="xf-gpu-data-") as tmp:
+        for split in ("train", "val"):
+            for lang in ("en", "de"):
+                head(multi30k / f"{split}.{lang}", Path(tmp) / f"{split}.{lang}", lines)
+        preprocess(PreprocessOptions(destdir=str(dest / "m30k-ende"), source_lang="en", target_lang="de",
+                                     trainpref=f"{tmp}/train", validpref=f"{tmp}/val", bpe_vocab_size=bpe,
+                                     max_len_ratio=2.5, overwrite=True))
+    for lang in ("en", "de"):
+        head(multi30k / f"test2016.{lang}", dest / f"test2016.{lang}", test_lines)
+    commit = subprocess.run(["git", "-C", str(REPO), "describe", "--always", "--dirty"], capture_output=True,
+                            text=True).stdout.strip()
+    (dest / "commit.txt").write_text((commit or "unknown") + "\n")
+    return dest
+
+
+def main(argv: list[str]) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--multi30k", type=Path, default=REPO / ".." / "shared" / "data" / "multi30k")
+    ap.add_argument("--dest", type=Path, default=REPO / "bench" / "gpu-data")
+    ap.add_argument("--lines", type=int, default=None, help="training and validation lines (default: all)")
+    ap.add_argument("--test-lines", type=int, default=None, help="test2016 lines (default: all 1000)")
+    ap.add_argument("--bpe", type=int, default=8000, help="joint BPE vocabulary size")
+    a = ap.parse_args(argv)
+    dest = fill(a.multi30k.resolve(), a.dest, a.lines, a.test_lines, a.bpe)
+    size = sum(p.stat().st_size for p in dest.rglob("*") if p.is_file())
+    print(f"{dest}: {size / 2**20:.1f} MiB (carry it: bench/gpu-data)")
+
+
+if __name__ == "__main__":
+    sys.path.insert(0, str(REPO))
+    main(sys.argv[1:])

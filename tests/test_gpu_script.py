@@ -1,0 +1,108 @@
+"""bench/gpu.sh cannot rot: ``make test`` runs every stage of its dry run (tiny sizes, the CPU,
+compiled stages on dynamo's eager backend) and fails when a stage fails, so a rename that would
+break the one GPU run breaks CI instead. Also: rows are written the moment they are measured,
+and a run cut short still leaves one."""
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from testdata import multi30k
+
+REPO = Path(__file__).resolve().parents[1]
+STAGES = ["info", "cuda-tests", "train-base", "train-big", "decode-base", "train-base-compiled", "quality",
+          "train-base-compiled-reference"]
+
+
+def bench_module(name: str):
+    sys.path.insert(0, str(REPO / "bench"))
+    spec = importlib.util.spec_from_file_location(name, REPO / "bench" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def gpu_sh(out: Path, timeout: float, **env) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHON": sys.executable, **env}
+    return subprocess.run(["bash", str(REPO / "bench" / "gpu.sh"), "--dry-run", str(out)], capture_output=True,
+                          text=True, env=env, timeout=timeout, cwd=REPO)
+
+
+@pytest.mark.slow
+def test_every_stage_of_the_dry_run_runs(tmp_path):
+    data = tmp_path / "gpu-data"
+    filled = subprocess.run([sys.executable, str(REPO / "bench" / "gpu_data.py"), "--multi30k",
+                             str(multi30k()[0]), "--dest", str(data), "--lines", "300",
+                             "--test-lines", "12", "--bpe", "500"], capture_output=True, text=True, timeout=300)
+    assert filled.returncode == 0, filled.stderr[-2000:]
+    out = tmp_path / "out"
+    done = gpu_sh(out, 1500, XF_GPU_DATA=str(data))
+    stages = [json.loads(line) for line in (out / "stages.jsonl").read_text().splitlines()]
+    assert [(s["name"], s["status"]) for s in stages] == [(name, "ok") for name in STAGES], done.stderr[-3000:]
+    assert done.returncode == 0
+    results = json.loads((out / "results.json").read_text())
+    assert done.stdout.strip() == (out / "results.md").read_text().strip()  # results.md printed at the end
+    assert results["info"]["dry run"] is True and results["info"]["commit"] != "unknown"
+    rows = results["rows"]
+    train = [r for r in rows if r["bench"] == "train" and r["metric"].endswith("target tokens/s")]
+    # xf eager base and big, the reference, compiled xf, the compiled reference: each says how it ended
+    assert len(train) == 5 and all(r["ended"] == "all 4 updates" and r["updates_timed"] == 3 for r in train)
+    assert all(isinstance(r["value"], float) and r["value"] > 0 for r in train)
+    graphs = [r for r in rows if r["metric"].endswith("compiled graphs")]
+    assert [(r["value"], r["recompiles"]) for r in graphs] == [(1, 0), (1, 0)]  # xf and the reference
+    mfu = [r["value"] for r in rows if r["metric"].endswith("MFU")]
+    assert len(mfu) == 5 and all(0 < m < 100 for m in mfu)
+    assert any(r["bench"] == "decode" and r["value"] > 0 for r in rows)
+    bleu = [r for r in rows if r["metric"] == "sacreBLEU"]
+    assert len(bleu) == 1 and isinstance(bleu[0]["value"], float) and "test2016 (12 lines)" in bleu[0]["case"]
+    assert not list(out.rglob("*.pt"))  # no checkpoint in the results; the BLEU stage removed its one
+    assert len([p for p in out.iterdir() if p.is_file()]) <= 40 and not (out / "bench-data").exists()
+
+
+@pytest.mark.slow
+def test_a_failing_stage_fails_the_script(tmp_path):
+    done = gpu_sh(tmp_path, 300, XF_GPU_STAGES="decode-base", XF_BENCH_DECODE_BATCH="not a number")
+    assert done.returncode == 1
+    stage = json.loads((tmp_path / "stages.jsonl").read_text())
+    assert (stage["name"], stage["status"]) == ("decode-base", "failed")
+    assert "| decode-base | failed |" in (tmp_path / "results.md").read_text()
+
+
+def test_rows_are_written_the_moment_a_run_ends(monkeypatch, tmp_path):
+    """xf's rows are out before the reference starts; a run killed in its first update (a long
+    compile) still leaves a row with the time it had spent."""
+    bench = bench_module("bench_train")
+    emitted, started = [], []
+    results = {
+        "xf": dict(engine="xf", device="cpu", compiled=True, first_update_seconds=41.5, graphs_after_first=1,
+                   ended="killed after update 1 (exit -9, after 50 s)"),
+        "reference": dict(engine="reference", device="cpu", compiled=True, ended="all 4 updates", updates_timed=3,
+                          seconds=1.5, tgt_tokens=3000, flops=6e9, tgt_tok_s=2000.0, peak_memory_mib=10.0,
+                          first_update_seconds=2.0, graphs_after_first=1, graphs=1, finite=True),
+    }
+
+    def run_child(engine, *args):
+        started.append((engine, len(emitted)))
+        return results[engine]
+
+    monkeypatch.setattr(bench, "run_child", run_child)
+    monkeypatch.setattr(bench, "wmt_like_data", lambda root: root)
+    monkeypatch.setattr(bench, "matmul_peak", lambda dtype, dev: 1e12)
+    monkeypatch.setattr(bench, "COMPILE", [True])
+    monkeypatch.setattr(bench, "DATA", "wmt-like")
+    monkeypatch.setenv("XF_BENCH_TRAIN_DEVICES", "cpu")
+    monkeypatch.setenv("XF_BENCH_TRAIN_PRECISIONS", "fp32")
+    bench.measure(emitted.append)
+    assert started[0] == ("xf", 0) and started[1][0] == "reference"
+    xf_rows = emitted[: started[1][1]]
+    assert xf_rows and all(r["ended"].startswith("killed after update 1") for r in xf_rows)
+    speed = next(r for r in xf_rows if r["metric"] == "target tokens/s")
+    assert speed["value"] == "no update timed" and "update 1 took 41.5 s" in speed["note"]
+    ref_mfu = next(r for r in emitted if r["metric"] == "reference MFU")
+    assert ref_mfu["value"] == pytest.approx(100 * 6e9 / 1.5 / 1e12)
+    assert not any(r["metric"] == "xf / reference" for r in emitted)  # no ratio without both speeds

@@ -1,0 +1,415 @@
+"""xf serve: a real server process on an ephemeral 127.0.0.1 port, spoken to by a real HTTP client
+(http.client). Every endpoint; translations equal to xf translate's for each line under 200
+concurrent requests from 32 clients; every bad input an answer; overload (503, 504); API keys;
+SIGTERM drain; both engines; the page in a headless chromium. The batching queue and the options
+also have fast unit tests over a fake engine."""
+
+from __future__ import annotations
+
+import http.client
+import json
+import os
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from urllib.parse import urlencode
+
+import pytest
+
+pytest.importorskip("starlette", reason="the serve extra is not installed")
+pytest.importorskip("uvicorn", reason="the serve extra is not installed")
+
+from xformer_cli.commands.translate import translate  # noqa: E402
+from xformer_cli.errors import ConfigError  # noqa: E402
+from xformer_cli.config import build_options, load_options  # noqa: E402
+from xformer_cli.options import ServeOptions, TranslateOptions  # noqa: E402
+from xformer_cli.search import Hypothesis  # noqa: E402
+from xformer_cli.serve_queue import BatchQueue, Direction, Job, QueueFull  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[1]
+pytestmark = pytest.mark.usefixtures("one_thread")  # conftest.py: torch on one thread (the in-process references)
+DECODING = ["--nbest", "2", "--max-len-a", "0.5", "--max-len-b", "3", "--threads", "1"]
+
+
+# -- a server process ----------------------------------------------------------------------------
+class Served:
+    """``xf serve ARGS --port 0`` as a process; its port from the start line, its stderr kept."""
+
+    def __init__(self, *args: str, env=None):
+        self.proc = subprocess.Popen([sys.executable, "-m", "xformer_cli", "serve", "--port", "0", *args],
+                                     stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True, cwd=REPO,
+                                     env={**os.environ, **(env or {})})
+        self.lines: list[str] = []
+        deadline = time.time() + 120
+        while time.time() < deadline:
+            line = self.proc.stderr.readline()
+            if not line:
+                raise AssertionError(f"xf serve exited {self.proc.wait()}: {''.join(self.lines)}")
+            self.lines.append(line)
+            if "listening on http://127.0.0.1:" in line:
+                self.port = int(line.split("127.0.0.1:")[1].split()[0])
+                break
+        self.reader = threading.Thread(target=self._read, daemon=True)
+        self.reader.start()
+
+    def _read(self):
+        for line in self.proc.stderr:
+            self.lines.append(line)
+
+    def request(self, method: str, path: str, body=None, headers=None, raw: bytes | None = None):
+        """(status, headers, parsed JSON or text) of one request on a fresh connection."""
+        conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=60)
+        data = raw if raw is not None else (json.dumps(body).encode() if body is not None else None)
+        conn.request(method, path, body=data, headers={"Content-Type": "application/json", **(headers or {})})
+        response = conn.getresponse()
+        payload = response.read().decode("utf-8")
+        conn.close()
+        kind = response.getheader("Content-Type", "")
+        return response.status, dict(response.getheaders()), json.loads(payload) if "json" in kind else payload
+
+    def translate(self, q, **fields):
+        return self.request("POST", "/translate", {"q": q, "source": "en", "target": "de", **fields})
+
+    def stop(self, timeout: float = 30) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+        code = self.proc.wait(timeout)
+        self.reader.join(5)
+        return code
+
+    @property
+    def log(self) -> str:
+        return "".join(self.lines)
+
+
+def xf_translate(ckpt_path, lines: list[str], tmp_path, **overrides) -> list[list[str]]:
+    """xf translate's hypotheses (texts, best first) for each line, with the servers' options."""
+    (tmp_path / "ref.in").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    options = dict(path=(ckpt_path,), input=str(tmp_path / "ref.in"), output=str(tmp_path / "ref.jsonl"), nbest=2,
+                   max_len_a=0.5, max_len_b=3, output_format="jsonl", quiet=True, **overrides)
+    translate(TranslateOptions(**options))
+    records = [json.loads(line) for line in (tmp_path / "ref.jsonl").read_text(encoding="utf-8").splitlines()]
+    return [[h["text"] for h in r["hypotheses"]] for r in records]
+
+
+@pytest.fixture(scope="module")
+def lines(multi30k_dir) -> list[str]:
+    return (multi30k_dir / "test2016.en").read_text(encoding="utf-8").splitlines()[:600]
+
+
+@pytest.fixture(scope="module")
+def server(ckpt):
+    served = Served("--model", f"en-de={ckpt}", *DECODING, "--max-lines", "8", "--max-chars", "2000",
+                    "--max-body-bytes", "20000")
+    yield served
+    served.stop()
+
+
+# -- endpoints -----------------------------------------------------------------------------------
+@pytest.mark.slow
+def test_every_endpoint(server, ckpt, lines, tmp_path):
+    reference = xf_translate(ckpt, lines[:3], tmp_path)
+    status, _, health = server.request("GET", "/health")
+    assert status == 200 and health["status"] == "ready" and health["directions"] == ["en-de"]
+    status, _, languages = server.request("GET", "/languages")
+    assert status == 200 and languages == [{"code": "en", "name": "English", "targets": ["de"]}]
+
+    status, _, answer = server.translate(lines[0])
+    assert status == 200 and answer == {"translatedText": reference[0][0]}
+    status, _, answer = server.translate(lines[0], alternatives=1)
+    assert status == 200 and answer == {"translatedText": reference[0][0], "alternatives": reference[0][1:2]}
+    status, _, answer = server.translate([lines[1], lines[2]])
+    assert status == 200 and answer == {"translatedText": [reference[1][0], reference[2][0]]}
+    # the same fields form-encoded, as LibreTranslate also takes them
+    form = urlencode([("q", lines[1]), ("q", lines[2]), ("source", "en"), ("target", "de"), ("alternatives", "1")])
+    status, _, answer = server.request("POST", "/translate", raw=form.encode(),
+                                       headers={"Content-Type": "application/x-www-form-urlencoded"})
+    assert status == 200 and answer == {"translatedText": [reference[1][0], reference[2][0]],
+                                        "alternatives": [reference[1][1:2], reference[2][1:2]]}
+    # a text of several lines: each line translated as xf translate reads a file's lines
+    status, _, answer = server.translate(f"{lines[0]}\r\n\n{lines[2]}")
+    assert status == 200 and answer["translatedText"] == f"{reference[0][0]}\n\n{reference[2][0]}"
+
+    status, headers, metrics = server.request("GET", "/metrics")
+    assert status == 200 and headers["content-type"].startswith("text/plain")
+    assert 'xf_serve_requests_total{path="/translate",status="200"} 5.0' in metrics
+    assert "xf_serve_translate_seconds_bucket" in metrics and "xf_serve_batch_sentences_count" in metrics
+    assert "xf_serve_queue_lines 0.0" in metrics
+    status, headers, page = server.request("GET", "/")
+    assert status == 200 and headers["content-type"].startswith("text/html") and 'id="translate"' in page
+    status, _, answer = server.request("GET", "/nothing-here")
+    assert status == 404
+
+    access = [line for line in server.log.splitlines() if line.startswith("xf serve | POST /translate 200")]
+    assert len(access) >= 4
+    last = access[-1]  # the three-line text
+    assert "direction en-de" in last and "lines 3" in last and "queue wait" in last and "decode" in last
+    assert "Traceback" not in server.log
+
+
+@pytest.mark.slow
+def test_200_concurrent_requests_from_32_clients_equal_xf_translate(server, ckpt, lines, tmp_path):
+    rng = random.Random(0)
+    requests, at = [], 0
+    while len(requests) < 200:  # test2016 lines as requests of 1 to 5 lines
+        n = rng.randint(1, 5)
+        requests.append(list(range(at, at + n)))
+        at = (at + n) % (len(lines) - 5)
+    used = sorted({i for r in requests for i in r})
+    reference = dict(zip(used, xf_translate(ckpt, [lines[i] for i in used], tmp_path)))
+
+    def ask(idx):
+        status, _, answer = server.translate([lines[i] for i in idx], alternatives=1)
+        return status, answer
+
+    with ThreadPoolExecutor(32) as pool:
+        answers = list(pool.map(ask, requests))
+    for idx, (status, answer) in zip(requests, answers):
+        assert status == 200, answer
+        assert answer["translatedText"] == [reference[i][0] for i in idx]
+        assert answer["alternatives"] == [reference[i][1:2] for i in idx]
+    _, _, metrics = server.request("GET", "/metrics")
+    batches = float(metrics.split("xf_serve_batch_sentences_count ")[1].split()[0])
+    sentences = float(metrics.split("xf_serve_batch_sentences_sum ")[1].split()[0])
+    assert sentences / batches > 1.5  # requests were decoded together
+
+
+@pytest.mark.slow
+def test_bad_input_is_an_answer(server, ckpt, lines, tmp_path):
+    def refused(status, message, **kw):
+        got, _, answer = server.request("POST", "/translate", **kw)
+        assert got == status and message in answer["error"], (got, answer)
+
+    refused(400, "not JSON: Expecting", raw=b'{"q": "a", ')
+    refused(400, "JSON object", body=["a"])
+    refused(400, "'q' is empty", body={"q": "", "source": "en", "target": "de"})
+    refused(400, "'q' is empty", body={"q": [], "source": "en", "target": "de"})
+    refused(400, "'q' is empty", body={"source": "en", "target": "de"})
+    refused(400, "a string or a list of strings", body={"q": ["a", 3], "source": "en", "target": "de"})
+    refused(400, "en-fr is not served; served: en-de", body={"q": "a", "source": "en", "target": "fr"})
+    refused(400, "source 'auto'", body={"q": "a", "source": "auto", "target": "de"})
+    refused(400, "language codes", body={"q": "a", "source": 1, "target": "de"})
+    refused(400, "format 'html' is not supported yet", body={"q": "a", "source": "en", "target": "de", "format": "html"})
+    refused(400, "at most 1 (it runs with --nbest 2)", body={"q": "a", "source": "en", "target": "de", "alternatives": 2})
+    refused(400, "'alternatives' must be a number", body={"q": "a", "source": "en", "target": "de", "alternatives": "2"})
+    refused(413, "9 lines are over the limit of 8", body={"q": ["a"] * 9, "source": "en", "target": "de"})
+    refused(413, "over the limit of 2,000 a request", body={"q": "a" * 2001, "source": "en", "target": "de"})
+    refused(413, "over the limit of 20,000", raw=b" " * 20001)  # refused before it is parsed
+    assert server.request("GET", "/translate")[0] == 405
+
+    # invalid UTF-8, lone surrogates and control characters: one output per input, as xf translate
+    bad = lines[3].encode() + b" \xff\xfe"
+    status, _, answer = server.request("POST", "/translate", raw=b'{"q": "' + bad + b'", "source": "en", "target": "de"}')
+    controls = [f"{lines[4]} \x00\x1b[31m", "\ud800 " + lines[5], "\t\x0c\x7f"]
+    status2, _, answer2 = server.translate(controls)
+    reference = xf_translate(ckpt, [bad.decode("utf-8", "replace"), controls[0], "\ufffd " + lines[5], controls[2]], tmp_path)
+    assert status == 200 and answer["translatedText"] == reference[0][0]
+    assert status2 == 200 and answer2["translatedText"] == [r[0] for r in reference[1:]]
+    assert "invalid UTF-8 in the body replaced" in server.log and "invalid UTF-8 lines 1" in server.log
+    assert "Traceback" not in server.log
+
+
+@pytest.mark.slow
+def test_api_keys(ckpt, tmp_path):
+    (tmp_path / "keys").write_text("# the keys of the tests\nsecret-1\n\nsecret-2\n")
+    served = Served("--model", f"en-de={ckpt}", *DECODING, "--api-keys", str(tmp_path / "keys"))
+    try:
+        assert served.translate("A dog .")[0] == 403
+        status, _, answer = served.translate("A dog .", api_key="wrong")
+        assert status == 403 and answer == {"error": "Invalid API key"}
+        assert served.translate("A dog .", api_key="secret-2")[0] == 200
+        assert served.request("GET", "/languages")[0] == 200  # only /translate needs a key
+    finally:
+        assert served.stop() == 0
+
+
+def wait_for_queued(served: Served, lines: int, seconds: float = 10) -> None:
+    """Until /health counts ``lines`` queued lines (at most ``seconds``)."""
+    deadline = time.time() + seconds
+    while served.request("GET", "/health")[2]["queue_lines"] < lines and time.time() < deadline:
+        time.sleep(0.02)
+
+
+@pytest.mark.slow
+def test_a_full_queue_is_503_and_a_long_wait_504(ckpt):
+    # the first request waits 5 s for others to join its batch: it holds the 2 queued lines
+    served = Served("--model", f"en-de={ckpt}", *DECODING, "--max-queue-lines", "2", "--max-wait-ms", "5000",
+                    "--timeout", "1.5")
+    try:
+        with ThreadPoolExecutor(1) as pool:
+            first = pool.submit(served.translate, ["A dog .", "A cat ."])
+            wait_for_queued(served, 2)
+            status, headers, answer = served.translate("A man .")
+            assert status == 503 and int(headers["retry-after"]) >= 1 and "queue is full" in answer["error"]
+            status, _, answer = first.result()
+            assert status == 504 and "no translation within 1.5 s" in answer["error"]
+    finally:
+        assert served.stop() == 0
+    assert "Traceback" not in served.log
+
+
+@pytest.mark.slow
+def test_sigterm_drains_the_requests_in_flight(ckpt, lines, tmp_path):
+    reference = xf_translate(ckpt, lines[:6], tmp_path)
+    served = Served("--model", f"en-de={ckpt}", *DECODING, "--max-wait-ms", "1500", "--grace-seconds", "5")
+    with ThreadPoolExecutor(6) as pool:
+        answers = [pool.submit(served.translate, line) for line in lines[:6]]
+        wait_for_queued(served, 6, seconds=1.2)  # all six queued, their batch not yet started
+        start = time.perf_counter()
+        code = served.stop()
+        took = time.perf_counter() - start
+        results = [a.result() for a in answers]
+    assert code == 0 and took < 5
+    assert [(status, answer["translatedText"]) for status, _, answer in results] == [(200, r[0]) for r in reference]
+    with pytest.raises(OSError):
+        served.request("GET", "/health")
+    assert "xf serve (en-de) | requests by status 200: " in served.log and "| lines translated 6 |" in served.log
+    assert "Traceback" not in served.log
+
+
+@pytest.mark.slow
+def test_start_up_errors_are_one_line(ckpt, tmp_path):
+    def fails(args, message):
+        proc = subprocess.run([sys.executable, "-m", "xformer_cli", "serve", *args], capture_output=True, text=True,
+                              cwd=REPO, timeout=120)
+        assert proc.returncode != 0 and message in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
+        assert len(proc.stderr.strip().splitlines()) == 1
+
+    fails(["--model", f"en-de={tmp_path / 'missing.pt'}"], "missing.pt does not exist")
+    fails(["--model", f"en-de={ckpt}", "--model", f"en-de={ckpt}"], "direction en-de is given more than once")
+    fails(["--model", f"en-de={ckpt}", "--api-keys", str(tmp_path / "nokeys")], "--api-keys")
+
+
+@pytest.mark.slow
+def test_ctranslate2_engine(ckpt, lines, tmp_path):
+    pytest.importorskip("ctranslate2", reason="the ctranslate2 extra is not installed")
+    from xformer_cli.commands.export import export_ctranslate2
+    from xformer_cli.options import ExportOptions
+
+    exported = tmp_path / "ct2"
+    export_ctranslate2(ExportOptions(format="ctranslate2", path=ckpt, output=str(exported)))
+    reference = xf_translate(str(exported), lines[:40], tmp_path, engine="ctranslate2")
+    served = Served("--model", f"en-de={exported}", "--engine", "ctranslate2", *DECODING)
+    try:
+        with ThreadPoolExecutor(8) as pool:
+            answers = list(pool.map(lambda i: served.translate(lines[i:i + 4]), range(0, 40, 4)))
+    finally:
+        assert served.stop() == 0
+    got = [text for status, _, answer in answers for text in answer["translatedText"]]
+    assert all(status == 200 for status, _, _ in answers) and got == [r[0] for r in reference]
+    assert "engine ctranslate2" in served.log
+
+
+# -- the page in a headless browser --------------------------------------------------------------
+CHROMIUM, CHROMEDRIVER = shutil.which("chromium"), shutil.which("chromedriver")
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not (CHROMIUM and CHROMEDRIVER),
+                    reason="no headless browser: apt-get install chromium chromium-driver (.ci/run does)")
+def test_the_page_in_a_headless_browser(server, ckpt, lines, tmp_path):
+    webdriver = pytest.importorskip("selenium.webdriver", reason="selenium (the test extra) is not installed")
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    reference = xf_translate(ckpt, lines[7:9], tmp_path)
+    options = webdriver.ChromeOptions()
+    options.binary_location = CHROMIUM
+    for flag in ("--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+                 "--disable-component-update", "--disable-sync", "--no-first-run", "--disable-dev-shm-usage",
+                 f"--user-data-dir={tmp_path / 'chromium-profile'}"):
+        options.add_argument(flag)
+    browser = webdriver.Chrome(service=webdriver.ChromeService(executable_path=CHROMEDRIVER), options=options)
+    try:
+        browser.get(f"http://127.0.0.1:{server.port}/")
+        WebDriverWait(browser, 20).until(lambda b: b.find_elements(By.CSS_SELECTOR, "#direction option"))
+        assert browser.find_element(By.ID, "direction").get_attribute("value") == "en-de"
+        browser.find_element(By.ID, "source").send_keys(f"{lines[7]}\n{lines[8]}")
+        alternatives = browser.find_element(By.ID, "alternatives")
+        alternatives.clear()
+        alternatives.send_keys("1")
+        browser.find_element(By.ID, "translate").click()
+        WebDriverWait(browser, 20).until(lambda b: b.find_element(By.ID, "translation").text)
+        assert browser.find_element(By.ID, "translation").text == f"{reference[0][0]}\n{reference[1][0]}"
+        shown = [li.text for li in browser.find_elements(By.CSS_SELECTOR, "#alternatives-list li")]
+        assert shown == [f"{reference[0][1]}\n{reference[1][1]}"]
+        assert browser.find_element(By.ID, "error").text == ""
+    finally:
+        browser.quit()
+
+
+# -- the queue and the options, without a server --------------------------------------------------
+class FakeEngine:
+    """Translates a sentence to itself reversed; records the sentences of each search."""
+
+    max_source = 100
+
+    def __init__(self):
+        self.batches: list[list[list[int]]] = []
+
+    def search(self, sentences, options, generator=None):
+        self.batches.append([list(s) for s in sentences])
+        return [[Hypothesis(list(reversed(s)) + [3], 0.0, [])] for s in sentences]
+
+
+class FakeSp:
+    def decode(self, ids):
+        return " ".join(map(str, ids))
+
+
+def direction(code="en-de"):
+    source, target = code.split("-")
+    return Direction(source, target, FakeEngine(), FakeSp(), TranslateOptions(path=("x",)))
+
+
+def test_queued_jobs_are_decoded_together_in_order():
+    de, fr = direction("en-de"), direction("en-fr")
+    queue = BatchQueue(max_batch_tokens=12, max_wait_ms=200, max_queue_lines=100)
+    jobs = [Job(de, [[5, 6], [], [7]]), Job(fr, [[8]]), Job(de, [[9, 10, 11]]), Job(de, [[12] * 5])]
+    for job in jobs:
+        queue.submit(job)
+    queue.start()
+    results = [job.future.result(5) for job in jobs]
+    queue.stop(5)
+    assert results[0] == [["6 5"], [""], ["7"]] and results[1] == [["8"]] and results[2] == [["11 10 9"]]
+    assert results[3] == [["12 12 12 12 12"]]
+    # jobs 1 and 3 of en-de fit 12 tokens together (3 + 2 + 4), sorted longest first; job 4 waits
+    assert de.engine.batches == [[[9, 10, 11], [5, 6], [7]], [[12] * 5]] and fr.engine.batches == [[[8]]]
+    assert queue.lines == 0 and queue.batches == 3 and queue.lines_done == 6
+
+
+def test_a_full_queue_refuses_and_a_cancelled_job_is_not_decoded():
+    de = direction()
+    queue = BatchQueue(max_batch_tokens=100, max_wait_ms=0, max_queue_lines=3)
+    cancelled, kept = Job(de, [[5], [6]]), Job(de, [[7]])
+    queue.submit(cancelled)
+    queue.submit(kept)
+    with pytest.raises(QueueFull):
+        queue.submit(Job(de, [[8]]))
+    assert cancelled.future.cancel()
+    queue.start()
+    assert kept.future.result(5) == [["7"]]
+    queue.stop(5)
+    assert de.engine.batches == [[[7]]]
+
+
+def test_serve_options(tmp_path):
+    (tmp_path / "xf.yaml").write_text("translate: {beam: 6}\nserve: {model: [en-de=a.pt], beam: 5, nbest: 3}\n")
+    options = load_options(ServeOptions, tmp_path / "xf.yaml", {"port": 8080}, section="serve")
+    assert (options.beam_size, options.nbest, options.port) == (5, 3, 8080)
+    translate_options = options.translate_options("a.pt")
+    assert (translate_options.path, translate_options.beam_size, translate_options.nbest) == (("a.pt",), 5, 3)
+    assert options.host == "127.0.0.1"
+    for values, message in (({"model": ["de=a.pt"]}, "SOURCE-TARGET=CHECKPOINT"),
+                            ({"model": ["en-de=a.pt"], "sampling": True}, "does not sample"),
+                            ({"model": ["en-de=a.pt"], "max_len_a": 0, "max_len_b": 0}, "allow no output"),
+                            ({"model": ["en-de=a.pt"], "nbest": 5}, "larger than --beam-size"),
+                            ({"model": ["en-de=a.pt"], "max_btach_tokens": 5}, "did you mean 'max_batch_tokens'")):
+        with pytest.raises(ConfigError, match=message):
+            build_options(ServeOptions, values, "test")

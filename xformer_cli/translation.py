@@ -1,0 +1,145 @@
+"""Lines of text to translations: the line handling that ``xf translate`` and ``xf serve`` share.
+
+One input line gives one output, whatever it holds: invalid UTF-8 is replaced by U+FFFD and
+counted (``decode_input_line``), an empty or whitespace-only line gives an empty translation
+without a search, a line longer than the engine's ``max_source`` subwords is truncated and
+counted (``encode_lines``). ``search_lines`` sorts the lines by length into batches and searches
+them; ``translate_buffer`` formats the results as ``xf translate`` writes them.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Optional
+
+from .attention_maps import alignment_pairs, format_alignment
+from .batching import batch_by_size
+from .engines import Engine
+from .options import TranslateOptions
+from .search import Hypothesis
+from .vocab import decode_line
+
+
+@dataclass
+class Stats:
+    lines: int = 0
+    empty: int = 0
+    src_tokens: int = 0
+    tgt_tokens: int = 0
+    invalid_utf8: int = 0
+    first_invalid: int = 0
+    truncated: int = 0
+    first_truncated: int = 0
+
+
+def decode_input_line(raw: bytes, line_no: int, stats: Stats, where: str) -> str:
+    """One input line as text; invalid UTF-8 is replaced by U+FFFD and counted."""
+    text = decode_line(raw, where, line_no, "skip")
+    if text is None:
+        text = decode_line(raw, where, line_no, "replace")
+        stats.invalid_utf8 += 1
+        stats.first_invalid = stats.first_invalid or line_no
+    return text
+
+
+def encode_lines(sp, lines: list[str], max_source: int, stats: Stats, first_index: int = 0) -> list[list[int]]:
+    """The subword ids of each line: [] for an empty or whitespace-only line (counted), at most
+    ``max_source`` ids for a longer one (truncated and counted; ``first_index`` numbers the lines)."""
+    pieces = sp.encode([line if line.strip() else "" for line in lines], out_type=int)
+    for i, ids in enumerate(pieces):
+        if not ids:
+            stats.empty += 1
+        elif len(ids) > max_source:
+            stats.truncated += 1
+            stats.first_truncated = stats.first_truncated or first_index + i + 1
+            pieces[i] = ids[:max_source]
+    return pieces
+
+
+def empty_hypotheses(options: TranslateOptions) -> list[Hypothesis]:
+    count = 1 if options.output_format == "text" and options.nbest == 1 else options.nbest
+    return [Hypothesis([], 0.0, []) for _ in range(count)]
+
+
+def search_lines(engine: Engine, pieces: list[list[int]], options: TranslateOptions, stats: Stats,
+                 max_tokens: Optional[int], max_sentences: Optional[int], generator=None, on_batch=None):
+    """(hypotheses, alignments) of each non-empty entry of ``pieces`` (None for the empty ones),
+    searched in batches sorted by length, longest first (``batch_by_size``). alignments: with
+    options.print_alignment, per hypothesis, else None. on_batch(sentences) is told each batch's size."""
+    results: list[Optional[list[Hypothesis]]] = [None] * len(pieces)
+    alignments: list[Optional[list[list[int]]]] = [None] * len(pieces)
+    todo = [i for i, ids in enumerate(pieces) if ids]
+    for batch in batch_by_size([len(pieces[i]) for i in todo], max_tokens=max_tokens, max_sentences=max_sentences,
+                               longest_first=True):
+        idx = [todo[j] for j in batch.tolist()]
+        sentences = [pieces[i] for i in idx]
+        found = engine.search(sentences, options, generator)
+        if on_batch is not None:
+            on_batch(len(sentences))
+        for i, hyps in zip(idx, found):
+            results[i] = hyps
+            stats.src_tokens += len(pieces[i]) + 1
+            stats.tgt_tokens += len(hyps[0].tokens) if hyps else 0
+        if options.print_alignment:  # a forced-decoding pass over the final hypotheses
+            for i, per_hyp in zip(idx, engine.alignments(sentences, found, options.alignment_layer)):
+                alignments[i] = per_hyp
+    return results, alignments
+
+
+def hypothesis_texts(sp, hyps: list[Hypothesis]) -> list[str]:
+    """The detokenized text of each hypothesis (its eos dropped), always one line."""
+    # Output stays one line: sentencepiece pieces never hold line breaks, but be sure.
+    return [sp.decode(h.tokens[:-1]).replace("\n", " ").replace("\r", " ") if h.tokens else "" for h in hyps]
+
+
+def format_result(line_index: int, source: str, hyps: list[Hypothesis], texts: list[str], options: TranslateOptions, sp,
+                  alignments: Optional[list[list[tuple[int, int]]]] = None) -> str:
+    """The output for one input line (text: one line; text with --nbest K: K lines; jsonl: one line).
+
+    alignments (with --print-alignment): the (source, target) pairs of each hypothesis.
+    """
+    if options.output_format == "jsonl":
+        record = {
+            "id": line_index,
+            "source": source,
+            "hypotheses": [
+                {
+                    "text": text,
+                    "score": round(h.score, 6),
+                    "tokens": [sp.id_to_piece(t) for t in h.tokens],
+                    "positional_scores": [round(s, 6) for s in h.positional_scores],
+                }
+                for h, text in zip(hyps, texts)
+            ],
+        }
+        if alignments is not None:
+            for hyp_record, pairs in zip(record["hypotheses"], alignments):
+                hyp_record["alignment"] = [list(pair) for pair in pairs]
+        return json.dumps(record, ensure_ascii=False) + "\n"
+    # --print-alignment adds a last field " ||| 0-0 1-2" (Pharaoh pairs), as Marian and Moses do.
+    links = [f" ||| {format_alignment(pairs)}" for pairs in alignments] if alignments is not None else [""] * len(hyps)
+    if options.nbest == 1:
+        return (texts[0] if texts else "") + (links[0] if links else "") + "\n"
+    # Moses n-best format: "SENTENCE_ID ||| hypothesis ||| score", ids counting from 0.
+    return "".join(f"{line_index} ||| {text} ||| {h.score:.6f}{link}\n" for h, text, link in zip(hyps, texts, links))
+
+
+def translate_buffer(engine: Engine, sp, lines: list[str], first_index: int, options: TranslateOptions, stats: Stats,
+                     generator=None) -> list[str]:
+    """Outputs (one string per input line, in input order) for a buffer of input lines."""
+    pieces = encode_lines(sp, lines, engine.max_source, stats, first_index)
+    results, alignments = search_lines(engine, pieces, options, stats, max_tokens=options.max_tokens or None,
+                                       max_sentences=None if options.max_tokens else options.batch_size,
+                                       generator=generator)
+    out = []
+    for i, hyps in enumerate(results):
+        hyps = empty_hypotheses(options) if hyps is None else hyps
+        texts = hypothesis_texts(sp, hyps)
+        pairs = None
+        if options.print_alignment:
+            src_pieces, words = [sp.id_to_piece(t) for t in pieces[i]], options.alignment_level == "word"
+            pairs = [alignment_pairs(a, src_pieces, [sp.id_to_piece(t) for t in h.tokens[:-1]], words)
+                     for h, a in zip(hyps, alignments[i] or [[]] * len(hyps))]  # empty lines: none
+        out.append(format_result(first_index + i, lines[i], hyps, texts, options, sp, pairs))
+    return out
