@@ -289,11 +289,9 @@ def test_trained_attention_is_not_degenerate_and_random_attention_is(multi30k_di
     torch.manual_seed(1)
     untrained = build_model("tiny", vocab_size=400, max_positions=128).eval()
     problems = degeneracies(force_decode(untrained, src, targets), src, targets)
-    # at initialisation near-uniform heads are in every layer of every kind, and that is all that is wrong
-    assert all("near-uniform" in p for p in problems), problems
-    for kind in ("encoder", "decoder", "cross"):
-        for layer in (1, 2):
-            assert any(p.startswith(f"{kind} layer {layer} ") for p in problems), (kind, layer, problems)
+    # at initialisation every kind is near-uniform, and that is all that is wrong
+    assert [p.split(":")[0] for p in problems] == ["encoder", "decoder", "cross"], problems
+    assert all(": near-uniform, mean entropy 0.9" in p for p in problems), problems
 
 
 def test_degeneracies_names_what_is_wrong():
@@ -319,8 +317,8 @@ def test_degeneracies_names_what_is_wrong():
     uniform = AttentionMaps(healthy.encoder, healthy.decoder, [rows(lambda b, i: over(s, src_len[b])(b, 0) * 0 + torch.tensor(
         [1 / src_len[b]] * src_len[b] + [0.0] * (s - src_len[b])), t)])
     problems = degeneracies(uniform, src, targets)
-    assert problems == ["cross layer 1 head 1: near-uniform, mean entropy 1.00 x log n",
-                        "cross layer 1 head 1: the same map for every target position"]
+    assert problems == ["cross layer 1 head 1: the same map for every target position",
+                        "cross: near-uniform, mean entropy 1.00 x log n (heads 1.00-1.00)"]
     collapsed = AttentionMaps([rows(lambda b, i: torch.eye(s)[i], s)], healthy.decoder, healthy.cross)
     assert degeneracies(collapsed, src, targets) == ["encoder layer 1 head 1: collapsed, every row on one position"]
     future = AttentionMaps(healthy.encoder, [rows(lambda b, i: torch.tensor([0.9, 0.1, 0.0]), t)], healthy.cross)

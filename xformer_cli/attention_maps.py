@@ -78,20 +78,22 @@ def force_decode(model: Transformer, src: torch.Tensor, targets: Sequence[Sequen
 
 
 def degeneracies(maps: AttentionMaps, src: torch.Tensor, targets: Sequence[Sequence[int]],
-                 max_entropy: float = 0.93) -> list[str]:
+                 max_entropy: float = 0.9) -> list[str]:
     """Why the maps of ``force_decode(model, src, targets)`` are degenerate: one line per failed
-    check, for each kind (encoder, decoder, cross), layer and head; none when they are healthy.
+    check; none when they are healthy. Checked over the real (unpadded) query rows:
 
-    Checked over the real (unpadded) query rows of every sentence:
-      - each row is a distribution over the keys it may see: it sums to 1 and puts at most 1e-6
-        on padding, and the decoder's causal mask puts exactly zero on future positions;
-      - a head is not near-uniform: the mean over its rows of entropy / log n is below
-        ``max_entropy`` (n: the keys a row may see; rows with one key left out). On captions,
-        ``tiny`` at initialisation has 0.92-0.99 per head, and 0.74-0.90 after 250 updates of 32
-        pairs (tests/test_attention_maps.py): its encoder's heads stay the broadest;
-      - a head is not collapsed: not every row puts more than 0.99 on one position;
-      - a cross-attention head is not one map for every target position: in at least one
-        sentence some row is more than 0.05 (total variation) from that sentence's mean row.
+    every head of every layer of each kind (encoder, decoder, cross)
+      - is a distribution over the keys it may see: rows sum to 1 with at most 1e-6 on padding,
+        and the decoder's causal mask puts exactly zero on future positions;
+      - is not collapsed: not every row puts more than 0.99 on one position;
+      - (cross-attention) is not one map for every target position: in some sentence a row is
+        more than 0.05 (total variation) from that sentence's mean row;
+    and the heads of each kind are not all near-uniform: their mean normalized entropy (entropy /
+    log n per row, n the keys the row may see, rows with one key left out) is below
+    ``max_entropy``. On Multi30k captions ``tiny`` has 0.95 / 0.96 / 0.98 (encoder / decoder /
+    cross) at initialisation and 0.78 / 0.73 / 0.88 after 250 updates of 32 pairs
+    (tests/test_attention_maps.py); single heads are broader, its first cross-attention layer
+    longest (0.91-0.96 then), so the entropy rule is one per kind, not one per head.
     """
     problems: list[str] = []
     src_real = src.ne(PAD_ID)  # (B, S)
@@ -106,6 +108,7 @@ def degeneracies(maps: AttentionMaps, src: torch.Tensor, targets: Sequence[Seque
     for kind, layers, allowed, rows in kinds:  # allowed (B, T, S), rows (B, T)
         n = allowed.sum(-1)  # (B, T) keys each row may see
         scored = rows & (n > 1)  # rows with a choice
+        ratios = []  # per head: mean entropy / log n, 1 uniform, 0 one-hot
         for layer, weights in enumerate(layers, 1):
             w = weights.float()  # (B, H, T, S)
             for head in range(w.size(1)):
@@ -116,9 +119,7 @@ def degeneracies(maps: AttentionMaps, src: torch.Tensor, targets: Sequence[Seque
                 if p.masked_fill(allowed, 0.0)[rows].max() > (0.0 if kind == "decoder" else 1e-6):
                     problems.append(f"{where}: weight on " + ("future positions" if kind == "decoder" else "padding"))
                 entropy = -(p * p.clamp_min(1e-30).log()).sum(-1)  # (B, T)
-                ratio = (entropy[scored] / n[scored].float().log()).mean()  # 1: uniform, 0: one-hot
-                if ratio >= max_entropy:
-                    problems.append(f"{where}: near-uniform, mean entropy {ratio:.2f} x log n")
+                ratios.append(float((entropy[scored] / n[scored].float().log()).mean()))
                 if (p.amax(-1)[scored] > 0.99).all():
                     problems.append(f"{where}: collapsed, every row on one position")
                 if kind == "cross":
@@ -126,6 +127,10 @@ def degeneracies(maps: AttentionMaps, src: torch.Tensor, targets: Sequence[Seque
                     spread = 0.5 * (p - mean_row).abs().sum(-1).masked_fill(~rows, 0.0)  # (B, T)
                     if spread.amax(-1).max() <= 0.05:
                         problems.append(f"{where}: the same map for every target position")
+        mean = sum(ratios) / len(ratios)
+        if mean >= max_entropy:
+            problems.append(f"{kind}: near-uniform, mean entropy {mean:.2f} x log n "
+                            f"(heads {min(ratios):.2f}-{max(ratios):.2f})")
     return problems
 
 
