@@ -368,7 +368,6 @@ def test_ablation_rows_keep_the_papers_ratios():
         assert (o, m) != (base, base_model), name
 
 
-@needs_pipeline
 @pytest.mark.slow
 def test_ablations_run_two_rows_resume_and_write_the_table(tmp_path):
     pytest.importorskip("matplotlib")
