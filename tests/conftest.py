@@ -3,7 +3,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from helpers import learn_spm, make_data, slice_multi30k, tiny_checkpoint
+from helpers import learn_spm, make_data, slice_multi30k, tiny_checkpoint, train_tiny
 from testdata import data_root, multi30k
 
 
@@ -87,3 +87,10 @@ def ckpt(spm_model, tmp_path_factory):
 @pytest.fixture(scope="module")
 def sentences(multi30k_dir):
     return (multi30k_dir / "test2016.en").read_text(encoding="utf-8").splitlines()[:7]
+
+
+@pytest.fixture(scope="session")
+def trained_tiny(multi30k_dir, tmp_path_factory) -> Path:
+    """checkpoint_last.pt of helpers.train_tiny (data beside it in ../../data), trained once a session:
+    the export tests (CTranslate2, Hugging Face) share it."""
+    return train_tiny(multi30k_dir, tmp_path_factory.mktemp("trained"))

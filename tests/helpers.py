@@ -11,6 +11,7 @@ import torch
 
 from xformer_cli.checkpoint import make_checkpoint, save_checkpoint
 from xformer_cli.commands.preprocess import preprocess
+from xformer_cli.commands.train import train
 from xformer_cli.model import build_model
 from xformer_cli.options import PreprocessOptions, TrainOptions
 
@@ -64,8 +65,35 @@ def learn_spm(lines, vocab_size=200) -> bytes:
     return model.getvalue()
 
 
+def random_checkpoint(path, spm_model: bytes, **overrides) -> str:
+    """A random tiny model (vocabulary 200, d_model 32) whose LayerNorms, biases and output bias are
+    away from their initialisation (ones and zeros), so that an export has to map them right."""
+    torch.manual_seed(0)
+    model = build_model("tiny", vocab_size=200, d_model=32, d_ff=64, heads=4, max_positions=128, **overrides)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "norm" in name or name.endswith("bias"):
+                p.add_(torch.randn_like(p) * 0.1)
+        if model.output_bias is not None:
+            model.output_bias.copy_(torch.randn_like(model.output_bias))
+    save_checkpoint(path, make_checkpoint(model, spm_model))
+    return str(path)
+
+
 def tiny_checkpoint(path, spm_model: bytes, seed: int):
     torch.manual_seed(seed)
     model = build_model("tiny", vocab_size=200, d_model=32, d_ff=64, heads=4, max_positions=MAX_POSITIONS)
     save_checkpoint(path, make_checkpoint(model, spm_model, meta={"epoch": 1, "num_updates": 1, "end_of_epoch": True}))
     return str(path)
+
+
+def train_tiny(multi30k_dir: Path, tmp: Path) -> Path:
+    """A 2-layer model trained for 300 updates on 3,000 Multi30k pairs (a minute on one core):
+    tmp/data (vocabulary 1,000) and tmp/ckpt/checkpoint_last.pt."""
+    raw = slice_multi30k(multi30k_dir, tmp / "raw", 3000, 50)
+    make_data(raw, tmp / "data", 1000)
+    train(TrainOptions(data=str(tmp / "data"), save_dir=str(tmp / "ckpt"), arch="tiny", max_tokens=2000,
+                       warmup_updates=50, max_update=300, device="cpu", threads=1, seed=1, dropout=0.0,
+                       save_interval_minutes=0,
+                       lr_scheduler="inverse_sqrt", lr=3e-3))  # noam's peak (0.018 at d_model 64) stalls it in a target LM
+    return tmp / "ckpt" / "checkpoint_last.pt"

@@ -163,8 +163,23 @@ def test_word_alignment():
     src = ["\u2581A", "\u2581do", "g", "\u2581runs", "."]  # A dog runs.
     tgt = ["\u2581Ein", "\u2581Hu", "nd", "\u2581rennt", "."]  # Ein Hund rennt.
     alignment = [0, 2, 1, 3, 4]
-    assert alignment_pairs(alignment, src, tgt) == [(0, 0), (2, 1), (1, 2), (3, 3), (4, 4)]
-    assert alignment_pairs(alignment, src, tgt, words=True) == [(0, 0), (1, 1), (2, 2)]
+    assert alignment_pairs(alignment) == [(0, 0), (2, 1), (1, 2), (3, 3), (4, 4)]
+    assert alignment_pairs(alignment, word_ids(src), word_ids(tgt)) == [(0, 0), (1, 1), (2, 2)]
+
+
+def test_source_words_are_those_of_the_line_as_given(spm_model):
+    """Issue 20 item 8: 'A\u200bdog\u200bruns.' is one whitespace-separated word, though
+    sentencepiece's normalization makes the zero-width spaces into word boundaries (▁)."""
+    from xformer_cli.attention_maps import line_word_ids
+    from xformer_cli.vocab import load_sentencepiece
+
+    sp = load_sentencepiece(spm_model)
+    for line, words in (("A\u200bdog\u200bruns.", 1), ("A  dog ｒｕｎｓ.", 3), ("  two words ", 2), ("Ein Hund", 2)):
+        ids = line_word_ids(sp, line)
+        assert len(ids) == len(sp.encode(line)) and ids == sorted(ids), (line, ids)
+        assert set(ids) == set(range(words)), (line, ids)  # every word has a subword, none past the last
+    assert word_ids([sp.id_to_piece(t) for t in sp.encode("A\u200bdog\u200bruns.")])[-1] > 0  # what was counted
+    assert line_word_ids(sp, "   ") == []
     assert format_alignment([(0, 0), (2, 1)]) == "0-0 2-1"
 
 
@@ -210,6 +225,8 @@ def test_print_alignment_formats(ckpt, sentences):
         pairs = [tuple(map(int, p.split("-"))) for p in links.split()]
         assert pairs == sorted(set(pairs))
         assert all(0 <= s < len(line.split()) and 0 <= t < len(translation.split()) for s, t in pairs)
+    one_word = translate_lines(ckpt, ["A\u200bdog\u200bruns."], print_alignment=True, alignment_level="word")
+    assert {int(p.split("-")[0]) for p in one_word.split(" ||| ")[1].split()} == {0}  # one word in the line
 
 
 @pytest.mark.slow

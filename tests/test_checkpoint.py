@@ -144,3 +144,22 @@ def test_head_dim_is_recorded_and_a_checkpoint_without_it_loads_unchanged(tmp_pa
     torch.manual_seed(0)
     reference = build_model("tiny", vocab_size=20, d_model=8, d_ff=16, heads=2).eval()
     assert torch.equal(model.eval()(src, prev), reference(src, prev))
+
+
+def test_a_state_dict_that_does_not_fit_its_configuration_is_one_line(tmp_path, spm_model):
+    """Issue 20 item 7: load_state_dict's multi-line message reached the terminal as two lines."""
+    from typer.testing import CliRunner
+
+    from xformer_cli.cli import app
+
+    ckpt = load_checkpoint(tiny(tmp_path / "m.pt", spm_model))
+    ckpt["model_config"] = {**ckpt["model_config"], "d_ff": 32}  # the weights are d_ff 16
+    del ckpt["model"]["encoder_layers.0.ffn.fc2.bias"]
+    save_checkpoint(tmp_path / "bad.pt", ckpt)
+    with pytest.raises(XfError, match=r"bad\.pt: model does not match its configuration: .*Missing key\(s\).*size mismatch"
+                       ) as e:
+        ck.model_from_checkpoint(load_checkpoint(tmp_path / "bad.pt"), tmp_path / "bad.pt")
+    assert "\n" not in str(e.value) and "\t" not in str(e.value)
+    result = CliRunner().invoke(app, ["translate", "--path", str(tmp_path / "bad.pt")], input="a\n")
+    assert result.exit_code == 1 and len(result.stderr.strip().splitlines()) == 1, result.stderr
+    assert "model does not match its configuration" in result.stderr

@@ -125,3 +125,15 @@ def test_decoding_options_are_checked_once():
     assert DecodingOptions(sampling=True, nbest=5).nbest == 5  # sampling draws nbest, any beam
     with pytest.raises(ConfigError, match="--top-p"):
         load_options(TranslateOptions, None, {"path": ("a",), "top_p": 0.0})
+
+
+def test_absolute_paths_makes_the_path_options_absolute(tmp_path, monkeypatch):
+    """Issue 20 item 10: config.yaml said 'reuse with: xf train --config config.yaml' but held the
+    relative paths of the directory it was run from."""
+    from xformer_cli.config import absolute_paths, to_dict
+    from xformer_cli.options import TrainOptions
+
+    monkeypatch.chdir(tmp_path)
+    values = absolute_paths(TrainOptions, to_dict(TrainOptions(data="data-bin/x", save_dir="ck", arch="tiny")))
+    assert values["data"] == str(tmp_path / "data-bin" / "x") and values["save_dir"] == str(tmp_path / "ck")
+    assert values["tensorboard_logdir"] is None and values["arch"] == "tiny"  # not a path: as it was

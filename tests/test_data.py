@@ -1,6 +1,7 @@
 """The binary format (round trip through the memory map), DataDir, batching (batch_by_size, the
 epoch order, each rank's share of an update) and collate."""
 
+import itertools
 import json
 import warnings
 
@@ -11,6 +12,8 @@ import torch
 from xformer_cli.batching import batch_by_size, collate, collate_source, epoch_order, length_order, rank_share, update_batches
 from xformer_cli.data import FORMAT_VERSION, DataDir, TokenArray, TokenArrayWriter, smallest_dtype
 from xformer_cli.errors import XfError
+
+from helpers import learn_spm
 
 SENTENCES = [[5, 6, 7], [], [300, 4], [9], [65535, 0, 1, 2, 3]]
 
@@ -69,13 +72,19 @@ def test_bad_magic_version_and_truncation(tmp_path):
         TokenArray(tmp_path / "x")
 
 
+def small_spm() -> bytes:
+    """A real 14-piece sentencepiece model: DataDir.open checks meta.json's vocab_size against it."""
+    text = " ".join("".join(p) for p in itertools.permutations("abcdefgh", 3))
+    return learn_spm([text[i:i + 40] for i in range(0, 4000, 40)], 14)
+
+
 def make_datadir(path, pairs, splits=("train",)):
     path.mkdir()
-    (path / "spm.model").write_bytes(b"model bytes")
+    (path / "spm.model").write_bytes(small_spm())
     for split in splits:
         write_array(path / f"{split}.en", [s for s, _ in pairs])
         write_array(path / f"{split}.de", [t for _, t in pairs])
-    meta = dict(format_version=FORMAT_VERSION, source_lang="en", target_lang="de", vocab_size=70000,
+    meta = dict(format_version=FORMAT_VERSION, source_lang="en", target_lang="de", vocab_size=14,
                 splits=list(splits))
     (path / "meta.json").write_text(json.dumps(meta))
     return path
@@ -84,8 +93,8 @@ def make_datadir(path, pairs, splits=("train",)):
 def test_datadir(tmp_path):
     pairs = [([4, 5], [6]), ([7], [8, 9, 10])]
     dd = DataDir.open(make_datadir(tmp_path / "d", pairs, ("train", "valid")))
-    assert (dd.source_lang, dd.target_lang, dd.vocab_size) == ("en", "de", 70000)
-    assert dd.splits == ["train", "valid"] and dd.spm_model_bytes == b"model bytes"
+    assert (dd.source_lang, dd.target_lang, dd.vocab_size) == ("en", "de", 14)
+    assert dd.splits == ["train", "valid"] and dd.spm_model_bytes == small_spm()
     ds = dd.split("valid")
     assert len(ds) == 2 and ds.src_sizes.tolist() == [2, 1] and ds.tgt_sizes.tolist() == [1, 3]
     src, tgt = ds[1]
@@ -107,8 +116,8 @@ def test_datadir_errors(tmp_path):
         with pytest.raises(XfError, match=r"meta\.json: format_version is .*, not an integer") as e:
             DataDir.open(d)
         assert f"version {FORMAT_VERSION}, this xf reads version {FORMAT_VERSION}" not in str(e.value)
-    (d / "meta.json").write_text(json.dumps({**meta, "vocab_size": "70000"}))
-    with pytest.raises(XfError, match="'vocab_size' is '70000', expected a int"):
+    (d / "meta.json").write_text(json.dumps({**meta, "vocab_size": "14"}))
+    with pytest.raises(XfError, match="'vocab_size' is '14', expected a int"):
         DataDir.open(d)
     (d / "meta.json").unlink()
     with pytest.raises(XfError, match="no meta.json"):
@@ -125,8 +134,6 @@ def corrupt(path, dtype, index, value):
 def test_opening_a_split_finds_corruption_that_keeps_file_sizes(tmp_path):
     pairs = [([4, 5, 6], [7]), ([8], [9, 10]), ([11, 12], [13])]
     d = make_datadir(tmp_path / "d", pairs)
-    meta = json.loads((d / "meta.json").read_text())
-    (d / "meta.json").write_text(json.dumps({**meta, "vocab_size": 14}))
     DataDir.open(d).split("train")  # intact: ids 4..13 < 14
     header, n = 24, len(pairs)  # .idx: header, n int64 offsets, n int32 sizes (as int32 pairs below)
     idx = d / "train.en.idx"
@@ -419,3 +426,28 @@ def test_collate_hand_checked():
     assert batch["target"].tolist() == [[7, 3, 0, 0], [9, 10, 11, 3]]
     assert batch["src"].dtype == torch.long and batch["target"].dtype == torch.long
     assert (batch["ntokens"], batch["nsentences"], batch["src_tokens"]) == (6, 2, 5)
+
+
+def test_check_trainable_refuses_empty_splits_and_the_longest_pair_over_max_positions(tmp_path):
+    """Issue 20 item 3, from the sizes alone: an empty validation split (loss 0, ppl 1, 'best' on no
+    data) and a pair that needs more positions than the model has (it crashed at its batch)."""
+    from types import SimpleNamespace
+
+    from xformer_cli.data import check_trainable
+
+    class Split(SimpleNamespace):
+        def __len__(self):
+            return len(self.src_sizes)
+
+    data = SimpleNamespace(path=tmp_path, source_lang="en", target_lang="de")
+    train = Split(name="train", src_sizes=np.array([3, 83, 5]), tgt_sizes=np.array([4, 6, 79]))
+    valid = Split(name="valid", src_sizes=np.array([2]), tgt_sizes=np.array([2]))
+    check_trainable(data, train, valid, 84)  # 83 subwords + eos: exactly 84 positions
+    with pytest.raises(XfError, match="train pair 2 has 83 en subwords, 84 positions with eos/bos, more than "
+                                      "--max-positions 83; raise --max-positions to at least 84"):
+        check_trainable(data, train, valid, 83)
+    long_valid = Split(name="valid", src_sizes=np.array([2]), tgt_sizes=np.array([90]))
+    with pytest.raises(XfError, match="valid pair 1 has 90 de subwords"):
+        check_trainable(data, train, long_valid, 84)
+    with pytest.raises(XfError, match="the valid split is empty .*--validpref"):
+        check_trainable(data, train, Split(name="valid", src_sizes=np.array([]), tgt_sizes=np.array([])), 84)

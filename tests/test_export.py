@@ -11,16 +11,16 @@ import torch
 import torch.nn.functional as F
 from typer.testing import CliRunner
 
-from xformer_cli.checkpoint import make_checkpoint, save_checkpoint
 from xformer_cli.cli import app
 from xformer_cli.errors import XfError
 from xformer_cli.commands.export import export_ctranslate2
-from xformer_cli.model import build_model
 from xformer_cli.vocab import BOS_ID, EOS_ID
 from xformer_cli.options import ExportOptions, TranslateOptions
 from xformer_cli.batching import collate_source
 from xformer_cli.checkpoint import load_ensemble
 from xformer_cli.commands.translate import translate
+
+from helpers import random_checkpoint
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # conftest.py: torch on one thread for the module
 
@@ -35,17 +35,6 @@ def pairs(multi30k_dir):
     src = (multi30k_dir / "test2016.en").read_text(encoding="utf-8").splitlines()
     tgt = (multi30k_dir / "test2016.de").read_text(encoding="utf-8").splitlines()
     return src[:50], tgt[:50]
-
-
-def random_checkpoint(path, spm_model: bytes, **overrides):
-    torch.manual_seed(0)
-    model = build_model("tiny", vocab_size=200, d_model=32, d_ff=64, heads=4, max_positions=128, **overrides)
-    with torch.no_grad():  # LayerNorms away from their (1, 0) initialisation, so that they are tested
-        for name, p in model.named_parameters():
-            if "norm" in name:
-                p.add_(torch.randn_like(p) * 0.1)
-    save_checkpoint(path, make_checkpoint(model, spm_model))
-    return str(path)
 
 
 def export(ckpt, out, **kw):
@@ -122,29 +111,11 @@ def test_quantized_exports_hold_smaller_weights_that_score_close_to_fp32(tmp_pat
 
 # -- a small trained model: the same translations from both engines ----------------------------
 @pytest.fixture(scope="module")
-def trained(multi30k_dir, tmp_path_factory):
-    """A 2-layer model trained for 300 updates on 3,000 Multi30k pairs (a minute on one core)."""
-    tmp = tmp_path_factory.mktemp("trained")
-    raw = tmp / "raw"
-    raw.mkdir()
-    for split, name, count in (("train", "train", 3000), ("val", "val", 50)):
-        for lang in ("en", "de"):
-            lines = (multi30k_dir / f"{name}.{lang}").read_text(encoding="utf-8").splitlines()[:count]
-            (raw / f"{split}.{lang}").write_text("\n".join(lines) + "\n", encoding="utf-8")
-
-    def xf(*args):
-        result = runner.invoke(app, [str(a) for a in args])
-        assert result.exit_code == 0, result.output
-
-    xf("preprocess", "--destdir", tmp / "data", "--trainpref", raw / "train", "--validpref", raw / "val",
-       "--bpe-vocab-size", 1000, "--workers", 1)
-    xf("train", tmp / "data", "--save-dir", tmp / "ckpt", "--arch", "tiny", "--max-tokens", 2000,
-       "--warmup-updates", 50, "--max-update", 300, "--device", "cpu", "--threads", 1, "--seed", 1,
-       "--dropout", 0.0, "--save-interval-minutes", 0,
-       "--lr-scheduler", "inverse_sqrt", "--lr", 3e-3)  # noam's peak (0.018 at d_model 64) stalls it in a target LM
-    ckpt = tmp / "ckpt" / "checkpoint_last.pt"
-    export(ckpt, tmp / "ct2")
-    return str(ckpt), tmp / "ct2"
+def trained(trained_tiny, tmp_path_factory):
+    """conftest's trained model and its CTranslate2 export."""
+    out = tmp_path_factory.mktemp("ct2") / "ct2"
+    export(trained_tiny, out)
+    return str(trained_tiny), out
 
 
 def translate_file(tmp_path, path, lines, name, **options):
@@ -236,3 +207,155 @@ def test_unwritable_or_occupied_output_is_one_line(tmp_path, spm_model):
     fails(["translate", "--engine", "ctranslate2", "--path", tmp_path], "not a model directory written by xf export")
     with pytest.raises(XfError, match="--overwrite"):
         export(ckpt, tmp_path / "full")
+
+
+# -- export never destroys its input (issue 20 item 1) -----------------------------------------
+def test_export_over_its_input_or_a_running_training_is_refused_and_destroys_nothing(tmp_path, spm_model):
+    from xformer_cli.safety import SaveDirLock
+
+    (tmp_path / "in").mkdir()
+    ckpt = random_checkpoint(tmp_path / "in" / "m.pt", spm_model)
+    before = (tmp_path / "in" / "m.pt").read_bytes()
+    fails(["export", "ctranslate2", "--path", ckpt, "--output", ckpt, "--overwrite"], f"--output {ckpt} is the input")
+    assert (tmp_path / "in" / "m.pt").read_bytes() == before
+    save = tmp_path / "work" / "ck"
+    save.mkdir(parents=True)
+    random_checkpoint(save / "checkpoint_last.pt", spm_model)
+    (save / "train_log.jsonl").write_text("{}\n")
+    files = {p.name: p.read_bytes() for p in save.iterdir()}
+    fails(["export", "ctranslate2", "--path", save / "checkpoint_last.pt", "--output", save, "--overwrite"],
+          "holds the input")
+    fails(["export", "ctranslate2", "--path", save / "checkpoint_last.pt", "--output", save.parent, "--overwrite"],
+          "holds the input")
+    with SaveDirLock(save):  # a training runs there: its directory, what holds it, what is inside it
+        for output in (save, save.parent, save / "ct2"):
+            fails(["export", "ctranslate2", "--path", ckpt, "--output", output, "--overwrite"],
+                  "of a running xf train (pid")
+    assert {p.name: p.read_bytes() for p in save.iterdir() if p.name != "train.lock"} == files
+    assert not (save / "ct2").exists()
+
+
+def test_overwrite_moves_the_old_model_aside_and_a_signal_loses_neither(tmp_path, spm_model, monkeypatch):
+    import signal
+
+    from xformer_cli import fileio
+
+    ckpt = random_checkpoint(tmp_path / "m.pt", spm_model)
+    out = export(ckpt, tmp_path / "ct2")
+    old = {p.name: p.read_bytes() for p in out.iterdir()}
+    real_replace = os.replace
+    monkeypatch.setattr(fileio.os, "replace", lambda a, b: (_ for _ in ()).throw(OSError(28, "No space left on device")))
+    with pytest.raises(XfError, match="cannot write .*ct2: no space left on device"):
+        export(ckpt, out, overwrite=True, quantization="int8")
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == old  # put back
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []
+
+    def sigterm_then_replace(a, b):  # SIGTERM between the two renames: it waits until both are done
+        os.kill(os.getpid(), signal.SIGTERM)
+        real_replace(a, b)
+
+    class Stopped(Exception):
+        pass
+
+    def raise_stopped(signum, frame):
+        raise Stopped()
+
+    monkeypatch.setattr(fileio.os, "replace", sigterm_then_replace)
+    previous = signal.signal(signal.SIGTERM, raise_stopped)
+    try:
+        with pytest.raises(Stopped):
+            export(ckpt, out, overwrite=True, quantization="int8")
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    assert json.loads((out / "xf.json").read_text())["quantization"] == "int8"  # the new model, whole
+    ct2.Translator(str(out), device="cpu", intra_threads=1)
+
+
+@pytest.mark.slow  # starts a process (to have a pid that no process has)
+def test_a_later_export_removes_what_a_killed_one_left(tmp_path, spm_model):
+    import subprocess
+
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    stale = [tmp_path / f".ct2.{dead.pid}.x1y2.tmp", tmp_path / f".ct2.{dead.pid}.old.tmp"]
+    for p in stale:
+        p.mkdir()
+        (p / "model.bin").write_bytes(b"half")
+    live = tmp_path / ".ct2.1.z3.tmp"  # pid 1 is alive: a running writer's, kept
+    live.write_bytes(b"")
+    other = tmp_path / f".other.{dead.pid}.q.tmp"  # another output's: not ours to judge
+    other.write_bytes(b"")
+    result = runner.invoke(app, ["export", "ctranslate2", "--path", random_checkpoint(tmp_path / "m.pt", spm_model),
+                                 "--output", str(tmp_path / "ct2")])
+    assert result.exit_code == 0, result.output
+    assert "xf export ctranslate2" in result.stderr and "written" in result.stderr  # the summary
+    assert not any(p.exists() for p in stale) and live.exists() and other.exists()
+
+
+def test_output_a_file_and_path_a_directory_say_what_they_are(tmp_path, spm_model):
+    ckpt = random_checkpoint(tmp_path / "m.pt", spm_model)
+    (tmp_path / "afile").write_text("mine")
+    fails(["export", "ctranslate2", "--path", ckpt, "--output", tmp_path / "afile"], "is a file, not a model directory")
+    fails(["export", "ctranslate2", "--path", tmp_path, "--output", tmp_path / "x"], "a directory, not a checkpoint file")
+    export(ckpt, tmp_path / "ct2")
+    fails(["translate", "--path", tmp_path / "ct2"], "a CTranslate2 model directory, not an xf checkpoint "
+          "(translate it with --engine ctranslate2)")
+
+
+# -- one precision policy for both engines (issue 20 item 5) ---------------------------------------
+@pytest.mark.parametrize("native", [False, True], ids=["avx2", "avx512_bf16"])
+def test_ctranslate2_on_a_bf16_cpu_computes_in_what_it_has(tmp_path, spm_model, monkeypatch, native):
+    """CTranslate2 has no bf16 on CPU (int8 and float32 only), bf16 instructions or not: auto is
+    float32 for it where it is bf16 for the xf engine, and bf16/fp16 by name are one-line refusals
+    naming the engine, as are --quantize int8 with --precision bf16 for both engines."""
+    from xformer_cli import precision
+    from xformer_cli.engines import CTranslate2Engine, resolve_device
+
+    monkeypatch.setattr(precision, "cpu_bf16_instructions", lambda: ["avx512_bf16"] if native else [])
+    out = export(random_checkpoint(tmp_path / "m.pt", spm_model), tmp_path / "ct2")
+    options = dict(path=(str(out),), engine="ctranslate2", device="cpu", threads=1)
+    engine, _, _ = CTranslate2Engine.open(TranslateOptions(**options, precision="auto"))
+    assert engine.translator.compute_type == "float32"
+    assert resolve_device("cpu", "auto") == (torch.device("cpu"), "bf16" if native else "fp32")  # the xf engine's
+    engine, _, _ = CTranslate2Engine.open(TranslateOptions(**options, quantize="int8"))
+    assert engine.translator.compute_type.startswith("int8")
+    for precision_name in ("bf16", "fp16"):
+        with pytest.raises(XfError, match=f"--precision {precision_name}: the CTranslate2 engine on a CPU computes "
+                                          f"in fp32 or int8 .*CTranslate2 has no {precision_name} on CPU"):
+            CTranslate2Engine.open(TranslateOptions(**options, precision=precision_name))
+    for engine_name in ("ctranslate2", "xf"):
+        fails(["translate", "--engine", engine_name, "--path", out if engine_name == "ctranslate2" else tmp_path / "m.pt",
+               "--device", "cpu", "--quantize", "int8", "--precision", "bf16"],
+              "--quantize int8 runs around its int8 layers in fp32, not --precision bf16")
+
+
+def test_a_damaged_exported_model_names_the_file_and_the_cause(tmp_path, spm_model, multi30k_dir):
+    """Issue 20 item 6: a truncated model.bin, another vocabulary's spm.model and a garbage
+    config.json gave CTranslate2's or a JSON parser's raw messages without the file."""
+    import shutil
+
+    from helpers import learn_spm
+
+    good = export(random_checkpoint(tmp_path / "m.pt", spm_model), tmp_path / "good")
+
+    def damaged(name, change):
+        out = tmp_path / name
+        shutil.copytree(good, out)
+        change(out)
+        return out
+
+    def translate_fails(out, message):
+        result = runner.invoke(app, ["translate", "--engine", "ctranslate2", "--path", str(out), "--device", "cpu"],
+                               input="A dog runs.\n")
+        err = result.stderr.strip()
+        assert result.exit_code == 1 and len(err.splitlines()) == 1 and message in err, result.output
+
+    truncated = damaged("truncated", lambda d: (d / "model.bin").write_bytes((d / "model.bin").read_bytes()[:5000]))
+    translate_fails(truncated, f"{truncated / 'model.bin'}: damaged CTranslate2 model (")
+    french = learn_spm((multi30k_dir / "train.fr").read_text(encoding="utf-8").splitlines()[:300])
+    other = damaged("other_vocab", lambda d: (d / "spm.model").write_bytes(french))
+    translate_fails(other, f"{other / 'spm.model'}: not the sentencepiece model this directory was exported with")
+    garbage = damaged("garbage", lambda d: (d / "config.json").write_text('{"add_source_bos": false,\n  oops}'))
+    translate_fails(garbage, f"{garbage / 'config.json'}: line 2: not valid JSON")
+    no_info = damaged("no_info", lambda d: (d / "xf.json").write_text("[]"))
+    translate_fails(no_info, f"{no_info / 'xf.json'}: not a JSON object")

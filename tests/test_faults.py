@@ -246,7 +246,7 @@ def test_signal_during_preprocess_removes_its_temporary_files(multi30k_dir, tmp_
         [*XF, "preprocess", "--destdir", tmp_path / "bin", "--trainpref", multi30k_dir / "train",
          "--validpref", multi30k_dir / "val", "--bpe-vocab-size", "2000"],
         stderr=subprocess.PIPE, text=True, env={**ENV, "XF_TEST_TAG": tag}, cwd=tmp_path)
-    wait_for(lambda: list(tmp_path.glob(".bin.tmp-*/*")), proc, what="preprocess to write")
+    wait_for(lambda: list(tmp_path.glob(".bin.*.tmp/*")), proc, what="preprocess to write")
     time.sleep(0.5)
     proc.send_signal(signum)
     _, err = proc.communicate(timeout=60)
@@ -279,7 +279,7 @@ def test_ctrl_c_while_learning_bpe_stops_at_once(tmp_path):
     proc = subprocess.Popen([*XF, "preprocess", "--destdir", tmp_path / "bin", "--trainpref", prefix,
                              "--bpe-vocab-size", "60000"],
                             stderr=subprocess.PIPE, text=True, env={**ENV, "XF_TEST_TAG": tag}, cwd=tmp_path)
-    wait_for(stable_file(".bin.tmp-*/bpe-sample.txt", tmp_path), proc, what="the BPE sample")
+    wait_for(stable_file(".bin.*.tmp/bpe-sample.txt", tmp_path), proc, what="the BPE sample")
     time.sleep(1.0)  # sentencepiece is learning now
     assert proc.poll() is None
     proc.send_signal(signal.SIGINT)

@@ -71,3 +71,26 @@ def test_remove_stale_temporaries_leaves_other_files(tmp_path):
     assert sorted(p.name for p in remove_stale_temporaries(tmp_path)) == [".checkpoint_last.pt.abc123.tmp",
                                                                           ".config.yaml.x.tmp"]
     assert sorted(os.listdir(tmp_path)) == ["checkpoint_last.pt", "notes.tmp"]
+
+
+@pytest.mark.slow  # starts a process (to have a pid that no process has)
+def test_a_write_removes_the_temporaries_that_killed_writers_of_the_same_file_left(tmp_path):
+    """kill -9 of translate, average or export (or a signal before the clean-up is in place) leaves
+    .NAME.PID.*.tmp; the next successful write of NAME removes those of dead processes (issue 20 item 9)."""
+    import subprocess
+
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    stale = tmp_path / f".out.txt.{dead.pid}.abc.tmp"
+    stale.write_bytes(b"")  # the 0-byte one of a signal right after mkstemp
+    live = tmp_path / ".out.txt.1.def.tmp"  # pid 1 runs: a live writer's, kept
+    live.write_bytes(b"x")
+    mine = tmp_path / f".out.txt.{os.getpid()}.ghi.tmp"  # this process's own: another write in flight
+    mine.write_bytes(b"x")
+    other = tmp_path / f".out.txt.bak.{dead.pid}.jkl.tmp"  # another file's (out.txt.bak)
+    other.write_bytes(b"x")
+    atomic_write_text(tmp_path / "out.txt", "done\n")
+    assert (tmp_path / "out.txt").read_text() == "done\n"
+    assert not stale.exists() and live.exists() and mine.exists() and other.exists()
+    with atomic_write(tmp_path / "x.bin"):
+        assert [p.name.startswith(f".x.bin.{os.getpid()}.") for p in tmp_path.glob(".x.bin.*")] == [True]

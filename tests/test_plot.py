@@ -258,3 +258,14 @@ def test_every_option_is_a_flag(name, cls):
     for f in dataclasses.fields(cls):
         if not f.metadata.get("positional"):
             assert "--" + f.name.replace("_", "-") in result.output, f.name
+
+
+def test_a_picture_too_large_to_open_is_refused_before_drawing(tmp_path):
+    """Issue 20 item 10: a 600-subword sentence gave a 31,930 x 17,362 px PNG that image libraries refuse."""
+    long_src = ["\u2581w"] * 599 + ["</s>"]
+    long_tgt = ["\u2581v"] * 599 + ["</s>"]
+    maps = fake_maps(layers=2, heads=3, s=600, t=600)
+    with pytest.raises(XfError, match=r"the picture would be [\d,]+ x [\d,]+ pixels, more than image viewers open"):
+        attention_heatmaps(attention_picture(options(), maps, long_src, long_tgt))
+    fig = attention_heatmaps(attention_picture(options(), fake_maps(), SRC, TGT))  # an ordinary one: drawn
+    assert len(image_axes(fig)) == 6

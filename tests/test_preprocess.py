@@ -2,7 +2,9 @@
 
 import dataclasses
 import hashlib
+import json
 import os
+import re
 
 import numpy as np
 import pytest
@@ -253,7 +255,7 @@ def test_the_same_command_gives_the_same_bytes_in_every_file(tmp_path, corpus):
     assert names == sorted(f.name for f in (tmp_path / "two").iterdir()) and "spm.model" in names
     for name in names:
         assert (tmp_path / "one" / name).read_bytes() == (tmp_path / "two" / name).read_bytes(), name
-    assert b".tmp-" not in (tmp_path / "one" / "spm.model").read_bytes()  # no temporary path recorded
+    assert b".one." not in (tmp_path / "one" / "spm.model").read_bytes()  # no temporary path (.one.PID.*.tmp) recorded
 
 
 def test_verify_checks_every_file_against_meta_checksums(tmp_path, corpus):
@@ -298,6 +300,77 @@ def test_overwrite_never_replaces_a_destdir_holding_an_input(tmp_path, corpus):
     dest = tmp_path / "bin"
     run(dest, trainpref=corpus["prefix"], spm_model=corpus["spm"])
     prefix = write_pair(dest / "raw", corpus["src"], corpus["tgt"])
-    with pytest.raises(XfError, match=r"the input .*raw\.en is inside destdir .*--overwrite would replace"):
+    with pytest.raises(XfError, match=r"destdir .*bin holds the input .*raw\.en; replacing it would destroy the input"):
         run(tmp_path / "." / "bin", trainpref=prefix, spm_model=corpus["spm"], overwrite=True)
     assert (dest / "raw.en").exists() and (dest / "meta.json").exists()
+
+
+def test_an_empty_validation_set_and_an_unusable_destdir_are_refused_before_encoding(tmp_path, corpus, monkeypatch):
+    """Issue 20 item 3: an empty validation set would report loss 0 and choose checkpoint_best.pt on
+    no data; a mount point or unwritable parent as destdir failed only after the whole corpus."""
+    empty = write_pair(tmp_path / "empty", [], [])
+    with pytest.raises(XfError, match=r"empty validation set: .*empty\.en and .*empty\.de have no lines"):
+        run(tmp_path / "out", trainpref=corpus["prefix"], validpref=empty, spm_model=corpus["spm"])
+    assert nothing_left(tmp_path / "out")
+    (tmp_path / "mnt").mkdir()
+    monkeypatch.setattr(pp.os.path, "ismount", lambda p: str(p) == str(tmp_path / "mnt"))
+    encoded = []
+    monkeypatch.setattr(pp, "encode_splits", lambda *a: encoded.append(a))
+    with pytest.raises(XfError, match=r"destdir .*mnt is a mount point"):
+        run(tmp_path / "mnt", trainpref=corpus["prefix"], spm_model=corpus["spm"])
+    monkeypatch.setattr(pp.os, "access", lambda p, mode: str(p) != str(tmp_path / "ro"))
+    (tmp_path / "ro").mkdir()
+    with pytest.raises(XfError, match=r"destdir .*ro/new/bin: .*ro is not writable \(checked before encoding"):
+        run(tmp_path / "ro" / "new" / "bin", trainpref=corpus["prefix"], spm_model=corpus["spm"])
+    assert encoded == [] and list((tmp_path / "ro").iterdir()) == []
+
+
+@pytest.mark.parametrize("key,value,message", [
+    ("vocab_size", 600, r"vocab_size is 600 but spm\.model has \d+ pieces"),
+    ("dtype", "uint32", r"dtype is 'uint32', but a vocabulary of \d+ is stored as uint8"),
+    ("special_ids", {"pad": 1, "unk": 0, "bos": 2, "eos": 3}, r"special_ids are .*xf's \(and spm\.model's\) are"),
+    ("spm_sha256", "0" * 64, r"its spm_sha256 is not spm\.model's"),
+])
+def test_verify_and_every_opening_cross_check_meta_json_against_the_files(tmp_path, corpus, key, value, message):
+    """Issue 20 item 4: meta.json is not among its own checksums, so an edited vocab_size (500 -> 600)
+    passed --verify and trained a model that translate and export refused."""
+    from xformer_cli.data import DataDir
+
+    dest = tmp_path / "bin"
+    run(dest, trainpref=corpus["prefix"], validpref=corpus["prefix"], spm_model=corpus["spm"])
+    meta = json.loads((dest / "meta.json").read_text())
+    (dest / "meta.json").write_text(json.dumps({**meta, key: value}))
+    result = CliRunner().invoke(app, ["preprocess", "--destdir", str(dest), "--verify"])
+    assert result.exit_code == 1 and re.search(message, result.stderr) and len(result.stderr.splitlines()) == 1, \
+        result.output
+    with pytest.raises(XfError, match=message):
+        DataDir.open(dest)  # what xf train opens
+
+
+def test_an_index_header_that_disagrees_with_meta_json_is_named(tmp_path, corpus):
+    from xformer_cli.data import DataDir, TokenArray, TokenArrayWriter
+
+    dest = tmp_path / "bin"
+    run(dest, trainpref=corpus["prefix"], spm_model=corpus["spm"])
+    old = TokenArray(dest / "train.en")
+    sentences = [old[i].tolist() for i in range(len(old))]
+    del old
+    writer = TokenArrayWriter(dest / "train.en", np.dtype(np.uint16))  # consistent in itself, not with meta's uint8
+    writer.add(sentences)
+    writer.close()
+    with pytest.raises(XfError, match=r"train\.en\.idx: its header says uint16, meta\.json says uint8"):
+        DataDir.open(dest).split("train")
+
+
+def test_bpe_messages_point_the_right_way(tmp_path, corpus):
+    """Issue 20 item 7: text with too few characters suggested a --bpe-vocab-size the option refuses
+    (7, the minimum is 8); an empty sample was reported as files without text."""
+    few = write_pair(tmp_path / "few", ["\x01a\x02"] * 20, ["\x05a\x06"] * 20)
+    with pytest.raises(XfError, match=r"too few distinct characters for a vocabulary: sentencepiece can make at most "
+                                      r"(\d) pieces from it, and --bpe-vocab-size is at least 8") as e:
+        run(tmp_path / "out", trainpref=few, bpe_vocab_size=100)
+    assert "or less" not in str(e.value)
+    with pytest.raises(XfError, match=r"no non-empty lines in the 1 of 200 pairs sampled from .*raise --bpe-sample-lines"):
+        for seed in range(1, 20):  # a 1-pair sample of 200 is empty for most seeds
+            run(tmp_path / f"s{seed}", trainpref=corpus["prefix"], bpe_vocab_size=60, bpe_sample_lines=1, seed=seed)
+    assert nothing_left(tmp_path / "out")

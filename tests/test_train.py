@@ -75,6 +75,7 @@ def test_trains_to_falling_validation_loss_with_all_outputs(data_dir, tmp_path):
     # config.yaml is the effective configuration, and reusable as --config
     again = load_options(TrainOptions, save / "config.yaml", section="train")
     assert again.d_model == 32 and again.dropout == 0.0 and again.max_epoch == 3
+    assert Path(again.data).is_absolute() and Path(again.save_dir).is_absolute()  # reusable from any directory
     train_log = records(save, "train")
     assert len(train_log) == summary["num_updates"]
     assert {"loss", "nll", "ppl", "lr", "gnorm", "src_tok_s", "tgt_tok_s", "ups"} <= set(train_log[-1])
@@ -262,6 +263,9 @@ def test_vocabulary_mismatch_on_resume_changes_nothing(data_dir, raw_slice, tmp_
     (dict(stop_time_hours=-0.5), "--stop-time-hours must not be negative"),
     (dict(d_model=0), "d.model must be at least 1, got 0"),  # not a ZeroDivisionError
     (dict(heads=0), "heads must be at least 1, got 0"),
+    # issue 20 item 3: known from the index at start-up, not at the update whose batch holds the pair
+    (dict(max_positions=12), r"train pair \d+ has \d+ (en|de) subwords, \d+ positions with eos/bos, more than "
+                             r"--max-positions 12; raise --max-positions to at least \d+"),
 ])
 def test_bad_options_are_one_line_errors(data_dir, tmp_path, change, message):
     with pytest.raises(XfError, match=message) as e:  # impossible values: already when the options are made

@@ -78,3 +78,25 @@ def test_improves_lower_loss_or_higher_bleu():
     assert improves(2.0, None, higher_is_better=False) and improves(2.0, 3.0, higher_is_better=False)
     assert not improves(3.0, 3.0, higher_is_better=False) and not improves(4.0, 3.0, higher_is_better=False)
     assert improves(30.0, 20.0, higher_is_better=True) and not improves(20.0, 30.0, higher_is_better=True)
+
+
+def test_an_update_that_compiles_a_graph_is_compile_time_not_speed():
+    """Issue 20 item 10: --compile's second graph (at update 2) entered the summary speed."""
+    from types import SimpleNamespace
+
+    import torch
+
+    from xformer_cli.train_log import Meter
+
+    graphs = iter([0, 1, 2, 2, 2, 3, 3])  # at start, then after each of six updates: compiles at 1, 2 and 5
+    meter = Meter(torch.device("cpu"), lambda: next(graphs))
+    step = SimpleNamespace(finite=torch.tensor(True), loss_sums=torch.zeros(2, dtype=torch.float64),
+                           gnorm=torch.tensor(1.0))
+    for seconds in (20.0, 15.0, 1.0, 1.0, 12.0, 1.0):
+        meter.add(step, ntokens=100, src_tokens=90, seconds=seconds)
+    assert meter.compile_seconds == 47.0
+    assert meter.timed["updates"] == 3 and meter.timed["seconds"] == 3.0 and meter.timed["tgt"] == 300
+    eager = Meter(torch.device("cpu"))  # without --compile: only the first update is left out
+    for seconds in (20.0, 15.0, 1.0):
+        eager.add(step, ntokens=100, src_tokens=90, seconds=seconds)
+    assert eager.compile_seconds == 0.0 and eager.timed["updates"] == 2 and eager.timed["seconds"] == 16.0

@@ -236,11 +236,16 @@ def test_output_over_an_input_or_the_model_is_refused(tmp_path, ckpt, monkeypatc
     assert source.read_bytes() == b"a man\n" and Path(ckpt).read_bytes() == model
 
 
-@pytest.mark.parametrize("a,b", [(1.0, -5), (1.0, -1), (0.0, 0), (0.5, 0), (-0.1, 50)])
-def test_a_length_limit_that_allows_no_output_is_an_option_error(ckpt, a, b):
+@pytest.mark.parametrize("a,b,message", [
+    (1.0, -5, "allow no output for some sentences"), (1.0, -1, "allow no output for some sentences"),
+    (0.0, 0, "allow no output for some sentences"), (0.5, 0, "allow no output for some sentences"),
+    (-0.1, 50, "--max-len-a must not be negative"), ("inf", 50, "--max-len-a must be a finite number"),
+    (1.0, 2**63 - 10, "--max-len-b must be in"),  # a limit near 2^63 overflowed int64: empty translations
+])
+def test_a_length_limit_that_allows_no_output_is_an_option_error(ckpt, a, b, message):
     result = runner.invoke(app, ["translate", "--path", ckpt, "--max-len-a", str(a), "--max-len-b", str(b)],
                            input=b"a man\n")
-    assert result.exit_code == 2 and "allow no output for some sentences" in result.output, result.output
+    assert result.exit_code == 2 and message in result.output, result.output
     assert TranslateOptions(path=(ckpt,), max_len_a=0.0, max_len_b=1).max_len_b == 1  # one subword: allowed
 
 
@@ -264,7 +269,7 @@ def test_precision_auto_and_its_refusals(monkeypatch):
     with pytest.raises(ConfigError, match="is for CUDA"):
         resolve_precision(cpu, "fp16")
     with pytest.raises(ConfigError, match="int8 is for CPUs"):
-        resolve_precision(cuda, "fp32", "int8")
+        resolve_precision(cuda, "fp32", "int8", {"fp32": "native", "fp16": "native"})  # the xf engine's on a GPU
     with pytest.raises(ConfigError, match="not --precision bf16"):
         resolve_precision(cpu, "bf16", "int8")
 
@@ -296,3 +301,16 @@ def test_output_over_a_training_checkpoint_is_refused(tmp_path, ckpt):
     fresh = save / "checkpoint_2_10.pt"  # a name training would use, not yet written: allowed
     result = runner.invoke(app, ["translate", "--path", ckpt, "--output", str(fresh)], input=b"a man\n")
     assert result.exit_code == 0, result.output
+
+
+def test_more_threads_than_cores_is_a_warning(ckpt, monkeypatch):
+    """Issue 20 item 10: --threads 1000 on 2 cores ran 100x slower without a word."""
+    from xformer_cli import distributed
+
+    monkeypatch.setattr(distributed, "cpu_cores", lambda: 2)
+    assert distributed.threads_warning(2) is None and distributed.threads_warning(0) is None
+    assert "--threads 3 is more than the 2 CPU cores" in distributed.threads_warning(3)
+    monkeypatch.setattr(torch, "set_num_threads", lambda n: None)  # the test's own threads stay as they are
+    result = runner.invoke(app, ["translate", "--path", ckpt, "--threads", "1000", "--max-len-b", "2", "--quiet"],
+                           input=b"a man\n")
+    assert result.exit_code == 0 and "warning: --threads 1000 is more than the 2 CPU cores" in result.stderr

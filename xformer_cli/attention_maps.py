@@ -196,15 +196,33 @@ def word_ids(pieces: Sequence[str]) -> list[int]:
     return ids
 
 
-def alignment_pairs(
-    alignment: Sequence[int], src_pieces: Sequence[str], tgt_pieces: Sequence[str], words: bool = False
-) -> list[tuple[int, int]]:
-    """(source, target) index pairs of a hard alignment (one source index per target subword),
-    of subwords, or with ``words`` of words: the distinct pairs of the words of aligned subwords,
-    sorted."""
-    if not words:
+def line_word_ids(sp, line: str) -> list[int]:
+    """The word (0-based) of each subword of ``sp.encode(line)``, words being the whitespace-separated
+    tokens of ``line`` as given: a subword belongs to the word its first byte in the line falls in
+    (sentencepiece records where each piece comes from), or to the next word when that byte is
+    whitespace. Counting ▁ in the pieces instead would count the words of the normalized text: a
+    zero-width space (not whitespace) becomes one there."""
+    import bisect
+    import re
+
+    ends, offset, at = [], 0, 0  # the byte offset in the UTF-8 line where each word ends
+    for match in re.finditer(r"\S+", line):
+        offset += len(line[at:match.end()].encode("utf-8"))
+        at = match.end()
+        ends.append(offset)
+    if not ends:
+        return []
+    pieces = sp.encode(line, out_type="proto").pieces
+    return [min(bisect.bisect_right(ends, p.begin), len(ends) - 1) for p in pieces]
+
+
+def alignment_pairs(alignment: Sequence[int], src_words: Optional[Sequence[int]] = None,
+                    tgt_words: Optional[Sequence[int]] = None) -> list[tuple[int, int]]:
+    """(source, target) index pairs of a hard alignment (one source index per target subword):
+    of subwords, or given the word of each source and target subword (``line_word_ids``,
+    ``word_ids``) of words: the distinct pairs of the words of aligned subwords, sorted."""
+    if src_words is None or tgt_words is None:
         return [(s, t) for t, s in enumerate(alignment)]
-    src_words, tgt_words = word_ids(src_pieces), word_ids(tgt_pieces)
     return sorted({(src_words[s], tgt_words[t]) for t, s in enumerate(alignment)})
 
 

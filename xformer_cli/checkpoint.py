@@ -7,7 +7,9 @@ with ``torch.load(weights_only=True)``, so a malicious pickle is refused instead
     version           CHECKPOINT_VERSION
     model_config      dict of ModelConfig fields
     model             state dict (tied weights stored once, shared on load)
-    spm_model         bytes of the sentencepiece model (translation needs nothing else)
+    spm_model         bytes of the sentencepiece model, or of a mapped vocabulary (source and
+                      target sentencepiece models over one piece list: an imported MarianMT
+                      model's); translation needs nothing else
     spm_sha256        hex digest of spm_model's bytes (vocabularies are compared by content:
                       ``same_vocabulary``)
     train_state       optional: optimizer, scheduler, scaler, RNG, data position, options, ...
@@ -29,13 +31,23 @@ import torch
 from .errors import ConfigError, XfError
 from .fileio import atomic_write
 from .model import ModelConfig, Transformer, config_from_dict, config_to_dict
-from .vocab import load_sentencepiece
+from .vocab import MAPPED_MAGIC, load_sentencepiece
 
 CHECKPOINT_FORMAT = "xf-checkpoint"
-CHECKPOINT_VERSION = 1
+CHECKPOINT_VERSION = 2
+
+
+def upgrade_v1(ckpt: dict) -> dict:
+    """Version 2 adds two model options, stated in every checkpoint: scale_embedding (version 1
+    models all scale by sqrt(d_model)) and output_bias (none had one); and ``spm_model`` may hold
+    a mapped vocabulary (``vocab.MappedVocabulary``, imported MarianMT models) instead of a
+    sentencepiece model."""
+    config = {**ckpt["model_config"], "scale_embedding": True, "output_bias": False} if "model_config" in ckpt else None
+    return {**ckpt, "version": 2, **({"model_config": config} if config is not None else {})}
+
 
 # One function per version change: UPGRADES[v] turns a version-v dict into version v + 1.
-UPGRADES: dict[int, Any] = {}
+UPGRADES: dict[int, Any] = {1: upgrade_v1}
 
 
 # checkpoint_<epoch>_<update>.pt: the numbered checkpoints that training writes and averaging reads
@@ -113,6 +125,11 @@ def _sniff(path: Path) -> Optional[str]:
 def load_checkpoint(path: str | Path) -> dict:
     """Load and validate an xf checkpoint; refuse anything else with a clear error."""
     path = Path(path)
+    if path.is_dir() and (path / "model.bin").exists():
+        raise XfError(f"{path}: a CTranslate2 model directory, not an xf checkpoint (translate it with "
+                      "--engine ctranslate2)")
+    if path.is_dir():
+        raise XfError(f"{path}: a directory, not a checkpoint file (e.g. {path / 'checkpoint_best.pt'})")
     if not path.is_file():
         raise XfError(f"{path}: checkpoint not found")
     try:
@@ -186,6 +203,8 @@ def vocab_digest(spm_model: bytes) -> str:
     """
     import sentencepiece
 
+    if spm_model.startswith(MAPPED_MAGIC):  # its bytes are its identity: pieces and both models, in order
+        return "mapped:" + spm_digest(spm_model)
     sp = sentencepiece.SentencePieceProcessor()
     try:
         sp.LoadFromSerializedProto(spm_model)
@@ -208,9 +227,36 @@ def model_from_checkpoint(ckpt: dict, path: str | Path = "checkpoint") -> Transf
         cfg: ModelConfig = config_from_dict(ckpt["model_config"])
         model = Transformer(cfg)
         model.load_state_dict(ckpt["model"])
-    except (XfError, RuntimeError, TypeError) as e:
-        raise XfError(f"{path}: model does not match its configuration: {e}") from None
+    except (XfError, RuntimeError, TypeError) as e:  # load_state_dict's message spans lines: one line here
+        raise XfError(f"{path}: model does not match its configuration: {' '.join(str(e).split())}") from None
     return model
+
+
+# What fine-tuning may set apart from the checkpoint: regularization, not the function the weights compute.
+FINE_TUNING_MAY_CHANGE = ("dropout", "attention_dropout", "activation_dropout")
+
+
+def load_initial_model(path: str | Path, data_vocabulary: bytes, data_path: Path, given: dict) -> tuple[ModelConfig, dict]:
+    """(model configuration, weights) of checkpoint ``path`` to fine-tune from (xf train --init-from).
+
+    ``given``: the model options set on the command line or in YAML (None: not set); one that
+    differs from the checkpoint's is an error, except the dropouts. The data must have the
+    checkpoint's vocabulary (``data_vocabulary``, the bytes of data_path/spm.model)."""
+    ckpt = load_checkpoint(path)
+    if not same_vocabulary(ckpt["spm_model"], data_vocabulary):
+        raise XfError(f"{data_path}/spm.model: the data's vocabulary is not that of --init-from {path}; write the data "
+                      f"with xf preprocess --vocab-from {path}")
+    values = dict(ckpt["model_config"])
+    for name, value in given.items():
+        if value is None or value == values.get(name):
+            continue
+        if name not in FINE_TUNING_MAY_CHANGE:
+            raise ConfigError(f"--{name.replace('_', '-')} {value} conflicts with --init-from {path}, whose model has "
+                              f"{values.get(name)} (the model options come from the checkpoint)")
+        values[name] = value
+    cfg = config_from_dict(values)
+    model_from_checkpoint(ckpt, path)  # its weights fit its configuration
+    return cfg, ckpt["model"]
 
 
 def load_ensemble(paths: Sequence[str], device: torch.device, dtype: torch.dtype = torch.float32):

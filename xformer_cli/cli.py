@@ -28,6 +28,7 @@ from .signals import Terminated, sigterm_unwinds
 from .options import (
     AverageOptions,
     ExportOptions,
+    ImportOptions,
     PlotAttentionOptions,
     PlotCurvesOptions,
     PreprocessOptions,
@@ -154,7 +155,7 @@ def main(
 
 
 def fail(message: str, code: int = 1) -> typing.NoReturn:
-    typer.echo(f"xf: error: {message}", err=True)
+    typer.echo(f"xf: error: {_one_line(message)}", err=True)  # one line, whatever the message held
     raise typer.Exit(code)
 
 
@@ -314,10 +315,18 @@ def translate_cmd(options: TranslateOptions) -> None:
 
 @command("export", ExportOptions, "export")
 def export_cmd(options: ExportOptions) -> None:
-    """Export a checkpoint for another runtime: xf export ctranslate2 --path CKPT --output DIR."""
-    from .commands.export import export_ctranslate2
+    """Export a checkpoint for another runtime: xf export ctranslate2|huggingface --path CKPT --output DIR."""
+    from .commands.export import export
 
-    export_ctranslate2(options)
+    export(options)
+
+
+@command("import", ImportOptions, "import")
+def import_cmd(options: ImportOptions) -> None:
+    """Import a model from another toolkit: xf import huggingface DIR --output CKPT (a MarianMT directory)."""
+    from .commands.import_ import import_model
+
+    import_model(options)
 
 
 @command("score", ScoreOptions, "score")
@@ -369,7 +378,8 @@ def options_reference() -> str:
 
     out = ["# Options", "",
            "Every option of every `xf` command: its flag, its YAML key (in the command's section of a "
-           "`--config` file, or flat), its type, default and help. Generated from `xformer_cli/options.py` "
+           "`--config` file, or flat), its type (with the range of a number: every number outside it is "
+           "refused before anything is written), default and help. Generated from `xformer_cli/options.py` "
            "by `make docs`; do not edit by hand. Every command also takes `--config FILE` (YAML; flags win) "
            "and `--verbose` (tracebacks on errors).", ""]
     out += [f"- [`xf {words}`](#xf-{words.replace(' ', '-')})" for words, *_ in COMMANDS] + [""]
@@ -397,7 +407,8 @@ def options_reference() -> str:
                 default = "on" if f.default else "off"
             else:
                 default = str(f.default)
-            cells = [f"`{flag}`", f"`{f.name}`", describe_type(types_by_name[f.name]), default, meta.get("help", "")]
+            kind = describe_type(types_by_name[f.name]) + (f" in {meta['range']}" if meta.get("range") else "")
+            cells = [f"`{flag}`", f"`{f.name}`", kind, default, meta.get("help", "")]
             out.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
         out.append("")
     return "\n".join(out)

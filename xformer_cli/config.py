@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import math
 import types
 import typing
 from pathlib import Path
@@ -30,11 +31,73 @@ SECTIONS = ("preprocess", "train", "average_checkpoints", "translate", "export",
             "plot_attention", "serve")
 
 
+INT_MAX = 2**31 - 1  # the largest count any option needs; also what torch's and sentencepiece's int32 arguments hold
+
+
+@dataclasses.dataclass(frozen=True)
+class Range:
+    """The values a numeric option takes: ``lo`` to ``hi``, each end closed unless ``*_open``.
+
+    Every int and float option has one (``tests/test_options_ranges.py`` sweeps them all), with a
+    finite ``hi``: no option takes nan, inf or 1e30, and no int overflows the int64 arithmetic
+    it ends up in (a*|X|+b, token counts, seeds).
+    """
+
+    lo: float
+    hi: float
+    lo_open: bool = False
+    hi_open: bool = False
+
+    def problem(self, value: float) -> str | None:
+        """Why ``value`` is not in the range (``must be at least 1``), or None when it is."""
+        if not math.isfinite(value):
+            return f"must be a finite number in {self}"
+        above = value > self.lo if self.lo_open else value >= self.lo
+        below = value < self.hi if self.hi_open else value <= self.hi
+        if above and below:
+            return None
+        if above:  # too large
+            return f"must be in {self}" if self.hi != INT_MAX else f"must be at most {INT_MAX}"
+        if self.lo == 0:
+            return "must be positive" if self.lo_open else "must not be negative"
+        return f"must be {'above' if self.lo_open else 'at least'} {_number(self.lo)}"
+
+    def __str__(self) -> str:
+        return f"{'(' if self.lo_open else '['}{_number(self.lo)}, {_number(self.hi)}{')' if self.hi_open else ']'}"
+
+
+def _number(x: float) -> str:
+    return str(int(x)) if float(x).is_integer() and abs(x) < 1e16 else f"{x:g}"
+
+
+def option_range(cls: type, name: str) -> Range:
+    """The Range of option ``name`` of the options dataclass ``cls`` (to quote its ends in a message)."""
+    return next(f for f in dataclasses.fields(cls) if f.name == name).metadata["range"]
+
+
+def check_ranges(options: Any) -> None:
+    """ConfigError unless every number of an options dataclass is in its field's ``range``: the
+    one numeric rule, called first by every options class's ``__post_init__`` (YAML, flags and
+    ``dataclasses.replace`` alike)."""
+    for f in dataclasses.fields(options):
+        where, value = f.metadata.get("range"), getattr(options, f.name)
+        if where is None or value is None:
+            continue
+        for v in value if isinstance(value, tuple) else (value,):
+            problem = where.problem(v)
+            if problem:
+                got = v if isinstance(v, int) else f"{v:g}"
+                span = f" (range {where})" if where.hi != INT_MAX and str(where) not in problem else ""
+                raise ConfigError(f"--{f.name.replace('_', '-')} {problem}, got {got}{span}")
+
+
 def option(default: Any = dataclasses.MISSING, help: str = "", **metadata: Any) -> Any:
     """A dataclass field with its help text (shown by ``xf CMD --help``) and CLI hints.
 
     metadata keys: ``positional`` (a CLI argument, not a flag), ``short`` (e.g. "-s"), ``aliases``
-    (old names still accepted as flags and YAML keys, e.g. ``("beam",)`` for ``beam_size``).
+    (old names still accepted as flags and YAML keys, e.g. ``("beam",)`` for ``beam_size``),
+    ``range`` (a Range: required for every int and float option, checked by ``check_ranges``),
+    ``path`` (a file or directory: ``absolute_paths`` makes it absolute for a config.yaml).
     Mutable defaults are not allowed: list-like options are tuples.
     """
     return dataclasses.field(default=default, metadata={"help": help, **metadata})
@@ -192,3 +255,10 @@ def to_dict(options: Any) -> dict[str, Any]:
         value = getattr(options, f.name)
         out[f.name] = list(value) if isinstance(value, tuple) else value
     return out
+
+
+def absolute_paths(cls: type, values: dict[str, Any]) -> dict[str, Any]:
+    """``values`` (a ``to_dict`` of ``cls``) with the options marked ``path`` made absolute, so that
+    a config file written from them works from any directory."""
+    paths = {f.name for f in dataclasses.fields(cls) if f.metadata.get("path")}
+    return {k: str(Path(v).absolute()) if k in paths and v is not None else v for k, v in values.items()}

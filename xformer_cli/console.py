@@ -43,3 +43,13 @@ def print_table(console: Console, table: Table) -> None:
         console.print(table)
     else:
         console.print(table_line(table), markup=False, highlight=False, soft_wrap=True)
+
+
+def print_summary(console: Console, title: str, rows: list[tuple[str, str]]) -> None:
+    """A command's closing summary: a two-column table of (name, value) rows, printed as print_table does."""
+    table = Table(title=title, show_header=False)
+    table.add_column()
+    table.add_column()
+    for name, value in rows:
+        table.add_row(name, value)
+    print_table(console, table)

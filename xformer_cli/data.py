@@ -30,6 +30,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from .errors import XfError
+from .vocab import BOS_ID, EOS_ID, PAD_ID, UNK_ID, load_sentencepiece
 
 MAGIC = b"XFIDX\x00\x00\x00"
 INDEX_VERSION = 1  # of the .idx/.bin pair; bump and add an upgrade path on any layout change
@@ -248,6 +249,7 @@ class DataDir:
                 raise XfError(f"{meta_path}: '{key}' is {meta.get(key)!r}, expected a {kind.__name__} (the file is damaged)")
         if not (path / "spm.model").exists():
             raise XfError(f"{path}: spm.model is missing")
+        check_meta_against_files(path, meta)
         return cls(path, meta)
 
     @property
@@ -260,6 +262,9 @@ class DataDir:
         src = TokenArray(self.path / f"{name}.{self.source_lang}")
         tgt = TokenArray(self.path / f"{name}.{self.target_lang}")
         for side in (src, tgt):
+            if "dtype" in self.meta and side.dtype.name != self.meta["dtype"]:
+                raise XfError(f"{_with(side.prefix, '.idx')}: its header says {side.dtype.name}, meta.json says "
+                              f"{self.meta['dtype']} (one of them was edited or replaced; re-run xf preprocess)")
             side.verify(self.vocab_size)
         return ParallelDataset(src, tgt, name)
 
@@ -278,6 +283,48 @@ class DataDir:
             except FileNotFoundError:
                 bad.append(f"{name} (missing)")
         return bad
+
+
+def check_meta_against_files(path: Path, meta: dict[str, Any]) -> None:
+    """meta.json must agree with what it describes (``DataDir.open``, so also ``--verify``): its
+    spm_sha256 with spm.model's bytes, its vocab_size with spm.model's pieces, its special_ids with
+    xf's, its dtype with the vocabulary (and, per split, with the index headers: ``split``)."""
+    where = path / "meta.json"
+    spm_bytes = (path / "spm.model").read_bytes()
+    recorded = meta.get("spm_sha256")
+    if recorded is not None and recorded != hashlib.sha256(spm_bytes).hexdigest():
+        raise XfError(f"{where}: its spm_sha256 is not spm.model's (one of them was edited or replaced; "
+                      "re-run xf preprocess)")
+    pieces = load_sentencepiece(spm_bytes, str(path / "spm.model")).get_piece_size()
+    if meta["vocab_size"] != pieces:
+        raise XfError(f"{where}: vocab_size is {meta['vocab_size']} but spm.model has {pieces} pieces (the file was "
+                      "edited; re-run xf preprocess)")
+    special = dict(pad=PAD_ID, unk=UNK_ID, bos=BOS_ID, eos=EOS_ID)
+    if "special_ids" in meta and meta["special_ids"] != special:
+        raise XfError(f"{where}: special_ids are {meta['special_ids']}, xf's (and spm.model's) are {special} "
+                      "(the file was edited; re-run xf preprocess)")
+    if "dtype" in meta and meta["dtype"] != smallest_dtype(pieces).name:
+        raise XfError(f"{where}: dtype is {meta['dtype']!r}, but a vocabulary of {pieces} is stored as "
+                      f"{smallest_dtype(pieces).name} (the file was edited; re-run xf preprocess)")
+
+
+def check_trainable(data: DataDir, train: ParallelDataset, valid: ParallelDataset, max_positions: int) -> None:
+    """Refuse at start-up what would otherwise fail or mislead later: an empty training or
+    validation split (a loss of 0 on no data would choose checkpoint_best.pt), and a pair longer
+    than the model's positions (it would stop training at the first batch that holds it). The
+    lengths are in the index: nothing is read but the sizes."""
+    for split in (train, valid):
+        if len(split) == 0:
+            raise XfError(f"{data.path}: the {split.name or 'training'} split is empty (re-run xf preprocess "
+                          f"with {'--validpref' if split is valid else '--trainpref'} files that hold pairs)")
+    for split in (train, valid):
+        for side, sizes in ((data.source_lang, split.src_sizes), (data.target_lang, split.tgt_sizes)):
+            i = int(np.argmax(sizes))
+            if int(sizes[i]) + 1 > max_positions:  # + eos (source) or bos (target input)
+                raise XfError(f"{data.path}: {split.name} pair {i + 1} has {int(sizes[i])} {side} subwords, "
+                              f"{int(sizes[i]) + 1} positions with eos/bos, more than --max-positions "
+                              f"{max_positions}; raise --max-positions to at least {int(sizes[i]) + 1} or "
+                              f"re-run xf preprocess with --max-len {max_positions - 1}")
 
 
 def file_sha256(path: Path, block: int = 1 << 22) -> str:

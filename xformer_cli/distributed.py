@@ -19,7 +19,7 @@ import contextlib
 import os
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Sequence
+from typing import Optional, Sequence
 
 import torch
 import torch.distributed as dist
@@ -128,3 +128,20 @@ def peer_failures(env: Env, resume_hint: str = ""):
 def shutdown() -> None:
     if dist.is_initialized():
         dist.destroy_process_group()
+
+
+def cpu_cores() -> int:
+    """The CPU cores this process may run on (its affinity mask: a cluster job's share)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
+def threads_warning(threads: int) -> Optional[str]:
+    """A warning when --threads asks for more threads than there are cores, else None."""
+    cores = cpu_cores()
+    if threads <= cores:
+        return None
+    return (f"--threads {threads} is more than the {cores} CPU cores this process may use: threads that share a "
+            f"core wait for each other (often many times slower than --threads {cores}); use --threads {cores} or 0")

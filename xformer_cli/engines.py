@@ -9,6 +9,7 @@ says whether ``alignments`` (a forced-decoding pass over the hypotheses) can be 
 
 from __future__ import annotations
 
+import hashlib
 import json
 import sys
 from pathlib import Path
@@ -24,7 +25,7 @@ from .errors import ConfigError, XfError
 from .model import Transformer
 from .vocab import PAD_ID, BOS_ID, EOS_ID
 from .options import TranslateOptions
-from .precision import cpu_bf16_instructions, ct2_compute_type, precision_warning, resolve_precision
+from .precision import ct2_compute_type, ct2_precisions, precision_warning, resolve_precision
 from .search import Hypothesis, length_penalty, max_output_lengths, search
 from .vocab import load_sentencepiece
 
@@ -105,6 +106,9 @@ class XfEngine(Engine):
 
 def open_engine(options: TranslateOptions):
     """(engine, sentencepiece processor, device) of --engine for --path."""
+    warning = distributed.threads_warning(options.threads)
+    if warning:
+        print(f"xf: warning: {warning}", file=sys.stderr, flush=True)
     if options.engine == "ctranslate2":
         return CTranslate2Engine.open(options)
     device, precision = resolve_device(options.device, options.precision, options.quantize)
@@ -126,6 +130,36 @@ def import_ctranslate2():
     except ImportError:
         raise XfError("ctranslate2 is not installed: pip install 'xformer-cli[ctranslate2]'") from None
     return ctranslate2
+
+
+def read_exported_model(path: Path) -> dict:
+    """xf.json of a directory written by xf export, after checking what CTranslate2 would report
+    without naming the file: config.json and xf.json must be JSON objects, and spm.model must be
+    the one exported (xf.json's spm_sha256). Returns xf.json's dict."""
+    found = {}
+    for name in ("config.json", "xf.json"):
+        try:
+            found[name] = json.loads((path / name).read_text(encoding="utf-8"))
+        except FileNotFoundError:
+            raise XfError(f"{path / name}: missing (export the model again)") from None
+        except (OSError, UnicodeDecodeError) as e:
+            raise XfError(f"{path / name}: unreadable ({e}); export the model again") from None
+        except json.JSONDecodeError as e:
+            raise XfError(f"{path / name}: line {e.lineno}: not valid JSON ({e.msg}); export the model again") from None
+        if not isinstance(found[name], dict):
+            raise XfError(f"{path / name}: not a JSON object; export the model again")
+    info = found["xf.json"]
+    if not isinstance(info.get("max_positions"), int):
+        raise XfError(f"{path / 'xf.json'}: no max_positions; export the model again")
+    try:
+        spm_bytes = (path / "spm.model").read_bytes()
+    except OSError as e:
+        raise XfError(f"{path / 'spm.model'}: unreadable ({e.strerror or e}); export the model again") from None
+    recorded = info.get("spm_sha256")
+    if recorded and hashlib.sha256(spm_bytes).hexdigest() != recorded:
+        raise XfError(f"{path / 'spm.model'}: not the sentencepiece model this directory was exported with (its sha256 "
+                      "differs from xf.json's spm_sha256); export the model again")
+    return info
 
 
 class CTranslate2Engine(Engine):
@@ -162,19 +196,23 @@ class CTranslate2Engine(Engine):
         path = Path(options.path[0])
         if not (path / "model.bin").is_file() or not (path / "xf.json").is_file():
             raise XfError(f"{path}: not a model directory written by xf export ctranslate2")
-        try:
-            info = json.loads((path / "xf.json").read_text(encoding="utf-8"))
-            sp = load_sentencepiece((path / "spm.model").read_bytes(), str(path / "spm.model"))
-        except (OSError, ValueError) as e:
-            raise XfError(f"{path}: unreadable exported model: {e}") from None
+        info = read_exported_model(path)
+        sp = load_sentencepiece((path / "spm.model").read_bytes(), str(path / "spm.model"))
         device = options.device
         if device == "auto":
             device = "cuda" if ct2.get_cuda_device_count() > 0 else "cpu"
         if device == "cuda" and ct2.get_cuda_device_count() == 0:
             raise XfError("--device cuda: no CUDA device is available to CTranslate2")
-        compute_type = ct2_compute_type(device, options.precision, options.quantize, bool(cpu_bf16_instructions()))
-        translator = ct2.Translator(str(path), device=device, compute_type=compute_type,
-                                    intra_threads=max(options.threads, 0), inter_threads=1)
+        available = ct2_precisions(set(ct2.get_supported_compute_types(device)))
+        precision = resolve_precision(torch.device(device), options.precision, options.quantize, available,
+                                      "ctranslate2")
+        compute_type = ct2_compute_type(precision, options.quantize)
+        try:
+            translator = ct2.Translator(str(path), device=device, compute_type=compute_type,
+                                        intra_threads=max(options.threads, 0), inter_threads=1)
+        except (RuntimeError, ValueError) as e:  # a damaged model.bin: "invalid payload size", ...
+            first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+            raise XfError(f"{path / 'model.bin'}: damaged CTranslate2 model ({first}); export it again") from None
         engine = cls(translator, sp, int(info["max_positions"]))
         engine.device = torch.device(device)
         return engine, sp, engine.device

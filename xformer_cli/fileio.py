@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import glob
 import os
 import shutil
+import signal
 import stat
 import tempfile
 import threading
@@ -85,7 +87,7 @@ def atomic_write(path: str | Path, mode: str = "wb", encoding: str | None = None
     """
     path = Path(path)
     with reporting_write_errors(path):
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+        fd, tmp = tempfile.mkstemp(prefix=temporary_prefix(path), suffix=".tmp", dir=path.parent)
     try:
         with reporting_write_errors(path):
             with os.fdopen(fd, mode, encoding=encoding) as f:
@@ -104,6 +106,7 @@ def atomic_write(path: str | Path, mode: str = "wb", encoding: str | None = None
             os.unlink(tmp)
         raise
     fsync_dir(path.parent)
+    remove_stale_temporaries_of(path)
 
 
 def _disk_error(path: Path, f: IO, e: RuntimeError) -> BaseException:
@@ -141,3 +144,115 @@ def copy_atomic(src: Path, dst: Path) -> None:
     """Copy ``src`` to ``dst`` through an atomic write (a reader never sees half a copy)."""
     with open(src, "rb") as f, atomic_write(dst, "wb") as out:
         shutil.copyfileobj(f, out, 1 << 22)
+
+
+def temporary_prefix(path: str | Path) -> str:
+    """The name prefix of this process's temporaries for ``path``: ``.NAME.PID.`` (they end in
+    ``.tmp``), so that a later run can tell a dead writer's leftovers from a live writer's files."""
+    return f".{Path(path).name}.{os.getpid()}."
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's live process
+        return True
+    return True
+
+
+def remove_stale_temporaries_of(path: str | Path) -> list[Path]:
+    """Remove the temporary files and directories of ``path`` (``.NAME.PID.*.tmp`` beside it)
+    that a writer killed by kill -9, or signalled before its clean-up was in place, left behind:
+    those whose process is gone. Called after each successful write of ``path``. A writer on
+    another host (NFS) is not seen: a live one there would find its temporary gone and fail."""
+    path = Path(path)
+    removed = []
+    for p in path.parent.glob(f".{glob.escape(path.name)}.*.tmp"):
+        pid = p.name[len(path.name) + 2:].split(".", 1)[0]
+        if not pid.isdigit() or int(pid) == os.getpid() or _alive(int(pid)):
+            continue
+        with contextlib.suppress(FileNotFoundError):
+            shutil.rmtree(p) if p.is_dir() and not p.is_symlink() else p.unlink()
+            removed.append(p)
+    return removed
+
+
+@contextlib.contextmanager
+def stop_signals_deferred() -> Iterator[None]:
+    """SIGINT and SIGTERM that arrive inside the ``with`` take effect at its end, handled then as
+    they would have been (in a thread other than the main one, where handlers cannot be changed,
+    nothing is deferred). Blocking them (pthread_sigmask) is not enough: the kernel hands a
+    signal to any thread that does not block it, and torch has many."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    pending: list[int] = []
+    previous = {s: signal.signal(s, lambda signum, frame: pending.append(signum)) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+        for s in dict.fromkeys(pending):
+            signal.raise_signal(s)
+
+
+def replace_path(new: Path, target: Path) -> None:
+    """Put ``new`` (a finished file or directory beside ``target``) in the place of ``target``,
+    which may be a directory: the old one is renamed aside, the new one renamed in, and only then
+    is the old one deleted. SIGINT and SIGTERM wait while the two renames run, so that a signal
+    never leaves neither in place; a failed second rename puts the old one back."""
+    if not (target.exists() or target.is_symlink()):
+        os.replace(new, target)
+        return
+    aside = target.parent / f"{temporary_prefix(target)}old.tmp"
+    with stop_signals_deferred():
+        os.rename(target, aside)
+        try:
+            os.replace(new, target)
+        except BaseException:
+            os.rename(aside, target)
+            raise
+    shutil.rmtree(aside) if aside.is_dir() and not aside.is_symlink() else aside.unlink()
+
+
+@contextlib.contextmanager
+def atomic_directory(output: str | Path, overwrite: bool = False, inputs: tuple = ()) -> Iterator[Path]:
+    """A temporary directory beside ``output`` to fill, put in the place of ``output`` at the end.
+
+    Refused before anything is written: ``output`` exists and is not an empty directory (unless
+    ``overwrite``), it is, holds or is inside one of ``inputs`` or a running training's save dir
+    (even with ``overwrite``: ``safety.refuse_replacing``), or its parent is missing or not
+    writable. An old ``output`` is renamed aside and deleted only once the new one is in place
+    (``replace_path``). On any exception the temporary directory is removed and ``output`` is as
+    it was; after success, the leftovers of killed earlier writers of ``output`` are removed.
+    """
+    from .safety import refuse_replacing
+
+    output = Path(output)
+    if output.is_file() and not overwrite:
+        raise XfError(f"{output}: exists and is a file, not a model directory (--overwrite replaces it)")
+    if output.is_dir() and any(output.iterdir()) and not overwrite:
+        raise XfError(f"{output}: exists and is not an empty directory (--overwrite replaces it)")
+    refuse_replacing(output, inputs)
+    parent = output.resolve().parent
+    if not parent.is_dir():
+        raise XfError(f"{output}: its directory does not exist")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise XfError(f"{output}: its directory {parent} is not writable")
+    try:
+        tmp = Path(tempfile.mkdtemp(prefix=temporary_prefix(output), suffix=".tmp", dir=parent))
+    except OSError as e:
+        raise XfError(f"{output}: cannot write there: {e.strerror}") from None
+    try:
+        tmp.chmod(0o777 & ~current_umask())  # mkdtemp makes it private; the result is an ordinary directory
+        with reporting_write_errors(output):
+            yield tmp
+            replace_path(tmp, output)
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+    fsync_dir(parent)
+    remove_stale_temporaries_of(output)

@@ -54,7 +54,7 @@ class _FusedOutputLoss(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, x, weight, target, epsilon: float, chunk_rows: int):
+    def forward(ctx, x, weight, bias, target, epsilon: float, chunk_rows: int):
         vocab = weight.size(0)
         work = torch.promote_types(x.dtype, torch.float32)  # softmax math in float32 or better
         want_grad = ctx.needs_input_grad[0] or ctx.needs_input_grad[1]
@@ -65,6 +65,8 @@ class _FusedOutputLoss(torch.autograd.Function):
         for start in range(0, x.size(0), chunk_rows):
             xc, tc = x[start : start + chunk_rows], target[start : start + chunk_rows]
             z = (xc @ weight.t()).to(work)  # (C, V) logits; under autocast the matmul is bf16/fp16
+            if bias is not None:  # a fixed bias (Transformer.output_bias): no gradient
+                z += bias.to(work)
             lse = torch.logsumexp(z, dim=-1)  # (C,)
             chunk_nll = (lse - z.gather(-1, tc.unsqueeze(-1)).squeeze(-1)).sum()
             nll += chunk_nll
@@ -87,16 +89,17 @@ class _FusedOutputLoss(torch.autograd.Function):
     def backward(ctx, grad_loss, grad_nll):
         grad_x, grad_w = ctx.saved_tensors
         # nll is reported, not trained on: its gradient is ignored (it is returned detached).
-        return grad_x * grad_loss.to(grad_x.dtype), (grad_w * grad_loss).to(ctx.weight_dtype), None, None, None
+        return grad_x * grad_loss.to(grad_x.dtype), (grad_w * grad_loss).to(ctx.weight_dtype), None, None, None, None
 
 
 def fused_output_loss(
     features: torch.Tensor, weight: torch.Tensor, target: torch.Tensor, epsilon: float, chunk_rows: int = 0,
-    rows: Optional[torch.Tensor] = None,
+    rows: Optional[torch.Tensor] = None, bias: Optional[torch.Tensor] = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """label_smoothed_loss(features @ weight.T, target) without materializing the logits.
+    """label_smoothed_loss(features @ weight.T + bias, target) without materializing the logits.
 
-    features (..., D) decoder outputs, weight (V, D) output projection, target (...). Padding
+    features (..., D) decoder outputs, weight (V, D) output projection, bias (V,) a fixed logit
+    bias (not trained; None: none), target (...). Padding
     rows are dropped before projecting (no work is spent on them). Returns (loss, nll) summed.
     ``chunk_rows`` 0 picks chunks of about 4M logits on CPU (16 MB in float32: cache-sized) and
     64M on GPUs (where passes over memory are cheap and many small kernels are not). ``rows``, the
@@ -111,7 +114,7 @@ def fused_output_loss(
         x = features.reshape(-1, features.size(-1)).index_select(0, rows)  # the same rows, in order
         t = target.reshape(-1).index_select(0, rows)
     chunk_rows = chunk_rows or max(1, (1 << (26 if x.is_cuda else 22)) // weight.size(0))
-    loss, nll = _FusedOutputLoss.apply(x, weight, t, float(epsilon), chunk_rows)
+    loss, nll = _FusedOutputLoss.apply(x, weight, bias, t, float(epsilon), chunk_rows)
     return loss, nll.detach()
 
 

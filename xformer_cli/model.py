@@ -249,7 +249,7 @@ class Dropout(nn.Module):
 
 
 class FeedForward(nn.Module):
-    """FFN(x) = max(0, x W1 + b1) W2 + b2 (Sec. 3.3); gelu or SwiGLU (Shazeer, 2020) by option."""
+    """FFN(x) = max(0, x W1 + b1) W2 + b2 (Sec. 3.3); gelu, swish or SwiGLU (Shazeer, 2020) by option."""
 
     def __init__(self, d_model: int, d_ff: int, activation: str, activation_dropout: float):
         super().__init__()
@@ -268,6 +268,8 @@ class FeedForward(nn.Module):
             h = F.relu(h)
         elif self.activation == "gelu":
             h = F.gelu(h)
+        elif self.activation == "swish":  # x * sigmoid(x), MarianMT's (OPUS-MT models)
+            h = F.silu(h)
         else:
             gate, value = h.chunk(2, dim=-1)
             h = F.silu(gate) * value
@@ -341,7 +343,8 @@ class Transformer(nn.Module):
         super().__init__()
         self.cfg = cfg
         d = cfg.d_model
-        self.embed_scale = math.sqrt(d)  # Sec. 3.4: embeddings are multiplied by sqrt(d_model)
+        # Sec. 3.4: embeddings are multiplied by sqrt(d_model); MarianMT models may leave them as they are
+        self.embed_scale = math.sqrt(d) if cfg.scale_embedding else 1.0
         self.decoder_embed = nn.Embedding(cfg.vocab_size, d, padding_idx=PAD_ID)
         nn.init.normal_(self.decoder_embed.weight, mean=0.0, std=d**-0.5)
         nn.init.zeros_(self.decoder_embed.weight[PAD_ID])
@@ -356,6 +359,8 @@ class Transformer(nn.Module):
             self.output_proj.weight = self.decoder_embed.weight
         else:
             nn.init.normal_(self.output_proj.weight, mean=0.0, std=d**-0.5)
+        # MarianMT's final_logits_bias (V,): part of the model but not trained, as there; None without it
+        self.register_buffer("output_bias", torch.zeros(cfg.vocab_size) if cfg.output_bias else None)
 
         if cfg.positions == "sinusoidal":
             self.register_buffer("pos_table", sinusoidal_positions(cfg.max_positions, d), persistent=False)
@@ -455,11 +460,14 @@ class Transformer(nn.Module):
             layer_cache = cache[i] if cache is not None else None
             x = layer(x, memory, self_mask, memory_mask, causal, layer_cache, rope)
         x = self.decoder_norm(x)
-        return x if features_only else self.output_proj(x)
+        if features_only:
+            return x
+        logits = self.output_proj(x)
+        return logits if self.output_bias is None else logits + self.output_bias
 
     def forward(self, src: torch.Tensor, prev_output: torch.Tensor, features_only: bool = False) -> torch.Tensor:
         """Logits (B, T, V), or with features_only the decoder outputs (B, T, D) before the
-        output projection (the trainer projects them inside its fused loss)."""
+        output projection and bias (the trainer projects them inside its fused loss)."""
         memory, src_pad = self.encode(src)
         return self.decode(prev_output, memory, src_pad, features_only=features_only)
 

@@ -1,8 +1,11 @@
 """The options of every subcommand and of the model, as frozen dataclasses (config as data).
 
 Each field is a YAML key and a CLI flag of the same name (``max_tokens`` / ``--max-tokens``);
-the help text is shown by ``xf CMD --help``. Impossible values are rejected in ``__post_init__``
-(a ConfigError, one line). This module imports neither torch nor the CLI, so ``xf --help`` and
+the help text is shown by ``xf CMD --help``. Every int and float field has a ``range``
+(``config.Range``: finite, and within what the code that uses it can hold), checked by
+``config.check_ranges``, first thing in every ``__post_init__`` (YAML, flags and ``dataclasses.replace``
+alike); the rules between fields follow it there.
+Both raise a ConfigError of one line naming the option. This module imports neither torch nor the CLI, so ``xf --help`` and
 ``xf score`` start fast; that is why the model's configuration lives here and not in model.py.
 """
 
@@ -13,62 +16,58 @@ import typing
 from dataclasses import dataclass
 from typing import Literal, Optional
 
-from .config import build_options, option
+from .config import INT_MAX, Range, build_options, check_ranges, option
 from .errors import ConfigError
 
 
-def at_least(o, minimum: int, *names: str) -> None:
-    """ConfigError unless every option of ``names`` is at least ``minimum``."""
-    for name in names:
-        if getattr(o, name) < minimum:
-            what = "must not be negative" if minimum == 0 else f"must be at least {minimum}"
-            raise ConfigError(f"--{name.replace('_', '-')} {what}, got {getattr(o, name)}")
-
-
-def probability(o, *names: str) -> None:
-    """ConfigError unless every option of ``names`` (None: unset) is in [0, 1)."""
-    for name in names:
-        value = getattr(o, name)
-        if value is not None and not 0 <= value < 1:
-            raise ConfigError(f"--{name.replace('_', '-')} must be in [0, 1), got {value}")
+# Ranges shared by many options (every int and float option has one: config.Range)
+COUNT = Range(0, INT_MAX)  # a count where 0 means off, all or no limit
+COUNT1 = Range(1, INT_MAX)
+LAYERS = Range(1, 1000)
+PROBABILITY = Range(0, 1, hi_open=True)
+THREADS = Range(0, 4096)
 
 
 # -- the model ---------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class ModelConfig:
-    vocab_size: int = option(37000, "joint source+target vocabulary size")
-    encoder_layers: int = option(6, "N encoder layers")
-    decoder_layers: int = option(6, "N decoder layers")
-    d_model: int = option(512, "model width")
-    d_ff: int = option(2048, "inner width of the position-wise feed-forward network")
-    heads: int = option(8, "attention heads h")
+    vocab_size: int = option(37000, "joint source+target vocabulary size", range=Range(1, INT_MAX))
+    encoder_layers: int = option(6, "N encoder layers", range=LAYERS)
+    decoder_layers: int = option(6, "N decoder layers", range=LAYERS)
+    d_model: int = option(512, "model width", range=Range(1, 65536))
+    d_ff: int = option(2048, "inner width of the position-wise feed-forward network", range=Range(1, 1 << 20))
+    heads: int = option(8, "attention heads h", range=Range(1, 1024))
     head_dim: Optional[int] = option(
-        None, "d_k = d_v, the size of each head (default: d_model / heads); Table 3 row B shrinks it"
+        None, "d_k = d_v, the size of each head (default: d_model / heads); Table 3 row B shrinks it",
+        range=Range(1, 65536),
     )
-    dropout: float = option(0.1, "P_drop on embeddings+positions and every sub-layer output")
-    attention_dropout: float = option(0.0, "dropout on attention weights (not in the paper)")
-    activation_dropout: float = option(0.0, "dropout after the FFN activation (not in the paper)")
+    dropout: float = option(0.1, "P_drop on embeddings+positions and every sub-layer output", range=PROBABILITY)
+    attention_dropout: float = option(0.0, "dropout on attention weights (not in the paper)", range=PROBABILITY)
+    activation_dropout: float = option(0.0, "dropout after the FFN activation (not in the paper)", range=PROBABILITY)
     normalize_before: bool = option(False, "pre-LN instead of the paper's post-LN")
-    activation: Literal["relu", "gelu", "swiglu"] = option("relu", "FFN activation")
+    activation: Literal["relu", "gelu", "swish", "swiglu"] = option(
+        "relu", "FFN activation (swish: x * sigmoid(x), as MarianMT's; swiglu: gated)"
+    )
     positions: Literal["sinusoidal", "learned", "rope", "alibi"] = option(
         "sinusoidal", "position information"
     )
-    max_positions: int = option(1024, "longest sequence the model accepts")
+    max_positions: int = option(1024, "longest sequence the model accepts", range=Range(1, 1 << 20))
     share_embeddings: Literal["all", "decoder", "none"] = option(
         "all", "tie source, target and output embeddings (all), target and output (decoder)"
     )
+    scale_embedding: bool = option(True, "multiply token embeddings by sqrt(d_model) (Sec. 3.4; some MarianMT "
+                                   "models do not)")
+    output_bias: bool = option(False, "a fixed bias on the output logits, not trained (MarianMT's "
+                               "final_logits_bias; xf import huggingface sets it)")
 
     def __post_init__(self) -> None:
-        at_least(self, 1, "vocab_size", "encoder_layers", "decoder_layers", "d_model", "d_ff", "heads",
-                 "max_positions")
-        probability(self, "dropout", "attention_dropout", "activation_dropout")
+        check_ranges(self)
         if self.head_dim is None:
             if self.d_model % self.heads:
                 raise ConfigError(f"d_model {self.d_model} is not divisible by heads {self.heads} (or set --head-dim)")
             # the resolved size is what checkpoints record; one written before head_dim existed
             # has no such key and gets d_model / heads here, the size it was trained with
             object.__setattr__(self, "head_dim", self.d_model // self.heads)
-        at_least(self, 1, "head_dim")
         if self.positions == "rope" and self.head_dim % 2:
             raise ConfigError("rope needs an even head size")
 
@@ -108,7 +107,8 @@ def with_model_overrides(cls: type) -> type:
                        dataclasses.field(default=f.default, metadata=f.metadata)))
         if f.name == "arch":
             fields += [(name, Optional[hints[name]],
-                        option(None, f"{model_fields[name].metadata['help']} (default: the --arch preset's)"))
+                        option(None, f"{model_fields[name].metadata['help']} (default: the --arch preset's)",
+                               range=model_fields[name].metadata.get("range")))
                        for name in MODEL_OVERRIDES]
     # the class's own methods, not those that @dataclass generated
     namespace = {k: v for k, v in vars(cls).items() if callable(v) and (not k.startswith("__") or k == "__post_init__")}
@@ -125,89 +125,89 @@ class PreprocessOptions:
     trainpref: Optional[str] = option(None, "training files prefix (PREFIX.src, PREFIX.tgt)")
     validpref: Optional[str] = option(None, "validation files prefix (comma-separated: valid, valid1, ...)")
     testpref: Optional[str] = option(None, "test files prefix (comma-separated: test, test1, ...)")
-    bpe_vocab_size: int = option(37000, "joint sentencepiece BPE vocabulary size (paper EN-DE: 37000)")
+    bpe_vocab_size: int = option(37000, "joint sentencepiece BPE vocabulary size (paper EN-DE: 37000)", range=Range(8, INT_MAX))
     bpe_sample_lines: int = option(
-        2_000_000, "training pairs sampled (both sides) to learn the BPE model; bounds its memory"
+        2_000_000, "training pairs sampled (both sides) to learn the BPE model; bounds its memory", range=COUNT1
     )
     spm_model: Optional[str] = option(None, "reuse this sentencepiece model instead of learning one")
-    max_len: int = option(250, "drop training pairs longer than this many subwords on either side")
-    max_len_ratio: float = option(1.5, "drop training pairs whose subword length ratio exceeds this")
-    workers: int = option(1, "parallel encoding processes (also sentencepiece training threads)")
+    vocab_from: Optional[str] = option(None, "use this checkpoint's vocabulary (xf's or imported, joint or separate "
+                                       "source/target sentencepiece models) instead of learning one: data for "
+                                       "xf train --init-from")
+    max_len: int = option(250, "drop training pairs longer than this many subwords on either side", range=COUNT1)
+    max_len_ratio: float = option(1.5, "drop training pairs whose subword length ratio exceeds this", range=Range(1, 1e6))
+    workers: int = option(1, "parallel encoding processes (also sentencepiece training threads)", range=Range(1, 1024))
     skip_invalid: bool = option(
         False, "invalid UTF-8: drop (train) or replace with U+FFFD (valid/test) and count, instead of failing"
     )
     overwrite: bool = option(False, "replace an existing non-empty destdir")
-    seed: int = option(1, "seed for BPE sampling")
+    seed: int = option(1, "seed for BPE sampling", range=COUNT)
     verify: bool = option(False, "instead of writing destdir, check it: every file against the sha256 in its "
                           "meta.json, every index against its .bin and the vocabulary")
 
     def __post_init__(self) -> None:
+        check_ranges(self)
         if self.source_lang == self.target_lang:
             raise ConfigError(f"--source-lang and --target-lang are both {self.source_lang!r}")
-        at_least(self, 1, "workers", "max_len", "bpe_sample_lines")
-        at_least(self, 8, "bpe_vocab_size")
-        if self.max_len_ratio < 1:
-            raise ConfigError(f"--max-len-ratio must be at least 1.0, got {self.max_len_ratio}")
+        if self.spm_model and self.vocab_from:
+            raise ConfigError("--spm-model and --vocab-from both give the vocabulary: choose one")
 
 
 @with_model_overrides
 @dataclass(frozen=True)
 class TrainOptions:
-    data: str = option(help="data directory written by xf preprocess", positional=True)
-    save_dir: str = option("checkpoints", "where checkpoints and logs are written")
+    data: str = option(help="data directory written by xf preprocess", positional=True, path=True)
+    save_dir: str = option("checkpoints", "where checkpoints and logs are written", path=True)
     arch: str = option("base", "architecture preset: base | big | small | tiny")
+    init_from: Optional[str] = option(
+        None, "fine-tune: start from this checkpoint's weights (xf's or imported) with a fresh optimizer, schedule and "
+        "counters; the model options are the checkpoint's (a conflicting one is an error; dropouts may change) and "
+        "the data must have its vocabulary (xf preprocess --vocab-from). A checkpoint_last.pt in --save-dir resumes instead")
     # batching
-    max_tokens: int = option(4096, "tokens per micro-batch (source or target, whichever is larger)")
-    update_freq: int = option(1, "micro-batches accumulated per update")
-    max_update: int = option(0, "stop after this many updates (0: no limit)")
-    max_epoch: int = option(0, "stop after this many epochs (0: no limit)")
+    max_tokens: int = option(4096, "tokens per micro-batch (source or target, whichever is larger)", range=COUNT1)
+    update_freq: int = option(1, "micro-batches accumulated per update", range=Range(1, 1 << 20))
+    max_update: int = option(0, "stop after this many updates (0: no limit)", range=COUNT)
+    max_epoch: int = option(0, "stop after this many epochs (0: no limit)", range=COUNT)
     stop_time_hours: float = option(0.0, "stop after this many hours of training wall time, resumes "
-                                    "included (0: no limit)")
+                                    "included (0: no limit)", range=Range(0, 1e5))
     # optimization
     optimizer: Literal["adam", "adamw"] = option(
         "adam", "adam: the paper's Adam; adamw: Adam with decoupled --weight-decay (fairseq's 'adam')"
     )
-    adam_betas: tuple[float, ...] = option((0.9, 0.98), "Adam betas (paper: 0.9 0.98)")
-    adam_eps: float = option(1e-9, "Adam epsilon (paper: 1e-9)")
+    adam_betas: tuple[float, ...] = option((0.9, 0.98), "Adam betas (paper: 0.9 0.98)", range=Range(0, 1, hi_open=True))
+    adam_eps: float = option(1e-9, "Adam epsilon (paper: 1e-9)", range=Range(0, 1, lo_open=True))
     lr_scheduler: Literal["noam", "inverse_sqrt"] = option("noam", "learning-rate schedule")
-    warmup_updates: int = option(4000, "warmup steps (paper: 4000)")
-    lr: Optional[float] = option(None, "inverse_sqrt: the peak learning rate, reached after warmup")
-    lr_factor: float = option(1.0, "noam: a factor on the paper's formula (paper: 1)")
-    warmup_init_lr: float = option(1e-7, "inverse_sqrt: learning rate at step 0")
-    label_smoothing: float = option(0.1, "label smoothing epsilon (paper: 0.1)")
-    clip_norm: float = option(0.0, "clip gradient norm (0: off)")
-    weight_decay: float = option(0.0, "decoupled weight decay (--optimizer adamw)")
+    warmup_updates: int = option(4000, "warmup steps (paper: 4000)", range=COUNT)
+    lr: Optional[float] = option(None, "inverse_sqrt: the peak learning rate, reached after warmup", range=Range(0, 10, lo_open=True))
+    lr_factor: float = option(1.0, "noam: a factor on the paper's formula (paper: 1)", range=Range(0, 1000, lo_open=True))
+    warmup_init_lr: float = option(1e-7, "inverse_sqrt: learning rate at step 0", range=Range(0, 10))
+    label_smoothing: float = option(0.1, "label smoothing epsilon (paper: 0.1)", range=PROBABILITY)
+    clip_norm: float = option(0.0, "clip gradient norm (0: off)", range=Range(0, 1e6))
+    weight_decay: float = option(0.0, "decoupled weight decay (--optimizer adamw)", range=Range(0, 10))
     precision: Literal["auto", "fp32", "bf16", "fp16"] = option(
         "auto", "training precision; auto: bf16 autocast where the GPU or CPU multiplies bf16 natively "
         "(CUDA sm_80+, avx512_bf16 or AMX), else fp32; fp16 (loss-scaled) is for older GPUs")
     device: Literal["auto", "cpu", "cuda"] = option("auto", "device")
-    threads: int = option(0, "CPU threads for torch (0: torch's default)")
+    threads: int = option(0, "CPU threads for torch (0: torch's default)", range=THREADS)
     compile: bool = option(False, "torch.compile the model (inductor, dynamic shapes: compiled once for "
                            "all batch shapes); the compile time is reported apart from the speed")
-    seed: int = option(1, "random seed")
+    seed: int = option(1, "random seed", range=COUNT)
     # checkpoints, validation, logging
-    save_interval_updates: int = option(0, "also save checkpoint_<epoch>_<update>.pt every N updates")
-    save_interval_minutes: float = option(10.0, "also refresh checkpoint_last.pt every N minutes (0: off)")
-    keep_last_checkpoints: int = option(10, "keep this many update checkpoints (0: all)")
-    validate_interval_updates: int = option(0, "validate every N updates (and at each epoch end)")
-    patience: int = option(0, "stop after N validations without improvement (0: off)")
+    save_interval_updates: int = option(0, "also save checkpoint_<epoch>_<update>.pt every N updates", range=COUNT)
+    save_interval_minutes: float = option(10.0, "also refresh checkpoint_last.pt every N minutes (0: off)", range=Range(0, 1e6))
+    keep_last_checkpoints: int = option(10, "keep this many update checkpoints (0: all)", range=COUNT)
+    validate_interval_updates: int = option(0, "validate every N updates (and at each epoch end)", range=COUNT)
+    patience: int = option(0, "stop after N validations without improvement (0: off)", range=COUNT)
     eval_bleu: bool = option(False, "validation BLEU (greedy) as the best-checkpoint criterion")
-    log_interval: int = option(50, "updates between log lines")
-    tensorboard_logdir: Optional[str] = option(None, "write TensorBoard scalars here")
-    max_nan_updates: int = option(20, "stop after this many consecutive non-finite updates")
+    log_interval: int = option(50, "updates between log lines", range=COUNT1)
+    tensorboard_logdir: Optional[str] = option(None, "write TensorBoard scalars here", path=True)
+    max_nan_updates: int = option(20, "stop after this many consecutive non-finite updates", range=COUNT1)
     ddp_timeout_minutes: float = option(
-        10.0, "torchrun: a process that waits this long for another (dead or hung) stops with an error"
+        10.0, "torchrun: a process that waits this long for another (dead or hung) stops with an error", range=Range(0, 1e5, lo_open=True)
     )
 
     def __post_init__(self) -> None:
-        at_least(self, 1, "max_tokens", "update_freq", "log_interval", "max_nan_updates")
-        at_least(self, 0, "max_update", "max_epoch", "save_interval_updates", "keep_last_checkpoints",
-                 "validate_interval_updates", "patience", "clip_norm", "weight_decay", "threads",
-                 "warmup_updates", "save_interval_minutes", "stop_time_hours")
-        if self.ddp_timeout_minutes <= 0:
-            raise ConfigError(f"--ddp-timeout-minutes must be positive, got {self.ddp_timeout_minutes}")
-        probability(self, "label_smoothing")
-        if len(self.adam_betas) != 2 or not all(0 <= b < 1 for b in self.adam_betas):
+        check_ranges(self)
+        if len(self.adam_betas) != 2:
             raise ConfigError(f"--adam-betas needs two values in [0, 1), got {list(self.adam_betas)}")
         if self.lr_scheduler == "noam" and self.warmup_updates < 1:
             raise ConfigError("--lr-scheduler noam needs --warmup-updates of at least 1")
@@ -228,43 +228,39 @@ class AverageOptions:
     inputs: tuple[str, ...] = option(help="checkpoint directory (or directories) or checkpoint files")
     output: str = option(help="averaged checkpoint to write")
     num_update_checkpoints: int = option(
-        0, "average the last N checkpoint_<epoch>_<update>.pt by update number (paper: 5 base, 20 big)"
+        0, "average the last N checkpoint_<epoch>_<update>.pt by update number (paper: 5 base, 20 big)", range=COUNT
     )
-    num_epoch_checkpoints: int = option(0, "average the last N epoch-end checkpoints by epoch number")
+    num_epoch_checkpoints: int = option(0, "average the last N epoch-end checkpoints by epoch number", range=COUNT)
     overwrite: bool = option(False, "replace --output even when it is a training checkpoint (checkpoint_last.pt, "
                              "checkpoint_best.pt, checkpoint_<epoch>_<update>.pt); an input is never replaced")
+
+    def __post_init__(self) -> None:
+        check_ranges(self)
 
 
 @dataclass(frozen=True)
 class DecodingOptions:
     """How a search decodes: the options that every search function takes (``search.py``)."""
 
-    beam_size: int = option(4, "beam size (paper: 4); 1 is greedy", aliases=("beam",))
-    nbest: int = option(1, "hypotheses per sentence (text: Moses n-best lines 'ID ||| text ||| score')")
-    lenpen: float = option(0.6, "length penalty alpha (paper: 0.6)")
+    beam_size: int = option(4, "beam size (paper: 4); 1 is greedy", aliases=("beam",), range=Range(1, 1000))
+    nbest: int = option(1, "hypotheses per sentence (text: Moses n-best lines 'ID ||| text ||| score')", range=Range(1, 1000))
+    lenpen: float = option(0.6, "length penalty alpha (paper: 0.6)", range=Range(-10, 10))
     lenpen_style: Literal["gnmt", "length"] = option(
         "gnmt", "gnmt: ((5+|Y|)/6)^alpha, the paper's (from GNMT); length: |Y|^alpha as fairseq"
     )
-    max_len_a: float = option(1.0, "maximum output length a*|X|+b subwords (paper: |X|+50)")
-    max_len_b: int = option(50, "maximum output length a*|X|+b subwords (paper: |X|+50)")
+    max_len_a: float = option(1.0, "maximum output length a*|X|+b subwords (paper: |X|+50)", range=Range(0, 1000))
+    max_len_b: int = option(50, "maximum output length a*|X|+b subwords (paper: |X|+50)", range=Range(-(1 << 20), 1 << 20))
     sampling: bool = option(False, "sample instead of beam search (--nbest samples per sentence)")
-    temperature: float = option(1.0, "sampling temperature")
-    top_k: int = option(0, "sample from the k most likely tokens (0: all)", aliases=("topk",))
-    top_p: float = option(1.0, "nucleus sampling probability mass", aliases=("topp",))
-    seed: int = option(1, "sampling seed")
+    temperature: float = option(1.0, "sampling temperature", range=Range(0, 1000, lo_open=True))
+    top_k: int = option(0, "sample from the k most likely tokens (0: all)", aliases=("topk",), range=COUNT)
+    top_p: float = option(1.0, "nucleus sampling probability mass", aliases=("topp",), range=Range(0, 1, lo_open=True))
+    seed: int = option(1, "sampling seed: the same samples again for the same --seed with the same --batch-size, "
+                       "--max-tokens and --buffer-size (they decide which sentences share a random stream)", range=COUNT)
 
     def __post_init__(self) -> None:
-        problems = []
-        if self.beam_size < 1:
-            problems.append("--beam-size must be at least 1")
-        if self.nbest < 1:
-            problems.append("--nbest must be at least 1")
+        check_ranges(self)
         if not self.sampling and self.nbest > self.beam_size:
-            problems.append(f"--nbest {self.nbest} is larger than --beam-size {self.beam_size}")
-        if self.temperature <= 0 or not 0 < self.top_p <= 1 or self.top_k < 0:
-            problems.append("sampling needs --temperature > 0, 0 < --top-p <= 1, --top-k >= 0")
-        if problems:
-            raise ValueError("; ".join(problems))
+            raise ValueError(f"--nbest {self.nbest} is larger than --beam-size {self.beam_size}")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -280,21 +276,22 @@ class TranslateOptions(DecodingOptions):
     )
     input: Optional[str] = option(None, "read this file instead of stdin")
     output: Optional[str] = option(None, "write this file instead of stdout (atomically)")
-    batch_size: int = option(64, "sentences per batch")
-    max_tokens: int = option(0, "padded source subwords per batch instead of --batch-size (0: use batch_size)")
-    buffer_size: int = option(2000, "lines read ahead and sorted by length into batches")
+    batch_size: int = option(64, "sentences per batch", range=Range(1, 1 << 20))
+    max_tokens: int = option(0, "padded source subwords per batch instead of --batch-size (0: use batch_size)", range=COUNT)
+    buffer_size: int = option(2000, "lines read ahead and sorted by length into batches", range=Range(1, 1 << 24))
     output_format: Literal["text", "jsonl"] = option(
         "text", "text lines, or JSON lines with source, hypotheses, scores and positional scores"
     )
     device: Literal["auto", "cpu", "cuda"] = option("auto", "device")
     precision: Literal["auto", "fp32", "bf16", "fp16"] = option(
-        "fp32", "inference precision; auto: bf16 on GPUs and on CPUs with bf16 instructions, else fp32 "
+        "fp32", "inference precision, for either engine from what it computes in on the device; auto: bf16 where "
+        "it has bf16 (the xf engine on bf16 GPUs and CPUs with bf16 instructions; CTranslate2 on bf16 GPUs only), else fp32 "
         "(outputs may change); fp16: CUDA only"
     )
     quantize: Literal["none", "int8"] = option(
         "none", "int8: dynamic int8 linear layers on CPU (faster; outputs may change)"
     )
-    threads: int = option(0, "CPU threads for torch (0: torch's default)")
+    threads: int = option(0, "CPU threads for torch (0: torch's default)", range=THREADS)
     quiet: bool = option(False, "no progress bar or summary table on stderr (warnings are still shown)")
     print_alignment: bool = option(
         False, "add each output's hard alignment, 'SRC-TGT' index pairs: text 'translation ||| 0-0 1-2', "
@@ -302,21 +299,19 @@ class TranslateOptions(DecodingOptions):
     )
     alignment_layer: Optional[int] = option(
         None, "decoder layer whose cross-attention (head average) aligns, from 1; negative: from the end "
-        "(default: the penultimate, as fairseq)"
+        "(default: the penultimate, as fairseq)", range=Range(-1000, 1000)
     )
     alignment_level: Literal["subword", "word"] = option(
         "subword", "align subwords, or whitespace-separated words (the pairs of their subwords' links)"
     )
 
     def __post_init__(self) -> None:
-        super().__post_init__()
+        super().__post_init__()  # check_ranges(self) included
         # floor(a*|X| + b) output subwords for a source of |X| >= 1 subwords: at least 1 for every |X|
-        if self.max_len_a < 0 or self.max_len_a + self.max_len_b < 1:
+        if self.max_len_a + self.max_len_b < 1:
             raise ValueError(f"--max-len-a {self.max_len_a:g} --max-len-b {self.max_len_b} allow no output for "
                              "some sentences: the limit a*|X|+b must be at least 1 for every source length |X| >= 1 "
                              "(a >= 0 and a + b >= 1)")
-        if self.batch_size < 1 or self.buffer_size < 1 or self.max_tokens < 0:
-            raise ValueError("--batch-size and --buffer-size must be positive, --max-tokens non-negative")
 
 
 def with_translate_fields(*names: str):
@@ -344,27 +339,25 @@ class ServeOptions(DecodingOptions):
         "the directory written by xf export ctranslate2)"
     )
     host: str = option("127.0.0.1", "address to listen on (0.0.0.0: every interface)")
-    port: int = option(5000, "port to listen on (0: any free port, printed at start)")
-    max_batch_tokens: int = option(2048, "source subwords decoded together at most (one dynamic batch)")
-    max_wait_ms: float = option(5.0, "how long a batch's first request waits for others to join it")
-    max_queue_lines: int = option(2000, "lines waiting to be decoded at most; a request beyond is a 503")
-    max_lines: int = option(100, "lines in one request at most (more: 413)")
-    max_chars: int = option(5000, "characters in one request at most (more: 413)")
-    max_body_bytes: int = option(1_000_000, "bytes in one request body at most, checked before parsing (more: 413)")
-    timeout: float = option(30.0, "seconds a request may wait for its translation (longer: 504)")
+    port: int = option(5000, "port to listen on (0: any free port, printed at start)", range=Range(0, 65535))
+    max_batch_tokens: int = option(2048, "source subwords decoded together at most (one dynamic batch)", range=COUNT1)
+    max_wait_ms: float = option(5.0, "how long a batch's first request waits for others to join it",
+                                range=Range(0, 60_000))
+    max_queue_lines: int = option(2000, "lines waiting to be decoded at most; a request beyond is a 503", range=COUNT1)
+    max_lines: int = option(100, "lines in one request at most (more: 413)", range=COUNT1)
+    max_chars: int = option(5000, "characters in one request at most (more: 413)", range=COUNT1)
+    max_body_bytes: int = option(1_000_000, "bytes in one request body at most, checked before parsing (more: 413)",
+                                 range=COUNT1)
+    timeout: float = option(30.0, "seconds a request may wait for its translation (longer: 504)",
+                            range=Range(0, 86_400, lo_open=True))
     api_keys: Optional[str] = option(None, "a file of API keys, one a line; then /translate needs 'api_key' (else 403)")
-    grace_seconds: float = option(10.0, "after SIGTERM: seconds to finish the requests in flight before exiting")
+    grace_seconds: float = option(10.0, "after SIGTERM: seconds to finish the requests in flight before exiting",
+                                  range=Range(0, 86_400))
 
     def __post_init__(self) -> None:
-        super().__post_init__()
+        super().__post_init__()  # check_ranges(self) included
         if self.sampling:
             raise ValueError("xf serve does not sample: a sample would depend on the requests that share its batch")
-        at_least(self, 1, "max_batch_tokens", "max_queue_lines", "max_lines", "max_chars", "max_body_bytes")
-        at_least(self, 0, "port")
-        if self.port > 65535:
-            raise ValueError(f"--port must be at most 65535, got {self.port}")
-        if self.max_wait_ms < 0 or self.timeout <= 0 or self.grace_seconds < 0:
-            raise ValueError("--max-wait-ms and --grace-seconds must not be negative, --timeout must be positive")
         directions = [direction_and_path(spec)[:2] for spec in self.model]
         for direction in directions:
             if directions.count(direction) > 1:
@@ -388,13 +381,38 @@ def direction_and_path(spec: str) -> tuple[str, str, str]:
 
 @dataclass(frozen=True)
 class ExportOptions:
-    format: Literal["ctranslate2"] = option(help="what to export to: ctranslate2", positional=True)
+    format: Literal["ctranslate2", "huggingface"] = option(
+        help="what to export to: ctranslate2, or huggingface (a MarianMT directory)", positional=True)
     path: str = option(help="the xf checkpoint to export")
-    output: str = option(help="the model directory to write (with the sentencepiece model as spm.model)")
+    output: str = option(help="the model directory to write (ctranslate2: with the sentencepiece model as spm.model)")
     quantization: Literal["float32", "int8", "bfloat16"] = option(
-        "float32", "weight type of the exported model (CTranslate2 can still compute in another type)"
+        "float32", "ctranslate2: weight type of the exported model (CTranslate2 can still compute in another type)"
     )
+    beam_size: int = option(4, "huggingface: num_beams of generation_config.json", aliases=("beam",),
+                            range=Range(1, 1000))
+    lenpen: float = option(1.0, "huggingface: length_penalty of generation_config.json, score / |Y|^lenpen "
+                           "(xf translate --lenpen-style length; GNMT's penalty has no transformers equivalent)",
+                           range=Range(-10, 10))
+    max_length: int = option(0, "huggingface: max_length of generation_config.json, decoder start and eos "
+                             "included (0: the model's max_positions)", range=Range(0, 1 << 20))
+    source_lang: str = option("en", "huggingface: source language, for the model card and tokenizer")
+    target_lang: str = option("de", "huggingface: target language, for the model card and tokenizer")
+    bleu: Optional[str] = option(None, "huggingface: the test score for the model card: a file written by "
+                                 "xf score --json (BLEU and its sacreBLEU signature)")
     overwrite: bool = option(False, "replace an existing non-empty output directory")
+
+    def __post_init__(self) -> None:
+        check_ranges(self)
+
+
+@dataclass(frozen=True)
+class ImportOptions:
+    format: Literal["huggingface"] = option(help="what to import from: huggingface (a MarianMT directory)",
+                                            positional=True)
+    directory: str = option(help="the model directory (e.g. from huggingface-cli download Helsinki-NLP/opus-mt-en-de)",
+                            positional=True)
+    output: str = option(help="the xf checkpoint to write")
+    overwrite: bool = option(False, "replace --output if it exists (a training checkpoint never)")
 
 
 @dataclass(frozen=True)
@@ -436,11 +454,14 @@ class PlotAttentionOptions:
     attention: Literal["cross", "encoder", "decoder"] = option(
         "cross", "encoder-decoder attention, encoder self-attention or decoder self-attention"
     )
-    layer: Optional[int] = option(None, "only this layer, from 1; negative: from the end (default: all layers)")
-    head: Optional[int] = option(None, "only this head, from 1 (default: all heads)")
+    layer: Optional[int] = option(None, "only this layer, from 1; negative: from the end (default: all layers)", range=Range(-1000, 1000))
+    head: Optional[int] = option(None, "only this head, from 1 (default: all heads)", range=Range(1, 1024))
     style: Literal["heatmap", "lines"] = option(
         "heatmap", "heat maps (layers x heads), or lines between the tokens as in the paper's Figures 3-5 "
         "(one layer: --layer; heads in colours)"
     )
-    beam_size: int = option(4, "beam size for the model's own translation", aliases=("beam",))
+    beam_size: int = option(4, "beam size for the model's own translation", aliases=("beam",), range=Range(1, 1000))
     device: Literal["auto", "cpu", "cuda"] = option("auto", "device")
+
+    def __post_init__(self) -> None:
+        check_ranges(self)

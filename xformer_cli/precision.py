@@ -59,42 +59,68 @@ def autocast_context(precision: str, device: torch.device) -> contextlib.Abstrac
     return torch.autocast(device.type, dtype=dtype)
 
 
-def resolve_precision(device: torch.device, precision: str, quantize: str = "none") -> str:
-    """The precision a command runs in, by one policy for xf train, xf translate and the
-    engines: ``auto`` is bf16 where the device multiplies bf16 natively (CUDA sm_80+, CPUs with
-    avx512_bf16 or AMX), else fp32; a named precision is kept as asked, except fp16 on a CPU
-    (refused: fp16 is for GPUs older than bf16); bf16 on a CPU without bf16 instructions runs,
-    emulated and slow (``precision_warning`` says so). ``--quantize int8`` (CPU inference) runs
-    its int8 layers with fp32 around them."""
-    cpu = device.type == "cpu"
+# One policy for xf train, xf translate and both engines: each engine says what it computes in on
+# its device (its real capabilities: a precision, native or emulated), and resolve_precision
+# applies the same rules to that.
+CT2_TYPES = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16", "int8": "int8"}
+ENGINE_NAMES = {"xf": "the xf engine", "ctranslate2": "the CTranslate2 engine"}
+NATIVE, EMULATED = "native", "emulated"
+
+
+def xf_precisions(device: torch.device) -> dict[str, str]:
+    """What xf (torch) computes in on ``device``, each native or emulated: fp32; bf16, native where
+    the hardware multiplies it (CUDA sm_80+, avx512_bf16 or AMX), else emulated and slow (about
+    0.03x fp32 on an AVX2 CPU); fp16 on CUDA only; int8 (dynamic int8 linear layers, torch.ao) on
+    CPU only."""
+    if device.type == "cuda":
+        return {"fp32": NATIVE, "fp16": NATIVE, "bf16": NATIVE if cuda_has_bf16(device) else EMULATED}
+    return {"fp32": NATIVE, "int8": NATIVE, "bf16": NATIVE if cpu_bf16_instructions() else EMULATED}
+
+
+def ct2_precisions(compute_types: set[str]) -> dict[str, str]:
+    """What the CTranslate2 engine computes in, from ``ctranslate2.get_supported_compute_types``
+    of its device: on CPU float32 and int8 (int16 on some builds, unused), never bfloat16 or
+    float16, whatever bf16 instructions the CPU has."""
+    return {CT2_TYPES[t]: NATIVE for t in compute_types if t in CT2_TYPES}
+
+
+def resolve_precision(device: torch.device, precision: str, quantize: str = "none",
+                      available: dict[str, str] | None = None, engine: str = "xf") -> str:
+    """The precision a command runs in, by one policy for xf train, xf translate and both
+    engines, from what the engine computes in on this device (``available``:
+    ``xf_precisions(device)`` unless given; ``engine``: --engine): ``auto`` is bf16 where bf16 is
+    native, else fp32; a named precision runs if the engine has it (emulated bf16 with
+    ``precision_warning``'s warning), else is refused; ``--quantize int8`` runs its int8 layers
+    with fp32 around them, where the engine has int8."""
+    available = xf_precisions(device) if available is None else available
+    where = f"{ENGINE_NAMES[engine]} on {'CUDA' if device.type == 'cuda' else 'a CPU'}"
     if quantize == "int8":
-        if not cpu:
-            raise ConfigError("--quantize int8 is for CPUs (dynamic int8 linear layers); on CUDA use --precision")
+        if "int8" not in available:
+            raise ConfigError(f"--quantize int8: {where} has no int8 layers (--quantize int8 is for CPUs); "
+                              "use --precision")
         if precision not in ("auto", "fp32"):
             raise ConfigError(f"--quantize int8 runs around its int8 layers in fp32, not --precision {precision}")
         return "fp32"
     if precision == "auto":
-        bf16 = bool(cpu_bf16_instructions()) if cpu else cuda_has_bf16(device)
-        return "bf16" if bf16 else "fp32"
-    if precision == "fp16" and cpu:
-        raise ConfigError("--precision fp16 is for CUDA; on a CPU use fp32 (or bf16)")
+        return "bf16" if available.get("bf16") == NATIVE else "fp32"
+    if precision not in available:
+        why = {("xf", "fp16"): "fp16 is for CUDA", ("ctranslate2", "bf16"): "CTranslate2 has no bf16 on CPU",
+               ("ctranslate2", "fp16"): "CTranslate2 has no fp16 on CPU"}.get((engine, precision))
+        known = ", ".join(p for p in ("fp32", "bf16", "fp16") if p in available)
+        raise ConfigError(f"--precision {precision}: {where} computes in {known}"
+                          f"{' or int8 (--quantize int8)' if 'int8' in available else ''}, not {precision}"
+                          f"{f' ({why})' if why and device.type == 'cpu' else ''}; use auto or one of those")
     return precision
 
 
 def precision_warning(device: torch.device, precision: str) -> Optional[str]:
     """A warning for a precision that runs but runs badly here, or None."""
-    if precision == "bf16" and device.type == "cpu" and not cpu_bf16_instructions():
+    if xf_precisions(device).get(precision) == EMULATED and device.type == "cpu":
         return ("this CPU has no native bf16 matrix instructions (avx512_bf16/AMX): bf16 runs emulated, "
                 "far slower than fp32 here")
     return None
 
 
-def ct2_compute_type(device: str, precision: str, quantize: str, native_bf16: bool) -> str:
-    """CTranslate2's compute_type for xf's --precision and --quantize (same meanings)."""
-    if quantize == "int8":
-        if device != "cpu":
-            raise ConfigError("--quantize int8 is for CPUs; on CUDA use --precision")
-        return "int8"
-    if precision == "auto":
-        precision = "bf16" if (device == "cuda" or native_bf16) else "fp32"
-    return {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}[precision]
+def ct2_compute_type(precision: str, quantize: str) -> str:
+    """CTranslate2's compute_type for a precision that ``resolve_precision`` chose."""
+    return "int8" if quantize == "int8" else {v: k for k, v in CT2_TYPES.items()}[precision]

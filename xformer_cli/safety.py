@@ -67,6 +67,53 @@ class SaveDirLock:
         self.fd = fd
 
 
+def save_dir_holder(save_dir: str | Path) -> Optional[str]:
+    """Who holds ``SAVE_DIR/train.lock`` ("pid 123 on host"), or None when no xf train does."""
+    import fcntl
+
+    try:
+        fd = os.open(Path(save_dir) / LOCK_NAME, os.O_RDONLY)
+    except OSError:
+        return None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except OSError as e:
+        if e.errno in (errno.EWOULDBLOCK, errno.EACCES):
+            return os.pread(fd, 200, 0).decode("utf-8", "replace").strip() or "another process"
+        return None
+    finally:
+        os.close(fd)  # also drops the shared lock just taken
+    return None
+
+
+def refuse_replacing(output: str | Path, inputs: Iterable[Optional[str | Path]], output_flag: str = "--output") -> None:
+    """An XfError when replacing ``output`` (a file, or a directory and all it holds) would destroy
+    an input or a running training: ``output`` is or contains one of ``inputs`` (a hard link
+    included), or is, contains or is inside a save dir whose ``train.lock`` an xf train holds."""
+    out = Path(output).resolve()
+    for source in inputs:
+        if source is None:
+            continue
+        src = Path(source).resolve()
+        if same_file(out, src) or src.is_relative_to(out):
+            raise XfError(f"{output_flag} {output} {_relation(out, src)} the input {source}; replacing it would "
+                          "destroy the input (choose another output)")
+    candidates = [out, *out.parents]
+    if out.is_dir():
+        candidates += [Path(root) for root, _, files in os.walk(out) if LOCK_NAME in files]
+    for save_dir in candidates:
+        holder = save_dir_holder(save_dir)
+        if holder:
+            raise XfError(f"{output_flag} {output} {_relation(out, save_dir)} the save dir {save_dir} of a running "
+                          f"xf train ({holder}); choose another output")
+
+
+def _relation(out: Path, other: Path) -> str:
+    if other != out and other.is_relative_to(out):
+        return "holds"
+    return "is inside" if other != out and out.is_relative_to(other) else "is"  # "is": also a hard link
+
+
 def same_file(a: str | Path, b: str | Path) -> bool:
     """Whether two paths name one existing file (through symlinks, hard links, relative paths)."""
     try:

@@ -13,7 +13,7 @@ import math
 import sys
 import time
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 import torch
 
@@ -194,29 +194,33 @@ class Reporter:
 
 # -- what is measured ----------------------------------------------------------------------------
 class Meter:
-    """Loss sums and speed: over the run (``timed``: excluding start-up, validation and this
-    process's first update, which allocates and warms up) and since the last log line (``window``)."""
+    """Loss sums and speed: over the run (``timed``: excluding start-up, validation, this
+    process's first update, which allocates and warms up, and with --compile every update that
+    compiled a graph: ``graphs`` counts them) and since the last log line (``window``)."""
 
-    def __init__(self, device: torch.device):
+    def __init__(self, device: torch.device, graphs: Optional[Callable[[], int]] = None):
         self.timed = {"seconds": 0.0, "updates": 0, "src": 0.0, "tgt": 0.0}
         self.window = dict(self.timed, finite=0, tokens=0.0)  # finite, tokens: filled by settle()
         # on the device, summed over the window's good updates: loss and nll sums, gradient norms
         self.window_loss = torch.zeros(2, dtype=torch.float64, device=device)
         self.window_gnorm = torch.zeros((), dtype=torch.float64, device=device)
         self.first_update = True
-        self.first_update_seconds: Optional[float] = None  # with --compile: the compilation's time
+        self.graphs, self.seen_graphs = graphs, graphs() if graphs else 0
+        self.compile_seconds = 0.0  # with --compile: the updates that compiled a graph (the first among them)
 
     def add(self, step, ntokens: float, src_tokens: float, seconds: float) -> None:
         self.window_loss += torch.where(step.finite, step.loss_sums, 0.0)  # no read-back
         self.window_gnorm += torch.where(step.finite, step.gnorm.double(), 0.0)
-        if not self.first_update:
+        graphs = self.graphs() if self.graphs else 0
+        compiled, self.seen_graphs = graphs > self.seen_graphs, graphs
+        if compiled:  # a recompilation (a new shape class) is not training speed either
+            self.compile_seconds += seconds
+        elif not self.first_update:
             for d in (self.timed, self.window):
                 d["seconds"] += seconds
                 d["updates"] += 1
                 d["src"] += src_tokens
                 d["tgt"] += ntokens
-        else:
-            self.first_update_seconds = seconds
         self.first_update = False
 
     def good_update(self, ntokens: float) -> None:
@@ -308,7 +312,7 @@ def summary_rows(summary: dict, batch_offset: int, compiled: bool, device: torch
         ("training time", format_seconds(seconds) + " (excluding start-up and validation)"),
         ("speed", f"{summary['src_tok_s']:,.0f} src tok/s, {summary['tgt_tok_s']:,.0f} tgt tok/s, "
                   f"{summary['ups']:.2f} upd/s" if seconds else "- (the first update is not timed)"),
-        *([("compile", f"{summary['compile_seconds']:.1f} s (the first update), {summary['compiled_graphs']} "
+        *([("compile", f"{summary['compile_seconds']:.1f} s (the updates that compiled), {summary['compiled_graphs']} "
                        "graph(s)")] if compiled else []),
         ("peak memory", f"{summary['peak_memory_mib']:,.0f} MiB ({'CUDA allocated' if device.type == 'cuda' else 'RSS'})"),
         ("checkpoints", str(save_dir)),

@@ -97,7 +97,8 @@ def train_step(
                                    batch["prev_output"].to(device, non_blocking=True), features_only=True)
                 loss, nll = fused_output_loss(features, model.output_proj.weight,
                                               batch["target"].to(device, non_blocking=True), label_smoothing,
-                                              rows=batch["target_rows"].to(device, non_blocking=True))
+                                              rows=batch["target_rows"].to(device, non_blocking=True),
+                                              bias=model.output_bias)
             scaler.scale(loss * grad_scale).backward()
         loss_sums += torch.stack([loss.detach().double(), nll.double()])
         del features, loss, nll

@@ -13,7 +13,7 @@ import json
 from dataclasses import dataclass
 from typing import Optional
 
-from .attention_maps import alignment_pairs, format_alignment
+from .attention_maps import alignment_pairs, format_alignment, line_word_ids, word_ids
 from .batching import batch_by_size
 from .engines import Engine
 from .options import TranslateOptions
@@ -138,8 +138,9 @@ def translate_buffer(engine: Engine, sp, lines: list[str], first_index: int, opt
         texts = hypothesis_texts(sp, hyps)
         pairs = None
         if options.print_alignment:
-            src_pieces, words = [sp.id_to_piece(t) for t in pieces[i]], options.alignment_level == "word"
-            pairs = [alignment_pairs(a, src_pieces, [sp.id_to_piece(t) for t in h.tokens[:-1]], words)
+            words = options.alignment_level == "word"  # source words: those of the line as given
+            src_words = line_word_ids(sp, lines[i])[: len(pieces[i])] if words else None
+            pairs = [alignment_pairs(a, src_words, word_ids([sp.id_to_piece(t) for t in h.tokens[:-1]]) if words else None)
                      for h, a in zip(hyps, alignments[i] or [[]] * len(hyps))]  # empty lines: none
         out.append(format_result(first_index + i, lines[i], hyps, texts, options, sp, pairs))
     return out

@@ -48,7 +48,8 @@ def validation_loss(
         batch = _to(collate([dataset[i] for i in idx]), env.device)
         with autocast:
             features = model(batch["src"], batch["prev_output"], features_only=True)
-            loss, nll = fused_output_loss(features, model.output_proj.weight, batch["target"], label_smoothing)
+            loss, nll = fused_output_loss(features, model.output_proj.weight, batch["target"], label_smoothing,
+                                          bias=model.output_bias)
         sums += torch.stack([loss.double(), nll.double(), torch.tensor(float(batch["ntokens"]), device=env.device, dtype=torch.float64)])
     loss, nll, ntokens = env.sum_tensor(sums).tolist()
     model.train(was_training)

@@ -23,18 +23,16 @@ allows them: see ``CTranslate2Engine``.
 from __future__ import annotations
 
 import json
-import os
-import shutil
-import tempfile
 from pathlib import Path
 from typing import Sequence
 
-from ..errors import XfError
-from ..fileio import fsync_dir
-from ..model import Transformer
-from ..vocab import UNK_ID, BOS_ID, EOS_ID
-from ..options import ExportOptions
+from ..console import print_summary, stderr_console
 from ..engines import import_ctranslate2
+from ..errors import XfError
+from ..fileio import atomic_directory
+from ..model import Transformer
+from ..options import ExportOptions
+from ..vocab import BOS_ID, EOS_ID, UNK_ID
 
 QUANTIZATIONS = {"float32": "float32", "int8": "int8", "bfloat16": "bfloat16"}
 
@@ -49,7 +47,7 @@ def transformer_spec(model: Transformer, pieces: Sequence[str]):
     if cfg.positions in ("rope", "alibi"):
         raise XfError(f"{cfg.positions} positions cannot be exported to CTranslate2 (sinusoidal or learned only)")
     activation = {"relu": common_spec.Activation.RELU, "gelu": common_spec.Activation.GELU,
-                  "swiglu": common_spec.Activation.SWISH}[cfg.activation]
+                  "swish": common_spec.Activation.SWISH, "swiglu": common_spec.Activation.SWISH}[cfg.activation]
     # TransformerSpec.from_config has no head size; its encoder and decoder specs do, and write it
     # only where it is not d_model / heads (--head-dim, Table 3 row B)
     head_dim = None if cfg.head_dim * cfg.heads == cfg.d_model else cfg.head_dim
@@ -89,7 +87,7 @@ def transformer_spec(model: Transformer, pieces: Sequence[str]):
     for stack, embed in ((spec.encoder, model.encoder_embed), (spec.decoder, model.decoder_embed)):
         embeddings = stack.embeddings[0] if isinstance(stack.embeddings, list) else stack.embeddings
         embeddings.weight = np_(embed.weight)
-        stack.scale_embeddings = True  # sqrt(d_model), Sec. 3.4
+        stack.scale_embeddings = cfg.scale_embedding  # sqrt(d_model), Sec. 3.4
         stack.position_encodings.encodings = positions
     for spec_layer, layer in zip(spec.encoder.layer, model.encoder_layers):
         self_attention(spec_layer.self_attention, layer.self_attn, layer.attn_block)
@@ -106,6 +104,8 @@ def transformer_spec(model: Transformer, pieces: Sequence[str]):
         norm(spec.encoder.layer_norm, model.encoder_norm)
         norm(spec.decoder.layer_norm, model.decoder_norm)
     spec.decoder.projection.weight = np_(model.output_proj.weight)
+    if model.output_bias is not None:
+        spec.decoder.projection.bias = np_(model.output_bias)
 
     spec.register_source_vocabulary(list(pieces))
     spec.register_target_vocabulary(list(pieces))
@@ -118,51 +118,53 @@ def transformer_spec(model: Transformer, pieces: Sequence[str]):
 
 def export_ctranslate2(options: ExportOptions) -> Path:
     """Write the CTranslate2 model directory of options.path to options.output, atomically:
-    built in a temporary directory beside it, then renamed into place."""
+    built in a temporary directory beside it, then renamed into place (an old output with
+    --overwrite: renamed aside first, deleted once the new one is in place)."""
     from ..checkpoint import load_checkpoint, model_from_checkpoint
     from ..vocab import load_sentencepiece
 
     ct2 = import_ctranslate2()
     output = Path(options.output)
-    if output.exists() and (not output.is_dir() or any(output.iterdir())) and not options.overwrite:
-        raise XfError(f"{output}: exists and is not an empty directory (--overwrite replaces it)")
-    parent = output.resolve().parent
-    if not parent.is_dir():
-        raise XfError(f"{output}: its directory does not exist")
-    if not os.access(parent, os.W_OK | os.X_OK):
-        raise XfError(f"{output}: its directory {parent} is not writable")
-    ckpt = load_checkpoint(options.path)
-    sp = load_sentencepiece(ckpt["spm_model"], str(options.path))
-    model = model_from_checkpoint(ckpt, options.path).eval()
-    pieces = [sp.id_to_piece(i) for i in range(sp.get_piece_size())]
-    if len(pieces) != model.cfg.vocab_size:
-        raise XfError(f"{options.path}: model vocabulary {model.cfg.vocab_size} != sentencepiece vocabulary {len(pieces)}")
-    spec = transformer_spec(model, pieces)
-    spec.validate()
-    spec.optimize(quantization=QUANTIZATIONS[options.quantization])
-    try:
-        tmp = Path(tempfile.mkdtemp(prefix=f".{output.name}.", dir=parent))
-    except OSError as e:
-        raise XfError(f"{output}: cannot write there: {e.strerror}") from None
-    try:
-        umask = os.umask(0)
-        os.umask(umask)
-        tmp.chmod(0o777 & ~umask)  # mkdtemp makes it private; the result is an ordinary directory
+    with atomic_directory(output, options.overwrite, inputs=(options.path,)) as tmp:
+        ckpt = load_checkpoint(options.path)
+        sp = load_sentencepiece(ckpt["spm_model"], str(options.path))
+        model = model_from_checkpoint(ckpt, options.path).eval()
+        pieces = [sp.id_to_piece(i) for i in range(sp.get_piece_size())]
+        if len(pieces) != model.cfg.vocab_size:
+            raise XfError(f"{options.path}: model vocabulary {model.cfg.vocab_size} != sentencepiece vocabulary {len(pieces)}")
+        spec = transformer_spec(model, pieces)
+        spec.validate()
+        spec.optimize(quantization=QUANTIZATIONS[options.quantization])
         spec.save(str(tmp))
         (tmp / "spm.model").write_bytes(ckpt["spm_model"])
         info = {"format": "xf-ctranslate2", "version": 1, "checkpoint": str(options.path),
                 "spm_sha256": ckpt.get("spm_sha256"), "max_positions": model.cfg.max_positions,
                 "quantization": options.quantization, "ctranslate2": ct2.__version__}
         (tmp / "xf.json").write_text(json.dumps(info, indent=1) + "\n", encoding="utf-8")
-        if output.exists():
-            shutil.rmtree(output) if output.is_dir() else output.unlink()
-        os.replace(tmp, output)
-    except OSError as e:
-        raise XfError(f"{output}: cannot write the model: {e.strerror or e}") from None
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp, ignore_errors=True)
-    fsync_dir(parent)
+    print_summary(stderr_console(), "xf export ctranslate2", [
+        ("from", str(options.path)),
+        ("model", f"{model.cfg.encoder_layers}+{model.cfg.decoder_layers} layers, d_model {model.cfg.d_model}, "
+                  f"{len(pieces):,} subwords"),
+        ("weights", options.quantization),
+        ("size", f"{sum(p.stat().st_size for p in output.iterdir()) / 2**20:.1f} MiB"),
+        ("written", str(output)),
+    ])
     return output
 
 
+def export(options: ExportOptions) -> Path:
+    """xf export FORMAT: ctranslate2 (this module) or huggingface (``huggingface.export_marian``)."""
+    if options.format != "huggingface":
+        return export_ctranslate2(options)
+    from ..huggingface import export_marian
+
+    output = export_marian(options)
+    config = json.loads((output / "config.json").read_text(encoding="utf-8"))
+    print_summary(stderr_console(), "xf export huggingface", [
+        ("from", str(options.path)),
+        ("model", f"MarianMT, {config['encoder_layers']} / {config['decoder_layers']} layers, d_model "
+                  f"{config['d_model']}, {config['activation_function']}, vocabulary {config['vocab_size']}"),
+        ("generation", f"num_beams {options.beam_size}, length_penalty {options.lenpen}"),
+        ("written", ", ".join(sorted(p.name for p in output.iterdir())) + f" in {output}"),
+    ])
+    return output

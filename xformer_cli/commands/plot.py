@@ -29,8 +29,18 @@ def require_matplotlib() -> None:
         raise XfError("xf plot needs matplotlib: pip install 'xformer-cli[plot]' (or pip install matplotlib)") from None
 
 
+# The largest picture written: what image libraries open without refusing it as a decompression
+# bomb (Pillow's MAX_IMAGE_PIXELS, about 89 megapixels), and 32,767 pixels a side (libpng, browsers).
+MAX_PIXELS, MAX_SIDE = 89_478_485, 32_767
+
+
 def new_figure(width: float, height: float):
-    """A matplotlib Figure on the headless Agg canvas (no pyplot, no display)."""
+    """A matplotlib Figure on the headless Agg canvas (no pyplot, no display); refused, before any
+    drawing, when ``width`` x ``height`` inches at DPI would be a picture too large to open."""
+    w, h = round(width * DPI), round(height * DPI)
+    if w * h > MAX_PIXELS or max(w, h) > MAX_SIDE:
+        raise XfError(f"the picture would be {w:,} x {h:,} pixels, more than image viewers open ({MAX_PIXELS / 1e6:.0f} "
+                      f"megapixels, {MAX_SIDE:,} a side): choose one --layer and --head, or a shorter sentence")
     require_matplotlib()
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
@@ -343,7 +353,7 @@ def attention_figure(options: PlotAttentionOptions):
     import torch
 
     from ..attention_maps import force_decode
-    from ..vocab import EOS_ID
+    from ..vocab import EOS_ID, encode_target
     from ..options import DecodingOptions
     from ..search import beam_search
     from ..batching import collate_source
@@ -352,8 +362,6 @@ def attention_figure(options: PlotAttentionOptions):
 
     if options.style == "lines" and options.layer is None:
         raise ConfigError("--style lines draws one layer: choose it with --layer N")
-    if options.beam_size < 1:
-        raise ConfigError("--beam-size must be at least 1")
     device = resolve_device(options.device)
     models, sp = load_ensemble([options.path], device)
     model = models[0]
@@ -367,7 +375,7 @@ def attention_figure(options: PlotAttentionOptions):
     if options.target is None:
         tokens = beam_search([model], src, DecodingOptions(beam_size=options.beam_size))[0][0].tokens
     else:
-        tokens = sp.encode(options.target, out_type=int) + [EOS_ID]
+        tokens = encode_target(sp, options.target, out_type=int) + [EOS_ID]  # an imported model's target model
         if len(tokens) > limit:
             raise XfError(f"--target has {len(tokens) - 1} subwords; the model takes at most {limit - 1}")
     with torch.inference_mode():

@@ -45,12 +45,14 @@ from rich.table import Table
 from rich.text import Text
 
 from .. import __version__
+from ..config import option_range
 from ..console import print_table, stderr_console
 from ..data import FORMAT_VERSION, DataDir, TokenArrayWriter, file_sha256, smallest_dtype
 from ..errors import XfError
-from ..fileio import fsync_dir, reporting_write_errors
+from ..fileio import fsync_dir, remove_stale_temporaries_of, replace_path, reporting_write_errors, temporary_prefix
 from ..options import PreprocessOptions
-from ..vocab import BOS_ID, EOS_ID, PAD_ID, UNK_ID, decode_line, load_sentencepiece
+from ..safety import refuse_replacing
+from ..vocab import BOS_ID, EOS_ID, PAD_ID, UNK_ID, decode_line, encode_target, load_sentencepiece
 
 CHUNK_LINES = 10_000  # pairs per worker task: large enough that inter-process traffic is noise
 DROP_REASONS = ("invalid_utf8", "empty", "too_long", "ratio")  # a pair counts under the first that applies
@@ -86,19 +88,24 @@ def plan_splits(o: PreprocessOptions) -> list[Split]:
 def check_destination(o: PreprocessOptions) -> None:
     """Something to read, and a destination that is a directory, empty unless --overwrite (the
     option values themselves are checked by PreprocessOptions)."""
-    if not o.trainpref and not o.spm_model:
-        raise XfError("--trainpref is required (or --spm-model to binarize valid/test sets only)")
+    if not o.trainpref and not o.spm_model and not o.vocab_from:
+        raise XfError("--trainpref is required (or --spm-model / --vocab-from to binarize valid/test sets only)")
     dest = Path(o.destdir)
     if dest.exists() and not dest.is_dir():
         raise XfError(f"destdir {dest} exists and is not a directory")
     if dest.is_dir() and any(dest.iterdir()) and not o.overwrite:
         raise XfError(f"destdir {dest} exists and is not empty (pass --overwrite to replace it)")
-    if dest.is_dir():  # --overwrite removes the old destdir: never with an input inside it
-        inputs = [p for s in plan_splits(o) for p in (s.src, s.tgt)] + ([Path(o.spm_model)] if o.spm_model else [])
-        for path in inputs:
-            if path.resolve().is_relative_to(dest.resolve()):
-                raise XfError(f"the input {path} is inside destdir {dest}, which --overwrite would replace; "
-                              "write the output elsewhere")
+    if dest.exists() and os.path.ismount(dest):
+        raise XfError(f"destdir {dest} is a mount point: xf preprocess writes a new directory beside it and renames "
+                      "it into place, which a mount point cannot take; use a directory inside it")
+    parent = dest.resolve().parent
+    while not parent.exists():  # what the first mkdir writes into
+        parent = parent.parent
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise XfError(f"destdir {dest}: {parent} is not writable (checked before encoding anything)")
+    # --overwrite removes the old destdir: never with an input or a running training inside it
+    inputs = [p for s in plan_splits(o) for p in (s.src, s.tgt)] + [Path(p) for p in (o.spm_model, o.vocab_from) if p]
+    refuse_replacing(dest, inputs, "destdir")
 
 
 # --------------------------------------------------------------------------- reading text
@@ -204,6 +211,13 @@ def learn_bpe(sample: Path, model_prefix: Path, vocab_size: int, max_sentences: 
             f.write(model.getvalue())
     except RuntimeError as e:
         limit = re.search(r"Vocabulary size too high \((\d+)\)\. Please set it to a value <= (\d+)", str(e))
+        smallest = int(option_range(PreprocessOptions, "bpe_vocab_size").lo)
+        if limit and int(limit[2]) < smallest:  # never suggest a size the option refuses
+            raise XfError(
+                f"the training data has too few distinct characters for a vocabulary: sentencepiece can make at "
+                f"most {limit[2]} pieces from it, and --bpe-vocab-size is at least {smallest} (after nmt_nfkc "
+                "normalization, which removes control and zero-width characters: is it text?)"
+            ) from None
         if limit:
             raise XfError(
                 f"--bpe-vocab-size {limit[1]} is too large for this training data: sentencepiece can make at "
@@ -308,7 +322,7 @@ def encode_chunk(task: tuple) -> tuple:
         src_text.append(s2)
         tgt_text.append(t2)
     src_ids = w["sp"].encode(src_text, num_threads=1)  # one thread: the parallelism is the workers
-    tgt_ids = w["sp"].encode(tgt_text, num_threads=1)
+    tgt_ids = encode_target(w["sp"], tgt_text, num_threads=1)  # an imported vocabulary's own target model
     src_sizes = np.fromiter(map(len, src_ids), np.int32, len(src_ids))
     tgt_sizes = np.fromiter(map(len, tgt_ids), np.int32, len(tgt_ids))
     if clean:  # as Moses clean-corpus-n.perl (1..max_len, -ratio), but counted in subwords
@@ -390,20 +404,16 @@ def write_vocab(sp, path: Path) -> None:
 
 
 def replace_dir(tmp: Path, dest: Path, overwrite: bool) -> None:
-    """Move the finished ``tmp`` to ``dest``; an old ``dest`` is moved aside first, then removed."""
-    old = None
+    """Move the finished ``tmp`` to ``dest``; an old ``dest`` is moved aside first, then removed
+    (fileio.replace_path)."""
     if dest.exists():
         if any(dest.iterdir()):
             if not overwrite:  # checked at the start too; this is for a destdir filled meanwhile
                 raise XfError(f"destdir {dest} exists and is not empty (pass --overwrite to replace it)")
-            old = dest.with_name(f".{dest.name}.old-{secrets.token_hex(4)}")
-            dest.rename(old)
         else:
             dest.rmdir()
-    tmp.rename(dest)
+    replace_path(tmp, dest)
     fsync_dir(dest.parent)
-    if old is not None:
-        shutil.rmtree(old, ignore_errors=True)
 
 
 def check_inputs(splits: list[Split], progress: Progress) -> Split | None:
@@ -420,13 +430,25 @@ def check_inputs(splits: list[Split], progress: Progress) -> Split | None:
     train = splits[0] if splits and splits[0].name == "train" else None
     if train is not None and train.lines == 0:
         raise XfError(f"empty training set: {train.src} and {train.tgt} have no lines")
+    for s in splits:
+        if s.name.startswith("valid") and s.lines == 0:  # its loss would be 0 and choose the best checkpoint
+            raise XfError(f"empty validation set: {s.src} and {s.tgt} have no lines")
     return train
 
 
 def make_spm(o: PreprocessOptions, train: Split | None, out: Path, progress: Progress) -> dict:
-    """Stages 2-3: ``out/spm.model``, learned on a sample of ``train`` or copied from --spm-model.
+    """Stages 2-3: ``out/spm.model``, learned on a sample of ``train``, copied from --spm-model, or
+    the vocabulary of checkpoint --vocab-from (a sentencepiece model or an imported model's mapped
+    vocabulary: the bytes xf train compares).
 
     Returns how it was made (for meta.json)."""
+    if o.vocab_from:
+        from ..checkpoint import load_checkpoint
+
+        vocabulary = load_checkpoint(o.vocab_from)["spm_model"]
+        load_sentencepiece(vocabulary, str(o.vocab_from))  # readable, with xf's special ids
+        (out / "spm.model").write_bytes(vocabulary)
+        return dict(learned=False, source=f"{o.vocab_from} (its vocabulary)")
     if o.spm_model:
         spm_path = Path(o.spm_model)
         if not spm_path.is_file():
@@ -438,6 +460,9 @@ def make_spm(o: PreprocessOptions, train: Split | None, out: Path, progress: Pro
     task = progress.add_task("sampling for BPE", total=train.lines)
     invalid = "skip" if o.skip_invalid else "error"
     sentences = sample_for_bpe(train, o.bpe_sample_lines, o.seed, sample, invalid, lambda n: progress.advance(task, n))
+    if sentences == 0 and o.bpe_sample_lines < train.lines:  # the sample is empty, maybe not the files
+        raise XfError(f"no non-empty lines in the {o.bpe_sample_lines:,} of {train.lines:,} pairs sampled from "
+                      f"{train.src} / {train.tgt} to learn BPE from; raise --bpe-sample-lines")
     if sentences == 0:
         raise XfError(f"no non-empty lines in {train.src} / {train.tgt} to learn BPE from")
     task = progress.add_task(f"learning BPE {o.bpe_vocab_size}", total=None)
@@ -483,7 +508,7 @@ def preprocess(o: PreprocessOptions) -> dict:
     with make_progress(console) as progress, reporting_write_errors(dest):  # a full disk: names destdir
         train = check_inputs(splits, progress)
         dest.parent.mkdir(parents=True, exist_ok=True)
-        tmp = dest.with_name(f".{dest.name}.tmp-{secrets.token_hex(4)}")  # renamed to dest when complete
+        tmp = dest.with_name(f"{temporary_prefix(dest)}{secrets.token_hex(4)}.tmp")  # renamed to dest when complete
         tmp.mkdir()
         try:
             bpe = make_spm(o, train, tmp, progress)
@@ -518,6 +543,7 @@ def preprocess(o: PreprocessOptions) -> dict:
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
             raise
+    remove_stale_temporaries_of(dest)  # of a killed xf preprocess of the same destdir
     print_table(console, summary_table(meta, dest, round(time.perf_counter() - began, 1)))
     return meta
 

@@ -29,10 +29,10 @@ from rich.console import Console
 
 from .. import distributed
 from ..batching import EpochBatches, Prefetch, batch_by_size
-from ..checkpoint import load_last_checkpoint, make_checkpoint, remove_old_checkpoints, save_checkpoint
-from ..config import to_dict
+from ..checkpoint import load_initial_model, load_last_checkpoint, make_checkpoint, remove_old_checkpoints, save_checkpoint
+from ..config import absolute_paths, to_dict
 from ..console import stderr_console
-from ..data import DataDir, ParallelDataset
+from ..data import DataDir, ParallelDataset, check_trainable
 from ..errors import XfError
 from ..fileio import atomic_write_text, copy_atomic, remove_stale_temporaries
 from ..model import Transformer
@@ -118,16 +118,20 @@ def set_up(o: TrainOptions, env: distributed.Env, lock: SaveDirLock) -> Run:
     if "valid" not in data.splits:
         raise XfError(f"{data.path} has no validation split (run xf preprocess with --validpref)")
     valid_set = data.split("valid")
-    if len(train_set) == 0:
-        raise XfError(f"{data.path}: the training split is empty")
+    cfg = build_config(o, data.vocab_size)
+    check_trainable(data, train_set, valid_set, cfg.max_positions)  # empty splits, pairs over max_positions
     # Batches of similar lengths up to --max-tokens, made once; each epoch shuffles their order.
     batches = EpochBatches(train_set, batch_by_size(train_set.src_sizes, train_set.tgt_sizes, o.max_tokens),
                            seed=o.seed, update_freq=o.update_freq, rank=env.rank, world_size=env.world_size,
                            pin_memory=env.device.type == "cuda")
     valid_batches = batch_by_size(valid_set.src_sizes, valid_set.tgt_sizes, o.max_tokens)
-    cfg = build_config(o, data.vocab_size)
     last_path = Path(o.save_dir) / "checkpoint_last.pt"
     ckpt = load_last_checkpoint(last_path) if last_path.exists() else None
+    init = None  # fine-tuning: (configuration, weights) of --init-from
+    if o.init_from:
+        init = load_initial_model(o.init_from, data.spm_model_bytes, data.path,
+                                  {name: getattr(o, name) for name in MODEL_OVERRIDES})
+    cfg = init[0] if init else build_config(o, data.vocab_size)
     if ckpt is not None:
         check_resumable(ckpt, last_path, data.spm_model_bytes, data.path, cfg)
     if env.is_main:
@@ -147,6 +151,9 @@ def set_up(o: TrainOptions, env: distributed.Env, lock: SaveDirLock) -> Run:
                           f"--max-tokens or data?): epoch {state.position.epoch} restarts from its beginning")
             state.position.batch_offset = 0
         del ckpt  # the weights now live in the model; do not hold a second copy
+    elif init is not None:
+        model.load_state_dict(init[1])
+        del init
     forward = model
     if env.distributed:
         from torch.nn.parallel import DistributedDataParallel as DDP
@@ -167,10 +174,10 @@ def start_report(run: Run) -> Reporter:
     if env.is_main:
         atomic_write_text(run.save_dir / "config.yaml",
                           "# the effective options of this run; reuse with: xf train --config config.yaml\n"
-                          + yaml.safe_dump(run.options_record, sort_keys=False))
-    warning = precision_warning(env.device, o.precision)
-    if warning:
-        report.warn(warning)
+                          + yaml.safe_dump(absolute_paths(TrainOptions, run.options_record), sort_keys=False))
+    for warning in (precision_warning(env.device, o.precision), distributed.threads_warning(o.threads)):
+        if warning:
+            report.warn(warning)
     report.table("xf train", startup_rows(o, run.cfg, run.data, len(run.train_set), len(run.valid_set),
                                           run.model.num_parameters(), run.batches, env.device, env.world_size,
                                           hardware_note(env.device), pos.num_updates, pos.epoch))
@@ -272,7 +279,7 @@ def train_loop(run: Run, report: Reporter, stop: StopSignal) -> tuple[Loop, Mete
     """Train until the policy says stop: for each update, the step, then what the policy asks
     for (log, validate, save)."""
     o, env, pos, batches = run.o, run.env, run.state.position, run.batches
-    loop, meter = Loop(run.state.elapsed_before), Meter(env.device)
+    loop, meter = Loop(run.state.elapsed_before), Meter(env.device, compiled_graphs if o.compile else None)
     prefetch = Prefetch(batches, background=env.device.type == "cuda")  # on a CPU its cores compute
     time_limit = 3600.0 * o.stop_time_hours
     report.start(run.total_updates, pos.num_updates, pos.epoch)
@@ -377,8 +384,8 @@ def finish(run: Run, report: Reporter, loop: Loop, meter: Meter, stop: StopSigna
         "skipped_updates": loop.skipped, "train_seconds": round(meter.timed["seconds"], 3),
         **meter.speed(meter.timed), "peak_memory_mib": round(peak_memory_mib(device), 1),
     }
-    if o.compile:  # compiling is the first update's time, kept apart from the speed above
-        summary.update(compile_seconds=round(meter.first_update_seconds or 0.0, 2), compiled_graphs=compiled_graphs())
+    if o.compile:  # the updates that compiled a graph, kept apart from the speed above
+        summary.update(compile_seconds=round(meter.compile_seconds, 2), compiled_graphs=compiled_graphs())
     report.record("summary", summary)
     report.table("training summary", summary_rows(summary, pos.batch_offset, o.compile, device, run.save_dir))
     report.close()
