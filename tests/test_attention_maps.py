@@ -3,6 +3,7 @@ cross-attention; xf translate --print-alignment formats them. Tiny models, fixed
 
 import json
 
+import numpy as np
 import pytest
 import torch
 from typer.testing import CliRunner
@@ -10,7 +11,9 @@ from typer.testing import CliRunner
 
 from xformer_cli import model as model_module
 from xformer_cli.attention_maps import (
+    AttentionMaps,
     alignment_pairs,
+    degeneracies,
     force_decode,
     format_alignment,
     hard_alignments,
@@ -58,7 +61,8 @@ def attention_modules(model):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("overrides", [{}, {"normalize_before": True}, {"positions": "alibi"}, {"positions": "rope"}])
+@pytest.mark.parametrize("overrides", [{}, {"normalize_before": True}, {"positions": "alibi"}, {"positions": "rope"},
+                                       {"head_dim": 8}])
 def test_recorded_weights_are_those_of_the_forward_pass(monkeypatch, overrides):
     model = tiny(**overrides)
     src, targets = batch()
@@ -251,3 +255,90 @@ def test_recording_on_cuda_matches_sdpa():
     torch.testing.assert_close(recorded, logits, rtol=1e-4, atol=1e-4)
     for (weights,) in calls:
         torch.testing.assert_close(weights.sum(-1), torch.ones(weights.shape[:-1], device="cuda"))
+
+
+# -- the mechanism check: a trained model's attention is not degenerate ------------------------
+def trained_tiny(multi30k_dir, updates=250, seed=1, batch_size=32):
+    """`tiny` trained briefly on Multi30k pairs (real, or tests/testdata.py's), with its
+    sentencepiece model: 250 updates of 32 pairs, label-smoothed, Adam at 3e-3."""
+    import sentencepiece as spm
+
+    from helpers import learn_spm
+    from xformer_cli.batching import collate
+    from xformer_cli.loss import label_smoothed_loss
+
+    en = (multi30k_dir / "train.en").read_text(encoding="utf-8").splitlines()[:2000]
+    de = (multi30k_dir / "train.de").read_text(encoding="utf-8").splitlines()[:2000]
+    sp = spm.SentencePieceProcessor(model_proto=learn_spm(en[:1000] + de[:1000], vocab_size=400))
+    pairs = [(np.array(sp.encode(a)), np.array(sp.encode(b))) for a, b in zip(en, de)]
+    torch.manual_seed(seed)
+    model = build_model("tiny", vocab_size=400, max_positions=128)
+    optimizer = torch.optim.Adam(model.parameters(), lr=3e-3, betas=(0.9, 0.98), eps=1e-9)
+    g = torch.Generator().manual_seed(seed)
+    for _ in range(updates):
+        batch = collate([pairs[i] for i in torch.randint(len(pairs), (batch_size,), generator=g).tolist()])
+        logits = model(batch["src"], batch["prev_output"])
+        loss, _ = label_smoothed_loss(logits, batch["target"], 0.1)
+        optimizer.zero_grad()
+        (loss / batch["ntokens"]).backward()
+        optimizer.step()
+    return model.eval(), sp, pairs
+
+
+def held_out_maps(model, sp, multi30k_dir):
+    """force_decode of 16 val pairs (batched: padding on both sides)."""
+    en = (multi30k_dir / "val.en").read_text(encoding="utf-8").splitlines()[:16]
+    de = (multi30k_dir / "val.de").read_text(encoding="utf-8").splitlines()[:16]
+    src = collate_source([sp.encode(line) for line in en])
+    targets = [sp.encode(line) + [EOS_ID] for line in de]
+    return force_decode(model, src, targets), src, targets
+
+
+@pytest.mark.slow
+def test_trained_attention_is_not_degenerate_and_random_attention_is(multi30k_dir, one_thread):
+    model, sp, _ = trained_tiny(multi30k_dir)
+    maps, src, targets = held_out_maps(model, sp, multi30k_dir)
+    assert src.eq(PAD_ID).any() and len({len(t) for t in targets}) > 1  # padding is in play
+    assert degeneracies(maps, src, targets) == []
+    decoder = maps.decoder[0]
+    assert torch.equal(decoder.triu(1), torch.zeros_like(decoder))  # exactly zero on the future
+
+    torch.manual_seed(1)
+    untrained = build_model("tiny", vocab_size=400, max_positions=128).eval()
+    problems = degeneracies(force_decode(untrained, src, targets), src, targets)
+    # at initialisation every kind is near-uniform, and that is all that is wrong
+    assert [p.split(":")[0] for p in problems] == ["encoder", "decoder", "cross"], problems
+    assert all(": near-uniform, mean entropy 0.9" in p for p in problems), problems
+
+
+def test_degeneracies_names_what_is_wrong():
+    """Hand-made maps: uniform, one-hot, the same cross map for every row, weight on padding."""
+    src = torch.tensor([[5, 6, 7, EOS_ID], [5, EOS_ID, PAD_ID, PAD_ID]])
+    targets = [[8, 9, EOS_ID], [8, EOS_ID]]
+    s, t = 4, 3
+    peaked = torch.tensor([0.85, 0.05, 0.05, 0.05])
+
+    def rows(fn, n):  # (B=2, H=1, n, s or t)
+        return torch.stack([torch.stack([fn(b, i) for i in range(n)]) for b in range(2)])[:, None]
+
+    def over(keys, k):  # a peaked distribution over the first k keys, rolled by position
+        return lambda b, i: torch.nn.functional.pad(torch.roll(peaked[:k] / peaked[:k].sum(), i), (0, keys - k))
+
+    src_len, tgt_len = [4, 2], [3, 2]
+    healthy = AttentionMaps(
+        encoder=[rows(lambda b, i: over(s, src_len[b])(b, i), s)],
+        decoder=[rows(lambda b, i: over(t, min(i + 1, tgt_len[b]))(b, i) if i else torch.eye(t)[0], t)],
+        cross=[rows(lambda b, i: over(s, src_len[b])(b, i), t)],
+    )
+    assert degeneracies(healthy, src, targets) == []
+    uniform = AttentionMaps(healthy.encoder, healthy.decoder, [rows(lambda b, i: over(s, src_len[b])(b, 0) * 0 + torch.tensor(
+        [1 / src_len[b]] * src_len[b] + [0.0] * (s - src_len[b])), t)])
+    problems = degeneracies(uniform, src, targets)
+    assert problems == ["cross layer 1 head 1: the same map for every target position",
+                        "cross: near-uniform, mean entropy 1.00 x log n (heads 1.00-1.00)"]
+    collapsed = AttentionMaps([rows(lambda b, i: torch.eye(s)[i], s)], healthy.decoder, healthy.cross)
+    assert degeneracies(collapsed, src, targets) == ["encoder layer 1 head 1: collapsed, every row on one position"]
+    future = AttentionMaps(healthy.encoder, [rows(lambda b, i: torch.tensor([0.9, 0.1, 0.0]), t)], healthy.cross)
+    assert "decoder layer 1 head 1: weight on future positions" in degeneracies(future, src, targets)
+    padded = AttentionMaps([rows(lambda b, i: torch.full((s,), 0.25), s)], healthy.decoder, healthy.cross)
+    assert "encoder layer 1 head 1: weight on padding" in degeneracies(padded, src, targets)

@@ -126,6 +126,26 @@ def test_vocabularies_are_compared_by_pieces_not_bytes():
     assert not same_vocabulary(base, b"not a sentencepiece model")
 
 
+def test_head_dim_is_recorded_and_a_checkpoint_without_it_loads_unchanged(tmp_path):
+    """A checkpoint records the resolved head size; one written before --head-dim existed has
+    no head_dim key and loads as d_model / heads, the size it was trained with."""
+    torch.manual_seed(0)
+    small_heads = build_model("tiny", vocab_size=20, d_model=8, d_ff=16, heads=2, head_dim=3)
+    save_checkpoint(tmp_path / "b.pt", make_checkpoint(small_heads, b"stand-in"))
+    ckpt = load_checkpoint(tmp_path / "b.pt")
+    assert ckpt["model_config"]["head_dim"] == 3
+    assert ck.model_from_checkpoint(ckpt).encoder_layers[0].self_attn.in_proj.weight.shape == (18, 8)
+
+    old = load_checkpoint(tiny(tmp_path / "old.pt"))
+    assert old["model_config"].pop("head_dim") == 4  # as written before head_dim existed
+    model = ck.model_from_checkpoint(old)
+    assert model.cfg.head_dim == 4
+    src, prev = torch.tensor([[5, 6, 3]]), torch.tensor([[2, 7]])
+    torch.manual_seed(0)
+    reference = build_model("tiny", vocab_size=20, d_model=8, d_ff=16, heads=2).eval()
+    assert torch.equal(model.eval()(src, prev), reference(src, prev))
+
+
 def test_a_state_dict_that_does_not_fit_its_configuration_is_one_line(tmp_path, spm_model):
     """Issue 20 item 7: load_state_dict's multi-line message reached the terminal as two lines."""
     from typer.testing import CliRunner

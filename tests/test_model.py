@@ -33,6 +33,9 @@ VARIANTS = [
     {"positions": "alibi"},
     {"share_embeddings": "decoder"},
     {"share_embeddings": "none"},
+    {"head_dim": 8},  # Table 3 row B: smaller heads, h * d_k = 32 < d_model = 64
+    {"heads": 3, "head_dim": 24},  # h * d_k = 72: neither d_model nor a divisor of it
+    {"positions": "rope", "head_dim": 8},
 ]
 
 
@@ -255,3 +258,43 @@ def test_non_positive_sizes_are_one_line_config_errors(field, value):
         build_model("tiny", **{"vocab_size": V, field: value})
     assert "\n" not in str(e.value)
 
+
+
+# -- --head-dim (Table 3 rows A and B) -------------------------------------------------------------
+def test_head_dim_sizes_the_projections_and_defaults_to_d_model_over_heads():
+    assert model_config("tiny", vocab_size=V).head_dim == 16  # 64 / 4, resolved: what checkpoints record
+    model = tiny(head_dim=8)  # h * d_k = 32
+    attn = model.encoder_layers[0].self_attn
+    assert attn.in_proj.weight.shape == (3 * 32, 64) and attn.out_proj.weight.shape == (64, 32)
+    cross = model.decoder_layers[0].cross_attn
+    assert cross.in_proj.weight.shape == (3 * 32, 64)
+    # 3 attentions per layer pair (2 + 2 layers: 6 in all) shrink by (64 - 32) * (3 * 64 + 3 + 64)
+    assert tiny().num_parameters() - model.num_parameters() == 6 * 32 * (3 * 64 + 3 + 64)
+
+
+def test_head_dim_lifts_the_divisibility_rule():
+    from xformer_cli.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="not divisible by heads 3 .or set --head-dim."):
+        model_config("tiny", vocab_size=V, heads=3)
+    assert model_config("tiny", vocab_size=V, heads=3, head_dim=24).head_dim == 24
+    with pytest.raises(ConfigError, match="--head-dim must be at least 1, got 0"):
+        model_config("tiny", vocab_size=V, head_dim=0)
+    with pytest.raises(ConfigError, match="rope needs an even head size"):
+        model_config("tiny", vocab_size=V, head_dim=7, positions="rope")
+
+
+def test_int8_quantization_keeps_a_head_dim_model_close():
+    from xformer_cli.engines import quantize_int8
+
+    model = tiny(head_dim=8)
+    src, tgt = batch()
+    full = model(src, tgt)
+    quantized = quantize_int8(tiny(head_dim=8))
+    memory, src_pad = quantized.encode(src)
+    cache = quantized.new_cache()  # cross-attention's split projections, step by step
+    steps = torch.cat([quantized.decode(tgt[:, i : i + 1], memory, src_pad, cache) for i in range(tgt.size(1))], 1)
+    cross = quantized.decoder_layers[0].cross_attn
+    assert isinstance(cross.kv_proj, torch.ao.nn.quantized.dynamic.Linear) and cross.kv_proj.out_features == 2 * 32
+    assert (steps.argmax(-1) == full.argmax(-1)).float().mean() > 0.9
+    assert (steps - full).abs().max() < 0.1 * full.abs().max()

@@ -331,3 +331,69 @@ def test_a_failing_step_stops_the_recipe_and_keeps_finished_steps(tmp_path):
     assert (tmp_path / "work" / "data-bin" / "meta.json").exists()
     assert not (tmp_path / "work" / "checkpoints" / "train.done").exists()
     assert not (tmp_path / "work" / "score.json").exists()
+
+
+# -- recipes/ablations: Table 3, scaled down ----------------------------------------------------
+ABLATIONS = RECIPES / "ablations"
+
+
+def test_ablation_rows_keep_the_papers_ratios():
+    """Every row is valid over base.yaml, names a row of the paper's table, trains as many
+    updates as the base from the same seed (big: 3x, as 300K to 100K), and changes what its
+    group of Table 3 changes: h x d_k held at d_model in (A), d_k alone in (B)."""
+    import csv
+
+    from xformer_cli.config import load_options, read_yaml
+    from xformer_cli.options import TrainOptions, model_config, MODEL_OVERRIDES
+
+    def config(row_file=None):
+        overrides = read_yaml(row_file, None) if row_file else {}
+        o = load_options(TrainOptions, ABLATIONS / "base.yaml", {"data": "d", **overrides}, section="train")
+        return o, model_config(o.arch, vocab_size=8000, **{k: getattr(o, k) for k in MODEL_OVERRIDES})
+
+    base, base_model = config()
+    assert (base_model.d_model, base_model.heads, base_model.head_dim, base_model.encoder_layers) == (256, 4, 64, 3)
+    rows = {p.stem: p for p in (ABLATIONS / "rows").glob("*.yaml")}
+    paper = {r["row"] for r in csv.DictReader(open(ABLATIONS / "paper.csv", encoding="utf-8"))}
+    assert paper == {"base", *rows}
+    for name, path in rows.items():
+        o, m = config(path)
+        assert (o.max_update, o.seed) == (base.max_update * (3 if name == "big" else 1), base.seed), name
+        if name.startswith("A"):
+            assert m.heads != 4 and m.heads * m.head_dim == 256, name
+        if name.startswith("B"):
+            assert m.heads == 4 and m.head_dim < 64 and m.d_model == 256, name
+        if name.startswith("C4") or name.startswith("C5"):  # the paper's d_k for d_model 256 / 1024
+            assert m.head_dim * base_model.d_model == 64 * m.d_model, name
+        assert (o, m) != (base, base_model), name
+
+
+@pytest.mark.slow
+def test_ablations_run_two_rows_resume_and_write_the_table(tmp_path):
+    pytest.importorskip("matplotlib")
+    data = multi30k_slice(tmp_path / "m30k")
+    rows = tmp_path / "rows"
+    write(rows / "A1-h1.yaml", ["# one head, h x d_k = d_model", "heads: 1", "head_dim: 64"])
+    config = write(tmp_path / "tiny.yaml", TINY.replace("translate:\n", "translate:\n  lenpen: 0.6\n").splitlines())
+    env = {"MULTI30K_DIR": data, "WORK_DIR": tmp_path / "work", "CONFIG": config, "ROWS_DIR": rows}
+    first = run_recipe("ablations/run.sh", env, "base")  # one sitting: the base row only
+    assert "| base |" in first.stdout and "A1-h1" not in first.stdout
+    second = run_recipe("ablations/run.sh", env)  # the next: base is skipped, the row runs
+    assert "base: train: skipped" in second.stderr and "A1-h1: train --heads 1 --head-dim 64" in second.stderr
+    assert "A1-h1: train --heads 1 --head-dim 64: skipped" not in second.stderr
+    work = tmp_path / "work"
+    lines = read(work / "table.csv")
+    assert lines[0] == "row,N,d_model,d_ff,h,d_k,d_v,P_drop,eps_ls,train_steps,params_M,ppl,bleu,paper_ppl,paper_bleu"
+    base, row = (dict(zip(lines[0].split(","), line.split(","))) for line in lines[1:])
+    assert (base["row"], base["h"], base["d_k"], base["train_steps"]) == ("base", "4", "16", "6")
+    assert (row["row"], row["h"], row["d_k"], row["d_v"], row["paper_bleu"]) == ("A1-h1", "1", "64", "64", "24.9")
+    assert row["params_M"] == base["params_M"]  # (A) holds h x d_k at d_model: the same parameters
+    assert float(base["bleu"]) == round(json.loads((work / "rows/base/val.score.json").read_text())["bleu"]["score"], 2)
+    md = (work / "table.md").read_text()
+    assert "| A1-h1 | " in md and "| 24.9 |" in md  # the paper's BLEU beside
+    assert (work / "table.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    third = run_recipe("ablations/run.sh", env)  # nothing left: every step skipped, the same table
+    assert third.stderr.count("skipped") == 1 + 3 * 2
+    assert read(work / "table.csv") == lines
+    bad = run_recipe("ablations/run.sh", env, "Z9-none", check=False)
+    assert bad.returncode != 0 and "no row 'Z9-none'" in bad.stderr

@@ -5,7 +5,8 @@ Read top to bottom (the configuration and its presets are ``options.ModelConfig`
 and decoder layers, then the model. Defaults are the paper's (post-LN, ReLU, sinusoidal
 positions, three-way tied embeddings); options from later practice are marked where they differ.
 
-Shapes: B batch, S source length, T target length, D d_model, H heads, K = D / H head size.
+Shapes: B batch, S source length, T target length, D d_model, H heads, K head size (d_k = d_v,
+by default D / H; H * K need not be D).
 Token ids: pad 0, unk 1, bos 2, eos 3 (``vocab.py``).
 """
 
@@ -97,18 +98,22 @@ def attention_weights(q, k, mask=None, causal: bool = False) -> torch.Tensor:
 class MultiHeadAttention(nn.Module):
     """h heads of scaled dot-product attention (Sec. 3.2) with one fused q/k/v projection.
 
-    ``in_proj`` holds W^Q, W^K, W^V stacked (3D, D); self-attention projects all three in one
+    ``in_proj`` holds W^Q, W^K, W^V stacked (3E, D), E = H * K; self-attention projects all three in one
     matmul, cross-attention projects queries from the decoder and keys/values from the encoder.
     """
 
-    def __init__(self, d_model: int, heads: int, dropout: float):
+    def __init__(self, d_model: int, heads: int, dropout: float, head_dim: Optional[int] = None):
         super().__init__()
         self.heads, self.d_model, self.dropout = heads, d_model, dropout
+        # MultiHead(Q, K, V) = Concat(head_1..head_h) W^O with W_i^Q, W_i^K in R^(D x d_k), W_i^V in
+        # R^(D x d_v) (Sec. 3.2.2): xf takes d_k = d_v = K, so the inner width is E = H * K
+        self.head_dim = head_dim or d_model // heads
+        self.inner = heads * self.head_dim  # E
         # A list while recording (attention_maps.record): each call appends its post-softmax
         # weights (B, H, T, S). None (the default) leaves the forward path as it is.
         self.recorded: Optional[list[torch.Tensor]] = None
-        self.in_proj = nn.Linear(d_model, 3 * d_model)
-        self.out_proj = nn.Linear(d_model, d_model)
+        self.in_proj = nn.Linear(d_model, 3 * self.inner)  # (3E, D)
+        self.out_proj = nn.Linear(self.inner, d_model)  # (D, E)
         nn.init.xavier_uniform_(self.in_proj.weight)
         nn.init.zeros_(self.in_proj.bias)
         nn.init.xavier_uniform_(self.out_proj.weight)
@@ -119,11 +124,11 @@ class MultiHeadAttention(nn.Module):
     def split_projections(self) -> None:
         """Give cross-attention its own query and key/value modules (copies of in_proj's rows), so
         that module-level transforms (int8 dynamic quantization) reach them. Inference only."""
-        d, w = self.d_model, self.in_proj.weight
-        self.q_proj = nn.Linear(d, d, device=w.device, dtype=w.dtype)
-        self.kv_proj = nn.Linear(d, 2 * d, device=w.device, dtype=w.dtype)
+        d, e, w = self.d_model, self.inner, self.in_proj.weight
+        self.q_proj = nn.Linear(d, e, device=w.device, dtype=w.dtype)
+        self.kv_proj = nn.Linear(d, 2 * e, device=w.device, dtype=w.dtype)
         with torch.no_grad():
-            for lin, rows in ((self.q_proj, slice(0, d)), (self.kv_proj, slice(d, 3 * d))):
+            for lin, rows in ((self.q_proj, slice(0, e)), (self.kv_proj, slice(e, 3 * e))):
                 lin.weight.copy_(self.in_proj.weight[rows])
                 lin.bias.copy_(self.in_proj.bias[rows])
 
@@ -133,8 +138,8 @@ class MultiHeadAttention(nn.Module):
 
     def project_kv(self, memory: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Keys and values (B, H, S, K) of encoder output for cross-attention."""
-        d = self.d_model
-        kv = self.kv_proj(memory) if self.kv_proj is not None else F.linear(memory, self.in_proj.weight[d:], self.in_proj.bias[d:])
+        e = self.inner
+        kv = self.kv_proj(memory) if self.kv_proj is not None else F.linear(memory, self.in_proj.weight[e:], self.in_proj.bias[e:])
         k, v = kv.chunk(2, dim=-1)
         return self._split(k), self._split(v)
 
@@ -155,7 +160,7 @@ class MultiHeadAttention(nn.Module):
         keys and values, cross-attention computes the memory's keys and values once.
         rope: (cos, sin) tables for the positions of x, applied to queries and keys.
         """
-        d = self.d_model
+        e = self.inner
         if memory is None:
             q, k, v = (self._split(t) for t in self.in_proj(x).chunk(3, dim=-1))
             if rope is not None:
@@ -166,7 +171,7 @@ class MultiHeadAttention(nn.Module):
                     v = torch.cat([cache["v"], v], dim=2)
                 cache["k"], cache["v"] = k, v
         else:
-            q = self.q_proj(x) if self.q_proj is not None else F.linear(x, self.in_proj.weight[:d], self.in_proj.bias[:d])
+            q = self.q_proj(x) if self.q_proj is not None else F.linear(x, self.in_proj.weight[:e], self.in_proj.bias[:e])
             q = self._split(q)
             if cache is not None and "k" in cache:
                 k, v = cache["k"], cache["v"]
@@ -183,17 +188,17 @@ class MultiHeadAttention(nn.Module):
             self.recorded.append(weights)
             out = weights @ v
         b, _, t, _ = out.shape
-        return self.out_proj(out.transpose(1, 2).reshape(b, t, d))
+        return self.out_proj(out.transpose(1, 2).reshape(b, t, e))  # (B, T, E) -> (B, T, D)
 
     def _grouped_cross_attention(self, q, k, v, mask) -> torch.Tensor:
         """Beam search: q (B * beams, H, T, K) against one sentence's k, v (B, H, S, K), so the
-        memory's keys and values are never copied to each beam. -> (B * beams, T, D)."""
+        memory's keys and values are never copied to each beam. -> (B * beams, T, E)."""
         b, h, s, kd = k.shape
         rows, _, t, _ = q.shape
         beams = rows // b
         q = q.view(b, beams, h, t, kd).transpose(1, 2).reshape(b, h, beams * t, kd)  # (B, H, beams T, K)
         out = attention(q, k, v, mask)  # (B, H, beams T, K)
-        return out.view(b, h, beams, t, kd).permute(0, 2, 3, 1, 4).reshape(rows, t, self.d_model)
+        return out.view(b, h, beams, t, kd).permute(0, 2, 3, 1, 4).reshape(rows, t, self.inner)
 
 
 class _MaskedScale(torch.autograd.Function):
@@ -294,7 +299,7 @@ class Sublayer(nn.Module):
 class EncoderLayer(nn.Module):
     def __init__(self, cfg: ModelConfig):
         super().__init__()
-        self.self_attn = MultiHeadAttention(cfg.d_model, cfg.heads, cfg.attention_dropout)
+        self.self_attn = MultiHeadAttention(cfg.d_model, cfg.heads, cfg.attention_dropout, cfg.head_dim)
         self.ffn = FeedForward(cfg.d_model, cfg.d_ff, cfg.activation, cfg.activation_dropout)
         self.attn_block = Sublayer(cfg.d_model, cfg.dropout, cfg.normalize_before)
         self.ffn_block = Sublayer(cfg.d_model, cfg.dropout, cfg.normalize_before)
@@ -307,8 +312,8 @@ class EncoderLayer(nn.Module):
 class DecoderLayer(nn.Module):
     def __init__(self, cfg: ModelConfig):
         super().__init__()
-        self.self_attn = MultiHeadAttention(cfg.d_model, cfg.heads, cfg.attention_dropout)
-        self.cross_attn = MultiHeadAttention(cfg.d_model, cfg.heads, cfg.attention_dropout)
+        self.self_attn = MultiHeadAttention(cfg.d_model, cfg.heads, cfg.attention_dropout, cfg.head_dim)
+        self.cross_attn = MultiHeadAttention(cfg.d_model, cfg.heads, cfg.attention_dropout, cfg.head_dim)
         self.ffn = FeedForward(cfg.d_model, cfg.d_ff, cfg.activation, cfg.activation_dropout)
         self.self_block = Sublayer(cfg.d_model, cfg.dropout, cfg.normalize_before)
         self.cross_block = Sublayer(cfg.d_model, cfg.dropout, cfg.normalize_before)
@@ -363,7 +368,7 @@ class Transformer(nn.Module):
             self.learned_pos = nn.Embedding(cfg.max_positions, d)
             nn.init.normal_(self.learned_pos.weight, mean=0.0, std=d**-0.5)
         elif cfg.positions == "rope":
-            cos, sin = rope_tables(cfg.max_positions, d // cfg.heads)
+            cos, sin = rope_tables(cfg.max_positions, cfg.head_dim)
             self.register_buffer("rope_cos", cos, persistent=False)
             self.register_buffer("rope_sin", sin, persistent=False)
         elif cfg.positions == "alibi":

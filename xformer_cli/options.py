@@ -36,7 +36,11 @@ class ModelConfig:
     decoder_layers: int = option(6, "N decoder layers", range=LAYERS)
     d_model: int = option(512, "model width", range=Range(1, 65536))
     d_ff: int = option(2048, "inner width of the position-wise feed-forward network", range=Range(1, 1 << 20))
-    heads: int = option(8, "attention heads h (d_k = d_v = d_model / h)", range=Range(1, 1024))
+    heads: int = option(8, "attention heads h", range=Range(1, 1024))
+    head_dim: Optional[int] = option(
+        None, "d_k = d_v, the size of each head (default: d_model / heads); Table 3 row B shrinks it",
+        range=Range(1, 65536),
+    )
     dropout: float = option(0.1, "P_drop on embeddings+positions and every sub-layer output", range=PROBABILITY)
     attention_dropout: float = option(0.0, "dropout on attention weights (not in the paper)", range=PROBABILITY)
     activation_dropout: float = option(0.0, "dropout after the FFN activation (not in the paper)", range=PROBABILITY)
@@ -58,9 +62,13 @@ class ModelConfig:
 
     def __post_init__(self) -> None:
         check_ranges(self)
-        if self.d_model % self.heads:
-            raise ConfigError(f"d_model {self.d_model} is not divisible by heads {self.heads}")
-        if self.positions == "rope" and (self.d_model // self.heads) % 2:
+        if self.head_dim is None:
+            if self.d_model % self.heads:
+                raise ConfigError(f"d_model {self.d_model} is not divisible by heads {self.heads} (or set --head-dim)")
+            # the resolved size is what checkpoints record; one written before head_dim existed
+            # has no such key and gets d_model / heads here, the size it was trained with
+            object.__setattr__(self, "head_dim", self.d_model // self.heads)
+        if self.positions == "rope" and self.head_dim % 2:
             raise ConfigError("rope needs an even head size")
 
 

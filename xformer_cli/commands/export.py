@@ -9,7 +9,8 @@ sentencepiece model (``spm.model``) and ``xf.json`` beside it. What maps to what
     positions            xf's own table as the spec's position encodings: sinusoidal (interleaved
                          sin/cos from position 0, which is not CTranslate2's built-in table) or learned
     attention            self-attention: in_proj as one fused qkv linear; cross-attention: its q
-                         rows, then its k/v rows fused, then out_proj
+                         rows, then its k/v rows fused, then out_proj; --head-dim as the specs'
+                         head_dim
     feed-forward         fc1/fc2; SwiGLU: fc1's gate rows as linear_0, its value rows as linear_0_noact
     layer norms          post-LN (the paper's) or pre-LN with the final encoder/decoder norms
     output projection    the decoder's projection (tied or not)
@@ -47,10 +48,13 @@ def transformer_spec(model: Transformer, pieces: Sequence[str]):
         raise XfError(f"{cfg.positions} positions cannot be exported to CTranslate2 (sinusoidal or learned only)")
     activation = {"relu": common_spec.Activation.RELU, "gelu": common_spec.Activation.GELU,
                   "swish": common_spec.Activation.SWISH, "swiglu": common_spec.Activation.SWISH}[cfg.activation]
-    spec = ts.TransformerSpec.from_config(
-        (cfg.encoder_layers, cfg.decoder_layers), cfg.heads, pre_norm=cfg.normalize_before,
-        activation=activation, ffn_glu=cfg.activation == "swiglu",
-    )
+    # TransformerSpec.from_config has no head size; its encoder and decoder specs do, and write it
+    # only where it is not d_model / heads (--head-dim, Table 3 row B)
+    head_dim = None if cfg.head_dim * cfg.heads == cfg.d_model else cfg.head_dim
+    both = dict(pre_norm=cfg.normalize_before, activation=activation, ffn_glu=cfg.activation == "swiglu",
+                head_dim=head_dim)
+    spec = ts.TransformerSpec(ts.TransformerEncoderSpec(cfg.encoder_layers, cfg.heads, **both),
+                              ts.TransformerDecoderSpec(cfg.decoder_layers, cfg.heads, **both))
     np_ = lambda t: t.detach().float().cpu().numpy()  # noqa: E731
     if cfg.positions == "sinusoidal":
         positions = np_(model.pos_table)
@@ -79,7 +83,7 @@ def transformer_spec(model: Transformer, pieces: Sequence[str]):
         linear(spec_attn.linear[0], attn.in_proj.weight, attn.in_proj.bias)  # fused q, k, v
         linear(spec_attn.linear[1], attn.out_proj.weight, attn.out_proj.bias)
 
-    d = cfg.d_model
+    e = cfg.heads * cfg.head_dim  # the rows of each of q, k, v in in_proj
     for stack, embed in ((spec.encoder, model.encoder_embed), (spec.decoder, model.decoder_embed)):
         embeddings = stack.embeddings[0] if isinstance(stack.embeddings, list) else stack.embeddings
         embeddings.weight = np_(embed.weight)
@@ -92,8 +96,8 @@ def transformer_spec(model: Transformer, pieces: Sequence[str]):
         self_attention(spec_layer.self_attention, layer.self_attn, layer.self_block)
         cross, w, b = layer.cross_attn, layer.cross_attn.in_proj.weight, layer.cross_attn.in_proj.bias
         norm(spec_layer.attention.layer_norm, layer.cross_block.norm)
-        linear(spec_layer.attention.linear[0], w[:d], b[:d])  # q
-        linear(spec_layer.attention.linear[1], w[d:], b[d:])  # fused k, v
+        linear(spec_layer.attention.linear[0], w[:e], b[:e])  # q
+        linear(spec_layer.attention.linear[1], w[e:], b[e:])  # fused k, v
         linear(spec_layer.attention.linear[2], cross.out_proj.weight, cross.out_proj.bias)
         ffn(spec_layer.ffn, layer.ffn, layer.ffn_block)
     if cfg.normalize_before:
