@@ -45,11 +45,12 @@ def print_table(console: Console, table: Table) -> None:
         console.print(table_line(table), markup=False, highlight=False, soft_wrap=True)
 
 
-def print_summary(console: Console, title: str, rows: list[tuple[str, str]]) -> None:
-    """A command's closing summary: a two-column table of (name, value) rows, printed as print_table does."""
+def print_summary(console: Console, title: str, rows: list[tuple[str, str]], values: str = "left") -> None:
+    """A command's closing summary: a two-column table of (name, value) rows, printed as print_table
+    does; ``values`` justifies the value column ("right" for columns of figures)."""
     table = Table(title=title, show_header=False)
     table.add_column()
-    table.add_column()
+    table.add_column(justify=values)
     for name, value in rows:
         table.add_row(name, value)
     print_table(console, table)

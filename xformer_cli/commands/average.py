@@ -15,7 +15,7 @@ import torch
 
 from ..checkpoint import checkpoint_numbers, is_training_checkpoint, load_checkpoint, model_from_checkpoint
 from ..checkpoint import same_vocabulary, save_checkpoint
-from ..console import print_table, stderr_console
+from ..console import print_summary, stderr_console
 from ..errors import ConfigError, XfError
 from ..options import AverageOptions
 from ..safety import refuse_overwriting_inputs
@@ -104,7 +104,6 @@ def _same_architecture(a: dict, b: dict) -> Optional[str]:
 def average_checkpoints(options: AverageOptions) -> None:
     """Write the element-wise mean of the chosen checkpoints' parameters to options.output."""
     from rich.progress import Progress
-    from rich.table import Table
 
     paths = select_inputs(options)
     check_output(options, paths)
@@ -168,14 +167,12 @@ def average_checkpoints(options: AverageOptions) -> None:
     model_from_checkpoint(output, options.output)  # the average must load as a model
     save_checkpoint(options.output, output)
 
-    table = Table(title="xf average-checkpoints", show_header=False)
-    table.add_column()
-    table.add_column()
-    table.add_row("averaged", f"{len(used)} checkpoints")
-    table.add_row("from", ", ".join(p.name for p, _ in used))
-    table.add_row("parameters", f"{sum(averaged[g[0]].numel() for g in groups):,}")
-    table.add_row("written", str(options.output))
-    print_table(console, table)
+    print_summary(console, "xf average-checkpoints", [
+        ("averaged", f"{len(used)} checkpoints"),
+        ("from", ", ".join(p.name for p, _ in used)),
+        ("parameters", f"{sum(averaged[g[0]].numel() for g in groups):,}"),
+        ("written", str(options.output)),
+    ])
 
 
 def _check_compatible(first: dict, ckpt: dict, first_path, path: Path, groups: list[list[str]]) -> None:

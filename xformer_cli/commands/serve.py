@@ -13,7 +13,7 @@ import sys
 import threading
 import time
 
-from ..console import print_table, stderr_console
+from ..console import print_summary, stderr_console
 from ..errors import XfError
 from ..options import ServeOptions
 from ..serving import Server, bind, load_directions, read_api_keys
@@ -57,15 +57,11 @@ def serve(options: ServeOptions) -> None:
 
 
 def _summary(console, server: Server, elapsed: float) -> None:
-    from rich.table import Table
-
     queue = server.queue
-    table = Table(title=f"xf serve ({', '.join(server.directions)})", show_header=False)
-    table.add_column(justify="left")
-    table.add_column(justify="right")
-    table.add_row("requests by status", ", ".join(f"{status}: {n:,}" for status, n in sorted(server.statuses.items())) or "none")
-    table.add_row("lines translated", f"{queue.lines_done:,}")
-    table.add_row("batches / sentences a batch", f"{queue.batches:,} / {queue.sentences / max(queue.batches, 1):.1f}")
-    table.add_row("source / target subwords", f"{queue.stats.src_tokens:,} / {queue.stats.tgt_tokens:,}")
-    table.add_row("time served", f"{elapsed:.1f} s")
-    print_table(console, table)
+    print_summary(console, f"xf serve ({', '.join(server.directions)})", [
+        ("requests by status", ", ".join(f"{status}: {n:,}" for status, n in sorted(server.statuses.items())) or "none"),
+        ("lines translated", f"{queue.lines_done:,}"),
+        ("batches / sentences a batch", f"{queue.batches:,} / {queue.sentences / max(queue.batches, 1):.1f}"),
+        ("source / target subwords", f"{queue.stats.src_tokens:,} / {queue.stats.tgt_tokens:,}"),
+        ("time served", f"{elapsed:.1f} s"),
+    ], values="right")

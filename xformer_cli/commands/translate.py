@@ -19,7 +19,7 @@ from typing import IO, Iterator, Optional
 import torch
 
 from ..checkpoint import is_training_checkpoint
-from ..console import print_table, stderr_console
+from ..console import print_summary, stderr_console
 from ..engines import open_engine
 from ..errors import XfError
 from ..fileio import atomic_write
@@ -131,19 +131,16 @@ def translate(options: TranslateOptions) -> None:
 
 
 def _summary(console, stats: Stats, elapsed: float, options: TranslateOptions) -> None:
-    from rich.table import Table
-
     translated = stats.lines - stats.empty
     mode = "sampling" if options.sampling else "greedy" if options.beam_size == 1 else f"beam {options.beam_size}"
-    table = Table(title=f"xf translate ({mode}, {len(options.path)} model(s))", show_header=False)
-    table.add_column(justify="left")
-    table.add_column(justify="right")
-    table.add_row("lines", f"{stats.lines:,}")
-    table.add_row("translated / empty", f"{translated:,} / {stats.empty:,}")
-    table.add_row("source / target subwords", f"{stats.src_tokens:,} / {stats.tgt_tokens:,}")
-    table.add_row("time", f"{elapsed:.2f} s")
-    table.add_row("sentences/s", f"{translated / max(elapsed, 1e-9):,.1f}")
-    table.add_row("target subwords/s", f"{stats.tgt_tokens / max(elapsed, 1e-9):,.0f}")
+    rows = [
+        ("lines", f"{stats.lines:,}"),
+        ("translated / empty", f"{translated:,} / {stats.empty:,}"),
+        ("source / target subwords", f"{stats.src_tokens:,} / {stats.tgt_tokens:,}"),
+        ("time", f"{elapsed:.2f} s"),
+        ("sentences/s", f"{translated / max(elapsed, 1e-9):,.1f}"),
+        ("target subwords/s", f"{stats.tgt_tokens / max(elapsed, 1e-9):,.0f}"),
+    ]
     if stats.invalid_utf8 or stats.truncated:
-        table.add_row("invalid UTF-8 / truncated lines", f"{stats.invalid_utf8:,} / {stats.truncated:,}")
-    print_table(console, table)
+        rows.append(("invalid UTF-8 / truncated lines", f"{stats.invalid_utf8:,} / {stats.truncated:,}"))
+    print_summary(console, f"xf translate ({mode}, {len(options.path)} model(s))", rows, values="right")
