@@ -115,8 +115,9 @@ def open_engine(options: TranslateOptions):
     warning = precision_warning(device, precision)
     if warning:
         print(f"xf: warning: {warning}", file=sys.stderr, flush=True)
-    if options.threads > 0:
-        torch.set_num_threads(options.threads)
+    workers = getattr(options, "workers", 1)
+    if options.threads > 0 or workers > 1:  # each worker thread gets its share of the threads
+        torch.set_num_threads(max(1, (options.threads or torch.get_num_threads()) // workers))
     models, sp = load_ensemble(options.path, device, DTYPES[precision])
     if options.quantize == "int8":
         models = [quantize_int8(m) for m in models]
@@ -208,8 +209,12 @@ class CTranslate2Engine(Engine):
                                       "ctranslate2")
         compute_type = ct2_compute_type(precision, options.quantize)
         try:
+            workers = getattr(options, "workers", 1)  # CTranslate2's own parallel batches (inter_threads)
+            intra = options.threads  # 0: CTranslate2's default
+            if workers > 1:
+                intra = max(1, (options.threads or torch.get_num_threads()) // workers)
             translator = ct2.Translator(str(path), device=device, compute_type=compute_type,
-                                        intra_threads=max(options.threads, 0), inter_threads=1)
+                                        intra_threads=intra, inter_threads=workers)
         except (RuntimeError, ValueError) as e:  # a damaged model.bin: "invalid payload size", ...
             first = (str(e).strip().splitlines() or [type(e).__name__])[0]
             raise XfError(f"{path / 'model.bin'}: damaged CTranslate2 model ({first}); export it again") from None
