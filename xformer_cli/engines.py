@@ -19,7 +19,7 @@ import torch
 
 from . import distributed
 from .attention_maps import hard_alignments, resolve_layer
-from .checkpoint import load_ensemble
+from .checkpoint import load_ensemble, vocab_digest
 from .batching import collate_source
 from .errors import ConfigError, XfError
 from .model import Transformer
@@ -27,7 +27,8 @@ from .vocab import PAD_ID, BOS_ID, EOS_ID
 from .options import TranslateOptions
 from .precision import ct2_compute_type, ct2_precisions, precision_warning, resolve_precision
 from .search import Hypothesis, length_penalty, max_output_lengths, search
-from .vocab import load_sentencepiece
+from .shortlist import Shortlist
+from .vocab import MappedVocabulary, load_sentencepiece
 
 
 class Engine:
@@ -87,14 +88,16 @@ def quantize_int8(model: Transformer) -> Transformer:
 class XfEngine(Engine):
     """xf's own search (``search.py``) over one model or an ensemble: the default --engine."""
 
-    def __init__(self, models: Sequence[Transformer], device: torch.device):
-        self.models, self.device = list(models), device
+    def __init__(self, models: Sequence[Transformer], device: torch.device, shortlist: Optional[Shortlist] = None):
+        self.models, self.device, self.shortlist = list(models), device, shortlist
         self.supports_alignments = True
         self.max_source = min(m.cfg.max_positions for m in models) - 1  # room for the source's eos
 
     def search(self, sentences: Sequence[Sequence[int]], options: TranslateOptions, generator=None) -> list[list[Hypothesis]]:
         """Hypotheses of each sentence (subword ids without eos), best first."""
-        return search(self.models, collate_source(sentences).to(self.device), options, generator)
+        src = collate_source(sentences).to(self.device)
+        candidates = self.shortlist.candidates(src) if self.shortlist is not None else None
+        return search(self.models, src, options, generator, candidates)
 
     def alignments(self, sentences, found, layer):
         return hard_alignments(self.models, collate_source(sentences).to(self.device), found, layer)
@@ -117,10 +120,14 @@ def open_engine(options: TranslateOptions):
         print(f"xf: warning: {warning}", file=sys.stderr, flush=True)
     if options.threads > 0:
         torch.set_num_threads(options.threads)
+    shortlist = Shortlist.load(options.shortlist) if options.shortlist is not None else None
     models, sp = load_ensemble(options.path, device, DTYPES[precision])
+    if shortlist is not None:  # an ensemble shares one vocabulary: the first model's
+        shortlist.check_vocabulary(options.shortlist, sp.get_piece_size(), vocab_digest(
+            sp.to_bytes() if isinstance(sp, MappedVocabulary) else sp.serialized_model_proto()))
     if options.quantize == "int8":
         models = [quantize_int8(m) for m in models]
-    return XfEngine(models, device), sp, device
+    return XfEngine(models, device, shortlist), sp, device
 
 
 def import_ctranslate2():
