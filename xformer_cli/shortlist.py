@@ -91,11 +91,12 @@ def top_targets(pair_s: np.ndarray, pair_t: np.ndarray, prob: np.ndarray, vocab_
 
 
 def most_frequent(tgt: Sequence[np.ndarray], vocab_size: int, count: int) -> np.ndarray:
-    """The ``count`` most frequent target ids (ties: the smaller id), int32, most frequent first."""
+    """The ``count`` most frequent target ids (ties: the smaller id, so unseen ids come last in id
+    order and a count of the vocabulary size gives every id), int32, most frequent first."""
     freq = np.bincount(np.concatenate([np.asarray(t, np.int64) for t in tgt] or [np.zeros(0, np.int64)]),
                        minlength=vocab_size)
     order = np.lexsort((np.arange(vocab_size), -freq))
-    return order[: min(count, int((freq > 0).sum()))].astype(np.int32)
+    return order[:count].astype(np.int32)
 
 
 # -- the file ------------------------------------------------------------------------------------
