@@ -19,7 +19,9 @@ test2016.de, is reported too). Without it, a randomly initialised `small` model 
 outputs are capped at the source length (max_len_a 1, max_len_b 0). XF_BENCH_SOURCE changes the
 input (default test2016.en); XF_BENCH_SENTENCES=N uses the first N lines; XF_BENCH_THREADS=N sets
 the threads of torch and CTranslate2 (default: torch's, one per core); XF_BENCH_ROUNDS=N the
-rounds; XF_BENCH_CACHE=0 skips the cache rows.
+rounds; XF_BENCH_CACHE=0 skips the cache rows. The "shortlist" cases translate with
+``--shortlist``: XF_BENCH_SHORTLIST=FILE (written by xf shortlist for the checkpoint's data), else
+one built from Multi30k train encoded with the checkpoint's sentencepiece model.
 """
 
 from __future__ import annotations
@@ -44,6 +46,7 @@ NO_CACHE_SENTENCES = 200  # the prefix-recomputing loop is slow: compared on the
 BATCH = 64
 THREADS = int(os.environ.get("XF_BENCH_THREADS", "0"))  # 0: torch's default (one per core)
 CACHE = os.environ.get("XF_BENCH_CACHE", "1") != "0"  # 0: skip the cache's speed-up rows
+SHORTLIST = os.environ.get("XF_BENCH_SHORTLIST")
 
 # name -> (engine, beam, options of TranslateOptions); "ct2 native ..." run CTranslate2's own search
 CASES = {
@@ -54,6 +57,8 @@ CASES = {
     "CTranslate2 int8": ("ct2-native", 4, {"compute_type": "int8"}),
     "CTranslate2 engine fp32": ("ctranslate2", 4, {}),
     "xf fp32 greedy": ("xf", 1, {}),
+    "xf fp32 shortlist": ("xf", 4, {"shortlist": True}),  # True: the shortlist rows() builds or is given
+    "xf int8 shortlist": ("xf", 4, {"quantize": "int8", "shortlist": True}),
 }
 REFERENCE_CASE = "CTranslate2 fp32"
 
@@ -80,7 +85,24 @@ def random_checkpoint(directory: Path) -> str:
     return str(path)
 
 
-def run_case(checkpoint: str, ct2_dir: str, lines: list[str], case: str, trained: bool) -> dict:
+def bench_shortlist(checkpoint: str, directory: Path) -> str:
+    """xf shortlist's file (defaults) from Multi30k train, encoded with the checkpoint's vocabulary."""
+    import numpy as np
+
+    from xformer_cli.checkpoint import load_checkpoint, spm_digest, vocab_digest
+    from xformer_cli.shortlist import build_shortlist
+    from xformer_cli.vocab import load_sentencepiece
+
+    spm_model = load_checkpoint(checkpoint)["spm_model"]
+    sp = load_sentencepiece(spm_model, checkpoint)
+    src, tgt = ([np.array(ids) for ids in sp.encode((MULTI30K / f"train.{lang}").read_text(encoding="utf-8").splitlines())]
+                for lang in ("en", "de"))
+    path = directory / "shortlist.npz"
+    build_shortlist(src, tgt, sp.get_piece_size(), vocab_digest(spm_model), spm_sha256=spm_digest(spm_model)).save(path)
+    return str(path)
+
+
+def run_case(checkpoint: str, ct2_dir: str, lines: list[str], case: str, trained: bool, shortlist: str = "") -> dict:
     """Translate ``lines`` as ``case`` says and time it (loading excluded)."""
     import torch
 
@@ -93,6 +115,7 @@ def run_case(checkpoint: str, ct2_dir: str, lines: list[str], case: str, trained
         torch.set_num_threads(THREADS)
     threads = torch.get_num_threads()
     engine, beam, extra = CASES[case]
+    extra = {**extra, "shortlist": shortlist} if extra.get("shortlist") else extra
     limits = {} if trained else dict(max_len_a=1.0, max_len_b=0)
     if engine == "ct2-native":
         import ctranslate2
@@ -220,6 +243,7 @@ def rows() -> list[dict]:
     with tempfile.TemporaryDirectory() as tmp:
         trained = CHECKPOINT is not None
         checkpoint = CHECKPOINT or random_checkpoint(Path(tmp))
+        shortlist = SHORTLIST or bench_shortlist(checkpoint, Path(tmp))
         ct2_dir = str(Path(tmp) / "ct2")
         if have_ct2:
             from xformer_cli.commands.export import export_ctranslate2
@@ -230,7 +254,7 @@ def rows() -> list[dict]:
         for _ in range(ROUNDS):  # alternate the cases, round after round
             for case in cases:
                 results[case].append(measure("--case", checkpoint=checkpoint, ct2_dir=ct2_dir, lines=lines,
-                                             case=case, trained=trained))
+                                             case=case, trained=trained, shortlist=shortlist))
         interleaved = None
         if have_ct2:
             interleaved = measure("--interleaved", checkpoint=checkpoint, ct2_dir=ct2_dir, lines=lines, trained=trained)

@@ -14,7 +14,7 @@ from xformer_cli.errors import XfError
 from xformer_cli.model import build_model
 from xformer_cli.options import DecodingOptions
 from xformer_cli.search import DecoderState, beam_search, greedy_search, sample
-from xformer_cli.shortlist import Shortlist, build_shortlist, ibm1_table, most_frequent, top_targets
+from xformer_cli.shortlist import ROWS_MULTIPLE, Shortlist, build_shortlist, ibm1_table, most_frequent, top_targets
 from xformer_cli.vocab import EOS_ID, PAD_ID
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # conftest.py: torch on one thread for the module
@@ -67,14 +67,17 @@ def shortlist_of(vocab_size=40, frequent=3, k=2, seed=0):
 
 
 def test_candidates_are_the_specials_the_frequent_and_the_batch_pieces_top_k():
-    shortlist = shortlist_of()
+    shortlist = shortlist_of(vocab_size=300, frequent=10, k=20)
     src = torch.tensor([[5, 9, 5, EOS_ID], [7, EOS_ID, PAD_ID, PAD_ID]])
     vocab = shortlist.candidates(src)
     expected = {0, 1, 2, 3, *shortlist.frequent.tolist()}
     for piece in (5, 9, 7):
         expected |= set(shortlist.per_source[piece].tolist())
-    assert vocab.tolist() == sorted(expected)  # sorted, no repeats, ids 0-3 in columns 0-3
-    assert vocab.dtype == torch.long and len(vocab) < 40
+    assert vocab.dtype == torch.long and vocab.tolist() == sorted(set(vocab.tolist()))  # sorted, no repeats
+    assert len(vocab) == ROWS_MULTIPLE and len(expected) < ROWS_MULTIPLE  # padded to a multiple of 64 rows
+    padding = sorted(set(vocab.tolist()) - expected)
+    assert expected <= set(vocab.tolist()) and padding == sorted(set(range(300)) - expected)[: len(padding)]
+    assert shortlist_of(vocab_size=40).candidates(src).tolist() == list(range(40))  # never beyond the vocabulary
 
 
 def test_the_file_round_trips_and_another_vocabulary_is_refused(tmp_path):
