@@ -2,6 +2,8 @@
 refusals, searches over the candidates (all ids: exactly the full search; a real shortlist: only
 candidates), and the command line's bad input."""
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 import torch
@@ -246,6 +248,35 @@ def test_bad_input_is_one_line_and_writes_nothing(model_and_shortlist, tmp_path,
     # the conftest checkpoint has another vocabulary (200 pieces of another sentencepiece model)
     one_line_error(runner.invoke(app, [*base, "--path", ckpt, "--shortlist", str(tmp / "sl.npz")]), "sl.npz",
                    "vocabulary")
-    one_line_error(runner.invoke(app, [*base, "--path", str(tmp), "--engine", "ctranslate2", "--shortlist",
-                                       str(tmp / "sl.npz")]), "--shortlist", "xf-engine only")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["in.txt"]
+
+
+def test_ctranslate2_takes_the_shortlist_as_its_vocabulary_map(model_and_shortlist, sentences, ckpt, tmp_path):
+    pytest.importorskip("ctranslate2")
+    tmp, data = model_and_shortlist
+    (tmp / "in.txt").write_text("\n".join(sentences) + "\n", encoding="utf-8")
+    ct2 = tmp_path / "ct2"
+    assert runner.invoke(app, ["export", "ctranslate2", "--path", str(tmp / "model.pt"), "--output", str(ct2)]).exit_code == 0
+    before = sorted(p.name for p in ct2.iterdir())
+    engine = ["--path", str(ct2), "--engine", "ctranslate2"]
+    out = tmp / "out.txt"
+    base = ["translate", "--input", str(tmp / "in.txt"), "--output", str(out), "--max-len-b", "5", "--quiet",
+            "--output-format", "jsonl", "--threads", "1", *engine]
+    results = {}
+    for name, extra in (("plain", []), ("all", ["--shortlist", str(tmp / "all.npz")]), ("short", ["--shortlist", str(tmp / "sl.npz")])):
+        result = runner.invoke(app, [*base, *extra])
+        assert result.exit_code == 0, result.output
+        results[name] = out.read_text(encoding="utf-8")
+    assert sorted(p.name for p in ct2.iterdir()) == before  # the model directory is left as it was
+    import json
+
+    import sentencepiece as spm
+
+    sp = spm.SentencePieceProcessor(model_proto=data.spm_model_bytes)
+    ids = torch.tensor([i for line in sentences for i in sp.encode(line)])[None]
+    allowed = {sp.id_to_piece(i) for i in Shortlist.load(tmp / "sl.npz").candidates(ids).tolist()}
+    tokens = lambda text: {p for line in text.splitlines() for h in json.loads(line)["hypotheses"] for p in h["tokens"]}
+    assert tokens(results["short"]) <= allowed and tokens(results["short"]) != tokens(results["plain"])
+    assert results["all"] == results["plain"]
+    one_line_error(runner.invoke(app, ["translate", *engine, "--input", str(tmp / "in.txt"), "--shortlist",
+                                       str(Path(ckpt).parent / "missing.npz")]), "missing.npz")

@@ -306,13 +306,11 @@ class TranslateOptions(DecodingOptions):
     )
     shortlist: Optional[str] = option(
         None, "a vocabulary shortlist written by xf shortlist: each batch's output projection and softmax run over "
-        "its candidates only (faster; outputs may change); xf engine only"
+        "its candidates only (faster; outputs may change); --engine ctranslate2: as its vocabulary map (use_vmap)"
     )
 
     def __post_init__(self) -> None:
         super().__post_init__()  # check_ranges(self) included
-        if self.shortlist is not None and self.engine == "ctranslate2":
-            raise ValueError("--shortlist is xf-engine only (CTranslate2's vocabulary map is not written by xf)")
         # floor(a*|X| + b) output subwords for a source of |X| >= 1 subwords: at least 1 for every |X|
         if self.max_len_a + self.max_len_b < 1:
             raise ValueError(f"--max-len-a {self.max_len_a:g} --max-len-b {self.max_len_b} allow no output for "
@@ -391,7 +389,7 @@ class ShortlistOptions:
                        path=True)
     output: str = option(help="the shortlist file to write (.npz), for xf translate --shortlist")
     frequent: int = option(100, "the most frequent target pieces, always candidates", range=Range(0, 1 << 24))
-    per_source: int = option(50, "target pieces per source piece, by IBM Model 1's p(target | source)",
+    per_source: int = option(20, "target pieces per source piece, by IBM Model 1's p(target | source)",
                              range=Range(1, 100_000))
     em_iterations: int = option(5, "EM iterations of IBM Model 1", range=Range(1, 1000))
     overwrite: bool = option(False, "replace --output if it exists")

@@ -179,8 +179,20 @@ class Shortlist:
                           "xf shortlist from the model's data)")
 
 
+def vocabulary_map(shortlist: Shortlist, pieces: Sequence[str]) -> str:
+    """The shortlist as CTranslate2's vocabulary map (vmap.txt, used with use_vmap): one line
+    ``SOURCE_PIECE<TAB>target pieces`` per source piece, and the always-candidates (the frequent
+    pieces; CTranslate2 adds the specials itself) on the line whose source is empty."""
+    lines = ["\t" + " ".join(pieces[i] for i in shortlist.frequent.tolist())]
+    for source, row in enumerate(shortlist.per_source.tolist()):
+        targets = [pieces[t] for t in row if t != EOS_ID]
+        if source >= NUM_SPECIALS and targets:
+            lines.append(f"{pieces[source]}\t{' '.join(targets)}")
+    return "\n".join(lines) + "\n"
+
+
 def build_shortlist(src: Sequence[np.ndarray], tgt: Sequence[np.ndarray], vocab_size: int, vocab_digest: str,
-                    frequent: int = 100, k: int = 50, iterations: int = 5, spm_sha256: str = "",
+                    frequent: int = 100, k: int = 20, iterations: int = 5, spm_sha256: str = "",
                     on_iteration: Optional[Callable[[int], None]] = None) -> Shortlist:
     pair_s, pair_t, prob = ibm1_table(src, tgt, iterations, on_iteration)
     return Shortlist(most_frequent(tgt, vocab_size, frequent), top_targets(pair_s, pair_t, prob, vocab_size, k),
