@@ -118,8 +118,9 @@ def open_engine(options: TranslateOptions):
     warning = precision_warning(device, precision)
     if warning:
         print(f"xf: warning: {warning}", file=sys.stderr, flush=True)
-    if options.threads > 0:
-        torch.set_num_threads(options.threads)
+    workers = getattr(options, "workers", 1)
+    if options.threads > 0 or workers > 1:  # each worker thread gets its share of the threads
+        torch.set_num_threads(max(1, (options.threads or torch.get_num_threads()) // workers))
     shortlist = Shortlist.load(options.shortlist) if options.shortlist is not None else None  # fails before loading
     models, sp = load_ensemble(options.path, device, DTYPES[precision])
     if shortlist is not None:  # an ensemble shares one vocabulary: the first model's
@@ -241,8 +242,12 @@ class CTranslate2Engine(Engine):
         if options.shortlist is not None:
             vmap = _with_vocabulary_map(path, options.shortlist, sp)
         try:
+            workers = getattr(options, "workers", 1)  # CTranslate2's own parallel batches (inter_threads)
+            intra = options.threads  # 0: CTranslate2's default
+            if workers > 1:
+                intra = max(1, (options.threads or torch.get_num_threads()) // workers)
             translator = ct2.Translator(vmap.name if vmap else str(path), device=device, compute_type=compute_type,
-                                        intra_threads=max(options.threads, 0), inter_threads=1)
+                                        intra_threads=intra, inter_threads=workers)
         except (RuntimeError, ValueError) as e:  # a damaged model.bin: "invalid payload size", ...
             first = (str(e).strip().splitlines() or [type(e).__name__])[0]
             raise XfError(f"{path / 'model.bin'}: damaged CTranslate2 model ({first}); export it again") from None

@@ -292,6 +292,11 @@ class TranslateOptions(DecodingOptions):
         "none", "int8: dynamic int8 linear layers on CPU (faster; outputs may change)"
     )
     threads: int = option(0, "CPU threads for torch (0: torch's default)", range=THREADS)
+    workers: int = option(
+        1, "batches decoded at once, each by its own thread with threads/workers torch threads (CPU throughput: "
+        "as CTranslate2's inter_threads and Marian's --cpu-threads); outputs are those of --workers 1",
+        range=Range(1, 256),
+    )
     quiet: bool = option(False, "no progress bar or summary table on stderr (warnings are still shown)")
     print_alignment: bool = option(
         False, "add each output's hard alignment, 'SRC-TGT' index pairs: text 'translation ||| 0-0 1-2', "
@@ -311,6 +316,9 @@ class TranslateOptions(DecodingOptions):
 
     def __post_init__(self) -> None:
         super().__post_init__()  # check_ranges(self) included
+        if self.workers > 1 and self.sampling:
+            raise ValueError(f"--workers {self.workers} decodes batches in parallel, but --sampling's random stream "
+                             "runs through the batches in order: use --workers 1 to sample")
         # floor(a*|X| + b) output subwords for a source of |X| >= 1 subwords: at least 1 for every |X|
         if self.max_len_a + self.max_len_b < 1:
             raise ValueError(f"--max-len-a {self.max_len_a:g} --max-len-b {self.max_len_b} allow no output for "

@@ -7,8 +7,11 @@ sorted best first.
 How the batch is decoded (all sentences of a batch and all their beams at once):
 - the encoder runs once per batch, and cross-attention keys/values are computed once per
   sentence at the first step and shared by its beams (never copied);
-- every step decodes only the newest token of each row against the key/value cache;
-- candidates are chosen with one top-k over beam * vocabulary for all sentences together;
+- every step decodes only the newest token of each row against the key/value cache, which is
+  preallocated and gathered in place when beams change (``model.KeyValueCache``);
+- candidates are chosen by a top-2k of each row, then one top-2k over beam * 2k for all
+  sentences together (the same candidates as a top-2k over beam * vocabulary, without adding
+  the scores to every row of V log-probabilities);
 - a sentence that is done leaves the batch (its rows are dropped from every tensor and cache).
 
 Every search takes its settings as one frozen ``DecodingOptions`` (``options.py``): the same
@@ -109,14 +112,15 @@ class DecoderState:
     over those ids only, column c for id vocab[c]; None: the whole vocabulary.
     """
 
-    def __init__(self, models: Sequence[Transformer], src: torch.Tensor, use_cache: bool = True,
+    def __init__(self, models: Sequence[Transformer], src: torch.Tensor, use_cache: bool = True, capacity: int = 0,
                  vocab: Optional[torch.Tensor] = None):
         for model in models:
             if model.training:
                 raise ValueError("search needs models in eval mode (call model.eval())")
         self.models = list(models)
         self.encoded = [model.encode(src) for model in self.models]  # (memory (N, S, D), src_pad (N, S))
-        self.caches = [model.new_cache() if use_cache else None for model in self.models]
+        # capacity: the positions each self-attention cache preallocates (bos + the longest output)
+        self.caches = [model.new_cache(capacity) if use_cache else None for model in self.models]
         self.projections = None if vocab is None else [RestrictedProjection(model, vocab) for model in self.models]
 
     def log_probs(self, tokens: torch.Tensor) -> torch.Tensor:
@@ -152,18 +156,17 @@ class DecoderState:
         for cache in self.caches:
             if cache is not None:
                 for layer in cache:
-                    for part, index in ((layer["self"], keep_rows), (layer["cross"], keep)):
-                        for key in part:
-                            part[key] = part[key].index_select(0, index)
+                    layer["self"].select(keep_rows)
+                    cross = layer["cross"]
+                    for key in cross:
+                        cross[key] = cross[key].index_select(0, keep)
 
     def reorder_beams(self, rows: torch.Tensor) -> None:
         """Follow beams within their sentences: only the self-attention caches change."""
         for cache in self.caches:
             if cache is not None:
                 for layer in cache:
-                    part = layer["self"]
-                    for key in part:
-                        part[key] = part[key].index_select(0, rows)
+                    layer["self"].select(rows)
 
 
 def _source_lengths(src: torch.Tensor) -> torch.Tensor:
@@ -209,7 +212,7 @@ def beam_search(
     lp = lambda length: length_penalty(length, options.lenpen, options.lenpen_style)  # noqa: E731
     nsent = src.size(0)
     max_len = _max_output_lengths(models, src, options)
-    state = DecoderState(models, src, use_cache, candidates)
+    state = DecoderState(models, src, use_cache, capacity=int(max_len.max()) + 1, vocab=candidates)
     finished: list[list[Hypothesis]] = [[] for _ in range(nsent)]
 
     sent_ids = torch.arange(nsent, device=device)  # original index of each active sentence
@@ -224,27 +227,33 @@ def beam_search(
     two_k = torch.arange(2 * k, device=device)
 
     for step in range(int(max_len.max()) + 1):
-        lprobs = state.log_probs(tokens)  # (rows, V)
-        vocab = lprobs.size(1)
+        at_max = None
+        if step >= shortest:
+            at_max = max_len.le(step) if step == 0 else max_len.le(step).repeat_interleave(k)
+        lprobs = _forbid_specials(state.log_probs(tokens), at_max)  # (rows, V)
+        # The 2k best of beam * vocabulary are among the 2k best of each beam: rank each row
+        # first (no (rows, V) sum of scores and log-probabilities, no copies of rows of V).
+        row_lprobs, row_tokens = lprobs.topk(min(2 * k, lprobs.size(1)), dim=1)  # (rows, c)
         if step == 0:
             # All beams of a sentence start identical: decode one row per sentence, then copy it
             # k times with only the first copy live, so the top-k picks k different tokens.
             expand = torch.arange(nsent, device=device).repeat_interleave(k)
             state.expand_beams(k)
-            lprobs, tokens, pos_scores = lprobs[expand], tokens[expand], pos_scores[expand]
+            row_lprobs, row_tokens = row_lprobs[expand], row_tokens[expand]
+            tokens, pos_scores = tokens[expand], pos_scores[expand]
             scores = torch.zeros(nsent, k, device=device)
             scores[:, 1:] = LOG_ZERO
             scores = scores.view(-1)
-        at_max = max_len.le(step).repeat_interleave(k) if step >= shortest else None
-        lprobs = _forbid_specials(lprobs, at_max)
 
-        # One top-k over beam * vocab for every sentence at once.
-        cand = (scores[:, None] + lprobs).view(-1, k * vocab)  # (sents, k V)
+        # One top-k over beam * candidates for every sentence at once.
+        c = row_lprobs.size(1)
+        cand = (scores[:, None] + row_lprobs).view(-1, k * c)  # (sents, k c)
         top_scores, top_idx = cand.topk(2 * k, dim=1)  # (sents, 2k)
-        top_beam, top_token = top_idx // vocab, top_idx % vocab
+        top_beam = top_idx // c
+        top_token = row_tokens.view(-1, k * c).gather(1, top_idx)
         if candidates is not None:  # columns to token ids
             top_token = candidates[top_token]
-        top_lprobs = lprobs.view(-1, k * vocab).gather(1, top_idx)
+        top_lprobs = row_lprobs.view(-1, k * c).gather(1, top_idx)
         base_rows = torch.arange(top_idx.size(0), device=device)[:, None] * k  # (sents, 1)
 
         # Finished: eos among the first k candidates, with a finite score.
@@ -307,7 +316,7 @@ def _single_path_search(
     picks each row's next token. Rows leave the batch as soon as they emit eos."""
     device, nsent = src.device, src.size(0)
     max_len = _max_output_lengths(models, src, options)
-    state = DecoderState(models, src, use_cache, candidates)
+    state = DecoderState(models, src, use_cache, capacity=int(max_len.max()) + 1, vocab=candidates)
     row_ids = torch.arange(nsent, device=device).repeat_interleave(paths)  # sentence of each row
     if paths > 1:
         state.select(row_ids)
