@@ -21,7 +21,9 @@ input (default test2016.en); XF_BENCH_SENTENCES=N uses the first N lines; XF_BEN
 the threads of torch and CTranslate2 (default: torch's, one per core); XF_BENCH_ROUNDS=N the
 rounds; XF_BENCH_CACHE=0 skips the cache rows; XF_BENCH_ARCH=base makes the random model the
 paper's `base` shape (vocabulary 8000). Two rows give the aims of issue 21: xf's fastest beam-4
-mode over CTranslate2 int8, and xf fp32 over CTranslate2 float32.
+mode over CTranslate2 int8, and xf fp32 over CTranslate2 float32. The "shortlist" cases translate
+with ``--shortlist``: XF_BENCH_SHORTLIST=FILE (written by xf shortlist for the checkpoint's data),
+else one built from Multi30k train encoded with the checkpoint's sentencepiece model.
 """
 
 from __future__ import annotations
@@ -47,6 +49,7 @@ BATCH = 64
 THREADS = int(os.environ.get("XF_BENCH_THREADS", "0"))  # 0: torch's default (one per core)
 CACHE = os.environ.get("XF_BENCH_CACHE", "1") != "0"  # 0: skip the cache's speed-up rows
 ARCH = os.environ.get("XF_BENCH_ARCH", "small")  # the random model's preset (base: the paper's shape)
+SHORTLIST = os.environ.get("XF_BENCH_SHORTLIST")
 
 # name -> (engine, beam, options of TranslateOptions); "ct2 native ..." run CTranslate2's own search
 # "workers": WORKERS: one batch per thread, as many as threads (xf --workers; CTranslate2's inter_threads)
@@ -63,6 +66,8 @@ CASES = {
     "CTranslate2 int8 workers": ("ct2-native", 4, {"compute_type": "int8", "workers": WORKERS}),
     "CTranslate2 engine fp32": ("ctranslate2", 4, {}),
     "xf fp32 greedy": ("xf", 1, {}),
+    "xf fp32 shortlist": ("xf", 4, {"shortlist": True}),  # True: the shortlist rows() builds or is given
+    "xf int8 shortlist": ("xf", 4, {"quantize": "int8", "shortlist": True}),
 }
 REFERENCE_CASE = "CTranslate2 fp32"
 
@@ -89,7 +94,24 @@ def random_checkpoint(directory: Path) -> str:
     return str(path)
 
 
-def run_case(checkpoint: str, ct2_dir: str, lines: list[str], case: str, trained: bool) -> dict:
+def bench_shortlist(checkpoint: str, directory: Path) -> str:
+    """xf shortlist's file (defaults) from Multi30k train, encoded with the checkpoint's vocabulary."""
+    import numpy as np
+
+    from xformer_cli.checkpoint import load_checkpoint, spm_digest, vocab_digest
+    from xformer_cli.shortlist import build_shortlist
+    from xformer_cli.vocab import load_sentencepiece
+
+    spm_model = load_checkpoint(checkpoint)["spm_model"]
+    sp = load_sentencepiece(spm_model, checkpoint)
+    src, tgt = ([np.array(ids) for ids in sp.encode((MULTI30K / f"train.{lang}").read_text(encoding="utf-8").splitlines())]
+                for lang in ("en", "de"))
+    path = directory / "shortlist.npz"
+    build_shortlist(src, tgt, sp.get_piece_size(), vocab_digest(spm_model), spm_sha256=spm_digest(spm_model)).save(path)
+    return str(path)
+
+
+def run_case(checkpoint: str, ct2_dir: str, lines: list[str], case: str, trained: bool, shortlist: str = "") -> dict:
     """Translate ``lines`` as ``case`` says and time it (loading excluded)."""
     import torch
 
@@ -104,6 +126,8 @@ def run_case(checkpoint: str, ct2_dir: str, lines: list[str], case: str, trained
     engine, beam, extra = CASES[case]
     extra = dict(extra)
     workers = threads if extra.pop("workers", None) == WORKERS else 1
+    if extra.get("shortlist"):
+        extra["shortlist"] = shortlist
     limits = {} if trained else dict(max_len_a=1.0, max_len_b=0)
     if engine == "ct2-native":
         import ctranslate2
@@ -246,6 +270,7 @@ def rows() -> list[dict]:
     with tempfile.TemporaryDirectory() as tmp:
         trained = CHECKPOINT is not None
         checkpoint = CHECKPOINT or random_checkpoint(Path(tmp))
+        shortlist = SHORTLIST or bench_shortlist(checkpoint, Path(tmp))
         ct2_dir = str(Path(tmp) / "ct2")
         if have_ct2:
             from xformer_cli.commands.export import export_ctranslate2
@@ -256,7 +281,7 @@ def rows() -> list[dict]:
         for _ in range(ROUNDS):  # alternate the cases, round after round
             for case in cases:
                 results[case].append(measure("--case", checkpoint=checkpoint, ct2_dir=ct2_dir, lines=lines,
-                                             case=case, trained=trained))
+                                             case=case, trained=trained, shortlist=shortlist))
         interleaved = None
         if have_ct2:
             interleaved = measure("--interleaved", checkpoint=checkpoint, ct2_dir=ct2_dir, lines=lines, trained=trained)

@@ -309,6 +309,10 @@ class TranslateOptions(DecodingOptions):
     alignment_level: Literal["subword", "word"] = option(
         "subword", "align subwords, or whitespace-separated words (the pairs of their subwords' links)"
     )
+    shortlist: Optional[str] = option(
+        None, "a vocabulary shortlist written by xf shortlist: each batch's output projection and softmax run over "
+        "its candidates only (faster; outputs may change); --engine ctranslate2: as its vocabulary map (use_vmap)"
+    )
 
     def __post_init__(self) -> None:
         super().__post_init__()  # check_ranges(self) included
@@ -385,6 +389,21 @@ def direction_and_path(spec: str) -> tuple[str, str, str]:
     if not sep or not dash or not path or not source or not target or "-" in target or source == target:
         raise ValueError(f"--model {spec!r}: expected SOURCE-TARGET=CHECKPOINT, e.g. en-de=avg.pt")
     return source, target, path
+
+
+@dataclass(frozen=True)
+class ShortlistOptions:
+    data: str = option(help="data directory written by xf preprocess (its train split is read)", positional=True,
+                       path=True)
+    output: str = option(help="the shortlist file to write (.npz), for xf translate --shortlist")
+    frequent: int = option(100, "the most frequent target pieces, always candidates", range=Range(0, 1 << 24))
+    per_source: int = option(20, "target pieces per source piece, by IBM Model 1's p(target | source)",
+                             range=Range(1, 100_000))
+    em_iterations: int = option(5, "EM iterations of IBM Model 1", range=Range(1, 1000))
+    overwrite: bool = option(False, "replace --output if it exists")
+
+    def __post_init__(self) -> None:
+        check_ranges(self)
 
 
 @dataclass(frozen=True)
