@@ -68,6 +68,7 @@ CASES = {
     "xf fp32 greedy": ("xf", 1, {}),
     "xf fp32 shortlist": ("xf", 4, {"shortlist": True}),  # True: the shortlist rows() builds or is given
     "xf int8 shortlist": ("xf", 4, {"quantize": "int8", "shortlist": True}),
+    "xf int8 shortlist workers": ("xf", 4, {"quantize": "int8", "shortlist": True, "workers": WORKERS}),
 }
 REFERENCE_CASE = "CTranslate2 fp32"
 
