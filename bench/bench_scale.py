@@ -22,7 +22,7 @@ order; validation is newstest2013 EN-FR. The sentencepiece model (8000) is learn
 
 - memory (part ``memory``): the subset trained for XF_BENCH_SCALE_MEMORY_UPDATES updates (2000) at
   --max-tokens XF_BENCH_SCALE_MEMORY_MAX_TOKENS (1024: many distinct batch shapes) in each of
-  XF_BENCH_SCALE_MEMORY_PRECISIONS (fp32,bf16), RSS sampled each second: growth per 1,000 updates
+  XF_BENCH_SCALE_MEMORY_PRECISIONS (fp32, and bf16 where the CPU has bf16 instructions), RSS sampled each second: growth per 1,000 updates
   (a least-squares slope after update 100), the peak, and the bf16/fp32 peak ratio.
 
 XF_BENCH_SCALE_PARTS picks the parts (default all four). XF_BENCH_SCALE_DATA names a directory
@@ -61,7 +61,9 @@ KEEP = os.environ.get("XF_BENCH_SCALE_DATA")  # keeps the binarized directories 
 UPDATES = 3
 # the long-run memory check (part ``memory``): updates, precisions, --max-tokens (small: more shapes)
 MEMORY_UPDATES = int(os.environ.get("XF_BENCH_SCALE_MEMORY_UPDATES", "2000"))
-MEMORY_PRECISIONS = os.environ.get("XF_BENCH_SCALE_MEMORY_PRECISIONS", "fp32,bf16").split(",")
+# bf16 by default only where the CPU multiplies it natively (elsewhere emulated: about 0.03x fp32)
+MEMORY_PRECISIONS = os.environ.get("XF_BENCH_SCALE_MEMORY_PRECISIONS", "").split(",") if os.environ.get(
+    "XF_BENCH_SCALE_MEMORY_PRECISIONS") else None
 MEMORY_MAX_TOKENS = int(os.environ.get("XF_BENCH_SCALE_MEMORY_MAX_TOKENS", "1024"))
 MEMORY_WARMUP = 100
 TRAIN = ["--arch", "tiny", "--max-tokens", "4096", "--log-interval", "1", "--save-interval-minutes", "0",
@@ -124,7 +126,8 @@ class Rows(list):
     """The rows, each also printed to stderr as it is measured (the full sizes take an hour)."""
 
     def append(self, row: dict) -> None:
-        print(f"  scale: {row['case']}: {row['metric']} {row['value']:,.3g} {row.get('unit', '')}"
+        value = f"{row['value']:,.3g}" if isinstance(row["value"], (int, float)) else row["value"]
+        print(f"  scale: {row['case']}: {row['metric']} {value} {row.get('unit', '')}"
               + (f" ({row['ratio']:.2f}x)" if row.get("ratio") else ""), file=sys.stderr, flush=True)
         super().append(row)
 
@@ -189,8 +192,14 @@ def memory_rows(kept: Path, tmp: Path) -> list[dict]:
     shapes = {(len(b), int(split.src_sizes[b].max()), int(split.tgt_sizes[b].max()))
               for b in batch_by_size(split.src_sizes, split.tgt_sizes, MEMORY_MAX_TOKENS)}
     case = f"{SUBSET:,}-pair subset, {len(shapes)} distinct batch shapes"
+    from xformer_cli.precision import cpu_bf16_instructions
+
     out, peaks = [], {}
-    for precision in MEMORY_PRECISIONS:
+    precisions = MEMORY_PRECISIONS or (["fp32", "bf16"] if cpu_bf16_instructions() else ["fp32"])
+    if "bf16" not in precisions:
+        out.append(dict(bench="scale", case=case, metric="bf16 memory", value="-",
+                        note="not run: this CPU has no bf16 instructions (XF_BENCH_SCALE_MEMORY_PRECISIONS=fp32,bf16 runs it)"))
+    for precision in precisions:
         m = run_train(data, tmp / f"ck-memory-{precision}",
                       ["--max-update", str(MEMORY_UPDATES), "--precision", precision,
                        "--max-tokens", str(MEMORY_MAX_TOKENS), "--log-interval", "10"])

@@ -6,6 +6,7 @@ import subprocess
 import sys
 
 import pytest
+from helpers import bench_module
 
 from xformer_cli.memory import ONEDNN_CACHE_CAPACITY, ONEDNN_CACHE_VARIABLE, bound_native_memory, resident_mib
 
@@ -63,3 +64,11 @@ def test_resident_mib_reads_this_process():
         pytest.skip("no /proc")
     assert 0 < mem["VmRSS"] <= mem["VmHWM"]
     assert resident_mib(2**31) == {}  # no such process
+
+
+def test_bench_growth_is_the_slope_after_the_first_updates():
+    growth_per_1000 = bench_module("bench_scale").growth_per_1000
+    flat_then_rising = [(n, 500.0) for n in range(0, 101, 10)] + [(n, 500.0 + 0.02 * n) for n in range(110, 2001, 10)]
+    assert abs(growth_per_1000(flat_then_rising, skip=100) - 20.0) < 1e-6  # 0.02 MiB an update
+    assert abs(growth_per_1000([(n, 300.0) for n in range(0, 3000, 50)])) < 1e-9  # flat
+    assert growth_per_1000([(50, 1.0), (200, 2.0)], skip=100) is None  # one sample after the skip
