@@ -1,17 +1,17 @@
 """Memory that grows with the number of distinct batch shapes, bounded; and the process's resident set.
 
-xf batches are bucketed in two dimensions, so a Multi30k epoch at --max-tokens 4096 has about a
-hundred distinct (B, S, T) shapes, and each makes its own matrix products: about 40 distinct
-(M, N, K, layout) products per update (forward, both backward products, attention's batched
-products). Where bf16 matmuls run through oneDNN (CPUs with avx512_bf16/AMX; on an AVX2-only CPU
+xf batches are bucketed in two dimensions, so a Multi30k epoch at --max-tokens 4096 has 88
+distinct (B, S, T) shapes among its 119 batches, and each makes its own matrix products: an update
+of `small` makes 174, of 27-51 distinct (shape, layout) problems (forward, both backward
+products, attention's batched products), and three updates share 3 of them. Where bf16 matmuls run through oneDNN (CPUs with avx512_bf16/AMX; on an AVX2-only CPU
 torch multiplies bf16 in its own emulating kernel and oneDNN is not used for them), oneDNN
 JIT-compiles a primitive for each and keeps it in its primitive cache, keyed by shape, default
 capacity 1024 entries, never freed: RSS grows with every new shape until the cache is full (the
 3.1 -> 4.3 GB of issue 21's 34-minute AMX run, while fp32 matmuls go to MKL and stay flat).
 
-With shapes drawn from ~100 batch shapes in a shuffled order, 1024 entries hold about 25 batch
-shapes' products, so most lookups across updates miss anyway; what the cache must hold is one
-update's products (the layers of a stack share shapes). ``ONEDNN_CACHE_CAPACITY`` keeps that and
+An epoch so asks for some 4,000 distinct primitives, each shape once an epoch in a shuffled
+order: 1024 entries hold about 20 updates' worth, so lookups across updates miss anyway; what
+hits is within one update (the layers of a stack share their shapes), which needs about 50. ``ONEDNN_CACHE_CAPACITY`` keeps that and
 bounds the rest. oneDNN reads ONEDNN_PRIMITIVE_CACHE_CAPACITY when it creates its first
 primitive, so ``bound_native_memory`` must run before the first matmul of the process; a value
 the user exported wins.
@@ -22,7 +22,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-# About three updates' distinct products (~40 each): the layers' shared shapes stay cached.
+# Over twice one update's distinct products (at most 51 measured): the layers' shared shapes stay cached.
 ONEDNN_CACHE_CAPACITY = 128
 ONEDNN_CACHE_VARIABLE = "ONEDNN_PRIMITIVE_CACHE_CAPACITY"
 
