@@ -182,7 +182,7 @@ def memory_rows(kept: Path, tmp: Path) -> list[dict]:
     """The long-run memory check: xf train (tiny, Multi30k-like data with many distinct batch
     shapes) for MEMORY_UPDATES updates in each of MEMORY_PRECISIONS, RSS sampled each second:
     growth per 1,000 updates and the peak, and the bf16/fp32 peak ratio (issue 21: within 1.3)."""
-    data = tmp / "memory-bin"
+    data = tmp / "subset-bin"  # the epoch part's subset
     if not data.exists():
         repeat_data_dir(kept / "base-bin", data, SUBSET)
     from xformer_cli.batching import batch_by_size
@@ -288,7 +288,8 @@ def rows() -> list[dict]:
         if "epoch" not in PARTS:
             return out
         # the epoch boundary, on a subset small enough to reach it
-        repeat_data_dir(kept / "base-bin", tmp / "subset-bin", SUBSET)
+        if not (tmp / "subset-bin").exists():  # the memory part made it
+            repeat_data_dir(kept / "base-bin", tmp / "subset-bin", SUBSET)
         e = run_train(tmp / "subset-bin", tmp / "ck-subset", ["--max-epoch", "2"])
         per_update = [1.0 / r["ups"] for r in e["train"] if r.get("ups")]
         boundary = next(i for i, r in enumerate(e["train"]) if r["epoch"] == 2)
