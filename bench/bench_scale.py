@@ -20,7 +20,12 @@ order; validation is newstest2013 EN-FR. The sentencepiece model (8000) is learn
   epochs in one process: the first update of epoch 2 against the median update (nothing is
   reloaded at the boundary, so the ratio stays near 1).
 
-XF_BENCH_SCALE_PARTS picks the parts (default all three). XF_BENCH_SCALE_DATA names a directory
+- memory (part ``memory``): the subset trained for XF_BENCH_SCALE_MEMORY_UPDATES updates (2000) at
+  --max-tokens XF_BENCH_SCALE_MEMORY_MAX_TOKENS (1024: many distinct batch shapes) in each of
+  XF_BENCH_SCALE_MEMORY_PRECISIONS (fp32, and bf16 where the CPU has bf16 instructions), RSS sampled each second: growth per 1,000 updates
+  (a least-squares slope after update 100), the peak, and the bf16/fp32 peak ratio.
+
+XF_BENCH_SCALE_PARTS picks the parts (default all four). XF_BENCH_SCALE_DATA names a directory
 that keeps the binarized base and the repeated training directories between runs (built when
 missing, reused after: a 36M-pair directory takes minutes to write); by default they live in a
 temporary directory and go with it.
@@ -49,10 +54,18 @@ SIZES = [int(float(s)) for s in os.environ.get("XF_BENCH_SCALE_PAIRS", "4500000,
 PREPROCESS_SIZES = [int(float(s)) for s in os.environ.get("XF_BENCH_SCALE_PREPROCESS_PAIRS", ",".join(map(str, SIZES))).split(",")]
 PREPROCESS_WORKERS = os.environ.get("XF_BENCH_SCALE_PREPROCESS_WORKERS", "2")
 SUBSET = int(os.environ.get("XF_BENCH_SCALE_SUBSET", "5000"))
-# XF_BENCH_SCALE_PARTS picks parts: preprocess, train (start-up, memory, resume), epoch (the boundary)
-PARTS = set(os.environ.get("XF_BENCH_SCALE_PARTS", "preprocess,train,epoch").split(","))
+# XF_BENCH_SCALE_PARTS picks parts: preprocess, train (start-up, memory, resume), epoch (the boundary),
+# memory (RSS over a long run with many batch shapes, fp32 and bf16)
+PARTS = set(os.environ.get("XF_BENCH_SCALE_PARTS", "preprocess,train,epoch,memory").split(","))
 KEEP = os.environ.get("XF_BENCH_SCALE_DATA")  # keeps the binarized directories between runs
 UPDATES = 3
+# the long-run memory check (part ``memory``): updates, precisions, --max-tokens (small: more shapes)
+MEMORY_UPDATES = int(os.environ.get("XF_BENCH_SCALE_MEMORY_UPDATES", "2000"))
+# bf16 by default only where the CPU multiplies it natively (elsewhere emulated: about 0.03x fp32)
+MEMORY_PRECISIONS = os.environ.get("XF_BENCH_SCALE_MEMORY_PRECISIONS", "").split(",") if os.environ.get(
+    "XF_BENCH_SCALE_MEMORY_PRECISIONS") else None
+MEMORY_MAX_TOKENS = int(os.environ.get("XF_BENCH_SCALE_MEMORY_MAX_TOKENS", "1024"))
+MEMORY_WARMUP = 100
 TRAIN = ["--arch", "tiny", "--max-tokens", "4096", "--log-interval", "1", "--save-interval-minutes", "0",
          "--device", "cpu", "--warmup-updates", "100"]
 
@@ -89,11 +102,15 @@ def run_train(data: Path, save: Path, extra: list[str]) -> dict:
     with tempfile.TemporaryFile() as err:
         start = time.perf_counter()
         proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=err, cwd=REPO)
-        first, peak_tree = None, 0.0
+        first, peak_tree, samples, sampled = None, 0.0, [], 0.0
         while proc.poll() is None:
-            peak_tree = max(peak_tree, tree_rss_mib(proc.pid))
+            rss = tree_rss_mib(proc.pid)
+            peak_tree = max(peak_tree, rss)
             if first is None and log.exists() and '"type": "train"' in "".join(log.read_text().splitlines(True)[seen:]):
                 first = time.perf_counter() - start
+            if first is not None and time.perf_counter() - sampled >= 1.0:  # (updates logged, RSS MiB)
+                samples.append((log.read_text().count('"type": "train"'), rss))
+                sampled = time.perf_counter()
             time.sleep(0.05)
         if proc.returncode:
             err.seek(0)
@@ -101,14 +118,16 @@ def run_train(data: Path, save: Path, extra: list[str]) -> dict:
     records = [json.loads(line) for line in log.read_text().splitlines()[seen:]]
     kinds = {r["type"]: r for r in records}
     return dict(first_update_s=first, summary=kinds["summary"], start=kinds["start"],
-                train=[r for r in records if r["type"] == "train"], seconds=time.perf_counter() - start)
+                train=[r for r in records if r["type"] == "train"], seconds=time.perf_counter() - start,
+                samples=samples)
 
 
 class Rows(list):
     """The rows, each also printed to stderr as it is measured (the full sizes take an hour)."""
 
     def append(self, row: dict) -> None:
-        print(f"  scale: {row['case']}: {row['metric']} {row['value']:,.3g} {row.get('unit', '')}"
+        value = f"{row['value']:,.3g}" if isinstance(row["value"], (int, float)) else row["value"]
+        print(f"  scale: {row['case']}: {row['metric']} {value} {row.get('unit', '')}"
               + (f" ({row['ratio']:.2f}x)" if row.get("ratio") else ""), file=sys.stderr, flush=True)
         super().append(row)
 
@@ -146,6 +165,56 @@ def repeat_data_dir(base: Path, dest: Path, pairs: int) -> None:
         writer.close()
     meta["stats"]["train"] = {"pairs": pairs, "repeated_from": str(base)}
     (dest / "meta.json").write_text(json.dumps(meta, indent=1) + "\n")
+
+
+def growth_per_1000(samples: list[tuple[int, float]], skip: int = MEMORY_WARMUP) -> float | None:
+    """RSS growth in MiB per 1,000 updates: a least-squares line through the (updates, RSS)
+    samples after the first ``skip`` updates (allocation, the first shapes); None with fewer than
+    two samples there."""
+    kept = [(n, r) for n, r in samples if n > skip]
+    if len(kept) < 2 or len({n for n, _ in kept}) < 2:
+        return None
+    slope = np.polyfit([n for n, _ in kept], [r for _, r in kept], 1)[0]
+    return float(slope * 1000)
+
+
+def memory_rows(kept: Path, tmp: Path) -> list[dict]:
+    """The long-run memory check: xf train (tiny, Multi30k-like data with many distinct batch
+    shapes) for MEMORY_UPDATES updates in each of MEMORY_PRECISIONS, RSS sampled each second:
+    growth per 1,000 updates and the peak, and the bf16/fp32 peak ratio (issue 21: within 1.3)."""
+    data = tmp / "subset-bin"  # the epoch part's subset
+    if not data.exists():
+        repeat_data_dir(kept / "base-bin", data, SUBSET)
+    from xformer_cli.batching import batch_by_size
+    from xformer_cli.data import DataDir
+
+    split = DataDir.open(data).split("train")
+    shapes = {(len(b), int(split.src_sizes[b].max()), int(split.tgt_sizes[b].max()))
+              for b in batch_by_size(split.src_sizes, split.tgt_sizes, MEMORY_MAX_TOKENS)}
+    case = f"{SUBSET:,}-pair subset, {len(shapes)} distinct batch shapes"
+    from xformer_cli.precision import cpu_bf16_instructions
+
+    out, peaks = [], {}
+    precisions = MEMORY_PRECISIONS or (["fp32", "bf16"] if cpu_bf16_instructions() else ["fp32"])
+    if "bf16" not in precisions:
+        out.append(dict(bench="scale", case=case, metric="bf16 memory", value="-",
+                        note="not run: this CPU has no bf16 instructions (XF_BENCH_SCALE_MEMORY_PRECISIONS=fp32,bf16 runs it)"))
+    for precision in precisions:
+        m = run_train(data, tmp / f"ck-memory-{precision}",
+                      ["--max-update", str(MEMORY_UPDATES), "--precision", precision,
+                       "--max-tokens", str(MEMORY_MAX_TOKENS), "--log-interval", "10"])
+        peaks[precision] = m["summary"]["peak_memory_mib"]
+        growth = growth_per_1000(m["samples"])
+        out += [dict(bench="scale", case=f"{case}, {precision}", metric="train RSS growth per 1,000 updates",
+                     value=growth if growth is not None else float("nan"), unit="MiB",
+                     note=f"{m['summary']['num_updates']} updates, {len(m['samples'])} samples after update "
+                          f"{MEMORY_WARMUP}; least-squares slope"),
+                dict(bench="scale", case=f"{case}, {precision}", metric="train peak memory", value=peaks[precision],
+                     unit="MiB", note="VmHWM of xf train")]
+    if {"fp32", "bf16"} <= peaks.keys():
+        out.append(dict(bench="scale", case=case, metric="train peak memory bf16/fp32", value=peaks["bf16"] / peaks["fp32"],
+                        unit="x", note="issue 21's bound: 1.3x; on a CPU without bf16 instructions bf16 is emulated"))
+    return out
 
 
 def rows() -> list[dict]:
@@ -214,10 +283,13 @@ def rows() -> list[dict]:
                                      "mid-epoch); vs the fresh start"))
             if not KEEP:
                 shutil.rmtree(data)
+        if "memory" in PARTS:
+            out += memory_rows(kept, tmp)
         if "epoch" not in PARTS:
             return out
         # the epoch boundary, on a subset small enough to reach it
-        repeat_data_dir(kept / "base-bin", tmp / "subset-bin", SUBSET)
+        if not (tmp / "subset-bin").exists():  # the memory part made it
+            repeat_data_dir(kept / "base-bin", tmp / "subset-bin", SUBSET)
         e = run_train(tmp / "subset-bin", tmp / "ck-subset", ["--max-epoch", "2"])
         per_update = [1.0 / r["ups"] for r in e["train"] if r.get("ups")]
         boundary = next(i for i, r in enumerate(e["train"]) if r["epoch"] == 2)

@@ -3,8 +3,10 @@ checkpoint and sentencepiece model, slices of Multi30k. No test module imports a
 
 from __future__ import annotations
 
+import importlib.util
 import io
 import json
+import sys
 from pathlib import Path
 
 import torch
@@ -97,3 +99,13 @@ def train_tiny(multi30k_dir: Path, tmp: Path) -> Path:
                        save_interval_minutes=0,
                        lr_scheduler="inverse_sqrt", lr=3e-3))  # noam's peak (0.018 at d_model 64) stalls it in a target LM
     return tmp / "ckpt" / "checkpoint_last.pt"
+
+
+def bench_module(name: str):
+    """bench/NAME.py as a module (bench/ on sys.path: the benchmarks import each other)."""
+    bench = Path(__file__).resolve().parents[1] / "bench"
+    sys.path.insert(0, str(bench))
+    spec = importlib.util.spec_from_file_location(name, bench / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module

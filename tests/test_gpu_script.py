@@ -3,7 +3,6 @@ compiled stages on dynamo's eager backend) and fails when a stage fails, so a re
 break the one GPU run breaks CI instead. Also: rows are written the moment they are measured,
 and a run cut short still leaves one."""
 
-import importlib.util
 import json
 import os
 import subprocess
@@ -12,19 +11,12 @@ from pathlib import Path
 
 import pytest
 
+from helpers import bench_module
 from testdata import multi30k
 
 REPO = Path(__file__).resolve().parents[1]
 STAGES = ["info", "cuda-tests", "train-base", "train-big", "decode-base", "train-base-compiled", "quality",
           "train-base-compiled-reference"]
-
-
-def bench_module(name: str):
-    sys.path.insert(0, str(REPO / "bench"))
-    spec = importlib.util.spec_from_file_location(name, REPO / "bench" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def gpu_sh(out: Path, timeout: float, **env) -> subprocess.CompletedProcess:

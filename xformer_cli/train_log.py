@@ -25,6 +25,7 @@ from rich.text import Text
 from .console import print_table
 from .fileio import reporting_write_errors
 from .loss import perplexity
+from .memory import resident_mib
 
 
 def format_seconds(seconds: Optional[float]) -> str:
@@ -264,12 +265,9 @@ def peak_memory_mib(device: torch.device) -> float:
     """Peak CUDA memory allocated by tensors, or the process's peak resident set on CPU."""
     if device.type == "cuda":
         return torch.cuda.max_memory_allocated(device) / 2**20
-    try:  # Linux: VmHWM is this process's own peak (ru_maxrss may be inherited from its parent)
-        for line in Path("/proc/self/status").read_text().splitlines():
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) / 1024
-    except OSError:
-        pass
+    peak = resident_mib().get("VmHWM")  # Linux: this process's own peak (ru_maxrss may be its parent's)
+    if peak is not None:
+        return peak
     import resource
 
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / (1024 if sys.platform != "darwin" else 2**20)

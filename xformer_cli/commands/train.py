@@ -35,6 +35,7 @@ from ..console import stderr_console
 from ..data import DataDir, ParallelDataset, check_trainable
 from ..errors import XfError
 from ..fileio import atomic_write_text, copy_atomic, remove_stale_temporaries
+from ..memory import bound_native_memory
 from ..model import Transformer
 from ..options import MODEL_OVERRIDES, ModelConfig, TrainOptions, model_config
 from ..precision import autocast_context, hardware_note, precision_warning, resolve_precision
@@ -110,6 +111,7 @@ class Run:
 def set_up(o: TrainOptions, env: distributed.Env, lock: SaveDirLock) -> Run:
     """Data, save dir, model configuration and what to resume from (all checked before anything
     is written), then model, optimizer and loss scaler (the same initial weights on every rank)."""
+    bound_native_memory()  # before the first matmul: oneDNN reads its cache bound then
     console = stderr_console(quiet=not env.is_main)  # one line per record when stderr is a log file
     if o.threads:
         torch.set_num_threads(o.threads)
