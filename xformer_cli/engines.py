@@ -22,6 +22,7 @@ from .attention_maps import hard_alignments, resolve_layer
 from .checkpoint import load_ensemble, vocab_digest
 from .batching import collate_source
 from .errors import ConfigError, XfError
+from .memory import bound_native_memory
 from .model import Transformer
 from .vocab import PAD_ID, BOS_ID, EOS_ID
 from .options import TranslateOptions
@@ -114,6 +115,7 @@ def open_engine(options: TranslateOptions):
         print(f"xf: warning: {warning}", file=sys.stderr, flush=True)
     if options.engine == "ctranslate2":
         return CTranslate2Engine.open(options)
+    bound_native_memory()  # decoding makes a new product shape at every step: oneDNN's cache stays bounded
     device, precision = resolve_device(options.device, options.precision, options.quantize)
     warning = precision_warning(device, precision)
     if warning:
