@@ -12,7 +12,6 @@ training and the test set.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import time
 from pathlib import Path
@@ -26,7 +25,6 @@ from ..choose import REPORT_VERSION, Candidate, candidate_sets, fixed_candidate,
 from ..choose import read_valid, valid_bleu, valid_loss, valid_pairs
 from ..console import print_summary, stderr_console
 from ..distributed import resolve_device
-from ..engines import XfEngine
 from ..errors import ConfigError, XfError
 from ..fileio import atomic_write_text
 from ..options import AverageOptions, TranslateOptions
