@@ -69,7 +69,7 @@ def test_the_fixed_rule_wins_when_nothing_beats_it_and_ties_go_to_it():
 
 def test_options_refuse_half_a_validation_set():
     with pytest.raises(ConfigError, match="--choose-on-valid needs --valid-source and --valid-reference"):
-        AverageOptions(inputs=("d",), output="o", choose_on_valid=True, valid_source="v.en")
+        average_checkpoints(AverageOptions(inputs=("d",), output="o", choose_on_valid=True, valid_source="v.en"))
     with pytest.raises(ConfigError, match="read only with --choose-on-valid"):
         AverageOptions(inputs=("d",), output="o", valid_source="v.en", valid_reference="v.de")
     with pytest.raises(ConfigError, match="--choose-lenpens must be in"):

@@ -260,10 +260,9 @@ class AverageOptions:
 
     def __post_init__(self) -> None:
         check_ranges(self)
-        files = (self.valid_source, self.valid_reference)
-        if self.choose_on_valid and None in files:
-            raise ConfigError("--choose-on-valid needs --valid-source and --valid-reference")
-        if not self.choose_on_valid and files != (None, None):
+        # (--choose-on-valid without the files is refused when it runs: a config may enable it and
+        # leave the files to the recipe's flags)
+        if not self.choose_on_valid and (self.valid_source, self.valid_reference) != (None, None):
             raise ConfigError("--valid-source and --valid-reference are read only with --choose-on-valid")
 
 

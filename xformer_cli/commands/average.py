@@ -240,6 +240,8 @@ def choose_on_valid(options: AverageOptions) -> None:
                           "names the fixed rule (not --num-epoch-checkpoints)")
     if not options.inputs:
         raise ConfigError("give a checkpoint directory with --inputs")
+    if options.valid_source is None or options.valid_reference is None:
+        raise ConfigError("--choose-on-valid needs --valid-source and --valid-reference")
     numbered = numbered_checkpoints(options.inputs)
     if not numbered:
         raise XfError(f"{', '.join(options.inputs)} holds no checkpoint_<epoch>_<update>.pt to choose from")
