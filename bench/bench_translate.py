@@ -19,7 +19,11 @@ test2016.de, is reported too). Without it, a randomly initialised `small` model 
 outputs are capped at the source length (max_len_a 1, max_len_b 0). XF_BENCH_SOURCE changes the
 input (default test2016.en); XF_BENCH_SENTENCES=N uses the first N lines; XF_BENCH_THREADS=N sets
 the threads of torch and CTranslate2 (default: torch's, one per core); XF_BENCH_ROUNDS=N the
-rounds; XF_BENCH_CACHE=0 skips the cache rows.
+rounds; XF_BENCH_CACHE=0 skips the cache rows; XF_BENCH_ARCH=base makes the random model the
+paper's `base` shape (vocabulary 8000). Two rows give the aims of issue 21: xf's fastest beam-4
+mode over CTranslate2 int8, and xf fp32 over CTranslate2 float32. The "shortlist" cases translate
+with ``--shortlist``: XF_BENCH_SHORTLIST=FILE (written by xf shortlist for the checkpoint's data),
+else one built from Multi30k train encoded with the checkpoint's sentencepiece model.
 """
 
 from __future__ import annotations
@@ -44,22 +48,32 @@ NO_CACHE_SENTENCES = 200  # the prefix-recomputing loop is slow: compared on the
 BATCH = 64
 THREADS = int(os.environ.get("XF_BENCH_THREADS", "0"))  # 0: torch's default (one per core)
 CACHE = os.environ.get("XF_BENCH_CACHE", "1") != "0"  # 0: skip the cache's speed-up rows
+ARCH = os.environ.get("XF_BENCH_ARCH", "small")  # the random model's preset (base: the paper's shape)
+SHORTLIST = os.environ.get("XF_BENCH_SHORTLIST")
 
 # name -> (engine, beam, options of TranslateOptions); "ct2 native ..." run CTranslate2's own search
+# "workers": WORKERS: one batch per thread, as many as threads (xf --workers; CTranslate2's inter_threads)
+WORKERS = "one per thread"
 CASES = {
     "xf fp32": ("xf", 4, {}),
+    "xf fp32 workers": ("xf", 4, {"workers": WORKERS}),
     "xf auto": ("xf", 4, {"precision": "auto"}),
     "xf int8": ("xf", 4, {"quantize": "int8"}),
+    "xf int8 workers": ("xf", 4, {"quantize": "int8", "workers": WORKERS}),
     "CTranslate2 fp32": ("ct2-native", 4, {"compute_type": "float32"}),
+    "CTranslate2 fp32 workers": ("ct2-native", 4, {"compute_type": "float32", "workers": WORKERS}),
     "CTranslate2 int8": ("ct2-native", 4, {"compute_type": "int8"}),
+    "CTranslate2 int8 workers": ("ct2-native", 4, {"compute_type": "int8", "workers": WORKERS}),
     "CTranslate2 engine fp32": ("ctranslate2", 4, {}),
     "xf fp32 greedy": ("xf", 1, {}),
+    "xf fp32 shortlist": ("xf", 4, {"shortlist": True}),  # True: the shortlist rows() builds or is given
+    "xf int8 shortlist": ("xf", 4, {"quantize": "int8", "shortlist": True}),
 }
 REFERENCE_CASE = "CTranslate2 fp32"
 
 
 def random_checkpoint(directory: Path) -> str:
-    """A random `small` model and an 8000-subword joint sentencepiece model learned on Multi30k."""
+    """A random XF_BENCH_ARCH model and an 8000-subword joint sentencepiece model learned on Multi30k."""
     import sentencepiece as spm
     import torch
 
@@ -75,12 +89,29 @@ def random_checkpoint(directory: Path) -> str:
         character_coverage=1.0, pad_id=0, unk_id=1, bos_id=2, eos_id=3, minloglevel=2,
     )
     torch.manual_seed(0)
-    path = directory / "small-random.pt"
-    save_checkpoint(path, make_checkpoint(build_model("small", vocab_size=8000), model_bytes.getvalue()))
+    path = directory / f"{ARCH}-random.pt"
+    save_checkpoint(path, make_checkpoint(build_model(ARCH, vocab_size=8000), model_bytes.getvalue()))
     return str(path)
 
 
-def run_case(checkpoint: str, ct2_dir: str, lines: list[str], case: str, trained: bool) -> dict:
+def bench_shortlist(checkpoint: str, directory: Path) -> str:
+    """xf shortlist's file (defaults) from Multi30k train, encoded with the checkpoint's vocabulary."""
+    import numpy as np
+
+    from xformer_cli.checkpoint import load_checkpoint, spm_digest, vocab_digest
+    from xformer_cli.shortlist import build_shortlist
+    from xformer_cli.vocab import load_sentencepiece
+
+    spm_model = load_checkpoint(checkpoint)["spm_model"]
+    sp = load_sentencepiece(spm_model, checkpoint)
+    src, tgt = ([np.array(ids) for ids in sp.encode((MULTI30K / f"train.{lang}").read_text(encoding="utf-8").splitlines())]
+                for lang in ("en", "de"))
+    path = directory / "shortlist.npz"
+    build_shortlist(src, tgt, sp.get_piece_size(), vocab_digest(spm_model), spm_sha256=spm_digest(spm_model)).save(path)
+    return str(path)
+
+
+def run_case(checkpoint: str, ct2_dir: str, lines: list[str], case: str, trained: bool, shortlist: str = "") -> dict:
     """Translate ``lines`` as ``case`` says and time it (loading excluded)."""
     import torch
 
@@ -93,24 +124,43 @@ def run_case(checkpoint: str, ct2_dir: str, lines: list[str], case: str, trained
         torch.set_num_threads(THREADS)
     threads = torch.get_num_threads()
     engine, beam, extra = CASES[case]
+    extra = dict(extra)
+    workers = threads if extra.pop("workers", None) == WORKERS else 1
+    if extra.get("shortlist"):
+        extra["shortlist"] = shortlist
     limits = {} if trained else dict(max_len_a=1.0, max_len_b=0)
     if engine == "ct2-native":
         import ctranslate2
         import sentencepiece as spm
 
         sp = spm.SentencePieceProcessor(model_file=f"{ct2_dir}/spm.model")
-        translator = ctranslate2.Translator(ct2_dir, device="cpu", intra_threads=threads, **extra)
+        translator = ctranslate2.Translator(ct2_dir, device="cpu", intra_threads=threads // workers,
+                                            inter_threads=workers, **extra)
         # its defaults, but the length limit: the random model never ends on its own
         max_len = {} if trained else {"max_decoding_length": max(len(p) for p in sp.encode(lines))}
 
         def translate_all(chunk):
             pieces = sp.encode(chunk, out_type=str)
-            out = translator.translate_batch(pieces, beam_size=beam, max_batch_size=BATCH, **max_len)
+            if workers == 1:
+                out = translator.translate_batch(pieces, beam_size=beam, max_batch_size=BATCH, **max_len)
+            else:  # batches of similar lengths (as it makes them), translate_batch called from `workers` threads
+                from concurrent.futures import ThreadPoolExecutor
+
+                order = sorted(range(len(pieces)), key=lambda i: -len(pieces[i]))
+                batches = [order[i : i + BATCH] for i in range(0, len(order), BATCH)]
+                with ThreadPoolExecutor(workers) as pool:
+                    done = pool.map(lambda b: translator.translate_batch([pieces[i] for i in b], beam_size=beam,
+                                                                         **max_len), batches)
+                out = [None] * len(pieces)
+                for b, results in zip(batches, done):
+                    for i, r in zip(b, results):
+                        out[i] = r
             hyps = [r.hypotheses[0] for r in out]
             return [sp.decode_pieces(h) for h in hyps], sum(len(h) + 1 for h in hyps)
     else:
         options = TranslateOptions(path=(ct2_dir if engine == "ctranslate2" else checkpoint,), engine=engine,
-                                   beam_size=beam, batch_size=BATCH, device="cpu", threads=threads, **extra, **limits)
+                                   beam_size=beam, batch_size=BATCH, device="cpu", threads=threads, workers=workers,
+                                   **extra, **limits)
         engine_, sp, _ = open_engine(options)
 
         def translate_all(chunk):
@@ -220,6 +270,7 @@ def rows() -> list[dict]:
     with tempfile.TemporaryDirectory() as tmp:
         trained = CHECKPOINT is not None
         checkpoint = CHECKPOINT or random_checkpoint(Path(tmp))
+        shortlist = SHORTLIST or bench_shortlist(checkpoint, Path(tmp))
         ct2_dir = str(Path(tmp) / "ct2")
         if have_ct2:
             from xformer_cli.commands.export import export_ctranslate2
@@ -230,7 +281,7 @@ def rows() -> list[dict]:
         for _ in range(ROUNDS):  # alternate the cases, round after round
             for case in cases:
                 results[case].append(measure("--case", checkpoint=checkpoint, ct2_dir=ct2_dir, lines=lines,
-                                             case=case, trained=trained))
+                                             case=case, trained=trained, shortlist=shortlist))
         interleaved = None
         if have_ct2:
             interleaved = measure("--interleaved", checkpoint=checkpoint, ct2_dir=ct2_dir, lines=lines, trained=trained)
@@ -239,7 +290,7 @@ def rows() -> list[dict]:
             cached = measure("--cache", checkpoint=checkpoint, lines=subset, use_cache=True, trained=trained)
             full = measure("--cache", checkpoint=checkpoint, lines=subset, use_cache=False, trained=trained)
 
-    which = f"trained {Path(checkpoint).name}" if trained else "random small model, outputs = source length"
+    which = f"trained {Path(checkpoint).name}" if trained else f"random {ARCH} model, outputs = source length"
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
     common = f"{which}; CPU {cpu_flags()}; load average {load:.1f} at the end"
     best = {c: min(rs, key=lambda r: r["seconds"]) for c, rs in results.items()}
@@ -268,6 +319,22 @@ def rows() -> list[dict]:
             dict(bench="translate", case=name, metric="peak memory", value=r["peak"], unit="MiB",
                  note="peak RSS of the process (torch or CTranslate2 included)"),
         ]
+    # The issue's two aims, from the best rounds above: xf's fastest mode against CTranslate2's
+    # fastest (int8), and xf fp32 against CTranslate2 float32.
+    rate = {c: len(lines) / best[c]["seconds"] for c in cases}
+
+    def fastest(names):
+        names = [c for c in names if c in rate]
+        return max(names, key=rate.get) if names else None
+
+    xf_beam = [c for c in cases if CASES[c][0] == "xf" and CASES[c][1] == 4]
+    aims = ((fastest(xf_beam), fastest(["CTranslate2 int8", "CTranslate2 int8 workers"])),
+            (fastest(["xf fp32", "xf fp32 workers"]), fastest(["CTranslate2 fp32", "CTranslate2 fp32 workers"])))
+    for mine, theirs in aims:
+        if theirs is not None:
+            out.append(dict(bench="translate", case=f"{mine} / {theirs} beam 4 (aim >= 1.0)", metric="speed ratio",
+                            value=rate[mine] / rate[theirs], unit="x", ratio=rate[mine] / rate[theirs],
+                            note=f"{rate[mine]:.1f} vs {rate[theirs]:.1f} sent/s, best rounds; {common}"))
     if interleaved is not None:
         secs = interleaved["seconds"]
         for name, value in secs.items():

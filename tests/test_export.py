@@ -135,6 +135,9 @@ def test_trained_model_same_translations_and_log_probs(tmp_path, trained, pairs)
     assert sum(a == b for a, b in zip(mine, theirs)) >= 49
     assert len(set(mine)) > 10  # a model that translates, not one that repeats one line
     assert_same_log_probs(ckpt, model_dir, pairs, count=10)
+    # --workers 2: CTranslate2's inter_threads, batches of 8 decoded two at a time, the same lines
+    parallel = translate_file(tmp_path, model_dir, pairs[0], "ct2w", engine="ctranslate2", workers=2, batch_size=8)
+    assert parallel.splitlines() == theirs
 
 
 @pytest.mark.slow

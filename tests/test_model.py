@@ -87,6 +87,27 @@ def test_cache_reorder_follows_rows():
     torch.testing.assert_close(step[:, 0], full[:, 3], rtol=0, atol=1e-5)
 
 
+def test_preallocated_cache_follows_repeated_reorders_and_grows():
+    """Same-size reorders gather into the spare buffer (and swap), a capacity of 2 grows while
+    decoding 6 steps; every step equals the full forward of the prefix each row now holds."""
+    model = tiny()
+    src, tgt = batch()
+    memory, src_pad = model.encode(src)
+    cache = model.new_cache(capacity=2)
+    prefixes = tgt[:, :1]
+    rows_of_src = torch.arange(src.size(0))
+    orders = [None, torch.tensor([2, 0, 1]), torch.tensor([1, 1, 0]), None, torch.tensor([0, 2, 2]), torch.tensor([2, 1, 0])]
+    for i, order in enumerate(orders):
+        if order is not None:
+            model.reorder_cache(cache, order)
+            prefixes, rows_of_src = prefixes[order], rows_of_src[order]
+        step = model.decode(prefixes[:, -1:], memory[rows_of_src], src_pad[rows_of_src], cache)
+        full = model(src[rows_of_src], prefixes)
+        torch.testing.assert_close(step[:, 0], full[:, -1], rtol=0, atol=1e-5)
+        prefixes = torch.cat([prefixes, tgt[rows_of_src, i + 1 : i + 2]], dim=1)
+    assert cache[0]["self"].k.size(0) >= len(orders) > 2
+
+
 def test_sinusoidal_positions_match_the_formula():
     d = 16
     pe = sinusoidal_positions(50, d)

@@ -82,6 +82,19 @@ def test_same_output_whatever_the_batching(tmp_path, ckpt, sentences):
     assert reference.count("\n") == len(sentences)
 
 
+@pytest.mark.slow
+def test_workers_give_the_output_of_one_worker(tmp_path, ckpt, sentences):
+    """--workers 3 decodes batches of 2 in three threads: the same bytes, scores, alignments and
+    order as --workers 1 (each batch is searched alone either way)."""
+    data = ("\n".join(sentences) + "\n\n").encode()
+    extra = dict(batch_size=2, output_format="jsonl", nbest=2, beam_size=3, print_alignment=True)
+    reference = run(tmp_path, ckpt, data, **extra)
+    assert run(tmp_path, ckpt, data, workers=3, **extra) == reference
+    assert reference.count("\n") == len(sentences) + 1
+    with pytest.raises(ValueError, match="--workers 2 decodes batches in parallel"):
+        TranslateOptions(path=(ckpt,), workers=2, sampling=True)
+
+
 def test_stdin_to_stdout(ckpt, sentences):
     data = ("\n".join(sentences[:3]) + "\n\n").encode()
     result = runner.invoke(app, ["translate", "--path", ckpt, "--max-len-b", "3", "--quiet"], input=data)

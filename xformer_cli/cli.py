@@ -34,6 +34,7 @@ from .options import (
     PreprocessOptions,
     ScoreOptions,
     ServeOptions,
+    ShortlistOptions,
     TrainOptions,
     TranslateOptions,
 )
@@ -311,6 +312,14 @@ def translate_cmd(options: TranslateOptions) -> None:
     from .commands.translate import translate
 
     translate(options)
+
+
+@command("shortlist", ShortlistOptions, "shortlist")
+def shortlist_cmd(options: ShortlistOptions) -> None:
+    """Build a vocabulary shortlist for xf translate --shortlist from a data directory's training pairs."""
+    from .commands.shortlist import shortlist
+
+    shortlist(options)
 
 
 @command("export", ExportOptions, "export")

@@ -19,7 +19,7 @@ import torch
 
 from . import distributed
 from .attention_maps import hard_alignments, resolve_layer
-from .checkpoint import load_ensemble
+from .checkpoint import load_ensemble, vocab_digest
 from .batching import collate_source
 from .errors import ConfigError, XfError
 from .model import Transformer
@@ -27,7 +27,8 @@ from .vocab import PAD_ID, BOS_ID, EOS_ID
 from .options import TranslateOptions
 from .precision import ct2_compute_type, ct2_precisions, precision_warning, resolve_precision
 from .search import Hypothesis, length_penalty, max_output_lengths, search
-from .vocab import load_sentencepiece
+from .shortlist import Shortlist, vocabulary_map
+from .vocab import MappedVocabulary, load_sentencepiece
 
 
 class Engine:
@@ -87,14 +88,16 @@ def quantize_int8(model: Transformer) -> Transformer:
 class XfEngine(Engine):
     """xf's own search (``search.py``) over one model or an ensemble: the default --engine."""
 
-    def __init__(self, models: Sequence[Transformer], device: torch.device):
-        self.models, self.device = list(models), device
+    def __init__(self, models: Sequence[Transformer], device: torch.device, shortlist: Optional[Shortlist] = None):
+        self.models, self.device, self.shortlist = list(models), device, shortlist
         self.supports_alignments = True
         self.max_source = min(m.cfg.max_positions for m in models) - 1  # room for the source's eos
 
     def search(self, sentences: Sequence[Sequence[int]], options: TranslateOptions, generator=None) -> list[list[Hypothesis]]:
         """Hypotheses of each sentence (subword ids without eos), best first."""
-        return search(self.models, collate_source(sentences).to(self.device), options, generator)
+        src = collate_source(sentences).to(self.device)
+        candidates = self.shortlist.candidates(src) if self.shortlist is not None else None
+        return search(self.models, src, options, generator, candidates)
 
     def alignments(self, sentences, found, layer):
         return hard_alignments(self.models, collate_source(sentences).to(self.device), found, layer)
@@ -115,12 +118,16 @@ def open_engine(options: TranslateOptions):
     warning = precision_warning(device, precision)
     if warning:
         print(f"xf: warning: {warning}", file=sys.stderr, flush=True)
-    if options.threads > 0:
-        torch.set_num_threads(options.threads)
+    workers = getattr(options, "workers", 1)
+    if options.threads > 0 or workers > 1:  # each worker thread gets its share of the threads
+        torch.set_num_threads(max(1, (options.threads or torch.get_num_threads()) // workers))
+    shortlist = Shortlist.load(options.shortlist) if options.shortlist is not None else None  # fails before loading
     models, sp = load_ensemble(options.path, device, DTYPES[precision])
+    if shortlist is not None:  # an ensemble shares one vocabulary: the first model's
+        _check_shortlist(shortlist, options.shortlist, sp)
     if options.quantize == "int8":
         models = [quantize_int8(m) for m in models]
-    return XfEngine(models, device), sp, device
+    return XfEngine(models, device, shortlist), sp, device
 
 
 def import_ctranslate2():
@@ -162,6 +169,29 @@ def read_exported_model(path: Path) -> dict:
     return info
 
 
+def _check_shortlist(shortlist: Shortlist, path: str, sp) -> None:
+    """Refuse the shortlist of file ``path`` unless it was built for sp's vocabulary."""
+    shortlist.check_vocabulary(path, sp.get_piece_size(), vocab_digest(
+        sp.to_bytes() if isinstance(sp, MappedVocabulary) else sp.serialized_model_proto()))
+
+
+def _with_vocabulary_map(model_dir: Path, shortlist_path: str, sp):
+    """A temporary directory of links to model_dir's files plus the shortlist as vmap.txt:
+    CTranslate2 reads its vocabulary map from the model directory, which stays untouched."""
+    import os
+    import tempfile
+
+    shortlist = Shortlist.load(shortlist_path)
+    _check_shortlist(shortlist, shortlist_path, sp)
+    tmp = tempfile.TemporaryDirectory(prefix="xf-ct2-vmap-")
+    for f in model_dir.iterdir():
+        if f.name != "vmap.txt":
+            os.symlink(f.resolve(), Path(tmp.name) / f.name)
+    (Path(tmp.name) / "vmap.txt").write_text(vocabulary_map(shortlist, [sp.id_to_piece(i) for i in range(sp.get_piece_size())]),
+                                             encoding="utf-8")
+    return tmp
+
+
 class CTranslate2Engine(Engine):
     """xf translate's search over an exported model, with xf's rules where CTranslate2 allows:
 
@@ -177,8 +207,9 @@ class CTranslate2Engine(Engine):
     - pad and bos are suppressed, as in xf. Sampling and ensembles are xf-engine only.
     """
 
-    def __init__(self, translator, sp, max_positions: int):
+    def __init__(self, translator, sp, max_positions: int, vocabulary_map=None):
         self.translator, self.sp = translator, sp
+        self.vocabulary_map = vocabulary_map  # the directory CTranslate2 read vmap.txt from, or None
         self.max_positions = max_positions
         self.device = torch.device("cpu")
         self.max_source = max_positions - 1  # room for the source's eos
@@ -207,13 +238,20 @@ class CTranslate2Engine(Engine):
         precision = resolve_precision(torch.device(device), options.precision, options.quantize, available,
                                       "ctranslate2")
         compute_type = ct2_compute_type(precision, options.quantize)
+        vmap = None
+        if options.shortlist is not None:
+            vmap = _with_vocabulary_map(path, options.shortlist, sp)
         try:
-            translator = ct2.Translator(str(path), device=device, compute_type=compute_type,
-                                        intra_threads=max(options.threads, 0), inter_threads=1)
+            workers = getattr(options, "workers", 1)  # CTranslate2's own parallel batches (inter_threads)
+            intra = options.threads  # 0: CTranslate2's default
+            if workers > 1:
+                intra = max(1, (options.threads or torch.get_num_threads()) // workers)
+            translator = ct2.Translator(vmap.name if vmap else str(path), device=device, compute_type=compute_type,
+                                        intra_threads=intra, inter_threads=workers)
         except (RuntimeError, ValueError) as e:  # a damaged model.bin: "invalid payload size", ...
             first = (str(e).strip().splitlines() or [type(e).__name__])[0]
             raise XfError(f"{path / 'model.bin'}: damaged CTranslate2 model ({first}); export it again") from None
-        engine = cls(translator, sp, int(info["max_positions"]))
+        engine = cls(translator, sp, int(info["max_positions"]), vmap)
         engine.device = torch.device(device)
         return engine, sp, engine.device
 
@@ -242,7 +280,7 @@ class CTranslate2Engine(Engine):
         out = self.translator.translate_batch(
             sources, beam_size=options.beam_size, num_hypotheses=options.beam_size, length_penalty=0.0,
             max_decoding_length=limit, min_decoding_length=0, return_end_token=True, return_scores=True,
-            suppress_sequences=[[self.pieces[PAD_ID]], [self.pieces[BOS_ID]]],
+            suppress_sequences=[[self.pieces[PAD_ID]], [self.pieces[BOS_ID]]], use_vmap=self.vocabulary_map is not None,
         )
         return [[(tuple(h[:-1]), score) if h and h[-1] == eos else (tuple(h), None)
                  for h, score in zip(r.hypotheses, r.scores)] for r in out]

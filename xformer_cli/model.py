@@ -95,6 +95,62 @@ def attention_weights(q, k, mask=None, causal: bool = False) -> torch.Tensor:
     return scores.softmax(dim=-1)
 
 
+class KeyValueCache:
+    """The keys and values of a decoder self-attention for the prefix decoded so far.
+
+    Preallocated and filled step by step: a step writes its keys and values into the next slot
+    (no concatenation of the prefix), and a beam reorder gathers the prefix into a second buffer
+    (one copy, where reorder-then-concatenate made two). Buffers are (capacity, N, H, K), so the
+    prefix is a contiguous slice and attention reads it as a (N, H, t, K) view without a copy;
+    they grow by doubling when a step would not fit (``new_cache(capacity)`` sizes them).
+    """
+
+    def __init__(self, capacity: int = 0):
+        self.capacity = capacity
+        self.length = 0  # positions filled
+        self.k = self.v = None  # (capacity, N, H, K)
+        self._spare: Optional[tuple[torch.Tensor, torch.Tensor]] = None  # the gather target of select
+
+    def append(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Add k, v (N, H, T, K) of T new positions; returns the whole prefix's (N, H, t, K) views."""
+        t0, t = self.length, self.length + k.size(2)
+        if self.k is None or t > self.k.size(0):
+            self._grow(k, max(t, self.capacity, 2 * (self.k.size(0) if self.k is not None else 0)))
+        self.k[t0:t].copy_(k.permute(2, 0, 1, 3))
+        self.v[t0:t].copy_(v.permute(2, 0, 1, 3))
+        self.length = t
+        return self.k[:t].permute(1, 2, 0, 3), self.v[:t].permute(1, 2, 0, 3)
+
+    def _grow(self, like: torch.Tensor, capacity: int) -> None:
+        n, h, _, d = like.shape
+        k = like.new_empty(capacity, n, h, d)
+        v = like.new_empty(capacity, n, h, d)
+        if self.k is not None:
+            k[: self.length].copy_(self.k[: self.length])
+            v[: self.length].copy_(self.v[: self.length])
+        self.k, self.v, self._spare = k, v, None
+
+    def select(self, rows: torch.Tensor) -> None:
+        """Keep rows ``rows`` (LongTensor, may repeat) of the prefix: beams followed, rows dropped."""
+        if self.k is None:
+            return
+        t, (capacity, n, h, d) = self.length, self.k.shape
+        if rows.numel() != n:  # rows dropped or copied: buffers of the new size
+            self._spare = None
+            k, v = self.k.new_empty(capacity, rows.numel(), h, d), self.v.new_empty(capacity, rows.numel(), h, d)
+        else:
+            if self._spare is None:
+                self._spare = (torch.empty_like(self.k), torch.empty_like(self.v))
+            k, v = self._spare
+        for new, old in ((k, self.k), (v, self.v)):
+            if old.requires_grad:  # out= does not record gradients (search runs without them)
+                new[:t] = old[:t].index_select(1, rows)
+            else:
+                torch.index_select(old[:t], 1, rows, out=new[:t])
+        self._spare = (self.k, self.v) if rows.numel() == n else None
+        self.k, self.v = k, v
+
+
 class MultiHeadAttention(nn.Module):
     """h heads of scaled dot-product attention (Sec. 3.2) with one fused q/k/v projection.
 
@@ -157,7 +213,8 @@ class MultiHeadAttention(nn.Module):
         mask: boolean (B or 1, 1, T or 1, S) with True where attention is allowed, or a float
         additive bias (ALiBi); causal: apply the decoder's future mask (training-time only).
         cache: incremental decoding state of this attention; self-attention appends this step's
-        keys and values, cross-attention computes the memory's keys and values once.
+        keys and values to its ``KeyValueCache``, cross-attention computes the memory's keys and
+        values once (a dict).
         rope: (cos, sin) tables for the positions of x, applied to queries and keys.
         """
         e = self.inner
@@ -166,10 +223,7 @@ class MultiHeadAttention(nn.Module):
             if rope is not None:
                 q, k = apply_rope(q, *rope), apply_rope(k, *rope)
             if cache is not None:
-                if "k" in cache:
-                    k = torch.cat([cache["k"], k], dim=2)
-                    v = torch.cat([cache["v"], v], dim=2)
-                cache["k"], cache["v"] = k, v
+                k, v = cache.append(k, v)
         else:
             q = self.q_proj(x) if self.q_proj is not None else F.linear(x, self.in_proj.weight[:e], self.in_proj.bias[:e])
             q = self._split(q)
@@ -440,9 +494,7 @@ class Transformer(nn.Module):
         cache, prev_output holds only the new token(s) (B, 1) and earlier steps come from it.
         Targets are right-padded, so under the causal mask no real position sees padding.
         """
-        offset = 0
-        if cache is not None and "k" in cache[0]["self"]:
-            offset = cache[0]["self"]["k"].size(2)
+        offset = cache[0]["self"].length if cache is not None else 0
         t = prev_output.size(1)
         x = self._embed(self.decoder_embed, prev_output, offset)
         memory_mask = (~src_pad)[:, None, None, :]  # (B, 1, 1, S)
@@ -472,17 +524,19 @@ class Transformer(nn.Module):
         return self.decode(prev_output, memory, src_pad, features_only=features_only)
 
     # -- incremental decoding ------------------------------------------------------------------
-    def new_cache(self) -> list:
-        """Empty key/value cache: one {"self": {}, "cross": {}} per decoder layer."""
-        return [{"self": {}, "cross": {}} for _ in self.decoder_layers]
+    def new_cache(self, capacity: int = 0) -> list:
+        """Empty key/value cache: one {"self": KeyValueCache, "cross": {}} per decoder layer;
+        ``capacity``: the positions to preallocate (it grows beyond them when needed)."""
+        return [{"self": KeyValueCache(capacity), "cross": {}} for _ in self.decoder_layers]
 
     @staticmethod
     def reorder_cache(cache: list, index: torch.Tensor) -> list:
         """Select batch rows ``index`` (LongTensor) of every cached tensor (beam reordering)."""
         for layer in cache:
-            for part in layer.values():
-                for key in part:
-                    part[key] = part[key].index_select(0, index)
+            layer["self"].select(index)
+            cross = layer["cross"]
+            for key in cross:
+                cross[key] = cross[key].index_select(0, index)
         return cache
 
     def num_parameters(self) -> int:

@@ -320,6 +320,11 @@ class TranslateOptions(DecodingOptions):
         "none", "int8: dynamic int8 linear layers on CPU (faster; outputs may change)"
     )
     threads: int = option(0, "CPU threads for torch (0: torch's default)", range=THREADS)
+    workers: int = option(
+        1, "batches decoded at once, each by its own thread with threads/workers torch threads (CPU throughput: "
+        "as CTranslate2's inter_threads and Marian's --cpu-threads); outputs are those of --workers 1",
+        range=Range(1, 256),
+    )
     quiet: bool = option(False, "no progress bar or summary table on stderr (warnings are still shown)")
     print_alignment: bool = option(
         False, "add each output's hard alignment, 'SRC-TGT' index pairs: text 'translation ||| 0-0 1-2', "
@@ -332,9 +337,16 @@ class TranslateOptions(DecodingOptions):
     alignment_level: Literal["subword", "word"] = option(
         "subword", "align subwords, or whitespace-separated words (the pairs of their subwords' links)"
     )
+    shortlist: Optional[str] = option(
+        None, "a vocabulary shortlist written by xf shortlist: each batch's output projection and softmax run over "
+        "its candidates only (faster; outputs may change); --engine ctranslate2: as its vocabulary map (use_vmap)"
+    )
 
     def __post_init__(self) -> None:
         super().__post_init__()  # check_ranges(self) included
+        if self.workers > 1 and self.sampling:
+            raise ValueError(f"--workers {self.workers} decodes batches in parallel, but --sampling's random stream "
+                             "runs through the batches in order: use --workers 1 to sample")
         # floor(a*|X| + b) output subwords for a source of |X| >= 1 subwords: at least 1 for every |X|
         if self.max_len_a + self.max_len_b < 1:
             raise ValueError(f"--max-len-a {self.max_len_a:g} --max-len-b {self.max_len_b} allow no output for "
@@ -405,6 +417,21 @@ def direction_and_path(spec: str) -> tuple[str, str, str]:
     if not sep or not dash or not path or not source or not target or "-" in target or source == target:
         raise ValueError(f"--model {spec!r}: expected SOURCE-TARGET=CHECKPOINT, e.g. en-de=avg.pt")
     return source, target, path
+
+
+@dataclass(frozen=True)
+class ShortlistOptions:
+    data: str = option(help="data directory written by xf preprocess (its train split is read)", positional=True,
+                       path=True)
+    output: str = option(help="the shortlist file to write (.npz), for xf translate --shortlist")
+    frequent: int = option(100, "the most frequent target pieces, always candidates", range=Range(0, 1 << 24))
+    per_source: int = option(20, "target pieces per source piece, by IBM Model 1's p(target | source)",
+                             range=Range(1, 100_000))
+    em_iterations: int = option(5, "EM iterations of IBM Model 1", range=Range(1, 1000))
+    overwrite: bool = option(False, "replace --output if it exists")
+
+    def __post_init__(self) -> None:
+        check_ranges(self)
 
 
 @dataclass(frozen=True)

@@ -7,7 +7,8 @@ sorted best first.
 How the batch is decoded (all sentences of a batch and all their beams at once):
 - the encoder runs once per batch, and cross-attention keys/values are computed once per
   sentence at the first step and shared by its beams (never copied);
-- every step decodes only the newest token of each row against the key/value cache;
+- every step decodes only the newest token of each row against the key/value cache, which is
+  preallocated and gathered in place when beams change (``model.KeyValueCache``);
 - candidates are chosen with one top-k over beam * vocabulary for all sentences together;
 - a sentence that is done leaves the batch (its rows are dropped from every tensor and cache).
 
@@ -28,6 +29,7 @@ import torch
 import torch.nn.functional as F
 
 from .model import Transformer
+from .shortlist import RestrictedProjection
 
 from .vocab import PAD_ID, BOS_ID, EOS_ID
 from .options import DecodingOptions
@@ -104,22 +106,31 @@ class DecoderState:
 
     Rows start as the sentences of ``src``; ``select`` copies, reorders or drops rows.
     use_cache False decodes the whole prefix at every step instead (the slow reference).
+    vocab (a sorted LongTensor of ids holding 0-3, ``shortlist.py``): the log-probabilities are
+    over those ids only, column c for id vocab[c]; None: the whole vocabulary.
     """
 
-    def __init__(self, models: Sequence[Transformer], src: torch.Tensor, use_cache: bool = True):
+    def __init__(self, models: Sequence[Transformer], src: torch.Tensor, use_cache: bool = True, capacity: int = 0,
+                 vocab: Optional[torch.Tensor] = None):
         for model in models:
             if model.training:
                 raise ValueError("search needs models in eval mode (call model.eval())")
         self.models = list(models)
         self.encoded = [model.encode(src) for model in self.models]  # (memory (N, S, D), src_pad (N, S))
-        self.caches = [model.new_cache() if use_cache else None for model in self.models]
+        # capacity: the positions each self-attention cache preallocates (bos + the longest output)
+        self.caches = [model.new_cache(capacity) if use_cache else None for model in self.models]
+        self.projections = None if vocab is None else [RestrictedProjection(model, vocab) for model in self.models]
 
     def log_probs(self, tokens: torch.Tensor) -> torch.Tensor:
-        """tokens (N, t): every row's prefix, bos first -> log p(next token) (N, V), float32."""
+        """tokens (N, t): every row's prefix, bos first -> log p(next token) (N, V), float32
+        (N, |vocab|) with a vocab: normalized over the candidates only."""
         out = []
-        for model, (memory, src_pad), cache in zip(self.models, self.encoded, self.caches):
+        for i, (model, (memory, src_pad), cache) in enumerate(zip(self.models, self.encoded, self.caches)):
             step_input = tokens[:, -1:] if cache is not None else tokens
-            logits = model.decode(step_input, memory, src_pad, cache)[:, -1]
+            if self.projections is None:
+                logits = model.decode(step_input, memory, src_pad, cache)[:, -1]
+            else:
+                logits = self.projections[i](model.decode(step_input, memory, src_pad, cache, features_only=True)[:, -1])
             out.append(F.log_softmax(logits.float(), dim=-1))
         return ensemble_log_probs(out)
 
@@ -143,18 +154,17 @@ class DecoderState:
         for cache in self.caches:
             if cache is not None:
                 for layer in cache:
-                    for part, index in ((layer["self"], keep_rows), (layer["cross"], keep)):
-                        for key in part:
-                            part[key] = part[key].index_select(0, index)
+                    layer["self"].select(keep_rows)
+                    cross = layer["cross"]
+                    for key in cross:
+                        cross[key] = cross[key].index_select(0, keep)
 
     def reorder_beams(self, rows: torch.Tensor) -> None:
         """Follow beams within their sentences: only the self-attention caches change."""
         for cache in self.caches:
             if cache is not None:
                 for layer in cache:
-                    part = layer["self"]
-                    for key in part:
-                        part[key] = part[key].index_select(0, rows)
+                    layer["self"].select(rows)
 
 
 def _source_lengths(src: torch.Tensor) -> torch.Tensor:
@@ -181,11 +191,12 @@ def _forbid_specials(lprobs: torch.Tensor, at_max: Optional[torch.Tensor]) -> to
 @torch.inference_mode()
 def beam_search(
     models: Sequence[Transformer], src: torch.Tensor, options: DecodingOptions = DecodingOptions(), use_cache: bool = True,
-    all_finished: bool = False,
+    candidates: Optional[torch.Tensor] = None, all_finished: bool = False,
 ) -> list[list[Hypothesis]]:
     """Beam search over a batch src (B, S); returns the nbest hypotheses of each sentence (with
     ``all_finished``: every finished one, in the order found, by fairseq's stopping rule alone;
     searched with lenpen 0, ``rescore`` ranks them as a search with any other lenpen would).
+    candidates: the ids the search may emit (a shortlist's ``vocab``; None: all).
 
     At each step the 2k best extensions (k = beam_size) of a sentence's k live hypotheses are
     ranked; those ending in eos among the first k are finished, and the first k others are the
@@ -201,7 +212,7 @@ def beam_search(
     lp = lambda length: length_penalty(length, options.lenpen, options.lenpen_style)  # noqa: E731
     nsent = src.size(0)
     max_len = _max_output_lengths(models, src, options)
-    state = DecoderState(models, src, use_cache)
+    state = DecoderState(models, src, use_cache, capacity=int(max_len.max()) + 1, vocab=candidates)
     finished: list[list[Hypothesis]] = [[] for _ in range(nsent)]
 
     sent_ids = torch.arange(nsent, device=device)  # original index of each active sentence
@@ -230,11 +241,14 @@ def beam_search(
         at_max = max_len.le(step).repeat_interleave(k) if step >= shortest else None
         lprobs = _forbid_specials(lprobs, at_max)
 
-        # One top-k over beam * vocab for every sentence at once.
+        # One top-k over beam * vocab for every sentence at once (measured: faster on a CPU than
+        # a top-k of each row first, although that skips adding the scores to every row).
         cand = (scores[:, None] + lprobs).view(-1, k * vocab)  # (sents, k V)
         top_scores, top_idx = cand.topk(2 * k, dim=1)  # (sents, 2k)
         top_beam, top_token = top_idx // vocab, top_idx % vocab
         top_lprobs = lprobs.view(-1, k * vocab).gather(1, top_idx)
+        if candidates is not None:  # columns to token ids
+            top_token = candidates[top_token]
         base_rows = torch.arange(top_idx.size(0), device=device)[:, None] * k  # (sents, 1)
 
         # Finished: eos among the first k candidates, with a finite score.
@@ -308,12 +322,13 @@ def _single_path_search(
     choose: Callable[[torch.Tensor], torch.Tensor],
     options: DecodingOptions,
     use_cache: bool,
+    candidates: Optional[torch.Tensor] = None,
 ) -> list[list[Hypothesis]]:
     """``paths`` independent left-to-right paths per sentence; ``choose(lprobs (N, V)) -> (N,)``
     picks each row's next token. Rows leave the batch as soon as they emit eos."""
     device, nsent = src.device, src.size(0)
     max_len = _max_output_lengths(models, src, options)
-    state = DecoderState(models, src, use_cache)
+    state = DecoderState(models, src, use_cache, capacity=int(max_len.max()) + 1, vocab=candidates)
     row_ids = torch.arange(nsent, device=device).repeat_interleave(paths)  # sentence of each row
     if paths > 1:
         state.select(row_ids)
@@ -327,8 +342,10 @@ def _single_path_search(
         at_max = max_len.le(step) if step >= shortest else None
         lprobs = _forbid_specials(state.log_probs(tokens), at_max)
         next_token = choose(lprobs)  # (rows,)
-        tokens = torch.cat([tokens, next_token[:, None]], dim=1)
         pos_scores = torch.cat([pos_scores, lprobs.gather(1, next_token[:, None])], dim=1)
+        if candidates is not None:  # columns to token ids
+            next_token = candidates[next_token]
+        tokens = torch.cat([tokens, next_token[:, None]], dim=1)
         ended = next_token.eq(EOS_ID)
         any_ended, all_ended = torch.stack((ended.any(), ended.all())).tolist()  # one sync
         if any_ended:
@@ -349,11 +366,12 @@ def _single_path_search(
 
 @torch.inference_mode()
 def greedy_search(
-    models: Sequence[Transformer], src: torch.Tensor, options: DecodingOptions = DecodingOptions(), use_cache: bool = True
+    models: Sequence[Transformer], src: torch.Tensor, options: DecodingOptions = DecodingOptions(), use_cache: bool = True,
+    candidates: Optional[torch.Tensor] = None,
 ) -> list[list[Hypothesis]]:
     """The most likely next token at every step (the result of beam search with beam 1);
     options.beam_size is not used."""
-    return _single_path_search(models, src, 1, lambda lprobs: lprobs.argmax(dim=-1), options, use_cache)
+    return _single_path_search(models, src, 1, lambda lprobs: lprobs.argmax(dim=-1), options, use_cache, candidates)
 
 
 @torch.inference_mode()
@@ -362,6 +380,7 @@ def sample(
     src: torch.Tensor,
     options: DecodingOptions = DecodingOptions(sampling=True),
     generator: Optional[torch.Generator] = None,
+    candidates: Optional[torch.Tensor] = None,
 ) -> list[list[Hypothesis]]:
     """options.nbest independent samples per sentence from softmax(log p / temperature),
     restricted to the top_k tokens and the top_p nucleus. Scores are the model's own
@@ -372,7 +391,7 @@ def sample(
         logits = top_k_top_p_filter(lprobs / options.temperature, options.top_k, options.top_p)
         return torch.multinomial(logits.softmax(dim=-1), 1, generator=generator).view(-1)
 
-    return _single_path_search(models, src, options.nbest, choose, options, True)
+    return _single_path_search(models, src, options.nbest, choose, options, True, candidates)
 
 
 def search(
@@ -380,10 +399,12 @@ def search(
     src: torch.Tensor,
     options: DecodingOptions,
     generator: Optional[torch.Generator] = None,
+    candidates: Optional[torch.Tensor] = None,
 ) -> list[list[Hypothesis]]:
-    """The search the options ask for: sampling, greedy (beam 1) or beam search."""
+    """The search the options ask for: sampling, greedy (beam 1) or beam search; candidates:
+    the ids it may emit (a shortlist's ``vocab``), None: all."""
     if options.sampling:
-        return sample(models, src, options, generator)
+        return sample(models, src, options, generator, candidates)
     if options.beam_size == 1:
-        return greedy_search(models, src, options)
-    return beam_search(models, src, options)
+        return greedy_search(models, src, options, candidates=candidates)
+    return beam_search(models, src, options, candidates=candidates)

@@ -9,7 +9,9 @@ them; ``translate_buffer`` formats the results as ``xf translate`` writes them.
 
 from __future__ import annotations
 
+import contextlib
 import json
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Optional
 
@@ -70,20 +72,34 @@ def search_lines(engine: Engine, pieces: list[list[int]], options: TranslateOpti
     results: list[Optional[list[Hypothesis]]] = [None] * len(pieces)
     alignments: list[Optional[list[list[int]]]] = [None] * len(pieces)
     todo = [i for i, ids in enumerate(pieces) if ids]
-    for batch in batch_by_size([len(pieces[i]) for i in todo], max_tokens=max_tokens, max_sentences=max_sentences,
-                               longest_first=True):
-        idx = [todo[j] for j in batch.tolist()]
+    batches = [[todo[j] for j in batch.tolist()] for batch in batch_by_size(
+        [len(pieces[i]) for i in todo], max_tokens=max_tokens, max_sentences=max_sentences, longest_first=True)]
+
+    def run(idx: list[int]):
         sentences = [pieces[i] for i in idx]
         found = engine.search(sentences, options, generator)
-        if on_batch is not None:
-            on_batch(len(sentences))
-        for i, hyps in zip(idx, found):
-            results[i] = hyps
-            stats.src_tokens += len(pieces[i]) + 1
-            stats.tgt_tokens += len(hyps[0].tokens) if hyps else 0
+        aligned = None
         if options.print_alignment:  # a forced-decoding pass over the final hypotheses
-            for i, per_hyp in zip(idx, engine.alignments(sentences, found, options.alignment_layer)):
-                alignments[i] = per_hyp
+            aligned = engine.alignments(sentences, found, options.alignment_layer)
+        return found, aligned
+
+    workers = min(getattr(options, "workers", 1), len(batches))
+    with contextlib.ExitStack() as stack:
+        if workers > 1:  # batches decoded at once by worker threads (torch and CTranslate2 release the GIL)
+            pool = stack.enter_context(ThreadPoolExecutor(workers, thread_name_prefix="xf-decode"))
+            done = pool.map(run, batches)  # in batch order
+        else:
+            done = map(run, batches)
+        for idx, (found, aligned) in zip(batches, done):
+            if on_batch is not None:
+                on_batch(len(idx))
+            for i, hyps in zip(idx, found):
+                results[i] = hyps
+                stats.src_tokens += len(pieces[i]) + 1
+                stats.tgt_tokens += len(hyps[0].tokens) if hyps else 0
+            if aligned is not None:
+                for i, per_hyp in zip(idx, aligned):
+                    alignments[i] = per_hyp
     return results, alignments
 
 
