@@ -7,6 +7,8 @@
 #   xf preprocess          raw text      -> $WORK_DIR/data-bin      (done: data-bin/meta.json)
 #   xf train               data-bin      -> $WORK_DIR/checkpoints   (done: checkpoints/train.done)
 #   xf average-checkpoints checkpoints   -> $WORK_DIR/averaged.pt
+#     (where the config's average_checkpoints has choose_on_valid: true, the average and the lenpen
+#      of the test translation are chosen on the validation set -> also $WORK_DIR/choice.json)
 #   xf translate           test source   -> $WORK_DIR/test.hyp.$TGT
 #   xf score               hypotheses    -> $WORK_DIR/score.json
 #   xf plot curves         train_log     -> $WORK_DIR/curves.png     (needs matplotlib; else a note)
@@ -151,16 +153,31 @@ pipeline() {
   step "train" "$save_dir/train.done" train_then_mark "$save_dir/train.done" \
     "${launcher[@]}" train "$data_bin" --config "$CONFIG" --save-dir "$save_dir" \
     "${batch_args[@]}" "${train_args[@]}"
-  step "average checkpoints" "$averaged" \
-    xf average-checkpoints --config "$CONFIG" --inputs "$save_dir" --output "$averaged" "${average_args[@]}"
+  local choice="$WORK_DIR/choice.json" chosen=()
+  if [[ $(yaml_get "$CONFIG" average_checkpoints choose_on_valid) == true ]]; then
+    # the checkpoints to average and the lenpen, chosen on val (never the test set) among
+    # candidates that include the config's fixed rule (its average and its translate lenpen)
+    local fixed=() lenpen beam
+    lenpen=$(yaml_get "$CONFIG" translate lenpen) beam=$(yaml_get "$CONFIG" translate beam_size)
+    [[ -n $lenpen ]] && fixed+=(--choose-lenpen "$lenpen")
+    [[ -n $beam ]] && fixed+=(--choose-beam-size "$beam")
+    step "choose on $(basename "$VALIDPREF").$SRC" "$choice" \
+      xf average-checkpoints --config "$CONFIG" --inputs "$save_dir" --output "$averaged" \
+      --valid-source "$VALIDPREF.$SRC" --valid-reference "$VALIDPREF.$TGT" --choose-report "$choice" \
+      "${fixed[@]}" "${average_args[@]}"
+    chosen=(--lenpen "$(python3 -c 'import json, sys; print(json.load(open(sys.argv[1]))["chosen"]["lenpen"])' "$choice")")
+  else
+    step "average checkpoints" "$averaged" \
+      xf average-checkpoints --config "$CONFIG" --inputs "$save_dir" --output "$averaged" "${average_args[@]}"
+  fi
   step "translate $(basename "$TESTPREF").$SRC" "$hyp" \
     to_file "$hyp" xf translate --config "$CONFIG" --path "$averaged" --input "$TESTPREF.$SRC" \
-    "${translate_args[@]}"
+    "${chosen[@]}" "${translate_args[@]}"
   step "score" "$scores" \
     to_file "$scores" xf score --config "$CONFIG" --ref "$TESTPREF.$TGT" --hyp "$hyp" --json \
     "${tokenized[@]}" "${score_args[@]}"
 
-  NGPU=$NGPU CONFIG=$CONFIG results_table "$scores" "$WORK_DIR/timings.tsv" "$NAME" "${PAPER:-}" | tee "$WORK_DIR/results.txt"
+  NGPU=$NGPU CONFIG=$CONFIG CHOICE=$choice results_table "$scores" "$WORK_DIR/timings.tsv" "$NAME" "${PAPER:-}" | tee "$WORK_DIR/results.txt"
   if [[ -n ${EXAMPLES:-} ]]; then
     examples "$TESTPREF.$SRC" "$TESTPREF.$TGT" "$hyp" "$EXAMPLES"
   fi
@@ -214,6 +231,14 @@ rows = [
     ("chrF2", get("chrf")),
     ("TER", get("ter")),
 ]
+choice = os.environ.get("CHOICE", "")
+if choice and os.path.exists(choice):  # xf average-checkpoints --choose-on-valid's report
+    c = json.load(open(choice, encoding="utf-8"))
+    fixed = c["fixed_rule"]
+    pick = lambda r: f"{r['checkpoints']}, lenpen {r['lenpen']:g}: {r['bleu']:.2f}"
+    rows.append(("chosen on val (sacreBLEU)", pick(c["chosen"]) + f"   (fixed rule {pick(fixed) if fixed else 'none'})"))
+    for cand in c["candidates"]:
+        rows.append((f"  val: {cand['checkpoints']}", "  ".join(f"{s['lenpen']:g}: {s['bleu']:.2f}" for s in cand["scores"])))
 rows += [(f"time: {step}", minutes(sec)) for step, sec in steps.items()]
 rows.append(("time: total", minutes(sum(steps.values()))))
 cpu = next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")), platform.machine()) if os.path.exists("/proc/cpuinfo") else platform.machine()

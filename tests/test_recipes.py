@@ -14,6 +14,7 @@ import importlib.util
 import io
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -315,6 +316,33 @@ def test_wmt14_end_to_end(tmp_path, tgt, paper):
     scores = check_results(tmp_path / "work", result.stdout, 40)
     assert f"(paper: {paper})" in result.stdout
     assert "tok:moses-" + tgt in scores["tokenized_bleu"]["signature"]
+
+
+@pytest.mark.slow
+def test_multi30k_chooses_on_val_and_resumes(tmp_path):
+    """choose_on_valid: the average and the lenpen chosen on val (never test2016), in the table."""
+    config = TINY.replace("  num_update_checkpoints: 2\n", "  num_update_checkpoints: 2\n  choose_on_valid: true\n"
+                          "  choose_last: [1]\n  choose_best: [1]\n  choose_lenpens: [0.6, 1.0]\n")
+    env = {"MULTI30K_DIR": multi30k_slice(tmp_path / "m30k"), "WORK_DIR": tmp_path / "work",
+           "CONFIG": write(tmp_path / "choose.yaml", config.splitlines())}
+    first = run_recipe("multi30k/run.sh", env, "en-de")
+    work = tmp_path / "work"
+    choice = json.loads((work / "choice.json").read_text())
+    assert choice["valid"]["source"] == str(tmp_path / "m30k" / "val.en") and choice["valid"]["lines"] == 40
+    assert choice["fixed_rule"]["checkpoints"] == "last 2" and choice["fixed_rule"]["lenpen"] == 0.6
+    assert choice["chosen"]["bleu"] >= choice["fixed_rule"]["bleu"]
+    assert load_average_sources(work / "averaged.pt") == choice["chosen"]["files"]
+    chosen = f"{choice['chosen']['checkpoints']}, lenpen {choice['chosen']['lenpen']:g}: {choice['chosen']['bleu']:.2f}"
+    assert re.search(r"chosen on val \(sacreBLEU\) +" + re.escape(chosen), first.stdout)
+    check_results(work, first.stdout, 30)
+    again = run_recipe("multi30k/run.sh", env, "en-de")
+    assert "choose on val.en: skipped" in again.stderr and again.stderr.count("skipped") == 5
+
+
+def load_average_sources(path: Path) -> list[str]:
+    from xformer_cli.checkpoint import load_checkpoint
+
+    return load_checkpoint(path)["meta"]["averaged_from"]
 
 
 @pytest.mark.slow

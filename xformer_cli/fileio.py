@@ -1,4 +1,5 @@
-"""Atomic file writes: a crash, kill -9 or full disk never leaves a half-written file behind.
+"""Atomic file writes (a crash, kill -9 or full disk never leaves a half-written file behind), and
+the one reader of text files line by line as sacreBLEU reads them (`read_lines`).
 
 A file written here gets the permissions any other tool would give it (0666 less the umask, or
 the mode of the file it replaces), and a failed write is an XfError that names the file and the
@@ -17,7 +18,7 @@ import stat
 import tempfile
 import threading
 from pathlib import Path
-from typing import IO, Iterator
+from typing import IO, Iterator, Optional
 
 from .errors import XfError
 
@@ -256,3 +257,33 @@ def atomic_directory(output: str | Path, overwrite: bool = False, inputs: tuple 
             shutil.rmtree(tmp, ignore_errors=True)
     fsync_dir(parent)
     remove_stale_temporaries_of(output)
+
+
+def read_lines(path: str | Path | None, stream: Optional[IO[bytes]] = None) -> list[str]:
+    """The lines of a UTF-8 file (or of the byte ``stream`` when path is None), right-stripped.
+
+    Lines are split on "\\n" only and right-stripped, exactly as the ``sacrebleu`` command reads
+    its files, so scores agree with it to the last digit. Empty lines are kept (they score 0).
+    """
+    name = str(path) if path is not None else "<stdin>"
+    if path is None:
+        raw = stream.read() if stream is not None else b""
+    else:
+        try:
+            raw = Path(path).read_bytes()
+        except FileNotFoundError:
+            raise XfError(f"{name}: file not found") from None
+        except IsADirectoryError:
+            raise XfError(f"{name}: is a directory, expected a text file") from None
+        except OSError as e:
+            raise XfError(f"{name}: cannot read: {e.strerror or e}") from None
+    lines = raw.split(b"\n")
+    if lines[-1] == b"":
+        lines.pop()  # the newline that ends the last line does not start another
+    out = []
+    for lineno, line in enumerate(lines, 1):
+        try:
+            out.append(line.decode("utf-8").rstrip())
+        except UnicodeDecodeError as e:
+            raise XfError(f"{name}:{lineno}: invalid UTF-8 ({e.reason} at byte {e.start})") from None
+    return out

@@ -233,9 +233,37 @@ class AverageOptions:
     num_epoch_checkpoints: int = option(0, "average the last N epoch-end checkpoints by epoch number", range=COUNT)
     overwrite: bool = option(False, "replace --output even when it is a training checkpoint (checkpoint_last.pt, "
                              "checkpoint_best.pt, checkpoint_<epoch>_<update>.pt); an input is never replaced")
+    # Choosing on a validation set (docs/recipes.md): the recipes' step between training and the test set.
+    choose_on_valid: bool = option(
+        False, "choose the checkpoints to average and the length penalty on --valid-source/--valid-reference "
+        "(beam-search sacreBLEU): every pair of a candidate set (the last N: --choose-last, and all; the N of lowest "
+        "validation loss: --choose-best) and a lenpen (--choose-lenpens); the fixed rule, the last "
+        "--num-update-checkpoints at --choose-lenpen, is one of the pairs"
+    )
+    valid_source: Optional[str] = option(None, "validation source text (raw, one sentence a line) for --choose-on-valid",
+                                         path=True)
+    valid_reference: Optional[str] = option(None, "its reference translations, line by line, for --choose-on-valid",
+                                            path=True)
+    choose_last: tuple[int, ...] = option((1, 3, 5, 8, 12), "candidates: the average of the last N update checkpoints "
+                                          "for each N that exists (and of all of them)", range=COUNT1)
+    choose_best: tuple[int, ...] = option((3, 5), "candidates: the average of the N update checkpoints of lowest "
+                                          "validation loss, for each N", range=COUNT1)
+    choose_lenpen: float = option(0.6, "the fixed rule's length penalty (the recipe's translate lenpen); it wins ties",
+                                  range=Range(-10, 10))
+    choose_lenpens: tuple[float, ...] = option((0.6, 1.0, 1.5, 2.0, 2.5), "the length penalties tried with every "
+                                               "candidate set (one beam search a set: the lenpens rerank it)",
+                                               range=Range(-10, 10))
+    choose_beam_size: int = option(4, "beam size of the validation translations (the test translation's)",
+                                   range=Range(1, 1000))
+    choose_report: Optional[str] = option(None, "write the choice and every candidate's score here (JSON; "
+                                          "default: beside --output, NAME.choice.json)", path=True)
 
     def __post_init__(self) -> None:
         check_ranges(self)
+        # (--choose-on-valid without the files is refused when it runs: a config may enable it and
+        # leave the files to the recipe's flags)
+        if not self.choose_on_valid and (self.valid_source, self.valid_reference) != (None, None):
+            raise ConfigError("--valid-source and --valid-reference are read only with --choose-on-valid")
 
 
 @dataclass(frozen=True)

@@ -191,9 +191,11 @@ def _forbid_specials(lprobs: torch.Tensor, at_max: Optional[torch.Tensor]) -> to
 @torch.inference_mode()
 def beam_search(
     models: Sequence[Transformer], src: torch.Tensor, options: DecodingOptions = DecodingOptions(), use_cache: bool = True,
-    candidates: Optional[torch.Tensor] = None,
+    candidates: Optional[torch.Tensor] = None, all_finished: bool = False,
 ) -> list[list[Hypothesis]]:
-    """Beam search over a batch src (B, S); returns the nbest hypotheses of each sentence.
+    """Beam search over a batch src (B, S); returns the nbest hypotheses of each sentence (with
+    ``all_finished``: every finished one, in the order found, by fairseq's stopping rule alone;
+    searched with lenpen 0, ``rescore`` ranks them as a search with any other lenpen would).
     candidates: the ids the search may emit (a shortlist's ``vocab``; None: all).
 
     At each step the 2k best extensions (k = beam_size) of a sentence's k live hypotheses are
@@ -270,7 +272,9 @@ def beam_search(
         # finished one, or at its maximum length.
         best_live = scores.view(-1, k).max(dim=1).values
         bound = best_live / torch.maximum(lp(torch.full_like(best_live, step + 2.0)), max_lp)
-        done = fin_count.ge(k) | fin_best[:, -1].ge(bound) | max_len.le(step)
+        done = fin_count.ge(k) | max_len.le(step)
+        if not all_finished:  # the bound holds for this lenpen only: a rescore needs them all
+            done = done | fin_best[:, -1].ge(bound)
         any_final, all_done, any_done = torch.stack((final.any(), done.all(), done.any())).tolist()  # one sync
 
         if any_final:
@@ -292,7 +296,22 @@ def beam_search(
             tokens, pos_scores, scores = tokens[keep_rows], pos_scores[keep_rows], scores[keep_rows]
             shortest = int(max_len.min())
 
+    if all_finished:
+        return finished  # in the order found: rescore's stable sort then breaks ties as this one does
     return [sorted(hyps, key=lambda h: -h.score)[:nbest] for hyps in finished]
+
+
+def rescore(hyps: Sequence[Hypothesis], alpha: float, style: str = "gnmt") -> list[Hypothesis]:
+    """``hyps`` of a beam search with lenpen 0 and ``all_finished`` (their scores: summed
+    log-probabilities), scored and ranked as a beam search with lenpen ``alpha`` ranks them. The
+    finished hypotheses do not depend on the lenpen (the live beam is ranked by log-probability
+    alone), so one search serves every lenpen; the division is beam_search's own (float32 by a
+    Python float), so ties break alike."""
+    out = []
+    for h in hyps:
+        score = (torch.tensor(h.score, dtype=torch.float32) / length_penalty(float(len(h.tokens)), alpha, style)).item()
+        out.append(Hypothesis(h.tokens, score, h.positional_scores))
+    return sorted(out, key=lambda h: -h.score)  # stable: ties keep the search's order
 
 
 # -- greedy decoding and sampling ----------------------------------------------------------------

@@ -4,10 +4,16 @@ The paper averages the last 5 checkpoints of base models (written every 10 minut
 20 of big models. Checkpoints are chosen by the numbers in their names,
 ``checkpoint_<epoch>_<update>.pt``, never by file time (a copy or a restore changes mtimes).
 Epoch-end checkpoints carry the same names; their ``meta["end_of_epoch"]`` is true.
+
+With ``--choose-on-valid`` the set to average is not fixed but chosen on a validation set, with
+the length penalty to translate with (the rules are in ``choose.py``): the recipes' step between
+training and the test set.
 """
 
 from __future__ import annotations
 
+import json
+import time
 from pathlib import Path
 from typing import Optional
 
@@ -15,10 +21,15 @@ import torch
 
 from ..checkpoint import checkpoint_numbers, is_training_checkpoint, load_checkpoint, model_from_checkpoint
 from ..checkpoint import same_vocabulary, save_checkpoint
+from ..choose import REPORT_VERSION, Candidate, candidate_sets, fixed_candidate, lenpen_grid, winner
+from ..choose import read_valid, valid_bleu, valid_loss, valid_pairs
 from ..console import print_summary, stderr_console
+from ..distributed import resolve_device
 from ..errors import ConfigError, XfError
-from ..options import AverageOptions
+from ..fileio import atomic_write_text
+from ..options import AverageOptions, TranslateOptions
 from ..safety import refuse_overwriting_inputs
+from ..vocab import load_sentencepiece
 
 # Fields that change training, not the function the weights compute.
 TRAINING_ONLY_FIELDS = ("dropout", "attention_dropout", "activation_dropout")
@@ -101,22 +112,72 @@ def _same_architecture(a: dict, b: dict) -> Optional[str]:
     return None
 
 
+class _Mean:
+    """The running float64 sum of checkpoints' parameters and their mean; the first one added
+    fixes the architecture, vocabulary and weight tying the others must share."""
+
+    def __init__(self) -> None:
+        self.first: dict = {}
+        self.groups: list[list[str]] = []
+        self.sums: dict[str, torch.Tensor] = {}
+        self.used: list[tuple[Path, dict]] = []
+
+    def add(self, path: Path, ckpt: dict) -> None:
+        state = ckpt["model"]
+        if not self.used:
+            self.first = {**ckpt, "train_state": None}  # keep no optimizer state in memory
+            self.groups = _tied_groups(state)
+            self.sums = {g[0]: state[g[0]].detach().to(torch.float64) for g in self.groups
+                         if state[g[0]].is_floating_point()}
+        else:
+            _check_compatible(self.first, ckpt, self.used[0][0], path, self.groups)
+            for key in self.sums:
+                self.sums[key] += state[key].detach().to(torch.float64)
+        self.used.append((path, ckpt.get("meta") or {}))
+
+    def checkpoint(self) -> dict:
+        """The averaged checkpoint: the first one's configuration and vocabulary, the mean weights."""
+        averaged: dict[str, torch.Tensor] = {}
+        for group in self.groups:
+            original = self.first["model"][group[0]]
+            # Float parameters: mean in float64, stored back in their own dtype. Integer buffers
+            # (none in xf's model today) cannot be averaged: the newest checkpoint's value is kept.
+            value = (self.sums[group[0]] / len(self.used)).to(original.dtype) if group[0] in self.sums else original.clone()
+            for key in group:  # tied keys share one averaged tensor, so they stay tied on load
+                averaged[key] = value
+        newest_meta = self.used[0][1]  # the newest by number, or the first file given
+        return {
+            **self.first,
+            "model": averaged,
+            "train_state": None,  # optimizer moments of one checkpoint mean nothing for the average
+            "meta": {
+                "epoch": newest_meta.get("epoch"),
+                "num_updates": newest_meta.get("num_updates"),
+                "end_of_epoch": newest_meta.get("end_of_epoch"),
+                "averaged_from": [p.name for p, _ in self.used],
+            },
+        }
+
+    def parameters(self) -> int:
+        return sum(self.first["model"][g[0]].numel() for g in self.groups)
+
+
 def average_checkpoints(options: AverageOptions) -> None:
-    """Write the element-wise mean of the chosen checkpoints' parameters to options.output."""
+    """Write the element-wise mean of the chosen checkpoints' parameters to options.output
+    (with --choose-on-valid: of the set chosen on the validation set, ``choose_on_valid``)."""
     from rich.progress import Progress
 
+    if options.choose_on_valid:
+        return choose_on_valid(options)
     paths = select_inputs(options)
     check_output(options, paths)
     wanted = options.num_epoch_checkpoints or len(paths)
     console = stderr_console()
-    sums: dict[str, torch.Tensor] = {}
-    groups: list[list[str]] = []
-    first: dict = {}
-    used: list[tuple[Path, dict]] = []
+    mean = _Mean()
     with Progress(console=console, transient=True, disable=not console.is_terminal) as progress:
         task = progress.add_task("averaging", total=wanted)
         for path in paths:
-            if len(used) == wanted:
+            if len(mean.used) == wanted:
                 break
             ckpt = load_checkpoint(path)
             meta = ckpt.get("meta") or {}
@@ -126,51 +187,23 @@ def average_checkpoints(options: AverageOptions) -> None:
                                   "use --num-update-checkpoints")
                 if not meta["end_of_epoch"]:
                     continue  # the last checkpoint of an epoch that did not finish
-            state = ckpt["model"]
-            if not used:
-                first = {**ckpt, "train_state": None}  # keep no optimizer state in memory
-                groups = _tied_groups(state)
-                sums = {g[0]: state[g[0]].detach().to(torch.float64) for g in groups if state[g[0]].is_floating_point()}
-            else:
-                _check_compatible(first, ckpt, used[0][0], path, groups)
-                for key in sums:
-                    sums[key] += state[key].detach().to(torch.float64)
-            used.append((path, meta))
+            mean.add(path, ckpt)
             progress.advance(task)
-            del ckpt, state
+            del ckpt
 
-    if len(used) < wanted:
+    if len(mean.used) < wanted:
         raise XfError(
             f"asked for the last {wanted} epoch-end checkpoints but {', '.join(options.inputs)} holds "
-            f"{len(used)} (checkpoint_<epoch>_<update>.pt whose meta says end_of_epoch)"
+            f"{len(mean.used)} (checkpoint_<epoch>_<update>.pt whose meta says end_of_epoch)"
         )
-    averaged: dict[str, torch.Tensor] = {}
-    for group in groups:
-        original = first["model"][group[0]]
-        # Float parameters: mean in float64, stored back in their own dtype. Integer buffers
-        # (none in xf's model today) cannot be averaged: the newest checkpoint's value is kept.
-        value = (sums[group[0]] / len(used)).to(original.dtype) if group[0] in sums else original.clone()
-        for key in group:  # tied keys share one averaged tensor, so they stay tied on load
-            averaged[key] = value
-    newest_meta = used[0][1]  # the newest by number, or the first file given
-    output = {
-        **first,
-        "model": averaged,
-        "train_state": None,  # optimizer moments of one checkpoint mean nothing for the average
-        "meta": {
-            "epoch": newest_meta.get("epoch"),
-            "num_updates": newest_meta.get("num_updates"),
-            "end_of_epoch": newest_meta.get("end_of_epoch"),
-            "averaged_from": [p.name for p, _ in used],
-        },
-    }
+    output = mean.checkpoint()
     model_from_checkpoint(output, options.output)  # the average must load as a model
     save_checkpoint(options.output, output)
 
     print_summary(console, "xf average-checkpoints", [
-        ("averaged", f"{len(used)} checkpoints"),
-        ("from", ", ".join(p.name for p, _ in used)),
-        ("parameters", f"{sum(averaged[g[0]].numel() for g in groups):,}"),
+        ("averaged", f"{len(mean.used)} checkpoints"),
+        ("from", ", ".join(p.name for p, _ in mean.used)),
+        ("parameters", f"{mean.parameters():,}"),
         ("written", str(options.output)),
     ])
 
@@ -194,3 +227,88 @@ def _check_compatible(first: dict, ckpt: dict, first_path, path: Path, groups: l
                 f"{path}: parameter {key} is {tuple(state[key].shape)} {state[key].dtype}, "
                 f"{tuple(ref[key].shape)} {ref[key].dtype} in {first_path}; cannot average"
             )
+
+
+# -- --choose-on-valid: the set and the length penalty chosen on a validation set (choose.py) ---------
+def choose_on_valid(options: AverageOptions) -> None:
+    """Score every candidate average on the validation set, write the winner to options.output and
+    the choice with every score to options.choose_report (JSON), the report last."""
+    from rich.progress import Progress
+
+    if options.num_epoch_checkpoints:
+        raise ConfigError("--choose-on-valid chooses among update checkpoints; --num-update-checkpoints N "
+                          "names the fixed rule (not --num-epoch-checkpoints)")
+    if not options.inputs:
+        raise ConfigError("give a checkpoint directory with --inputs")
+    if options.valid_source is None or options.valid_reference is None:
+        raise ConfigError("--choose-on-valid needs --valid-source and --valid-reference")
+    numbered = numbered_checkpoints(options.inputs)
+    if not numbered:
+        raise XfError(f"{', '.join(options.inputs)} holds no checkpoint_<epoch>_<update>.pt to choose from")
+    report_path = Path(options.choose_report or Path(options.output).with_name(Path(options.output).stem + ".choice.json"))
+    check_output(options, numbered)
+    refuse_overwriting_inputs(report_path, [*numbered, options.valid_source, options.valid_reference], "--choose-report")
+    source, reference = read_valid(options.valid_source, options.valid_reference)
+    start = time.perf_counter()
+    console = stderr_console()
+    device = resolve_device("auto")
+    decoding = TranslateOptions(path=(str(numbered[-1]),), beam_size=options.choose_beam_size,
+                                lenpen=options.choose_lenpen, batch_size=128, quiet=True)
+    states: dict[Path, dict] = {}  # each checkpoint read once, its optimizer state dropped
+    losses: dict[Path, float] = {}
+    with Progress(console=console, transient=True, disable=not console.is_terminal) as progress:
+        task = progress.add_task("validation loss of each checkpoint", total=len(numbered))
+        for path in numbered:
+            ckpt = load_checkpoint(path)
+            states[path] = {**ckpt, "train_state": None}
+            del ckpt
+            model = model_from_checkpoint(states[path], path).to(device).eval()
+            if path == numbered[0]:
+                sp = load_sentencepiece(states[path]["spm_model"], str(path))
+                pairs = valid_pairs(sp, source, reference, model.cfg.max_positions - 1)
+            losses[path] = valid_loss(model, pairs)
+            progress.advance(task)
+        candidates = candidate_sets(numbered, options.choose_last, options.choose_best, losses,
+                                    options.num_update_checkpoints)
+        fixed = fixed_candidate(candidates, options.num_update_checkpoints)
+
+        def average_of(candidate: Candidate) -> dict:
+            mean = _Mean()
+            for path in candidate.paths:
+                mean.add(path, states[path])
+            return mean.checkpoint()
+
+        lenpens = lenpen_grid(options.choose_lenpen, options.choose_lenpens)
+        task = progress.add_task("beam search of val per candidate", total=len(candidates))
+        scores: list[list[dict]] = []  # per candidate, per lenpen
+        for candidate in candidates:
+            model = model_from_checkpoint(average_of(candidate), options.output).to(device).eval()
+            scores.append(valid_bleu([model], device, sp, source, reference, decoding, lenpens))
+            progress.advance(task)
+    best, chosen = winner(candidates, scores)
+    save_checkpoint(options.output, average_of(best))
+    seconds = time.perf_counter() - start
+    fixed_score = scores[candidates.index(fixed)][0] if fixed else None  # at lenpens[0], the fixed lenpen
+    report = {
+        "version": REPORT_VERSION,
+        "chosen": {"checkpoints": best.name, **chosen, "files": [p.name for p in best.paths]},
+        "fixed_rule": {"checkpoints": fixed.name, **fixed_score} if fixed else None,
+        "valid": {"source": str(options.valid_source), "reference": str(options.valid_reference),
+                  "lines": len(source), "beam_size": options.choose_beam_size},
+        "checkpoint_loss": {p.name: round(losses[p], 4) for p in numbered},
+        "candidates": [{"checkpoints": c.name, "files": [p.name for p in c.paths], "scores": per_lenpen}
+                       for c, per_lenpen in zip(candidates, scores)],
+        "seconds": round(seconds, 1),
+        "output": str(options.output),
+    }
+    atomic_write_text(report_path, json.dumps(report, indent=1) + "\n")
+
+    rows = [(c.name, "  ".join(f"{s['bleu']:6.2f}" for s in per_lenpen)) for c, per_lenpen in zip(candidates, scores)]
+    rows.insert(0, ("val sacreBLEU at lenpen", "  ".join(f"{lp:6g}" for lp in lenpens)))
+    rows += [
+        ("chosen", f"{best.name}, lenpen {chosen['lenpen']:g}: {chosen['bleu']:.2f}"),
+        ("fixed rule", f"{fixed.name}, lenpen {fixed_score['lenpen']:g}: {fixed_score['bleu']:.2f}" if fixed else "none"),
+        ("time", f"{seconds:.0f} s ({len(candidates)} beam searches of val)"),
+        ("written", f"{options.output}, {report_path}"),
+    ]
+    print_summary(console, f"xf average-checkpoints --choose-on-valid (val sacreBLEU, beam {options.choose_beam_size})", rows)

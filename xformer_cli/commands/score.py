@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import IO, Any, Optional, Sequence
 
 from ..errors import XfError
+from ..fileio import read_lines
 from ..options import ScoreOptions
 
 METRICS = ("bleu", "chrf", "ter")
@@ -34,36 +35,6 @@ _COMPOUND = re.compile(r"(\S)-(\S)")
 def compound_split(line: str) -> str:
     """Rewrite every intra-word hyphen ``a-b`` as ``a ##AT##-##AT## b`` (the paper's BLEU)."""
     return _COMPOUND.sub(r"\1 ##AT##-##AT## \2", line)
-
-
-def read_lines(path: str | Path | None, stream: Optional[IO[bytes]] = None) -> list[str]:
-    """The lines of a UTF-8 file (or of the byte ``stream`` when path is None), right-stripped.
-
-    Lines are split on "\\n" only and right-stripped, exactly as the ``sacrebleu`` command reads
-    its files, so scores agree with it to the last digit. Empty lines are kept (they score 0).
-    """
-    name = str(path) if path is not None else "<stdin>"
-    if path is None:
-        raw = stream.read() if stream is not None else b""
-    else:
-        try:
-            raw = Path(path).read_bytes()
-        except FileNotFoundError:
-            raise XfError(f"{name}: file not found") from None
-        except IsADirectoryError:
-            raise XfError(f"{name}: is a directory, expected a text file") from None
-        except OSError as e:
-            raise XfError(f"{name}: cannot read: {e.strerror or e}") from None
-    lines = raw.split(b"\n")
-    if lines[-1] == b"":
-        lines.pop()  # the newline that ends the last line does not start another
-    out = []
-    for lineno, line in enumerate(lines, 1):
-        try:
-            out.append(line.decode("utf-8").rstrip())
-        except UnicodeDecodeError as e:
-            raise XfError(f"{name}:{lineno}: invalid UTF-8 ({e.reason} at byte {e.start})") from None
-    return out
 
 
 def parse_metrics(text: str) -> list[str]:
