@@ -137,25 +137,31 @@ def run_case(checkpoint: str, ct2_dir: str, lines: list[str], case: str, trained
         sp = spm.SentencePieceProcessor(model_file=f"{ct2_dir}/spm.model")
         translator = ctranslate2.Translator(ct2_dir, device="cpu", intra_threads=threads // workers,
                                             inter_threads=workers, **extra)
-        # its defaults, but the length limit: the random model never ends on its own
-        max_len = {} if trained else {"max_decoding_length": max(len(p) for p in sp.encode(lines))}
 
         def translate_all(chunk):
+            # batches of BATCH sentences of similar lengths, as translate_batch(max_batch_size=BATCH)
+            # makes them; the random model never ends on its own: each batch stops at its longest
+            # source (as xf's rows, max_len_a 1, max_len_b 0), not at the longest of the input
             pieces = sp.encode(chunk, out_type=str)
+            order = sorted(range(len(pieces)), key=lambda i: -len(pieces[i]))
+            batches = [order[i : i + BATCH] for i in range(0, len(order), BATCH)]
+
+            def run(b):
+                max_len = {} if trained else {"max_decoding_length": max(len(pieces[i]) for i in b)}
+                return translator.translate_batch([pieces[i] for i in b], beam_size=beam, **max_len)
+
             if workers == 1:
-                out = translator.translate_batch(pieces, beam_size=beam, max_batch_size=BATCH, **max_len)
-            else:  # batches of similar lengths (as it makes them), translate_batch called from `workers` threads
+                done = map(run, batches)
+            else:  # translate_batch called from `workers` threads (inter_threads)
                 from concurrent.futures import ThreadPoolExecutor
 
-                order = sorted(range(len(pieces)), key=lambda i: -len(pieces[i]))
-                batches = [order[i : i + BATCH] for i in range(0, len(order), BATCH)]
-                with ThreadPoolExecutor(workers) as pool:
-                    done = pool.map(lambda b: translator.translate_batch([pieces[i] for i in b], beam_size=beam,
-                                                                         **max_len), batches)
-                out = [None] * len(pieces)
-                for b, results in zip(batches, done):
-                    for i, r in zip(b, results):
-                        out[i] = r
+                pool = ThreadPoolExecutor(workers)
+                done = list(pool.map(run, batches))
+                pool.shutdown()
+            out = [None] * len(pieces)
+            for b, results in zip(batches, done):
+                for i, r in zip(b, results):
+                    out[i] = r
             hyps = [r.hypotheses[0] for r in out]
             return [sp.decode_pieces(h) for h in hyps], sum(len(h) + 1 for h in hyps)
     else:
