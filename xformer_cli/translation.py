@@ -76,12 +76,7 @@ def search_lines(engine: Engine, pieces: list[list[int]], options: TranslateOpti
         [len(pieces[i]) for i in todo], max_tokens=max_tokens, max_sentences=max_sentences, longest_first=True)]
 
     def run(idx: list[int]):
-        sentences = [pieces[i] for i in idx]
-        found = engine.search(sentences, options, generator)
-        aligned = None
-        if options.print_alignment:  # a forced-decoding pass over the final hypotheses
-            aligned = engine.alignments(sentences, found, options.alignment_layer)
-        return found, aligned
+        return engine.search([pieces[i] for i in idx], options, generator)
 
     workers = min(getattr(options, "workers", 1), len(batches))
     with contextlib.ExitStack() as stack:
@@ -90,14 +85,16 @@ def search_lines(engine: Engine, pieces: list[list[int]], options: TranslateOpti
             done = pool.map(run, batches)  # in batch order
         else:
             done = map(run, batches)
-        for idx, (found, aligned) in zip(batches, done):
+        for idx, found in zip(batches, done):
             if on_batch is not None:
                 on_batch(len(idx))
             for i, hyps in zip(idx, found):
                 results[i] = hyps
                 stats.src_tokens += len(pieces[i]) + 1
                 stats.tgt_tokens += len(hyps[0].tokens) if hyps else 0
-            if aligned is not None:
+            if options.print_alignment:  # a forced-decoding pass over the final hypotheses, in this
+                # thread: it records attention on the model's modules, which threads would share
+                aligned = engine.alignments([pieces[i] for i in idx], found, options.alignment_layer)
                 for i, per_hyp in zip(idx, aligned):
                     alignments[i] = per_hyp
     return results, alignments
