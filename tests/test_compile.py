@@ -1,7 +1,8 @@
 """xf train --compile: one compilation for every batch shape, the same training as eager, and
-exact resume. The graphs are made with the aot_eager backend (forward and backward traced as
-inductor would get them, without its minutes of code generation on a small CPU); bench/gpu.sh
-and BENCH=train make bench run inductor itself."""
+exact resume; xf translate --compile: a few graphs for every batch shape, the same search as
+eager, and the combinations it refuses. The graphs are made with the aot_eager backend (traced
+as inductor would get them, without its minutes of code generation on a small CPU); bench/gpu.sh
+and BENCH=train make bench run inductor itself, bench/bench_decode_compile.py for decoding."""
 
 import json
 
@@ -13,8 +14,11 @@ from xformer_cli.checkpoint import load_checkpoint
 from xformer_cli.batching import batch_by_size
 from xformer_cli.data import DataDir
 from xformer_cli.model import build_model
-from xformer_cli.options import TrainOptions
+from xformer_cli.options import DecodingOptions, TranslateOptions, TrainOptions
+from xformer_cli.search import CompiledStep, search
+from xformer_cli.vocab import EOS_ID, PAD_ID
 from xformer_cli.commands.train import train
+from xformer_cli.commands.translate import translate
 
 from helpers import MICRO
 
@@ -86,3 +90,77 @@ def test_a_first_batch_with_as_many_source_as_target_positions_does_not_speciali
         forward(src, prev).float().sum().backward()
         assert training.compiled_graphs() == 1, (b, s, t)
     assert forward.training is model.training  # attributes reach the module through the wrapper
+
+
+# -- xf translate --compile ----------------------------------------------------------------------
+def random_batch(generator, sentences: int, longest: int) -> torch.Tensor:
+    """sentences (B, longest + 1) of random ids + eos, right-padded, of random lengths 1..longest."""
+    lengths = torch.randint(1, longest + 1, (sentences,), generator=generator)
+    lengths[0] = longest
+    src = torch.full((sentences, longest + 1), PAD_ID)
+    for i, n in enumerate(lengths.tolist()):
+        src[i, :n] = torch.randint(4, 40, (n,), generator=generator)
+        src[i, n] = EOS_ID
+    return src
+
+
+def assert_same_search(a, b):
+    for hyps_a, hyps_b in zip(a, b, strict=True):
+        assert [h.tokens for h in hyps_a] == [h.tokens for h in hyps_b]
+        for x, y in zip(hyps_a, hyps_b):
+            assert x.score == pytest.approx(y.score, abs=1e-4)
+            assert x.positional_scores == pytest.approx(y.positional_scores, abs=1e-4)
+
+
+@pytest.mark.slow
+@pytest.mark.usefixtures("one_thread")
+def test_compiled_search_equals_eager_with_a_few_graphs_for_every_batch_shape():
+    """Beam search (and greedy) through the compiled decoder step: the tokens of the eager search
+    and scores within 1e-4, over batches of many shapes whose sentences leave at different steps
+    (each at its own length limit); after the first two batches no shape compiles a new graph."""
+    torch.manual_seed(0)
+    model = build_model("tiny", vocab_size=40, d_model=32, d_ff=64, heads=4, encoder_layers=2, decoder_layers=2).eval()
+    generator = torch.Generator().manual_seed(1)
+    compiled = CompiledStep()
+    beam = DecodingOptions(beam_size=4, nbest=2, max_len_b=4)
+    shapes = [(1, 4), (3, 5), (5, 7), (8, 9), (2, 3), (6, 11), (4, 2), (7, 6)]  # (sentences, longest source)
+    for i, (sentences, longest) in enumerate(shapes):
+        src = random_batch(generator, sentences, longest)
+        assert_same_search(search([model], src, beam, compiled=compiled), search([model], src, beam))
+        if i == 1:
+            graphs = compiled.graphs
+    # step 1 and the steps after it (dynamo specializes the lengths 0 and 1), each for one
+    # sentence and for several (a size of 1 is specialized too)
+    assert 2 <= graphs <= 4 and compiled.graphs == graphs, (graphs, compiled.graphs)
+    assert compiled.compile_seconds > 0
+    src = random_batch(generator, 5, 6)
+    greedy = DecodingOptions(beam_size=1, max_len_b=4)
+    assert_same_search(search([model], src, greedy, compiled=compiled), search([model], src, greedy))
+    candidates = torch.tensor([0, 1, 2, 3, 5, 8, 13, 21, 34])  # a shortlist: the projection stays eager
+    assert_same_search(search([model], src, beam, candidates=candidates, compiled=compiled),
+                       search([model], src, beam, candidates=candidates))
+
+
+@pytest.mark.slow
+@pytest.mark.usefixtures("one_thread")
+def test_translate_compile_reports_its_compile_time_apart(tmp_path, ckpt, sentences, capsys):
+    data = tmp_path / "in.txt"
+    data.write_text("\n".join(sentences[:6]) + "\n", encoding="utf-8")
+    kw = dict(path=(ckpt,), input=str(data), max_len_a=0.5, max_len_b=3, batch_size=3, threads=1)
+    translate(TranslateOptions(**kw, output=str(tmp_path / "eager.txt")))
+    capsys.readouterr()
+    translate(TranslateOptions(**kw, output=str(tmp_path / "compiled.txt"), compile=True))
+    assert (tmp_path / "compiled.txt").read_text() == (tmp_path / "eager.txt").read_text()
+    err = capsys.readouterr().err
+    assert "compile (not in the speeds)" in err and "graph(s)" in err
+
+
+@pytest.mark.parametrize("kw, message", [
+    (dict(engine="ctranslate2"), "--engine ctranslate2 runs CTranslate2's"),
+    (dict(quantize="int8"), "--compile does not work with --quantize int8"),
+    (dict(workers=2), "--compile with --workers 2"),
+])
+def test_translate_compile_refuses(kw, message):
+    with pytest.raises(ValueError, match=message):
+        TranslateOptions(path=("model.pt",), compile=True, **kw)
+    TranslateOptions(path=("model.pt",), **kw)  # each is fine without --compile

@@ -27,7 +27,7 @@ from .model import Transformer
 from .vocab import PAD_ID, BOS_ID, EOS_ID
 from .options import TranslateOptions
 from .precision import ct2_compute_type, ct2_precisions, precision_warning, resolve_precision
-from .search import Hypothesis, length_penalty, max_output_lengths, search
+from .search import CompiledStep, Hypothesis, length_penalty, max_output_lengths, search
 from .shortlist import Shortlist, vocabulary_map
 from .vocab import MappedVocabulary, load_sentencepiece
 
@@ -89,8 +89,10 @@ def quantize_int8(model: Transformer) -> Transformer:
 class XfEngine(Engine):
     """xf's own search (``search.py``) over one model or an ensemble: the default --engine."""
 
-    def __init__(self, models: Sequence[Transformer], device: torch.device, shortlist: Optional[Shortlist] = None):
+    def __init__(self, models: Sequence[Transformer], device: torch.device, shortlist: Optional[Shortlist] = None,
+                 compiled: Optional[CompiledStep] = None):
         self.models, self.device, self.shortlist = list(models), device, shortlist
+        self.compiled = compiled  # --compile: the compiled decoder step, with its compile time and graph count
         self.supports_alignments = True
         self.max_source = min(m.cfg.max_positions for m in models) - 1  # room for the source's eos
 
@@ -98,7 +100,7 @@ class XfEngine(Engine):
         """Hypotheses of each sentence (subword ids without eos), best first."""
         src = collate_source(sentences).to(self.device)
         candidates = self.shortlist.candidates(src) if self.shortlist is not None else None
-        return search(self.models, src, options, generator, candidates)
+        return search(self.models, src, options, generator, candidates, self.compiled)
 
     def alignments(self, sentences, found, layer):
         return hard_alignments(self.models, collate_source(sentences).to(self.device), found, layer)
@@ -129,7 +131,7 @@ def open_engine(options: TranslateOptions):
         _check_shortlist(shortlist, options.shortlist, sp)
     if options.quantize == "int8":
         models = [quantize_int8(m) for m in models]
-    return XfEngine(models, device, shortlist), sp, device
+    return XfEngine(models, device, shortlist, CompiledStep() if options.compile else None), sp, device
 
 
 def import_ctranslate2():

@@ -121,6 +121,15 @@ class KeyValueCache:
         self.length = t
         return self.k[:t].permute(1, 2, 0, 3), self.v[:t].permute(1, 2, 0, 3)
 
+    @classmethod
+    def of(cls, k: torch.Tensor, v: torch.Tensor, length: int) -> "KeyValueCache":
+        """A cache over the buffers k, v (capacity, N, H, K) whose first ``length`` positions are
+        filled: what a compiled decoder step (``search.CompiledStep``) gets in place of the cache
+        object, so that the graph depends on tensors and one int, not on a Python object."""
+        cache = cls(k.size(0))
+        cache.k, cache.v, cache.length = k, v, length
+        return cache
+
     def _grow(self, like: torch.Tensor, capacity: int) -> None:
         n, h, _, d = like.shape
         k = like.new_empty(capacity, n, h, d)

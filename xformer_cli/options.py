@@ -325,6 +325,11 @@ class TranslateOptions(DecodingOptions):
         "as CTranslate2's inter_threads and Marian's --cpu-threads); outputs are those of --workers 1",
         range=Range(1, 256),
     )
+    compile: bool = option(
+        False, "torch.compile (inductor) the decoder step with its output projection, log-softmax and specials mask "
+        "(dynamic shapes: a few graphs for all batch shapes; the compile time is reported apart from the speed; "
+        "outputs may differ in the last float bits); xf engine, fp32/bf16/fp16, not with --quantize int8 or --workers"
+    )
     quiet: bool = option(False, "no progress bar or summary table on stderr (warnings are still shown)")
     print_alignment: bool = option(
         False, "add each output's hard alignment, 'SRC-TGT' index pairs: text 'translation ||| 0-0 1-2', "
@@ -347,6 +352,15 @@ class TranslateOptions(DecodingOptions):
         if self.workers > 1 and self.sampling:
             raise ValueError(f"--workers {self.workers} decodes batches in parallel, but --sampling's random stream "
                              "runs through the batches in order: use --workers 1 to sample")
+        if self.compile and self.engine == "ctranslate2":
+            raise ValueError("--compile compiles xf's own search: --engine ctranslate2 runs CTranslate2's")
+        if self.compile and self.quantize == "int8":
+            # dynamo cannot trace torch.ao's packed int8 weights: a graph break at every linear
+            raise ValueError("--compile does not work with --quantize int8 (torch.compile cannot trace torch.ao's "
+                             "int8 linear layers): use one or the other")
+        if self.compile and self.workers > 1:
+            raise ValueError(f"--compile with --workers {self.workers}: compiled decoding runs one batch at a time "
+                             "(use --workers 1)")
         # floor(a*|X| + b) output subwords for a source of |X| >= 1 subwords: at least 1 for every |X|
         if self.max_len_a + self.max_len_b < 1:
             raise ValueError(f"--max-len-a {self.max_len_a:g} --max-len-b {self.max_len_b} allow no output for "

@@ -22,13 +22,14 @@ Scores: ``positional_scores`` are the log-probabilities of each output token (eo
 from __future__ import annotations
 
 import math
+import time
 from dataclasses import dataclass
 from typing import Callable, Optional, Sequence
 
 import torch
 import torch.nn.functional as F
 
-from .model import Transformer
+from .model import KeyValueCache, Transformer
 from .shortlist import RestrictedProjection
 
 from .vocab import PAD_ID, BOS_ID, EOS_ID
@@ -111,7 +112,7 @@ class DecoderState:
     """
 
     def __init__(self, models: Sequence[Transformer], src: torch.Tensor, use_cache: bool = True, capacity: int = 0,
-                 vocab: Optional[torch.Tensor] = None):
+                 vocab: Optional[torch.Tensor] = None, compiled: Optional["CompiledStep"] = None):
         for model in models:
             if model.training:
                 raise ValueError("search needs models in eval mode (call model.eval())")
@@ -120,6 +121,7 @@ class DecoderState:
         # capacity: the positions each self-attention cache preallocates (bos + the longest output)
         self.caches = [model.new_cache(capacity) if use_cache else None for model in self.models]
         self.projections = None if vocab is None else [RestrictedProjection(model, vocab) for model in self.models]
+        self.compiled = compiled if use_cache else None  # the steps after the first (None: eager)
 
     def log_probs(self, tokens: torch.Tensor) -> torch.Tensor:
         """tokens (N, t): every row's prefix, bos first -> log p(next token) (N, V), float32
@@ -132,6 +134,22 @@ class DecoderState:
             else:
                 logits = self.projections[i](model.decode(step_input, memory, src_pad, cache, features_only=True)[:, -1])
             out.append(F.log_softmax(logits.float(), dim=-1))
+        return ensemble_log_probs(out)
+
+    def next_log_probs(self, tokens: torch.Tensor, at_max: Optional[torch.Tensor]) -> torch.Tensor:
+        """``log_probs`` of the search: pad and bos forbidden, rows where ``at_max`` (bool (N,),
+        None: no row) may only emit eos. With a compiled step, every step after the first runs
+        through it, which forbids the specials in each model's log-probabilities: the ensemble's
+        average of those is the same as forbidding them in the average."""
+        if self.compiled is None or self.caches[0][0]["self"].length == 0:
+            return _forbid_specials(self.log_probs(tokens), at_max)
+        out = []
+        for i, (model, (memory, src_pad), cache) in enumerate(zip(self.models, self.encoded, self.caches)):
+            if self.projections is None:
+                out.append(self.compiled(model, tokens[:, -1:], memory, src_pad, cache, at_max, project=True))
+            else:
+                features = self.compiled(model, tokens[:, -1:], memory, src_pad, cache, at_max, project=False)
+                out.append(_forbid_specials(F.log_softmax(self.projections[i](features).float(), dim=-1), at_max))
         return ensemble_log_probs(out)
 
     def select(self, rows: torch.Tensor) -> None:
@@ -167,6 +185,62 @@ class DecoderState:
                     layer["self"].select(rows)
 
 
+# -- the compiled decoder step (xf translate --compile) ----------------------------------------
+def _decoder_step(model: Transformer, token, memory, src_pad, keys, values, cross_keys, cross_values, length: int,
+                  at_max, project: bool) -> torch.Tensor:
+    """One incremental decoder step written over tensors and one int, the function CompiledStep
+    compiles: token (N, 1), the layers' self-attention buffers keys/values (capacity, N, H, K)
+    with ``length`` positions filled (this step writes the next), their cross-attention
+    keys/values (B, H, S, K) -> log p(next token) (N, V) with the specials forbidden; project
+    False (a shortlist): the decoder's features (N, D) instead."""
+    cache = [{"self": KeyValueCache.of(k, v, length), "cross": {"k": ck, "v": cv}}
+             for k, v, ck, cv in zip(keys, values, cross_keys, cross_values)]
+    out = model.decode(token, memory, src_pad, cache, features_only=not project)[:, -1]
+    return _forbid_specials(F.log_softmax(out.float(), dim=-1), at_max) if project else out
+
+
+class CompiledStep:
+    """torch.compile of the per-step decoder work: the incremental decoder step with its output
+    projection, log-softmax and specials mask (with a shortlist: the step alone, its projection
+    eager); the top-k and the cache reorder stay eager.
+
+    The graph sees tensors and ints only (``_decoder_step``), every tensor dimension marked
+    dynamic, so a whole test set compiles a few graphs rather than one per batch shape: the
+    filled length is dynamic from 2 on (dynamo specializes 0 and 1), and beam search's grouped
+    cross-attention (rows != sentences) is a second branch. A batch's first step, which computes
+    the cross-attention keys and values and allocates the cache, runs eagerly.
+    compile_seconds: the time of the calls that compiled a graph; graphs: how many they made.
+    """
+
+    def __init__(self, backend: Optional[str] = None, mode: Optional[str] = None):
+        from .training import COMPILE_BACKEND
+
+        self.compiled = torch.compile(_decoder_step, backend=backend or COMPILE_BACKEND, dynamic=True, fullgraph=True,
+                                      mode=mode)
+        self.compile_seconds, self.graphs = 0.0, 0
+
+    def __call__(self, model: Transformer, token: torch.Tensor, memory: torch.Tensor, src_pad: torch.Tensor,
+                 cache: list, at_max: Optional[torch.Tensor], project: bool) -> torch.Tensor:
+        from .training import compiled_graphs, mark_dynamic
+
+        for layer in cache:  # one layout for the graph (the first step's are views of one projection)
+            cross = layer["cross"]
+            cross["k"], cross["v"] = cross["k"].contiguous(), cross["v"].contiguous()
+        keys, values = [layer["self"].k for layer in cache], [layer["self"].v for layer in cache]
+        cross_keys, cross_values = [layer["cross"]["k"] for layer in cache], [layer["cross"]["v"] for layer in cache]
+        if at_max is None:  # one graph for both: no row at its maximum length yet
+            at_max = torch.zeros(token.size(0), dtype=torch.bool, device=token.device)
+        mark_dynamic(token, memory, src_pad, at_max, *keys, *values, *cross_keys, *cross_values)
+        length, graphs, start = cache[0]["self"].length, compiled_graphs(), time.perf_counter()
+        out = self.compiled(model, token, memory, src_pad, keys, values, cross_keys, cross_values, length, at_max, project)
+        if compiled_graphs() > graphs:  # compiling, not decoding: kept apart from the speed
+            self.compile_seconds += time.perf_counter() - start
+            self.graphs += compiled_graphs() - graphs
+        for layer in cache:  # the step wrote position ``length`` of every buffer
+            layer["self"].length = length + 1
+        return out
+
+
 def _source_lengths(src: torch.Tensor) -> torch.Tensor:
     return src.ne(PAD_ID).sum(dim=1) - 1  # without the source's eos
 
@@ -191,12 +265,13 @@ def _forbid_specials(lprobs: torch.Tensor, at_max: Optional[torch.Tensor]) -> to
 @torch.inference_mode()
 def beam_search(
     models: Sequence[Transformer], src: torch.Tensor, options: DecodingOptions = DecodingOptions(), use_cache: bool = True,
-    candidates: Optional[torch.Tensor] = None, all_finished: bool = False,
+    candidates: Optional[torch.Tensor] = None, all_finished: bool = False, compiled: Optional[CompiledStep] = None,
 ) -> list[list[Hypothesis]]:
     """Beam search over a batch src (B, S); returns the nbest hypotheses of each sentence (with
     ``all_finished``: every finished one, in the order found, by fairseq's stopping rule alone;
     searched with lenpen 0, ``rescore`` ranks them as a search with any other lenpen would).
     candidates: the ids the search may emit (a shortlist's ``vocab``; None: all).
+    compiled: run the steps after the first through it (``CompiledStep``; None: eager).
 
     At each step the 2k best extensions (k = beam_size) of a sentence's k live hypotheses are
     ranked; those ending in eos among the first k are finished, and the first k others are the
@@ -212,7 +287,7 @@ def beam_search(
     lp = lambda length: length_penalty(length, options.lenpen, options.lenpen_style)  # noqa: E731
     nsent = src.size(0)
     max_len = _max_output_lengths(models, src, options)
-    state = DecoderState(models, src, use_cache, capacity=int(max_len.max()) + 1, vocab=candidates)
+    state = DecoderState(models, src, use_cache, capacity=int(max_len.max()) + 1, vocab=candidates, compiled=compiled)
     finished: list[list[Hypothesis]] = [[] for _ in range(nsent)]
 
     sent_ids = torch.arange(nsent, device=device)  # original index of each active sentence
@@ -227,7 +302,10 @@ def beam_search(
     two_k = torch.arange(2 * k, device=device)
 
     for step in range(int(max_len.max()) + 1):
-        lprobs = state.log_probs(tokens)  # (rows, V)
+        at_max = max_len.le(step) if step >= shortest else None  # (sents,): only eos may follow
+        if at_max is not None and step > 0:
+            at_max = at_max.repeat_interleave(k)
+        lprobs = state.next_log_probs(tokens, at_max)  # (rows, V), specials forbidden
         vocab = lprobs.size(1)
         if step == 0:
             # All beams of a sentence start identical: decode one row per sentence, then copy it
@@ -238,8 +316,6 @@ def beam_search(
             scores = torch.zeros(nsent, k, device=device)
             scores[:, 1:] = LOG_ZERO
             scores = scores.view(-1)
-        at_max = max_len.le(step).repeat_interleave(k) if step >= shortest else None
-        lprobs = _forbid_specials(lprobs, at_max)
 
         # One top-k over beam * vocab for every sentence at once (measured: faster on a CPU than
         # a top-k of each row first, although that skips adding the scores to every row).
@@ -323,12 +399,13 @@ def _single_path_search(
     options: DecodingOptions,
     use_cache: bool,
     candidates: Optional[torch.Tensor] = None,
+    compiled: Optional[CompiledStep] = None,
 ) -> list[list[Hypothesis]]:
     """``paths`` independent left-to-right paths per sentence; ``choose(lprobs (N, V)) -> (N,)``
     picks each row's next token. Rows leave the batch as soon as they emit eos."""
     device, nsent = src.device, src.size(0)
     max_len = _max_output_lengths(models, src, options)
-    state = DecoderState(models, src, use_cache, capacity=int(max_len.max()) + 1, vocab=candidates)
+    state = DecoderState(models, src, use_cache, capacity=int(max_len.max()) + 1, vocab=candidates, compiled=compiled)
     row_ids = torch.arange(nsent, device=device).repeat_interleave(paths)  # sentence of each row
     if paths > 1:
         state.select(row_ids)
@@ -340,7 +417,7 @@ def _single_path_search(
     shortest = int(max_len.min())
     for step in range(int(max_len.max()) + 1):
         at_max = max_len.le(step) if step >= shortest else None
-        lprobs = _forbid_specials(state.log_probs(tokens), at_max)
+        lprobs = state.next_log_probs(tokens, at_max)
         next_token = choose(lprobs)  # (rows,)
         pos_scores = torch.cat([pos_scores, lprobs.gather(1, next_token[:, None])], dim=1)
         if candidates is not None:  # columns to token ids
@@ -367,11 +444,12 @@ def _single_path_search(
 @torch.inference_mode()
 def greedy_search(
     models: Sequence[Transformer], src: torch.Tensor, options: DecodingOptions = DecodingOptions(), use_cache: bool = True,
-    candidates: Optional[torch.Tensor] = None,
+    candidates: Optional[torch.Tensor] = None, compiled: Optional[CompiledStep] = None,
 ) -> list[list[Hypothesis]]:
     """The most likely next token at every step (the result of beam search with beam 1);
     options.beam_size is not used."""
-    return _single_path_search(models, src, 1, lambda lprobs: lprobs.argmax(dim=-1), options, use_cache, candidates)
+    return _single_path_search(models, src, 1, lambda lprobs: lprobs.argmax(dim=-1), options, use_cache, candidates,
+                               compiled)
 
 
 @torch.inference_mode()
@@ -381,6 +459,7 @@ def sample(
     options: DecodingOptions = DecodingOptions(sampling=True),
     generator: Optional[torch.Generator] = None,
     candidates: Optional[torch.Tensor] = None,
+    compiled: Optional[CompiledStep] = None,
 ) -> list[list[Hypothesis]]:
     """options.nbest independent samples per sentence from softmax(log p / temperature),
     restricted to the top_k tokens and the top_p nucleus. Scores are the model's own
@@ -391,7 +470,7 @@ def sample(
         logits = top_k_top_p_filter(lprobs / options.temperature, options.top_k, options.top_p)
         return torch.multinomial(logits.softmax(dim=-1), 1, generator=generator).view(-1)
 
-    return _single_path_search(models, src, options.nbest, choose, options, True, candidates)
+    return _single_path_search(models, src, options.nbest, choose, options, True, candidates, compiled)
 
 
 def search(
@@ -400,11 +479,13 @@ def search(
     options: DecodingOptions,
     generator: Optional[torch.Generator] = None,
     candidates: Optional[torch.Tensor] = None,
+    compiled: Optional[CompiledStep] = None,
 ) -> list[list[Hypothesis]]:
     """The search the options ask for: sampling, greedy (beam 1) or beam search; candidates:
-    the ids it may emit (a shortlist's ``vocab``), None: all."""
+    the ids it may emit (a shortlist's ``vocab``), None: all; compiled: the compiled decoder
+    step (``CompiledStep``, xf translate --compile), None: eager."""
     if options.sampling:
-        return sample(models, src, options, generator, candidates)
+        return sample(models, src, options, generator, candidates, compiled)
     if options.beam_size == 1:
-        return greedy_search(models, src, options, candidates=candidates)
-    return beam_search(models, src, options, candidates=candidates)
+        return greedy_search(models, src, options, candidates=candidates, compiled=compiled)
+    return beam_search(models, src, options, candidates=candidates, compiled=compiled)
