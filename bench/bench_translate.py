@@ -1,7 +1,8 @@
 """xf translate speed on CPU against CTranslate2: Multi30k test2016 with a `small` model, batch 64.
 
 Rows: sentences and target subwords per second for beam 4 with xf fp32, xf --precision auto,
-xf --quantize int8 and, when ctranslate2 is installed, CTranslate2 fp32 and int8 (its native
+xf --quantize int8, xf --compile (its compile time is reported apart and left out of the
+speed) and, when ctranslate2 is installed, CTranslate2 fp32 and int8 (its native
 search: |Y|^alpha length penalty, its own stopping) on the same checkpoint exported by
 ``xf export ctranslate2``; greedy with xf fp32. Every case runs in a fresh process (so its peak
 memory is its own) and the cases alternate, XF_BENCH_ROUNDS rounds (default 2), so that on a
@@ -65,6 +66,7 @@ CASES = {
     "CTranslate2 int8": ("ct2-native", 4, {"compute_type": "int8"}),
     "CTranslate2 int8 workers": ("ct2-native", 4, {"compute_type": "int8", "workers": WORKERS}),
     "CTranslate2 engine fp32": ("ctranslate2", 4, {}),
+    "xf fp32 compile": ("xf", 4, {"compile": True}),  # its compile time is reported, not timed
     "xf fp32 greedy": ("xf", 1, {}),
     "xf fp32 shortlist": ("xf", 4, {"shortlist": True}),  # True: the shortlist rows() builds or is given
     "xf int8 shortlist": ("xf", 4, {"quantize": "int8", "shortlist": True}),
@@ -175,12 +177,18 @@ def run_case(checkpoint: str, ct2_dir: str, lines: list[str], case: str, trained
             out = [o.rstrip("\n") for o in translate_buffer(engine_, sp, chunk, 0, options, stats)]
             return out, stats.tgt_tokens
 
-    translate_all(lines[:BATCH])  # warm-up
+    compiled = getattr(engine_, "compiled", None) if engine != "ct2-native" else None  # xf translate --compile
+    translate_all(lines[:BATCH])  # warm-up (with --compile: most graphs compile here)
+    compiling = compiled.compile_seconds if compiled else 0.0
     start = time.perf_counter()
     outputs, tokens = translate_all(lines)
     seconds = time.perf_counter() - start
+    extra = {}
+    if compiled:  # graphs compiled in the timed pass (a batch of one sentence) are not decoding either
+        seconds -= compiled.compile_seconds - compiling
+        extra = dict(compile_seconds=compiled.compile_seconds, graphs=compiled.graphs)
     return dict(seconds=seconds, tokens=tokens, peak=peak_memory_mib(torch.device("cpu")), outputs=outputs,
-                threads=threads)
+                threads=threads, **extra)
 
 
 def run_interleaved(checkpoint: str, ct2_dir: str, lines: list[str], trained: bool) -> dict:
@@ -309,6 +317,8 @@ def rows() -> list[dict]:
         rate = len(lines) / r["seconds"]
         per_round = ", ".join(f"{len(lines) / x['seconds']:.1f}" for x in results[case])
         note = f"{r['threads']} thread(s); rounds {per_round} sent/s"
+        if "compile_seconds" in r:
+            note += f"; compile {r['compile_seconds']:.1f} s ({r['graphs']} graphs), not in the speed"
         if case != "xf fp32":
             same = sum(a == b for a, b in zip(r["outputs"], best["xf fp32"]["outputs"]))
             note += f"; {same}/{len(lines)} outputs identical to xf fp32"

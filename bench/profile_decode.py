@@ -1,11 +1,12 @@
 """Profile xf's beam search with torch.profiler and print the top operators by self CPU time.
 
     python bench/profile_decode.py CHECKPOINT SOURCE [--lines 300] [--beam 4] [--batch 64]
-                                   [--threads 0] [--quantize none|int8] [--rows 25]
+                                   [--threads 0] [--quantize none|int8] [--compile] [--rows 25]
 
 The search is the one ``xf translate`` runs (``engines.open_engine`` then ``engine.search``) on
 the first --lines lines of SOURCE, in batches of --batch sentences, longest first, after one
-warm-up batch. Operators are grouped by name; ``record_function`` ranges of search.py
+warm-up batch (with --compile, the batches run once more first, so that every graph is compiled
+before the profile). Operators are grouped by name; ``record_function`` ranges of search.py
 ("xf::...") give the time of each phase of a step. Writes nothing.
 """
 
@@ -34,16 +35,18 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=64)
     parser.add_argument("--threads", type=int, default=0)
     parser.add_argument("--quantize", default="none")
+    parser.add_argument("--compile", action="store_true", help="xf translate --compile")
     parser.add_argument("--rows", type=int, default=25)
     args = parser.parse_args()
     options = TranslateOptions(path=(args.checkpoint,), beam_size=args.beam, device="cpu", threads=args.threads,
-                               quantize=args.quantize)
+                               quantize=args.quantize, compile=args.compile)
     engine, sp, _ = open_engine(options)
     lines = Path(args.source).read_text(encoding="utf-8").splitlines()[: args.lines]
     pieces = sp.encode(lines, out_type=int)
     batches = [[pieces[i] for i in b.tolist()]
                for b in batch_by_size([len(p) for p in pieces], max_sentences=args.batch, longest_first=True)]
-    engine.search(batches[0], options)  # warm-up
+    for batch in batches if args.compile else batches[:1]:  # warm-up
+        engine.search(batch, options)
     start = time.perf_counter()
     with profile(activities=[ProfilerActivity.CPU]) as prof:
         for batch in batches:
