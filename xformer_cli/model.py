@@ -539,6 +539,13 @@ class Transformer(nn.Module):
                 cross[key] = cross[key].index_select(0, index)
         return cache
 
+    def set_dropout(self, p: float) -> None:
+        """Set P_drop (cfg.dropout: the embeddings' and every sub-layer output's dropout) to ``p``
+        for the updates that follow (xf train --late-dropout); ``cfg`` keeps the value the model
+        was built with, and attention and activation dropout are left as they are."""
+        for module in (self.dropout, *(m.dropout for m in self.modules() if isinstance(m, Sublayer))):
+            module.p = p
+
     def num_parameters(self) -> int:
         """Parameters counted once, tied tensors included once."""
         return sum(p.numel() for p in self.parameters())

@@ -181,6 +181,14 @@ class TrainOptions:
     lr_factor: float = option(1.0, "noam: a factor on the paper's formula (paper: 1)", range=Range(0, 1000, lo_open=True))
     warmup_init_lr: float = option(1e-7, "inverse_sqrt: learning rate at step 0", range=Range(0, 10))
     label_smoothing: float = option(0.1, "label smoothing epsilon (paper: 0.1)", range=PROBABILITY)
+    late_after: int = option(
+        0, "late regularization: after this many updates, train with --late-dropout and/or --late-label-smoothing "
+        "instead of --dropout and --label-smoothing (0: off). A run that stops by then is unchanged; one that goes "
+        "on past it (a faster machine's, in a time budget) is regularized harder for its later updates", range=COUNT)
+    late_dropout: Optional[float] = option(None, "P_drop after --late-after updates (default: --dropout)", range=PROBABILITY)
+    late_label_smoothing: Optional[float] = option(
+        None, "label smoothing epsilon after --late-after updates (default: --label-smoothing); validation loss keeps "
+        "--label-smoothing, so its curve stays comparable across the switch", range=PROBABILITY)
     clip_norm: float = option(0.0, "clip gradient norm (0: off)", range=Range(0, 1e6))
     weight_decay: float = option(0.0, "decoupled weight decay (--optimizer adamw)", range=Range(0, 10))
     precision: Literal["auto", "fp32", "bf16", "fp16"] = option(
@@ -218,6 +226,11 @@ class TrainOptions:
                               "itself, scaled by --lr-factor")
         if self.lr_scheduler == "inverse_sqrt" and self.lr_factor != 1.0:
             raise ConfigError("--lr-factor scales noam's formula; with inverse_sqrt set the peak with --lr")
+        late = self.late_dropout is not None or self.late_label_smoothing is not None
+        if self.late_after and not late:
+            raise ConfigError("--late-after needs --late-dropout or --late-label-smoothing (what changes from that update)")
+        if late and not self.late_after:
+            raise ConfigError("--late-dropout and --late-label-smoothing need --late-after (the number of updates after which they apply)")
         if self.weight_decay and self.optimizer == "adam":
             raise ConfigError("--weight-decay is decoupled weight decay: use --optimizer adamw")
         model_config(self.arch, **{name: getattr(self, name) for name in MODEL_OVERRIDES})  # the model's checks
