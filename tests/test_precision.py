@@ -62,19 +62,28 @@ def test_auto_is_the_default_and_the_run_says_what_it_chose(data_dir, tmp_path, 
 
 
 @pytest.mark.slow
-def test_bf16_validation_loss_tracks_fp32_on_tiny(data_dir, tmp_path):  # noqa: F811
-    """Three epochs of `tiny` (no dropout): bf16 autocast's validation loss after each epoch is
-    within 1% of fp32's, while training moves it by more than 10%."""
+def test_bf16_losses_track_fp32_on_tiny(data_dir, tmp_path):  # noqa: F811
+    """Three epochs (51 updates) of `tiny` (no dropout) from one seed, fp32 and bf16 autocast: the
+    validation loss after each epoch within 0.1% of fp32's and the training loss of every update
+    within 0.25%, while training moves the loss by more than 10% and bf16 is not fp32 (the losses
+    differ). The bounds, measured here (AVX2, bf16 emulated): bf16 within 0.005% (validation) and
+    0.053% (training) of fp32; another seed (4) moves them by 1.6-2.1% and 7.5%; and the loss
+    computed in bf16 (the fused loss's logsumexp over bf16 logits, a deliberate break) moved them
+    by 0.31% and 0.64%, which these bounds catch and the earlier 1% bound did not."""
     kw = {**MICRO, "max_epoch": 3, "dropout": 0.0, "warmup_updates": 10, "lr_scheduler": "inverse_sqrt", "lr": 5e-3}
-    losses = {}
+    valid, updates = {}, {}
     for p in ("fp32", "bf16"):
         train(TrainOptions(data=str(data_dir), save_dir=str(tmp_path / p), **{**kw, "precision": p}))
         lines = (tmp_path / p / "train_log.jsonl").read_text().splitlines()
-        losses[p] = [r["loss"] for r in map(json.loads, lines) if r["type"] == "valid"]
-    assert len(losses["fp32"]) == len(losses["bf16"]) == 3
-    assert losses["fp32"][-1] < 0.9 * math.log(300)  # it did learn: a uniform guess over the 300 subwords scores ln 300
-    for a, b in zip(losses["fp32"], losses["bf16"]):
-        assert b == pytest.approx(a, rel=0.01)
+        valid[p] = [r["loss"] for r in map(json.loads, lines) if r["type"] == "valid"]
+        updates[p] = [r["loss"] for r in map(json.loads, lines) if r["type"] == "train"]
+    assert len(valid["fp32"]) == len(valid["bf16"]) == 3 and len(updates["fp32"]) == len(updates["bf16"]) > 30
+    assert valid["fp32"][-1] < 0.9 * math.log(300)  # it did learn: a uniform guess over the 300 subwords scores ln 300
+    assert valid["fp32"] != valid["bf16"]  # bf16 autocast did run
+    for a, b in zip(valid["fp32"], valid["bf16"]):
+        assert b == pytest.approx(a, rel=1e-3)
+    for a, b in zip(updates["fp32"], updates["bf16"]):
+        assert b == pytest.approx(a, rel=2.5e-3)
 
 
 # -- what runs in which dtype under bf16 autocast (docs/performance.md, "bf16 numerics") ---------
