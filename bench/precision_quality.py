@@ -15,7 +15,9 @@ log ends at ``--updates``; a scored run) and resumes an interrupted run from its
 Written to DIR: precision_quality.md (the table, the mean and spread per precision, bf16 - fp32
 against the seed spread) and precision_quality.csv (one row per run). Validation loss (label
 smoothed), nll and perplexity are xf train's at the last update; greedy val BLEU per epoch is
-xf train's own (``eval_bleu``), from each run's train_log.jsonl.
+xf train's own (``eval_bleu``), from each run's train_log.jsonl: each run evaluated in its own
+precision. The last checkpoint is also evaluated in fp32 (its val nll, and the beam search), so
+that those columns compare the trained weights alone.
 
 bf16 is refused, in one line, where it is emulated (a CPU without avx512_bf16/AMX, a GPU before
 sm_80: precision.xf_precisions), where it would run some 30x slower than fp32; ``--force-bf16``
@@ -41,10 +43,10 @@ from xformer_cli.errors import XfError  # noqa: E402
 
 PRECISIONS = ("fp32", "bf16")
 COLUMNS = ("precision", "seed", "updates", "epochs", "val_loss", "val_nll", "val_ppl", "greedy_bleu_per_epoch",
-           "beam_bleu", "train_minutes")
+           "fp32_eval_nll", "beam_bleu", "train_minutes")
 # (column, its name in the table, higher is better)
-COMPARED = (("val_loss", "val loss", False), ("val_ppl", "val ppl", False), ("greedy_bleu_last", "greedy BLEU", True),
-            ("beam_bleu", "beam BLEU", True))
+COMPARED = (("val_loss", "val loss", False), ("val_ppl", "val ppl", False), ("fp32_eval_nll", "val nll, fp32 eval", False),
+            ("greedy_bleu_last", "greedy BLEU", True), ("beam_bleu", "beam BLEU", True))
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -140,11 +142,11 @@ def train_run(a: argparse.Namespace, data: Path, precision: str, seed: int, save
         "max_epoch": 0, "keep_last_checkpoints": 1}, section="train"))
 
 
-def beam_bleu(a: argparse.Namespace, save_dir: Path) -> float:
-    """sacreBLEU of the last checkpoint's beam search of val (the config's translate beam and
-    lenpen), decoded in fp32 so that only training differs between the runs."""
+def evaluate_last(a: argparse.Namespace, save_dir: Path) -> dict:
+    """The last checkpoint in fp32, so that only training differs between the runs: the sacreBLEU
+    of its beam search of val (the config's translate beam and lenpen) and its val nll."""
     from xformer_cli.checkpoint import load_ensemble
-    from xformer_cli.choose import read_valid, valid_bleu
+    from xformer_cli.choose import read_valid, valid_bleu, valid_loss, valid_pairs
     from xformer_cli.config import load_options
     from xformer_cli.distributed import resolve_device
     from xformer_cli.options import TranslateOptions
@@ -154,10 +156,12 @@ def beam_bleu(a: argparse.Namespace, save_dir: Path) -> float:
     device = resolve_device(a.device)
     models, sp = load_ensemble([str(path)], device)
     source, reference = read_valid(str(a.multi30k / f"val.{a.src}"), str(a.multi30k / f"val.{a.tgt}"))
-    return valid_bleu(models, device, sp, source, reference, options, [options.lenpen])[0]["bleu"]
+    bleu = valid_bleu(models, device, sp, source, reference, options, [options.lenpen])[0]["bleu"]
+    nll = valid_loss(models[0], valid_pairs(sp, source, reference, models[0].cfg.max_positions - 1))
+    return {"beam_bleu": bleu, "fp32_eval_nll": round(nll, 4)}
 
 
-def run_row(a: argparse.Namespace, precision: str, seed: int, save_dir: Path, bleu: float) -> dict:
+def run_row(precision: str, seed: int, save_dir: Path, evaluated: dict) -> dict:
     valid = records(save_dir, "valid")
     last = valid[-1]
     epochs = [r.get("bleu") for r in valid if "bleu" in r]
@@ -165,7 +169,7 @@ def run_row(a: argparse.Namespace, precision: str, seed: int, save_dir: Path, bl
     return {"precision": precision, "seed": seed, "updates": last["update"], "epochs": last["epoch"],
             "val_loss": round(last["loss"], 4), "val_nll": round(last["nll"], 4), "val_ppl": round(last["ppl"], 2),
             "greedy_bleu_per_epoch": " ".join(f"{b:.2f}" for b in epochs), "greedy_bleu_last": epochs[-1] if epochs else None,
-            "beam_bleu": bleu, "train_minutes": round(sum(s["train_seconds"] for s in summary) / 60, 1)}
+            **evaluated, "train_minutes": round(sum(s["train_seconds"] for s in summary) / 60, 1)}
 
 
 def compare(rows: list[dict]) -> list[dict]:
@@ -193,9 +197,10 @@ def markdown(a: argparse.Namespace, rows: list[dict], comparison: list[dict], ha
     import torch
 
     lines = [f"# bf16 against fp32: {a.config.name}, Multi30k {a.pair}, {a.updates} updates", "",
-             f"{hardware}; torch {torch.__version__}; seeds {', '.join(map(str, a.seeds))}. Val loss is "
-             "label-smoothed; greedy BLEU is xf train's per epoch; beam BLEU is the last checkpoint's "
-             "beam search of val (sacreBLEU).", "",
+             f"{hardware}; torch {torch.__version__}; seeds {', '.join(map(str, a.seeds))}. val_loss (label "
+             "smoothed), val_nll, val_ppl and the greedy BLEU per epoch are xf train's, each run evaluated "
+             "in its own precision; fp32_eval_nll and beam_bleu (beam search of val, sacreBLEU) are the "
+             "last checkpoint's, evaluated in fp32.", "",
              "| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
     lines += ["| " + " | ".join(str(r[c]) for c in COLUMNS) + " |" for r in rows]
     lines += ["", "| metric | fp32 mean | fp32 spread | bf16 mean | bf16 spread | bf16 - fp32 | seed noise | verdict |",
@@ -220,7 +225,7 @@ def study(a: argparse.Namespace) -> list[dict]:
     for precision in a.precisions:
         for seed in a.seeds:
             save_dir = a.out / "runs" / f"{precision}-seed{seed}"
-            scored = save_dir / "beam_bleu.json"
+            scored = save_dir / "evaluated.json"
             if not finished(save_dir, a.updates):
                 console.print(f"[bold]{precision}, seed {seed}[/bold]: training to update {a.updates} in {save_dir}")
                 scored.unlink(missing_ok=True)
@@ -229,8 +234,8 @@ def study(a: argparse.Namespace) -> list[dict]:
                 console.print(f"{precision}, seed {seed}: trained ({save_dir})")
             if not scored.exists():
                 console.print(f"{precision}, seed {seed}: beam search of val")
-                atomic_write_text(scored, json.dumps({"bleu": beam_bleu(a, save_dir)}) + "\n")
-            rows.append(run_row(a, precision, seed, save_dir, json.loads(scored.read_text())["bleu"]))
+                atomic_write_text(scored, json.dumps(evaluate_last(a, save_dir)) + "\n")
+            rows.append(run_row(precision, seed, save_dir, json.loads(scored.read_text())))
     comparison = compare(rows)
     csv_text = io.StringIO()
     writer = csv.DictWriter(csv_text, fieldnames=COLUMNS, extrasaction="ignore", lineterminator="\n")

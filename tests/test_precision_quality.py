@@ -44,10 +44,12 @@ def test_study_trains_each_precision_and_seed_to_the_same_update_and_compares(st
         assert (saved["precision"], saved["seed"], saved["max_update"]) == (r["precision"], int(r["seed"]), 3)
         assert 0 <= float(r["beam_bleu"]) <= 100 and float(r["val_ppl"]) > 1
         assert len(r["greedy_bleu_per_epoch"].split()) >= 1  # eval_bleu's greedy BLEU at the run's end
+        if r["precision"] == "fp32":  # its own evaluation in fp32 and xf train's agree
+            assert float(r["fp32_eval_nll"]) == pytest.approx(float(r["val_nll"]), abs=1e-3)
     fp32 = [float(r["val_loss"]) for r in rows if r["precision"] == "fp32"]
     assert fp32[0] != fp32[1]  # the seed reached the run
     table = (out / "precision_quality.md").read_text()
-    for metric in ("val loss", "val ppl", "greedy BLEU", "beam BLEU"):
+    for metric in ("val loss", "val ppl", "val nll, fp32 eval", "greedy BLEU", "beam BLEU"):
         line = next(l for l in table.splitlines() if l.startswith(f"| {metric} |"))
         assert "seed noise" in line.split("|")[-2]  # a verdict: within it, or beyond it
 
