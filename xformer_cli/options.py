@@ -332,6 +332,11 @@ class TranslateOptions(DecodingOptions):
     quantize: Literal["none", "int8"] = option(
         "none", "int8: dynamic int8 linear layers on CPU (faster; outputs may change)"
     )
+    int8_engine: Literal["fbgemm", "onednn"] = option(
+        "fbgemm", "--quantize int8's matrix library: fbgemm (torch's default; its AVX2, AVX-512 and VNNI kernels) or "
+        "onednn (oneDNN, whose int8 kernels use AMX tiles on CPUs with amx_int8); the weights are the same int8, the "
+        "activations' quantization differs, so outputs may change"
+    )
     threads: int = option(0, "CPU threads for torch (0: torch's default)", range=THREADS)
     workers: int = option(
         1, "batches decoded at once, each by its own thread with threads/workers torch threads (CPU throughput: "
@@ -357,6 +362,10 @@ class TranslateOptions(DecodingOptions):
 
     def __post_init__(self) -> None:
         super().__post_init__()  # check_ranges(self) included
+        if self.int8_engine != "fbgemm" and (self.quantize != "int8" or self.engine != "xf"):
+            raise ValueError(f"--int8-engine {self.int8_engine} is the library of xf's --quantize int8 layers"
+                             + (": add --quantize int8" if self.engine == "xf" else
+                                ", not of --engine ctranslate2 (which brings its own)"))
         if self.workers > 1 and self.sampling:
             raise ValueError(f"--workers {self.workers} decodes batches in parallel, but --sampling's random stream "
                              "runs through the batches in order: use --workers 1 to sample")
@@ -381,7 +390,7 @@ def with_translate_fields(*names: str):
     return decorate
 
 
-@with_translate_fields("engine", "device", "precision", "quantize", "threads")
+@with_translate_fields("engine", "device", "precision", "quantize", "int8_engine", "threads")
 @dataclass(frozen=True, kw_only=True)
 class ServeOptions(DecodingOptions):
     """xf serve: the decoding options (each request is decoded with them; a request may ask for
