@@ -10,8 +10,11 @@ busy machine the ratios to CTranslate2 fp32 compare like with like; each figure 
 round. Model loading is excluded (sentencepiece, sorting and search are included, as
 ``xf translate`` runs them). Identical-output counts compare each case with xf fp32, and
 "CTranslate2 engine" counts ``xf translate --engine ctranslate2`` (xf's search rules emulated).
-The steadiest ratios on a busy machine come from the "interleaved" rows: xf and CTranslate2
-(fp32 and int8) in one process, batch after batch, in rotating order. The key/value cache's
+The "interleaved" rows run xf and CTranslate2 (fp32 and int8) in one process, batch after batch,
+in rotating order: the machine's load falls on all alike, but the two engines' thread pools in
+one process slow each other (CTranslate2 fp32 81 sent/s there against 138 alone on the 2-core
+EPYC: its threads spin-wait beside torch's), so the per-process rows are the fair comparison and
+the interleaved ones only a check of the ordering on a busy machine. The key/value cache's
 speed-up over decoding the whole prefix is measured on 200 lines.
 
 XF_BENCH_CHECKPOINT=PATH uses a trained checkpoint (its BLEU against XF_BENCH_REFERENCE, default
@@ -61,6 +64,9 @@ CASES = {
     "xf auto": ("xf", 4, {"precision": "auto"}),
     "xf int8": ("xf", 4, {"quantize": "int8"}),
     "xf int8 workers": ("xf", 4, {"quantize": "int8", "workers": WORKERS}),
+    # oneDNN's int8 kernels (AMX tiles where the CPU has amx_int8), against fbgemm's above
+    "xf int8 onednn": ("xf", 4, {"quantize": "int8", "int8_engine": "onednn"}),
+    "xf int8 onednn workers": ("xf", 4, {"quantize": "int8", "int8_engine": "onednn", "workers": WORKERS}),
     "CTranslate2 fp32": ("ct2-native", 4, {"compute_type": "float32"}),
     "CTranslate2 fp32 workers": ("ct2-native", 4, {"compute_type": "float32", "workers": WORKERS}),
     "CTranslate2 int8": ("ct2-native", 4, {"compute_type": "int8"}),
@@ -193,7 +199,8 @@ def run_case(checkpoint: str, ct2_dir: str, lines: list[str], case: str, trained
 
 def run_interleaved(checkpoint: str, ct2_dir: str, lines: list[str], trained: bool) -> dict:
     """xf and CTranslate2 (fp32 and int8 each) in one process, batch after batch, the order
-    rotating: the machine's load falls on all of them alike, so their ratios are the steadiest."""
+    rotating: the machine's load falls on all of them alike, but their thread pools slow each
+    other (the module docstring), so these are a check of the ordering, not the fair ratios."""
     import ctranslate2
     import torch
 
@@ -355,7 +362,7 @@ def rows() -> list[dict]:
     if interleaved is not None:
         secs = interleaved["seconds"]
         for name, value in secs.items():
-            out.append(dict(bench="translate", case=f"{name} beam 4, interleaved batch by batch in one process",
+            out.append(dict(bench="translate", case=f"{name} beam 4, interleaved batch by batch in one process (thread pools contend: not the fair ratio)",
                             metric="sentences/s", value=len(lines) / value, unit="sent/s",
                             ratio=secs[REFERENCE_CASE] / value,
                             note=f"{interleaved['threads']} thread(s); ratio vs {REFERENCE_CASE} in the same batches; {common}"))

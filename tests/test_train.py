@@ -109,6 +109,38 @@ def test_resume_is_bit_exact(data_dir, tmp_path):
 
 
 @pytest.mark.slow
+def test_late_regularization_switches_at_its_update_and_resumes_exactly(data_dir, tmp_path):
+    """--late-after N: updates 1..N are those of a plain run, updates N+1.. are those of a run
+    resumed at N with the late dropout and label smoothing; a run stopped by N is unchanged, and
+    one resumed past N keeps the late values."""
+    kw = dict(dropout=0.1, label_smoothing=0.1, max_tokens=200, max_update=12)
+    late = dict(late_after=6, late_dropout=0.4, late_label_smoothing=0.25)
+    run = train(opts(data_dir, tmp_path / "late", **kw, **late))
+    assert run["num_updates"] == 12
+    [switch] = records(tmp_path / "late", "regularization")
+    assert (switch["update"], switch["dropout"], switch["label_smoothing"]) == (7, 0.4, 0.25)
+    # the same by hand: 6 plain updates, then resume with the late values as the run's own
+    train(opts(data_dir, tmp_path / "hand", **{**kw, "max_update": 6}))
+    ckpt = load_checkpoint(tmp_path / "hand" / "checkpoint_last.pt")
+    ckpt["model_config"]["dropout"] = 0.4
+    torch.save(ckpt, tmp_path / "hand" / "checkpoint_last.pt")
+    train(opts(data_dir, tmp_path / "hand", **{**kw, "dropout": 0.4, "label_smoothing": 0.25}))
+    # and stopped after the switch (update 9), then resumed: the late values are set again
+    train(opts(data_dir, tmp_path / "stopped", **{**kw, "max_update": 9}, **late))
+    train(opts(data_dir, tmp_path / "stopped", **kw, **late))
+    plain = train(opts(data_dir, tmp_path / "plain", **kw))
+    early = train(opts(data_dir, tmp_path / "early", **kw, **{**late, "late_after": 12}))  # never reached
+    assert not records(tmp_path / "early", "regularization")
+    final = {name: params(tmp_path / name / "checkpoint_last.pt") for name in ("late", "hand", "stopped", "plain", "early")}
+    for name in final["late"]:
+        assert torch.equal(final["late"][name], final["hand"][name]), name
+        assert torch.equal(final["late"][name], final["stopped"][name]), name
+        assert torch.equal(final["plain"][name], final["early"][name]), name
+    assert any(not torch.equal(final["late"][n], final["plain"][n]) for n in final["late"])
+    assert early["valid"] == plain["valid"] and run["valid"] != plain["valid"]
+
+
+@pytest.mark.slow
 def test_bf16_autocast_and_eval_bleu(data_dir, tmp_path):
     save = tmp_path / "ck"
     summary = train(opts(data_dir, save, max_update=2, precision="bf16", eval_bleu=True))
@@ -263,6 +295,9 @@ def test_vocabulary_mismatch_on_resume_changes_nothing(data_dir, raw_slice, tmp_
     (dict(stop_time_hours=-0.5), "--stop-time-hours must not be negative"),
     (dict(d_model=0), "d.model must be at least 1, got 0"),  # not a ZeroDivisionError
     (dict(heads=0), "heads must be at least 1, got 0"),
+    (dict(late_after=5), "--late-after needs --late-dropout or --late-label-smoothing"),
+    (dict(late_dropout=0.3), "--late-dropout and --late-label-smoothing need --late-after"),
+    (dict(late_after=5, late_label_smoothing=1.0), r"--late-label-smoothing must be in \[0, 1\)"),
     # issue 20 item 3: known from the index at start-up, not at the update whose batch holds the pair
     (dict(max_positions=12), r"train pair \d+ has \d+ (en|de) subwords, \d+ positions with eos/bos, more than "
                              r"--max-positions 12; raise --max-positions to at least \d+"),

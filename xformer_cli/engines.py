@@ -67,10 +67,13 @@ def resolve_device(device: str, precision: str, quantize: str = "none") -> tuple
     return resolved, resolve_precision(resolved, precision, quantize)
 
 
-def quantize_int8(model: Transformer) -> Transformer:
-    """Dynamic int8 quantization of every linear layer (weights int8 per tensor, activations
-    quantized on the fly): torch.ao's quantize_dynamic, deprecated in favour of torchao but the
-    one that ships with torch. Embeddings and layer norms stay fp32."""
+def quantize_int8(model: Transformer, engine: str = "fbgemm") -> Transformer:
+    """Dynamic int8 quantization of every linear layer, the output projection included (weights
+    int8 per tensor, activations quantized on the fly): torch.ao's quantize_dynamic, deprecated in
+    favour of torchao but the one that ships with torch. Embeddings and layer norms stay fp32.
+    ``engine`` (--int8-engine) is torch's quantized engine, which packs the weights for its own
+    kernels: fbgemm's pick AVX2, AVX-512 or VNNI at run time, oneDNN's AMX where the CPU has it.
+    It is process-wide (torch.backends.quantized.engine): every model of one process uses one."""
     import warnings
 
     from torch import nn
@@ -81,6 +84,7 @@ def quantize_int8(model: Transformer) -> Transformer:
     for module in model.modules():
         if isinstance(module, MultiHeadAttention):
             module.split_projections()
+    torch.backends.quantized.engine = engine
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # the deprecation warnings of torch.ao.quantization
         return quantize_dynamic(model, {nn.Linear}, dtype=torch.qint8, inplace=True)
@@ -130,7 +134,7 @@ def open_engine(options: TranslateOptions):
     if shortlist is not None:  # an ensemble shares one vocabulary: the first model's
         _check_shortlist(shortlist, options.shortlist, sp)
     if options.quantize == "int8":
-        models = [quantize_int8(m) for m in models]
+        models = [quantize_int8(m, options.int8_engine) for m in models]
     return XfEngine(models, device, shortlist, CompiledStep() if options.compile else None), sp, device
 
 

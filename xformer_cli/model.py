@@ -92,7 +92,12 @@ def attention_weights(q, k, mask=None, causal: bool = False) -> torch.Tensor:
         scores = scores.masked_fill(~mask, torch.finfo(scores.dtype).min)
     elif mask is not None:
         scores = scores + mask
-    return scores.softmax(dim=-1)
+    # Under autocast the softmax runs in float32, as CUDA's autocast policy has it; CPU autocast
+    # leaves it in the scores' dtype (bf16), where its forward equals float32 rounded once but its
+    # backward works from bf16-rounded weights and attention dropout rounds again. The product with
+    # v casts the weights back to bf16. Without autocast (fp32 training, a bf16 model decoding) the
+    # softmax stays in the scores' dtype.
+    return scores.softmax(dim=-1, dtype=torch.float32 if torch.is_autocast_enabled(scores.device.type) else None)
 
 
 class KeyValueCache:
@@ -547,6 +552,13 @@ class Transformer(nn.Module):
             for key in cross:
                 cross[key] = cross[key].index_select(0, index)
         return cache
+
+    def set_dropout(self, p: float) -> None:
+        """Set P_drop (cfg.dropout: the embeddings' and every sub-layer output's dropout) to ``p``
+        for the updates that follow (xf train --late-dropout); ``cfg`` keeps the value the model
+        was built with, and attention and activation dropout are left as they are."""
+        for module in (self.dropout, *(m.dropout for m in self.modules() if isinstance(m, Sublayer))):
+            module.p = p
 
     def num_parameters(self) -> int:
         """Parameters counted once, tied tensors included once."""

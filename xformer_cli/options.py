@@ -181,6 +181,14 @@ class TrainOptions:
     lr_factor: float = option(1.0, "noam: a factor on the paper's formula (paper: 1)", range=Range(0, 1000, lo_open=True))
     warmup_init_lr: float = option(1e-7, "inverse_sqrt: learning rate at step 0", range=Range(0, 10))
     label_smoothing: float = option(0.1, "label smoothing epsilon (paper: 0.1)", range=PROBABILITY)
+    late_after: int = option(
+        0, "late regularization: after this many updates, train with --late-dropout and/or --late-label-smoothing "
+        "instead of --dropout and --label-smoothing (0: off). A run that stops by then is unchanged; one that goes "
+        "on past it (a faster machine's, in a time budget) is regularized harder for its later updates", range=COUNT)
+    late_dropout: Optional[float] = option(None, "P_drop after --late-after updates (default: --dropout)", range=PROBABILITY)
+    late_label_smoothing: Optional[float] = option(
+        None, "label smoothing epsilon after --late-after updates (default: --label-smoothing); validation loss keeps "
+        "--label-smoothing, so its curve stays comparable across the switch", range=PROBABILITY)
     clip_norm: float = option(0.0, "clip gradient norm (0: off)", range=Range(0, 1e6))
     weight_decay: float = option(0.0, "decoupled weight decay (--optimizer adamw)", range=Range(0, 10))
     precision: Literal["auto", "fp32", "bf16", "fp16"] = option(
@@ -218,6 +226,11 @@ class TrainOptions:
                               "itself, scaled by --lr-factor")
         if self.lr_scheduler == "inverse_sqrt" and self.lr_factor != 1.0:
             raise ConfigError("--lr-factor scales noam's formula; with inverse_sqrt set the peak with --lr")
+        late = self.late_dropout is not None or self.late_label_smoothing is not None
+        if self.late_after and not late:
+            raise ConfigError("--late-after needs --late-dropout or --late-label-smoothing (what changes from that update)")
+        if late and not self.late_after:
+            raise ConfigError("--late-dropout and --late-label-smoothing need --late-after (the number of updates after which they apply)")
         if self.weight_decay and self.optimizer == "adam":
             raise ConfigError("--weight-decay is decoupled weight decay: use --optimizer adamw")
         model_config(self.arch, **{name: getattr(self, name) for name in MODEL_OVERRIDES})  # the model's checks
@@ -319,6 +332,11 @@ class TranslateOptions(DecodingOptions):
     quantize: Literal["none", "int8"] = option(
         "none", "int8: dynamic int8 linear layers on CPU (faster; outputs may change)"
     )
+    int8_engine: Literal["fbgemm", "onednn"] = option(
+        "fbgemm", "--quantize int8's matrix library: fbgemm (torch's default; its AVX2, AVX-512 and VNNI kernels) or "
+        "onednn (oneDNN, whose int8 kernels use AMX tiles on CPUs with amx_int8); the weights are the same int8, the "
+        "activations' quantization differs, so outputs may change"
+    )
     threads: int = option(0, "CPU threads for torch (0: torch's default)", range=THREADS)
     workers: int = option(
         1, "batches decoded at once, each by its own thread with threads/workers torch threads (CPU throughput: "
@@ -349,6 +367,10 @@ class TranslateOptions(DecodingOptions):
 
     def __post_init__(self) -> None:
         super().__post_init__()  # check_ranges(self) included
+        if self.int8_engine != "fbgemm" and (self.quantize != "int8" or self.engine != "xf"):
+            raise ValueError(f"--int8-engine {self.int8_engine} is the library of xf's --quantize int8 layers"
+                             + (": add --quantize int8" if self.engine == "xf" else
+                                ", not of --engine ctranslate2 (which brings its own)"))
         if self.workers > 1 and self.sampling:
             raise ValueError(f"--workers {self.workers} decodes batches in parallel, but --sampling's random stream "
                              "runs through the batches in order: use --workers 1 to sample")
@@ -382,7 +404,7 @@ def with_translate_fields(*names: str):
     return decorate
 
 
-@with_translate_fields("engine", "device", "precision", "quantize", "threads")
+@with_translate_fields("engine", "device", "precision", "quantize", "int8_engine", "threads")
 @dataclass(frozen=True, kw_only=True)
 class ServeOptions(DecodingOptions):
     """xf serve: the decoding options (each request is decoded with them; a request may ask for

@@ -26,6 +26,7 @@ from .console import print_table
 from .fileio import reporting_write_errors
 from .loss import perplexity
 from .memory import resident_mib
+from .train_policy import regularization
 
 
 def format_seconds(seconds: Optional[float]) -> str:
@@ -292,6 +293,9 @@ def startup_rows(o, cfg, data, train_pairs: int, valid_pairs: int, parameters: i
         ("precision", f"{o.precision} ({precision_note})"),
         ("schedule", f"{o.lr_scheduler}, warmup {o.warmup_updates}"
                      + (f", lr {o.lr:g}" if o.lr is not None else f", lr factor {o.lr_factor:g}")),
+        ("regularization", f"dropout {cfg.dropout:g}, label smoothing {o.label_smoothing:g}"
+                           + ("; after {:,} updates: dropout {:g}, label smoothing {:g}".format(
+                               o.late_after, *regularization(o, o.late_after + 1, cfg.dropout)) if o.late_after else "")),
         ("save dir", f"{o.save_dir}" + (f" (resuming at update {num_updates:,}, epoch {epoch})" if num_updates else "")),
     ]
 

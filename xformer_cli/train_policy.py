@@ -3,7 +3,8 @@ checkpoints to write? stop, and why? Every stop rule is here; the loop in comman
 acts on what these functions decide. Before an update it asks ``stop_before_update`` (a signal);
 after it, ``plan_update``, then validates when the plan says so and asks
 ``plan_after_validation`` (patience, the best checkpoint); ``diverged`` says when skipped
-updates end the run, and ``nothing_to_do`` when a finished run is started again.
+updates end the run, ``nothing_to_do`` when a finished run is started again, and
+``regularization`` the dropout and label smoothing of an update (--late-after).
 
 The rules: a log line every --log-interval updates; validation every
 --validate-interval-updates, at each epoch end and at every stop; a numbered checkpoint
@@ -47,6 +48,16 @@ class Plan:
 def every(num_updates: int, interval: int) -> bool:
     """True every ``interval`` updates (never when the interval is 0: off)."""
     return bool(interval) and num_updates % interval == 0
+
+
+def regularization(o: TrainOptions, update: int, dropout: float) -> tuple[float, float]:
+    """(P_drop, label smoothing epsilon) of update number ``update`` (counting from 1): the
+    --late-* values once --late-after updates are done, else the model's ``dropout`` (--dropout
+    or the --arch preset's) and --label-smoothing."""
+    if o.late_after and update > o.late_after:
+        return (dropout if o.late_dropout is None else o.late_dropout,
+                o.label_smoothing if o.late_label_smoothing is None else o.late_label_smoothing)
+    return dropout, o.label_smoothing
 
 
 def plan_update(o: TrainOptions, s: AfterUpdate) -> Plan:

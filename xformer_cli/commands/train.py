@@ -43,7 +43,7 @@ from ..safety import SaveDirLock
 from ..schedule import make_schedule
 from ..signals import StopSignal
 from ..train_log import Meter, Reporter, peak_memory_mib, startup_rows, summary_rows
-from ..train_policy import AfterUpdate, diverged, nothing_to_do, plan_after_validation, plan_update
+from ..train_policy import AfterUpdate, diverged, nothing_to_do, plan_after_validation, plan_update, regularization
 from ..train_policy import score_validation, stop_before_update
 from ..train_state import TrainState, check_resumable
 from ..training import Step, compile_forward, compiled_graphs, dropout_seed, make_optimizer, train_step
@@ -238,6 +238,7 @@ class Loop:
     last_save_time: float = dataclasses.field(default_factory=time.monotonic)
     # updates whose outcome (finite or skipped) is still on the device: (update, step, target tokens)
     pending: list[tuple[int, Step, float]] = dataclasses.field(default_factory=list)
+    regularization: Optional[tuple[float, float]] = None  # (P_drop, label smoothing) in force (--late-after)
 
     def elapsed(self) -> float:
         """Training wall time, earlier runs included."""
@@ -300,10 +301,11 @@ def train_loop(run: Run, report: Reporter, stop: StopSignal) -> tuple[Loop, Mete
             if loop.stop_reason:
                 break
             lr = run.learning_rate(pos.num_updates + 1)
+            label_smoothing = regularize(run, report, loop, pos.num_updates + 1)
             torch.manual_seed(dropout_seed(o.seed, epoch, pos.batch_offset, env.rank))
             step = train_step(run.model, run.forward, run.state.optimizer, run.state.scaler, micro,
                               grad_scale=env.world_size / ntokens, lr=lr, autocast=run.autocast,
-                              label_smoothing=o.label_smoothing, clip_norm=o.clip_norm)
+                              label_smoothing=label_smoothing, clip_norm=o.clip_norm)
             pos.num_updates += 1
             pos.batch_offset = min(pos.batch_offset + batches.per_update, len(batches))
             meter.add(step, ntokens, src_tokens, time.perf_counter() - t0)
@@ -322,6 +324,22 @@ def train_loop(run: Run, report: Reporter, stop: StopSignal) -> tuple[Loop, Mete
         save(run, ["checkpoint_last.pt"], loop.last_valid, loop.elapsed())
     prefetch.close()
     return loop, meter
+
+
+def regularize(run: Run, report: Reporter, loop: Loop, update: int) -> float:
+    """Give the model the P_drop of update number ``update`` and return its label smoothing
+    epsilon; the switch of --late-after is logged (in train_log.jsonl too) by the process that
+    makes it."""
+    now = regularization(run.o, update, run.cfg.dropout)
+    if now != loop.regularization:
+        if loop.regularization is not None or (run.o.late_after and update == run.o.late_after + 1):
+            report.record("regularization", {"update": update, "dropout": now[0], "label_smoothing": now[1]})
+            if run.env.is_main:
+                run.console.print(f"update {update:,}: late regularization from here on (--late-after "
+                                  f"{run.o.late_after:,}): dropout {now[0]:g}, label smoothing {now[1]:g}")
+        run.model.set_dropout(now[0])
+        loop.regularization = now
+    return now[1]
 
 
 def follow_plan(run: Run, report: Reporter, loop: Loop, meter: Meter, after: AfterUpdate, lr: float) -> None:
