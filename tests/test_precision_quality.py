@@ -14,7 +14,7 @@ from helpers import bench_module
 TINY = {
     "preprocess": {"bpe_vocab_size": 300},
     "train": {"arch": "tiny", "d_model": 32, "d_ff": 64, "heads": 2, "encoder_layers": 1, "decoder_layers": 1,
-              "max_positions": 64, "max_tokens": 300, "warmup_updates": 4, "lr_scheduler": "inverse_sqrt",
+              "max_positions": 256, "max_tokens": 300, "warmup_updates": 4, "lr_scheduler": "inverse_sqrt",
               "lr": 5e-3, "eval_bleu": True, "stop_time_hours": 0.5, "max_epoch": 1, "log_interval": 1,
               "threads": 1, "seed": 9},
     "translate": {"beam_size": 4, "lenpen": 2.0, "batch_size": 64, "max_len_a": 0.0, "max_len_b": 8},
