@@ -245,7 +245,8 @@ def test_signal_during_preprocess_removes_its_temporary_files(multi30k_dir, tmp_
     proc = subprocess.Popen(
         [*XF, "preprocess", "--destdir", tmp_path / "bin", "--trainpref", multi30k_dir / "train",
          "--validpref", multi30k_dir / "val", "--bpe-vocab-size", "2000"],
-        stderr=subprocess.PIPE, text=True, env={**ENV, "XF_TEST_TAG": tag}, cwd=tmp_path)
+        stderr=subprocess.PIPE, text=True, env={**ENV, "XF_TEST_TAG": tag}, cwd=tmp_path,
+        preexec_fn=sigint_by_default)
     wait_for(lambda: list(tmp_path.glob(".bin.*.tmp/*")), proc, what="preprocess to write")
     time.sleep(0.5)
     proc.send_signal(signum)
@@ -255,6 +256,13 @@ def test_signal_during_preprocess_removes_its_temporary_files(multi30k_dir, tmp_
     assert "Traceback" not in err
     assert os.listdir(tmp_path) == []  # neither the temporary directory nor a half-made destdir
     assert tagged_processes(tag) == []  # nor a worker or the BPE learner left running
+
+
+def sigint_by_default() -> None:
+    """preexec_fn of a child that the test interrupts with SIGINT: a shell without job control
+    starts background commands (``make test &``) with SIGINT ignored, the child inherits that,
+    and Python then installs no KeyboardInterrupt handler, so Ctrl-C never reaches it."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def synthetic_corpus(path: Path, lines: int, seed: int = 0) -> Path:
@@ -278,7 +286,8 @@ def test_ctrl_c_while_learning_bpe_stops_at_once(tmp_path):
     tag = f"bpe-{os.getpid()}"
     proc = subprocess.Popen([*XF, "preprocess", "--destdir", tmp_path / "bin", "--trainpref", prefix,
                              "--bpe-vocab-size", "60000"],
-                            stderr=subprocess.PIPE, text=True, env={**ENV, "XF_TEST_TAG": tag}, cwd=tmp_path)
+                            stderr=subprocess.PIPE, text=True, env={**ENV, "XF_TEST_TAG": tag}, cwd=tmp_path,
+                            preexec_fn=sigint_by_default)
     wait_for(stable_file(".bin.*.tmp/bpe-sample.txt", tmp_path), proc, what="the BPE sample")
     time.sleep(1.0)  # sentencepiece is learning now
     assert proc.poll() is None
