@@ -8,8 +8,7 @@ import pytest
 from typer.testing import CliRunner
 
 from xformer_cli import __version__
-from xformer_cli.cli import app
-from xformer_cli.options import AverageOptions, PreprocessOptions, ScoreOptions, TrainOptions, TranslateOptions
+from xformer_cli.cli import COMMANDS, app
 
 runner = CliRunner()
 
@@ -26,18 +25,13 @@ def test_python_dash_m_works():
     assert out.returncode == 0 and out.stdout.strip() == f"xf {__version__}"
 
 
-@pytest.mark.parametrize(
-    "name,cls",
-    [
-        ("preprocess", PreprocessOptions),
-        ("train", TrainOptions),
-        ("average-checkpoints", AverageOptions),
-        ("translate", TranslateOptions),
-        ("score", ScoreOptions),
-    ],
-)
-def test_every_option_is_a_flag(name, cls):
-    result = runner.invoke(app, [name, "--help"], env={"COLUMNS": "300"})
+EVERY_COMMAND = pytest.mark.parametrize("command", COMMANDS, ids=lambda c: c.words)
+
+
+@EVERY_COMMAND
+def test_every_option_is_a_flag(command):
+    cls = command.options
+    result = runner.invoke(app, [*command.words.split(), "--help"], env={"COLUMNS": "300"})
     assert result.exit_code == 0, result.output
     for f in dataclasses.fields(cls):
         if not f.metadata.get("positional"):
@@ -91,12 +85,10 @@ def test_usage_errors_are_one_line(args, message):
     assert "--help" in lines[0]  # says where to look
 
 
-@pytest.mark.parametrize("name,cls", [
-    ("preprocess", PreprocessOptions), ("train", TrainOptions), ("average-checkpoints", AverageOptions),
-    ("translate", TranslateOptions), ("score", ScoreOptions),
-])
-def test_help_at_80_columns_shows_full_names_and_marks_required(name, cls):
-    result = runner.invoke(app, [name, "--help"], env={"COLUMNS": "80"})
+@EVERY_COMMAND
+def test_help_at_80_columns_shows_full_names_and_marks_required(command):
+    cls = command.options
+    result = runner.invoke(app, [*command.words.split(), "--help"], env={"COLUMNS": "80"})
     assert result.exit_code == 0, result.output
     assert "…" not in result.output and "<bool>" not in result.output
     for f in dataclasses.fields(cls):
@@ -107,7 +99,7 @@ def test_help_at_80_columns_shows_full_names_and_marks_required(name, cls):
             assert f"--no-{flag[2:]}" in result.output
         assert flag in result.output, flag
         if f.default is dataclasses.MISSING:  # required: marked beside its help
-            after = result.output[result.output.index(flag):]
+            after = result.output[result.output.index("\n  " + flag) + 1:]  # its row, not the usage line or summary
             assert "[required" in after.split("\n  -")[0], flag
     assert max(map(len, result.output.splitlines())) <= 80
 

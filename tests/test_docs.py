@@ -22,10 +22,11 @@ def test_the_option_reference_names_every_field_of_every_command():
     import dataclasses
 
     text = options_reference()
-    for words, options_cls, section, _ in COMMANDS:
-        part = text.split(f"## xf {words}\n", 1)[1].split("\n## ", 1)[0]
-        for f in dataclasses.fields(options_cls):
-            assert f"| `{f.name}` |" in part, (words, f.name)
+    for command in COMMANDS:
+        part = text.split(f"## xf {command.words}\n", 1)[1].split("\n## ", 1)[0]
+        assert f"YAML section: `{command.section}:`" in part
+        for f in dataclasses.fields(command.options):
+            assert f"| `{f.name}` |" in part, (command.words, f.name)
 
 
 def test_the_reference_would_see_a_new_option(monkeypatch):
@@ -34,11 +35,10 @@ def test_the_reference_would_see_a_new_option(monkeypatch):
 
     from xformer_cli.config import option
 
-    words, cls, section, summary = COMMANDS[0]
-    extended = dataclasses.make_dataclass("Extended", [("brand_new", int, option(7, "a new knob"))], bases=(cls,),
-                                          frozen=True)
-    monkeypatch.setattr("xformer_cli.cli.COMMANDS", [(words, extended, section, summary)])
-    assert "| `--brand-new` | `brand_new` | int | 7 | a new knob |" in options_reference()
+    extended = dataclasses.make_dataclass("Extended", [("brand_new", int, option(7, "a new knob"))],
+                                          bases=(COMMANDS[0].options,), frozen=True)
+    assert "| `--brand-new` | `brand_new` | int | 7 | a new knob |" in options_reference(
+        [dataclasses.replace(COMMANDS[0], options=extended)])
 
 
 def anchors(path: Path) -> set[str]:

@@ -49,8 +49,8 @@ def required_arguments(cls):
 
 
 # every command with a numeric option: its words, its options class, placeholders for what it requires
-COMMANDS = {tuple(words.split()): (cls, *required_arguments(cls)) for words, cls, _, _ in cli.COMMANDS
-            if any(True for _ in numeric_fields(cls))}
+COMMANDS = {tuple(c.words.split()): (c.options, *required_arguments(c.options)) for c in cli.COMMANDS
+            if any(True for _ in numeric_fields(c.options))}
 
 
 def options_classes():

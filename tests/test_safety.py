@@ -10,7 +10,7 @@ import pytest
 
 from xformer_cli.errors import XfError
 from xformer_cli.options import TrainOptions
-from xformer_cli.safety import SaveDirLock, refuse_overwriting_inputs, same_file
+from xformer_cli.safety import SaveDirLock, refuse_unsafe_outputs, same_file
 
 HOLD = """
 import sys, time
@@ -77,7 +77,9 @@ def test_same_file_sees_through_symlinks_and_relative_paths(tmp_path, monkeypatc
     monkeypatch.chdir(tmp_path)
     assert same_file("a.txt", tmp_path / "link.txt") and same_file("./hard.txt", "a.txt")
     assert not same_file("a.txt", "b.txt") and not same_file("a.txt", "missing.txt")
-    with pytest.raises(XfError, match="--output link.txt is the input a.txt"):
-        refuse_overwriting_inputs("link.txt", [None, "b.txt", "a.txt"])
-    refuse_overwriting_inputs("new.txt", ["a.txt"])
-    refuse_overwriting_inputs(None, ["a.txt"])
+    with pytest.raises(XfError, match="--output link.txt is the input --path a.txt"):
+        refuse_unsafe_outputs([("--output", "link.txt", "file")], [("--path", "b.txt"), ("--path", "a.txt")])
+    refuse_unsafe_outputs([("--output", "new.txt", "file")], [("--path", "a.txt")])
+    refuse_unsafe_outputs([("--output", "b.txt", "file")], [("--path", "a.txt")])  # no --overwrite option: replaced
+    with pytest.raises(XfError, match="b.txt: exists .pass --overwrite"):
+        refuse_unsafe_outputs([("--output", "b.txt", "file")], [("--path", "a.txt")], overwrite=False)

@@ -232,10 +232,6 @@ def model_from_checkpoint(ckpt: dict, path: str | Path = "checkpoint") -> Transf
     return model
 
 
-# What fine-tuning may set apart from the checkpoint: regularization, not the function the weights compute.
-FINE_TUNING_MAY_CHANGE = ("dropout", "attention_dropout", "activation_dropout")
-
-
 def load_initial_model(path: str | Path, data_vocabulary: bytes, data_path: Path, given: dict) -> tuple[ModelConfig, dict]:
     """(model configuration, weights) of checkpoint ``path`` to fine-tune from (xf train --init-from).
 
@@ -250,7 +246,7 @@ def load_initial_model(path: str | Path, data_vocabulary: bytes, data_path: Path
     for name, value in given.items():
         if value is None or value == values.get(name):
             continue
-        if name not in FINE_TUNING_MAY_CHANGE:
+        if name not in REGULARIZATION:
             raise ConfigError(f"--{name.replace('_', '-')} {value} conflicts with --init-from {path}, whose model has "
                               f"{values.get(name)} (the model options come from the checkpoint)")
         values[name] = value

@@ -22,22 +22,11 @@ import click
 import typer
 
 from . import __version__
-from .config import ConfigError, _is_optional, field_types, load_options
+from .config import _is_optional, field_types, load_options
+from .errors import ConfigError
 from .errors import XfError
 from .signals import Terminated, sigterm_unwinds
-from .options import (
-    AverageOptions,
-    ExportOptions,
-    ImportOptions,
-    PlotAttentionOptions,
-    PlotCurvesOptions,
-    PreprocessOptions,
-    ScoreOptions,
-    ServeOptions,
-    ShortlistOptions,
-    TrainOptions,
-    TranslateOptions,
-)
+from .frame import COMMANDS, GROUPS, Command, check_outputs
 
 try:  # typer >= 0.22 raises the exceptions of its own copy of click
     from typer._click.exceptions import ClickException as _TyperClickException
@@ -128,25 +117,12 @@ class XfCommand(typer.core.TyperCommand):
         return super().parse_args(ctx, spread_list_values(list(args), self.list_options))
 
 
-app = typer.Typer(
-    name="xf",
-    cls=XfGroup,
-    help="xf: neural machine translation with the Transformer of Vaswani et al. (2017).",
-    no_args_is_help=True,
-    add_completion=False,
-    pretty_exceptions_enable=False,
-    rich_markup_mode=None,
-    context_settings={"help_option_names": ["-h", "--help"]},
-)
-
-
 def _version_callback(value: bool) -> None:
     if value:
         typer.echo(f"xf {__version__}")
         raise typer.Exit()
 
 
-@app.callback()
 def main(
     version: Annotated[
         bool, typer.Option("--version", callback=_version_callback, is_eager=True, help="Show the version.")
@@ -206,180 +182,106 @@ def _list_flags(options_cls: type, types_by_name: dict[str, Any]) -> dict[str, t
     return lists
 
 
-# Every registered command: (its words after `xf`, its options class, its YAML section, its help).
-COMMANDS: list[tuple[str, type, str, str]] = []
-
-
-def command(name: str, options_cls: type, section: str, parent: typer.Typer = app):
-    """Register ``fn(options)`` as subcommand ``name`` of ``parent`` with flags generated from
-    ``options_cls``."""
-
-    def decorate(fn: Callable[[Any], None]):
-        words = name if parent is app else f"{parent.info.name} {name}"
-        COMMANDS.append((words, options_cls, section, (fn.__doc__ or "").strip().splitlines()[0]))
-        types_by_name = field_types(options_cls)
-        params = [_parameter(f, types_by_name[f.name]) for f in dataclasses.fields(options_cls)]
-        params.append(
-            inspect.Parameter(
-                "config",
-                inspect.Parameter.KEYWORD_ONLY,
-                default=None,
-                annotation=Annotated[Optional[Path], typer.Option("--config", help="YAML options file (flags win)")],
-            )
+def register(command: Command, parent: typer.Typer) -> None:
+    """Register ``command`` of the table under ``parent`` with flags generated from its options
+    class; the frame loads its options (YAML section, then flags), applies the output guard, runs
+    it, and turns every error into one line."""
+    options_cls = command.options
+    types_by_name = field_types(options_cls)
+    params = [_parameter(f, types_by_name[f.name]) for f in dataclasses.fields(options_cls)]
+    params.append(
+        inspect.Parameter(
+            "config",
+            inspect.Parameter.KEYWORD_ONLY,
+            default=None,
+            annotation=Annotated[Optional[Path], typer.Option("--config", help="YAML options file (flags win)")],
         )
-        params.append(
-            inspect.Parameter(
-                "verbose",
-                inspect.Parameter.KEYWORD_ONLY,
-                default=False,
-                annotation=Annotated[bool, typer.Option("--verbose", help="Show tracebacks on errors.")],
-            )
+    )
+    params.append(
+        inspect.Parameter(
+            "verbose",
+            inspect.Parameter.KEYWORD_ONLY,
+            default=False,
+            annotation=Annotated[bool, typer.Option("--verbose", help="Show tracebacks on errors.")],
         )
+    )
 
-        def wrapper(**kwargs: Any) -> None:
-            config = kwargs.pop("config")
-            verbose = kwargs.pop("verbose")
-            overrides = {k: (tuple(v) if isinstance(v, list) else v) for k, v in kwargs.items()}
-            overrides = {k: v for k, v in overrides.items() if v not in (None, ())}
-            try:
-                options = load_options(options_cls, config, overrides, section=section)
-                with sigterm_unwinds():
-                    fn(options)
-            except (typer.Exit, typer.Abort, click.exceptions.Exit):
-                raise
-            except KeyboardInterrupt:
-                if verbose:
-                    traceback.print_exc()
-                fail("interrupted", 130)
-            except Terminated as e:
-                if verbose:
-                    traceback.print_exc()
-                fail(f"stopped by {e}", 128 + e.signum)
-            except ConfigError as e:
-                if verbose:
-                    traceback.print_exc()
-                fail(str(e), 2)
-            except XfError as e:
-                if verbose:
-                    traceback.print_exc()
-                fail(str(e))
-            except BrokenPipeError:  # e.g. `xf translate ... | head`
-                sys.stderr.close()
-                raise typer.Exit(0)
-            except Exception as e:  # noqa: BLE001 - the last line of defence of a CLI
-                if verbose:
-                    traceback.print_exc()
-                fail(f"{type(e).__name__}: {e} (run with --verbose for the traceback)")
+    def wrapper(**kwargs: Any) -> None:
+        config = kwargs.pop("config")
+        verbose = kwargs.pop("verbose")
+        overrides = {k: (tuple(v) if isinstance(v, list) else v) for k, v in kwargs.items()}
+        overrides = {k: v for k, v in overrides.items() if v not in (None, ())}
+        try:
+            options = load_options(options_cls, config, overrides, section=command.section)
+            check_outputs(command, options)
+            with sigterm_unwinds():
+                command.function()(options)
+        except (typer.Exit, typer.Abort, click.exceptions.Exit):
+            raise
+        except KeyboardInterrupt:
+            if verbose:
+                traceback.print_exc()
+            fail("interrupted", 130)
+        except Terminated as e:
+            if verbose:
+                traceback.print_exc()
+            fail(f"stopped by {e}", 128 + e.signum)
+        except ConfigError as e:
+            if verbose:
+                traceback.print_exc()
+            fail(str(e), 2)
+        except XfError as e:
+            if verbose:
+                traceback.print_exc()
+            fail(str(e))
+        except BrokenPipeError:  # e.g. `xf translate ... | head`
+            sys.stderr.close()
+            raise typer.Exit(0)
+        except Exception as e:  # noqa: BLE001 - the last line of defence of a CLI
+            if verbose:
+                traceback.print_exc()
+            fail(f"{type(e).__name__}: {e} (run with --verbose for the traceback)")
 
-        wrapper.__signature__ = inspect.Signature(params)  # type: ignore[attr-defined]
-        wrapper.__annotations__ = {p.name: p.annotation for p in params}
-        wrapper.__name__ = fn.__name__
-        wrapper.__doc__ = fn.__doc__
-        lists = _list_flags(options_cls, types_by_name)
-        parent.command(name, cls=type("XfCommand", (XfCommand,), {"list_options": lists}))(wrapper)
-        return fn
-
-    return decorate
-
-
-@command("preprocess", PreprocessOptions, "preprocess")
-def preprocess_cmd(options: PreprocessOptions) -> None:
-    """Learn a joint sentencepiece BPE and binarize parallel text into memory-mapped arrays."""
-    from .commands.preprocess import preprocess
-
-    preprocess(options)
+    wrapper.__signature__ = inspect.Signature(params)  # type: ignore[attr-defined]
+    wrapper.__annotations__ = {p.name: p.annotation for p in params}
+    wrapper.__name__ = command.section
+    wrapper.__doc__ = command.summary
+    lists = _list_flags(options_cls, types_by_name)
+    name = command.words.split()[-1]
+    parent.command(name, cls=type("XfCommand", (XfCommand,), {"list_options": lists}), help=command.summary)(wrapper)
 
 
-@command("train", TrainOptions, "train")
-def train_cmd(options: TrainOptions) -> None:
-    """Train a Transformer (one CPU, one GPU, or many under torchrun)."""
-    from .commands.train import train
-
-    train(options)
-
-
-@command("average-checkpoints", AverageOptions, "average_checkpoints")
-def average_cmd(options: AverageOptions) -> None:
-    """Average the parameters of the last N checkpoints, as the paper does."""
-    from .commands.average import average_checkpoints
-
-    average_checkpoints(options)
-
-
-@command("translate", TranslateOptions, "translate")
-def translate_cmd(options: TranslateOptions) -> None:
-    """Translate stdin to stdout with batched beam search: one output line per input line."""
-    from .commands.translate import translate
-
-    translate(options)
-
-
-@command("shortlist", ShortlistOptions, "shortlist")
-def shortlist_cmd(options: ShortlistOptions) -> None:
-    """Build a vocabulary shortlist for xf translate --shortlist from a data directory's training pairs."""
-    from .commands.shortlist import shortlist
-
-    shortlist(options)
+def build_app(commands: list[Command]) -> typer.Typer:
+    """The ``xf`` application: every command of the table, groups (``xf plot ...``) made as needed."""
+    root = typer.Typer(
+        name="xf",
+        cls=XfGroup,
+        help="xf: neural machine translation with the Transformer of Vaswani et al. (2017).",
+        no_args_is_help=True,
+        add_completion=False,
+        pretty_exceptions_enable=False,
+        rich_markup_mode=None,
+        context_settings={"help_option_names": ["-h", "--help"]},
+    )
+    root.callback()(main)
+    groups: dict[str, typer.Typer] = {}
+    for command in commands:
+        *group, _ = command.words.split()
+        parent = root
+        if group:
+            if group[0] not in groups:
+                groups[group[0]] = typer.Typer(name=group[0], help=GROUPS.get(group[0], ""), no_args_is_help=True,
+                                               context_settings={"help_option_names": ["-h", "--help"]})
+                root.add_typer(groups[group[0]])
+            parent = groups[group[0]]
+        register(command, parent)
+    return root
 
 
-@command("export", ExportOptions, "export")
-def export_cmd(options: ExportOptions) -> None:
-    """Export a checkpoint for another runtime: xf export ctranslate2|huggingface --path CKPT --output DIR."""
-    from .commands.export import export
-
-    export(options)
+app = build_app(COMMANDS)
 
 
-@command("import", ImportOptions, "import")
-def import_cmd(options: ImportOptions) -> None:
-    """Import a model from another toolkit: xf import huggingface DIR --output CKPT (a MarianMT directory)."""
-    from .commands.import_ import import_model
-
-    import_model(options)
-
-
-@command("score", ScoreOptions, "score")
-def score_cmd(options: ScoreOptions) -> None:
-    """Score hypotheses with sacreBLEU, chrF and TER (and the paper's tokenized BLEU)."""
-    from .commands.score import score
-
-    score(options)
-
-
-@command("serve", ServeOptions, "serve")
-def serve_cmd(options: ServeOptions) -> None:
-    """Serve translations over HTTP (LibreTranslate's API) with dynamic batching: xf serve --model en-de=avg.pt."""
-    from .commands.serve import serve
-
-    serve(options)
-
-
-plot_app = typer.Typer(
-    name="plot",
-    help="Pictures: training curves from train_log.jsonl, attention maps of a checkpoint (needs matplotlib).",
-    no_args_is_help=True,
-    context_settings={"help_option_names": ["-h", "--help"]},
-)
-app.add_typer(plot_app)
-
-
-@command("curves", PlotCurvesOptions, "plot_curves", plot_app)
-def plot_curves_cmd(options: PlotCurvesOptions) -> None:
-    """Training and validation loss, validation BLEU, learning rate and speed of one or more runs."""
-    from .commands.plot import plot_curves
-
-    plot_curves(options)
-
-
-@command("attention", PlotAttentionOptions, "plot_attention", plot_app)
-def plot_attention_cmd(options: PlotAttentionOptions) -> None:
-    """Attention weights of a checkpoint on one sentence, as heat maps or as lines between tokens."""
-    from .commands.plot import plot_attention
-
-    plot_attention(options)
-
-
-def options_reference() -> str:
+def options_reference(commands: Optional[list[Command]] = None) -> str:
     """docs/options.md: every option of every command, generated from the options classes (the
     source of the flags, YAML keys and --help), so that the reference cannot drift from the code.
     ``make docs`` writes it; tests/test_docs.py fails when the file is stale."""
@@ -390,9 +292,16 @@ def options_reference() -> str:
            "`--config` file, or flat), its type (with the range of a number: every number outside it is "
            "refused before anything is written), default and help. Generated from `xformer_cli/options.py` "
            "by `make docs`; do not edit by hand. Every command also takes `--config FILE` (YAML; flags win) "
-           "and `--verbose` (tracebacks on errors).", ""]
-    out += [f"- [`xf {words}`](#xf-{words.replace(' ', '-')})" for words, *_ in COMMANDS] + [""]
-    for words, options_cls, section, summary in COMMANDS:
+           "and `--verbose` (tracebacks on errors).", "",
+           "Outputs, for every command alike: an output that is, holds or lies inside one of the command's inputs "
+           "(symlinks and hard links seen through), the save dir of a running `xf train`, or a training checkpoint "
+           "(`checkpoint_last.pt`, `checkpoint_best.pt`, `checkpoint_<epoch>_<update>.pt`, or a directory holding "
+           "one) is refused before anything is read, `--overwrite` or not; `--overwrite` replaces an existing output "
+           "atomically (the new one is complete before the old one goes).", ""]
+    commands = COMMANDS if commands is None else commands
+    out += [f"- [`xf {c.words}`](#xf-{c.words.replace(' ', '-')})" for c in commands] + [""]
+    for c in commands:
+        words, options_cls, section, summary = c.words, c.options, c.section, c.summary
         out += [f"## xf {words}", "", summary, "", f"YAML section: `{section}:`", "",
                 "| flag | YAML key | type | default | help |", "|---|---|---|---|---|"]
         types_by_name = field_types(options_cls)

@@ -27,10 +27,6 @@ import yaml
 
 from .errors import ConfigError
 
-SECTIONS = ("preprocess", "train", "average_checkpoints", "translate", "export", "score", "plot_curves",
-            "plot_attention", "serve")
-
-
 INT_MAX = 2**31 - 1  # the largest count any option needs; also what torch's and sentencepiece's int32 arguments hold
 
 
@@ -189,6 +185,9 @@ def read_yaml(path: str | Path, section: str | None) -> dict[str, Any]:
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: expected a mapping of option names to values")
     data = {str(k).replace("-", "_"): v for k, v in data.items()}
+    from .frame import sections  # the command table, which imports the options classes, which import this module
+
+    SECTIONS = sections()
     # No option takes a mapping: a key holding one is a section, maybe a misspelled one
     if any(k in SECTIONS or isinstance(v, dict) for k, v in data.items()):
         for key in data:

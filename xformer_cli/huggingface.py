@@ -346,13 +346,9 @@ def xf_id_order(size: int, pad: int, unk: int, start: int, eos: int) -> list[Opt
 
 def import_marian(options: ImportOptions) -> Path:
     """Read the MarianMT directory options.directory and write the xf checkpoint options.output."""
-    from .checkpoint import is_training_checkpoint
-
     directory, output = Path(options.directory), Path(options.output)
     if not directory.is_dir():
         raise XfError(f"{directory}: not a directory")
-    if output.exists() and (is_training_checkpoint(output) or not options.overwrite):
-        raise XfError(f"{output}: exists (--overwrite replaces it, unless it is a training checkpoint)")
     config = _read_json(directory / "config.json")
     cfg = config_from_marian(config, directory / "config.json")
     size = cfg.vocab_size

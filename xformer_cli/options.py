@@ -14,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 import typing
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Literal, Optional
 
 from .config import INT_MAX, Range, build_options, check_ranges, option
@@ -81,6 +82,11 @@ PRESETS: dict[str, dict] = {
     "small": dict(encoder_layers=3, decoder_layers=3, d_model=256, d_ff=1024, heads=4, dropout=0.1),
     "tiny": dict(encoder_layers=2, decoder_layers=2, d_model=64, d_ff=128, heads=4, dropout=0.1),
 }
+
+# The ModelConfig fields that change how a model trains, not the function its weights compute: a
+# fine-tune (xf train --init-from) may set them apart from its checkpoint, and checkpoints that
+# differ only in them are one architecture (xf average-checkpoints).
+REGULARIZATION = ("dropout", "attention_dropout", "activation_dropout")
 
 # The ModelConfig fields that xf train can set on top of a preset (the vocabulary comes from the data).
 MODEL_OVERRIDES = tuple(f.name for f in dataclasses.fields(ModelConfig) if f.name != "vocab_size")
@@ -244,8 +250,6 @@ class AverageOptions:
         0, "average the last N checkpoint_<epoch>_<update>.pt by update number (paper: 5 base, 20 big)", range=COUNT
     )
     num_epoch_checkpoints: int = option(0, "average the last N epoch-end checkpoints by epoch number", range=COUNT)
-    overwrite: bool = option(False, "replace --output even when it is a training checkpoint (checkpoint_last.pt, "
-                             "checkpoint_best.pt, checkpoint_<epoch>_<update>.pt); an input is never replaced")
     # Choosing on a validation set (docs/recipes.md): the recipes' step between training and the test set.
     choose_on_valid: bool = option(
         False, "choose the checkpoints to average and the length penalty on --valid-source/--valid-reference "
@@ -277,6 +281,9 @@ class AverageOptions:
         # leave the files to the recipe's flags)
         if not self.choose_on_valid and (self.valid_source, self.valid_reference) != (None, None):
             raise ConfigError("--valid-source and --valid-reference are read only with --choose-on-valid")
+        if self.choose_on_valid and self.choose_report is None:  # resolved here, so the output guard sees it
+            output = Path(self.output)
+            object.__setattr__(self, "choose_report", str(output.with_name(output.stem + ".choice.json")))
 
 
 @dataclass(frozen=True)
@@ -503,7 +510,7 @@ class ImportOptions:
     directory: str = option(help="the model directory (e.g. from huggingface-cli download Helsinki-NLP/opus-mt-en-de)",
                             positional=True)
     output: str = option(help="the xf checkpoint to write")
-    overwrite: bool = option(False, "replace --output if it exists (a training checkpoint never)")
+    overwrite: bool = option(False, "replace --output if it exists")
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,7 @@ import socket
 from pathlib import Path
 from typing import Iterable, Optional
 
-from .errors import XfError
+from .errors import ConfigError, XfError
 
 LOCK_NAME = "train.lock"
 
@@ -86,10 +86,99 @@ def save_dir_holder(save_dir: str | Path) -> Optional[str]:
     return None
 
 
+def refuse_unsafe_outputs(outputs: list[tuple[str, str, str]], inputs: list[tuple[str, str]],
+                          overwrite: Optional[bool] = None) -> None:
+    """The output guard the frame applies to every command before it starts (``frame.check_outputs``).
+
+    ``outputs``: (flag, path, kind) with kind ``file`` or ``directory`` (replaced whole) or
+    ``into`` (written into); ``inputs``: (flag, path). A ConfigError of one line when an output
+    is, holds or lies inside an input (symlinks resolved; a hard link is the file it links), is,
+    holds or lies inside the save dir of a running xf train, or is or holds a training checkpoint
+    (only xf train writes those): each even with ``--overwrite``. ``overwrite`` (None: the command
+    has no such option and replaces its outputs freely) False: an existing file, or a directory
+    that is not empty, is refused. A file output's directory must exist.
+    """
+    for flag, output, kind in outputs:
+        path = Path(output)
+        out = path.resolve()
+        for in_flag, source in inputs:
+            if not os.path.lexists(source):
+                continue  # a missing input is the command's own error, named as it reads it
+            relation = _relation_to_input(path, out, Path(source))
+            if relation:
+                raise ConfigError(f"{flag} {output} {relation} the input {in_flag} {source}; writing it could "
+                                  "destroy the input (choose another output)")
+        for save_dir in _save_dirs_around(out, walk=kind != "into"):
+            if kind == "into" and save_dir == out:
+                continue  # xf train's own save dir: its lock says who holds it (SaveDirLock)
+            holder = save_dir_holder(save_dir)
+            if holder:
+                raise ConfigError(f"{flag} {output} {_relation(out, save_dir)} the save dir {save_dir} of a running "
+                                  f"xf train ({holder}); choose another output")
+        if kind == "into":
+            continue
+        checkpoint = _training_checkpoint_at(out)
+        if checkpoint is not None:
+            raise ConfigError(f"{flag} {output} {_relation(out, checkpoint)} the training checkpoint {checkpoint}; "
+                              "only xf train replaces one (xf train resumes from it; choose another output)")
+        if kind == "file" and out.is_dir():
+            raise ConfigError(f"{flag} {output}: is a directory, not a file")
+        if kind == "directory" and out.is_file() and not overwrite:
+            raise ConfigError(f"{flag} {output}: exists and is a file, not a directory"
+                              + (" (pass --overwrite to replace it)" if overwrite is False else ""))
+        if overwrite is False and (out.is_file() or (out.is_dir() and any(out.iterdir()))):
+            what = "exists" if out.is_file() else "exists and is not empty"
+            raise ConfigError(f"{flag} {output}: {what} (pass --overwrite to replace it)")
+        if kind == "file" and not out.parent.is_dir():
+            raise ConfigError(f"{flag} {output}: its directory does not exist")
+
+
+def _relation_to_input(path: Path, out: Path, source: Path) -> Optional[str]:
+    """How output ``path`` (``out`` resolved) meets input ``source``: "is", "holds", "lies inside",
+    "is a hard link to a file of", or None."""
+    src = source.resolve()
+    if out == src or same_file(path, source):
+        return "is"
+    if src.is_relative_to(out):
+        return "holds"
+    if src.is_dir() and out.is_relative_to(src):
+        return "lies inside"
+    if src.is_dir() and path.is_file() and path.stat().st_nlink > 1:  # a hard link placed elsewhere
+        inode = path.stat().st_ino, path.stat().st_dev
+        for root, _, files in os.walk(src):
+            if any((s.st_ino, s.st_dev) == inode for s in (os.stat(Path(root, f)) for f in files)):
+                return "is a hard link to a file of"
+    return None
+
+
+def _save_dirs_around(out: Path, walk: bool) -> list[Path]:
+    """``out``, its parents and (``walk``: a directory to replace whole) every save dir inside it."""
+    candidates = [out, *out.parents]
+    if walk and out.is_dir():
+        candidates += [Path(root) for root, _, files in os.walk(out) if LOCK_NAME in files]
+    return candidates
+
+
+def _training_checkpoint_at(out: Path) -> Optional[Path]:
+    """``out`` when it is a training checkpoint, or the first one inside the directory ``out``."""
+    if not out.exists():
+        return None
+    from .checkpoint import is_training_checkpoint  # here: a command with nothing to replace does not import torch
+
+    if out.is_file():
+        return out if is_training_checkpoint(out) else None
+    if out.is_dir():
+        for root, _, files in os.walk(out):
+            for name in sorted(files):
+                if is_training_checkpoint(Path(name)):
+                    return Path(root, name)
+    return None
+
+
 def refuse_replacing(output: str | Path, inputs: Iterable[Optional[str | Path]], output_flag: str = "--output") -> None:
-    """An XfError when replacing ``output`` (a file, or a directory and all it holds) would destroy
-    an input or a running training: ``output`` is or contains one of ``inputs`` (a hard link
-    included), or is, contains or is inside a save dir whose ``train.lock`` an xf train holds."""
+    """An XfError when replacing the directory ``output`` at the end of a command would destroy
+    an input or a running training: the last check before ``fileio.replace_path`` (the frame's
+    guard checked the same before the command started; a training may have started since)."""
     out = Path(output).resolve()
     for source in inputs:
         if source is None:
@@ -98,10 +187,7 @@ def refuse_replacing(output: str | Path, inputs: Iterable[Optional[str | Path]],
         if same_file(out, src) or src.is_relative_to(out):
             raise XfError(f"{output_flag} {output} {_relation(out, src)} the input {source}; replacing it would "
                           "destroy the input (choose another output)")
-    candidates = [out, *out.parents]
-    if out.is_dir():
-        candidates += [Path(root) for root, _, files in os.walk(out) if LOCK_NAME in files]
-    for save_dir in candidates:
+    for save_dir in _save_dirs_around(out, walk=True):
         holder = save_dir_holder(save_dir)
         if holder:
             raise XfError(f"{output_flag} {output} {_relation(out, save_dir)} the save dir {save_dir} of a running "
@@ -120,14 +206,3 @@ def same_file(a: str | Path, b: str | Path) -> bool:
         return os.path.samefile(a, b)
     except OSError:
         return False
-
-
-def refuse_overwriting_inputs(output: Optional[str | Path], inputs: Iterable[Optional[str | Path]],
-                              output_flag: str = "--output") -> None:
-    """An XfError when ``output`` is one of ``inputs`` (it would be replaced while, or before, it is read)."""
-    if output is None:
-        return
-    for source in inputs:
-        if source is not None and same_file(output, source):
-            raise XfError(f"{output_flag} {output} is the input {source}; writing it would destroy the input "
-                          "(choose another output file)")

@@ -19,7 +19,7 @@ from typing import Optional
 
 import torch
 
-from ..checkpoint import checkpoint_numbers, is_training_checkpoint, load_checkpoint, model_from_checkpoint
+from ..checkpoint import checkpoint_numbers, load_checkpoint, model_from_checkpoint
 from ..checkpoint import same_vocabulary, save_checkpoint
 from ..choose import REPORT_VERSION, Candidate, candidate_sets, fixed_candidate, lenpen_grid, winner
 from ..choose import read_valid, valid_bleu, valid_loss, valid_pairs
@@ -27,12 +27,10 @@ from ..console import print_summary, stderr_console
 from ..distributed import resolve_device
 from ..errors import ConfigError, XfError
 from ..fileio import atomic_write_text
-from ..options import AverageOptions, TranslateOptions
-from ..safety import refuse_overwriting_inputs
+from ..options import REGULARIZATION, AverageOptions, TranslateOptions
 from ..vocab import load_sentencepiece
 
 # Fields that change training, not the function the weights compute.
-TRAINING_ONLY_FIELDS = ("dropout", "attention_dropout", "activation_dropout")
 
 
 def numbered_checkpoints(inputs: tuple[str, ...]) -> list[Path]:
@@ -86,15 +84,6 @@ def select_inputs(options: AverageOptions) -> list[Path]:
     return paths
 
 
-def check_output(options: AverageOptions, inputs: list[Path]) -> None:
-    """Never write over an input; over a checkpoint xf train resumes from only with --overwrite."""
-    refuse_overwriting_inputs(options.output, inputs)
-    output = Path(options.output)
-    if output.exists() and is_training_checkpoint(output) and not options.overwrite:
-        raise XfError(f"--output {output} is a training checkpoint (xf train resumes from checkpoint_last.pt, and "
-                      "an average has no optimizer state); pass --overwrite to replace it anyway")
-
-
 def _tied_groups(state: dict[str, torch.Tensor]) -> list[list[str]]:
     """Keys of the state dict grouped by the tensor they share (tied embeddings: one group)."""
     groups: dict[tuple, list[str]] = {}
@@ -107,7 +96,7 @@ def _tied_groups(state: dict[str, torch.Tensor]) -> list[list[str]]:
 def _same_architecture(a: dict, b: dict) -> Optional[str]:
     """The first model configuration field (other than dropout rates) on which a and b differ."""
     for key in sorted(set(a) | set(b)):
-        if key not in TRAINING_ONLY_FIELDS and a.get(key) != b.get(key):
+        if key not in REGULARIZATION and a.get(key) != b.get(key):
             return f"{key} {b.get(key)!r} vs {a.get(key)!r}"
     return None
 
@@ -170,7 +159,6 @@ def average_checkpoints(options: AverageOptions) -> None:
     if options.choose_on_valid:
         return choose_on_valid(options)
     paths = select_inputs(options)
-    check_output(options, paths)
     wanted = options.num_epoch_checkpoints or len(paths)
     console = stderr_console()
     mean = _Mean()
@@ -245,9 +233,7 @@ def choose_on_valid(options: AverageOptions) -> None:
     numbered = numbered_checkpoints(options.inputs)
     if not numbered:
         raise XfError(f"{', '.join(options.inputs)} holds no checkpoint_<epoch>_<update>.pt to choose from")
-    report_path = Path(options.choose_report or Path(options.output).with_name(Path(options.output).stem + ".choice.json"))
-    check_output(options, numbered)
-    refuse_overwriting_inputs(report_path, [*numbered, options.valid_source, options.valid_reference], "--choose-report")
+    report_path = Path(options.choose_report)  # AverageOptions resolved its default; the frame guarded it
     source, reference = read_valid(options.valid_source, options.valid_reference)
     start = time.perf_counter()
     console = stderr_console()

@@ -51,7 +51,6 @@ from ..data import FORMAT_VERSION, DataDir, TokenArrayWriter, file_sha256, small
 from ..errors import XfError
 from ..fileio import fsync_dir, remove_stale_temporaries_of, replace_path, reporting_write_errors, temporary_prefix
 from ..options import PreprocessOptions
-from ..safety import refuse_replacing
 from ..vocab import BOS_ID, EOS_ID, PAD_ID, UNK_ID, decode_line, encode_target, load_sentencepiece
 
 CHUNK_LINES = 10_000  # pairs per worker task: large enough that inter-process traffic is noise
@@ -90,11 +89,7 @@ def check_destination(o: PreprocessOptions) -> None:
     option values themselves are checked by PreprocessOptions)."""
     if not o.trainpref and not o.spm_model and not o.vocab_from:
         raise XfError("--trainpref is required (or --spm-model / --vocab-from to binarize valid/test sets only)")
-    dest = Path(o.destdir)
-    if dest.exists() and not dest.is_dir():
-        raise XfError(f"destdir {dest} exists and is not a directory")
-    if dest.is_dir() and any(dest.iterdir()) and not o.overwrite:
-        raise XfError(f"destdir {dest} exists and is not empty (pass --overwrite to replace it)")
+    dest = Path(o.destdir)  # the frame refused one that is a file, not empty without --overwrite, or holds an input
     if dest.exists() and os.path.ismount(dest):
         raise XfError(f"destdir {dest} is a mount point: xf preprocess writes a new directory beside it and renames "
                       "it into place, which a mount point cannot take; use a directory inside it")
@@ -103,9 +98,6 @@ def check_destination(o: PreprocessOptions) -> None:
         parent = parent.parent
     if not os.access(parent, os.W_OK | os.X_OK):
         raise XfError(f"destdir {dest}: {parent} is not writable (checked before encoding anything)")
-    # --overwrite removes the old destdir: never with an input or a running training inside it
-    inputs = [p for s in plan_splits(o) for p in (s.src, s.tgt)] + [Path(p) for p in (o.spm_model, o.vocab_from) if p]
-    refuse_replacing(dest, inputs, "destdir")
 
 
 # --------------------------------------------------------------------------- reading text

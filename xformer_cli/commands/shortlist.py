@@ -12,7 +12,6 @@ from ..console import print_summary, stderr_console
 from ..data import DataDir, read_rows
 from ..errors import XfError
 from ..options import ShortlistOptions
-from ..safety import refuse_overwriting_inputs
 from ..shortlist import build_shortlist, candidate_set_size
 
 
@@ -27,12 +26,7 @@ def shortlist(options: ShortlistOptions) -> None:
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
     output = Path(options.output)
-    if output.exists() and not options.overwrite:
-        raise XfError(f"{output}: exists (--overwrite replaces it)")
-    if not output.resolve().parent.is_dir():
-        raise XfError(f"{output}: its directory does not exist")
     data = DataDir.open(options.data)
-    refuse_overwriting_inputs(output, [data.path / name for name in ("meta.json", "spm.model")])
     start = time.perf_counter()
     train = data.split("train")
     if len(train) == 0:

@@ -18,13 +18,11 @@ from typing import IO, Iterator, Optional
 
 import torch
 
-from ..checkpoint import is_training_checkpoint
 from ..console import print_summary, stderr_console
 from ..engines import open_engine
 from ..errors import XfError
 from ..fileio import atomic_write
 from ..options import TranslateOptions
-from ..safety import refuse_overwriting_inputs
 from ..translation import Stats, decode_input_line, translate_buffer
 
 
@@ -84,12 +82,6 @@ def translate(options: TranslateOptions) -> None:
 
     if options.input is not None and not Path(options.input).is_file():
         raise XfError(f"{options.input}: input file not found")
-    if options.output is not None and not Path(options.output).resolve().parent.is_dir():
-        raise XfError(f"{options.output}: its directory does not exist")
-    refuse_overwriting_inputs(options.output, [options.input, *options.path])
-    if options.output is not None and is_training_checkpoint(Path(options.output)) and Path(options.output).exists():
-        raise XfError(f"--output {options.output} is a training checkpoint; a translation would replace it "
-                      "(choose another output file)")
     engine, sp, device = open_engine(options)
     if options.print_alignment:  # a layer the models lack fails now, not at the first batch
         engine.check_alignment_layer(options.alignment_layer)
