@@ -155,7 +155,7 @@ def test_bf16_autocast_and_eval_bleu(data_dir, tmp_path):
     from xformer_cli.vocab import load_sentencepiece
 
     ckpt = load_checkpoint(save / "checkpoint_last.pt")
-    model = train_module.Transformer(train_module.build_config(opts(data_dir, save), 300))
+    model = train_module.Transformer(train_module.build_config(opts(data_dir, save), DataDir.open(str(data_dir)))[0])
     model.load_state_dict(ckpt["model"])
     data = DataDir.open(str(data_dir))
     sp = load_sentencepiece(data.spm_model_bytes, "spm.model")
@@ -356,7 +356,7 @@ def test_ddp_two_gloo_processes_equal_one_process_accumulating(data_dir, tmp_pat
     )
     assert out.returncode == 0, out.stderr[-3000:]
     a, b = params(tmp_path / "single" / "checkpoint_last.pt"), params(tmp_path / "ddp" / "checkpoint_last.pt")
-    init = train_module.Transformer(train_module.build_config(opts(data_dir, "x", **kw), 300))
+    init = train_module.Transformer(train_module.build_config(opts(data_dir, "x", **kw), DataDir.open(str(data_dir)))[0])
     moved = 0.0
     for name in a:
         torch.testing.assert_close(a[name], b[name], rtol=0, atol=1e-5)
@@ -428,3 +428,31 @@ def test_prefetched_batches_are_the_batches_of_each_update(data_dir, tmp_path):
             assert all(torch.equal(g[k], w[k]) for k in ("src", "prev_output", "target"))
     assert ahead.ahead[0] == (2, 10)  # the update after the last one asked for is on its way
     ahead.close()
+
+
+def test_init_from_the_model_is_built_once_from_the_checkpoint(data_dir, tmp_path):
+    """With --init-from, every start-up check runs against the checkpoint's model (its
+    max_positions, not the --arch preset's 1024), and an --arch that is not its shape is refused."""
+    from xformer_cli.checkpoint import make_checkpoint, save_checkpoint
+    from xformer_cli.data import DataDir
+    from xformer_cli.model import build_model
+
+    data = DataDir.open(str(data_dir))
+    short = build_model("tiny", vocab_size=data.vocab_size, d_model=32, d_ff=64, heads=2, max_positions=12)
+    save_checkpoint(tmp_path / "short.pt", make_checkpoint(short, data.spm_model_bytes))
+    fine_tune = dict(arch=None, d_model=None, d_ff=None, heads=None, encoder_layers=None, decoder_layers=None)
+    with pytest.raises(XfError, match=r"pair \d+ has \d+ (en|de) subwords, \d+ positions with eos/bos, more than "
+                                      r"--max-positions 12"):
+        train(opts(data_dir, tmp_path / "a", max_update=1, init_from=str(tmp_path / "short.pt"), **fine_tune))
+    with pytest.raises(XfError, match=r"--arch small conflicts with --init-from .*short.pt, whose model has "
+                                      r"encoder-layers 2 \(small: 3\)"):
+        train(opts(data_dir, tmp_path / "b", max_update=1, init_from=str(tmp_path / "short.pt"),
+                   **{**fine_tune, "arch": "small"}))
+    assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
+    roomy = build_model("tiny", vocab_size=data.vocab_size, d_model=32, d_ff=64, heads=2, max_positions=256)
+    save_checkpoint(tmp_path / "roomy.pt", make_checkpoint(roomy, data.spm_model_bytes))
+    summary = train(opts(data_dir, tmp_path / "c", max_update=1, init_from=str(tmp_path / "roomy.pt"),
+                         **{**fine_tune, "arch": "tiny", "d_model": 32, "d_ff": 64, "heads": 2}))  # tiny's layers, the given sizes: agree
+    assert summary["num_updates"] == 1
+    start = records(tmp_path / "c", "start")[0]["options"]
+    assert start["max_positions"] == 256 and start["d_model"] == 32 and start["arch"] == "tiny"

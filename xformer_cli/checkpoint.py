@@ -31,6 +31,7 @@ import torch
 from .errors import ConfigError, XfError
 from .fileio import atomic_write
 from .model import ModelConfig, Transformer, config_from_dict, config_to_dict
+from .options import PRESETS, REGULARIZATION
 from .vocab import MAPPED_MAGIC, load_sentencepiece
 
 CHECKPOINT_FORMAT = "xf-checkpoint"
@@ -232,17 +233,23 @@ def model_from_checkpoint(ckpt: dict, path: str | Path = "checkpoint") -> Transf
     return model
 
 
-def load_initial_model(path: str | Path, data_vocabulary: bytes, data_path: Path, given: dict) -> tuple[ModelConfig, dict]:
+def load_initial_model(path: str | Path, data_vocabulary: bytes, data_path: Path, given: dict,
+                       arch: Optional[str] = None) -> tuple[ModelConfig, dict]:
     """(model configuration, weights) of checkpoint ``path`` to fine-tune from (xf train --init-from).
 
     ``given``: the model options set on the command line or in YAML (None: not set); one that
-    differs from the checkpoint's is an error, except the dropouts. The data must have the
+    differs from the checkpoint's is an error, except the dropouts (``REGULARIZATION``), and so is
+    a preset ``arch`` whose shape is not the checkpoint's. The data must have the
     checkpoint's vocabulary (``data_vocabulary``, the bytes of data_path/spm.model)."""
     ckpt = load_checkpoint(path)
     if not same_vocabulary(ckpt["spm_model"], data_vocabulary):
         raise XfError(f"{data_path}/spm.model: the data's vocabulary is not that of --init-from {path}; write the data "
                       f"with xf preprocess --vocab-from {path}")
     values = dict(ckpt["model_config"])
+    for name, value in (PRESETS[arch] if arch else {}).items():  # the preset's shape, as the options given change it
+        if name not in REGULARIZATION and given.get(name) is None and value != values.get(name):
+            raise ConfigError(f"--arch {arch} conflicts with --init-from {path}, whose model has {name.replace('_', '-')} "
+                              f"{values.get(name)} ({arch}: {value}); the model comes from the checkpoint (leave out --arch)")
     for name, value in given.items():
         if value is None or value == values.get(name):
             continue

@@ -163,7 +163,8 @@ class PreprocessOptions:
 class TrainOptions:
     data: str = option(help="data directory written by xf preprocess", positional=True, path=True)
     save_dir: str = option("checkpoints", "where checkpoints and logs are written", path=True)
-    arch: str = option("base", "architecture preset: base | big | small | tiny")
+    arch: Optional[str] = option(None, "architecture preset: base | big | small | tiny (default: base; with "
+                                 "--init-from the checkpoint's model, which a preset given must match)")
     init_from: Optional[str] = option(
         None, "fine-tune: start from this checkpoint's weights (xf's or imported) with a fresh optimizer, schedule and "
         "counters; the model options are the checkpoint's (a conflicting one is an error; dropouts may change) and "
@@ -239,7 +240,10 @@ class TrainOptions:
             raise ConfigError("--late-dropout and --late-label-smoothing need --late-after (the number of updates after which they apply)")
         if self.weight_decay and self.optimizer == "adam":
             raise ConfigError("--weight-decay is decoupled weight decay: use --optimizer adamw")
-        model_config(self.arch, **{name: getattr(self, name) for name in MODEL_OVERRIDES})  # the model's checks
+        if self.arch is not None and self.arch not in PRESETS:
+            raise ConfigError(f"unknown arch '{self.arch}'; choose one of {', '.join(PRESETS)}")
+        if self.init_from is None:  # with it, the model is the checkpoint's, checked against it when it is read
+            model_config(self.arch or "base", **{name: getattr(self, name) for name in MODEL_OVERRIDES})
 
 
 @dataclass(frozen=True)

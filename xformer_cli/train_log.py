@@ -282,7 +282,7 @@ def startup_rows(o, cfg, data, train_pairs: int, valid_pairs: int, parameters: i
     return [
         ("data", f"{data.path} ({data.source_lang}-{data.target_lang}, {train_pairs:,} training pairs, "
                  f"{valid_pairs:,} validation)"),
-        ("model", f"{o.arch}: {cfg.encoder_layers}+{cfg.decoder_layers} layers, d_model {cfg.d_model}, "
+        ("model", f"{o.arch or ('--init-from' if o.init_from else 'base')}: {cfg.encoder_layers}+{cfg.decoder_layers} layers, d_model {cfg.d_model}, "
                   f"d_ff {cfg.d_ff}, {cfg.heads} heads, vocabulary {cfg.vocab_size:,}"),
         ("parameters", f"{parameters:,}"),
         ("effective batch", f"{o.max_tokens:,} tokens x {o.update_freq} (update freq) x {world_size} "

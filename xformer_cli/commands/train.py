@@ -52,14 +52,20 @@ from ..vocab import load_sentencepiece
 
 
 # -- set-up: data, model, optimizer, resume ----------------------------------------------------
-def build_config(o: TrainOptions, vocab_size: int) -> ModelConfig:
-    """The preset named by --arch with the model options given on the command line applied."""
-    return model_config(o.arch, vocab_size=vocab_size, **{name: getattr(o, name) for name in MODEL_OVERRIDES})
+def build_config(o: TrainOptions, data: DataDir) -> tuple[ModelConfig, Optional[dict]]:
+    """The model that trains, built once: --init-from's (with its weights; --arch and the model
+    options given must agree with it, but for its regularization), else the preset named by
+    --arch with the model options given applied (and no weights)."""
+    given = {name: getattr(o, name) for name in MODEL_OVERRIDES}
+    if o.init_from:
+        return load_initial_model(o.init_from, data.spm_model_bytes, data.path, given, o.arch)
+    return model_config(o.arch or "base", vocab_size=data.vocab_size, **given), None
 
 
 def effective_options(o: TrainOptions, cfg: ModelConfig) -> dict:
-    """The options as run: model overrides left unset are filled with the preset's values."""
+    """The options as run: model overrides left unset are filled with the model's values."""
     values = to_dict(o)
+    values["arch"] = o.arch or (None if o.init_from else "base")
     for name in MODEL_OVERRIDES:
         values[name] = getattr(cfg, name)
     return values
@@ -120,7 +126,7 @@ def set_up(o: TrainOptions, env: distributed.Env, lock: SaveDirLock) -> Run:
     if "valid" not in data.splits:
         raise XfError(f"{data.path} has no validation split (run xf preprocess with --validpref)")
     valid_set = data.split("valid")
-    cfg = build_config(o, data.vocab_size)
+    cfg, init_weights = build_config(o, data)  # the one model configuration of the run: every check below uses it
     check_trainable(data, train_set, valid_set, cfg.max_positions)  # empty splits, pairs over max_positions
     # Batches of similar lengths up to --max-tokens, made once; each epoch shuffles their order.
     batches = EpochBatches(train_set, batch_by_size(train_set.src_sizes, train_set.tgt_sizes, o.max_tokens),
@@ -129,11 +135,6 @@ def set_up(o: TrainOptions, env: distributed.Env, lock: SaveDirLock) -> Run:
     valid_batches = batch_by_size(valid_set.src_sizes, valid_set.tgt_sizes, o.max_tokens)
     last_path = Path(o.save_dir) / "checkpoint_last.pt"
     ckpt = load_last_checkpoint(last_path) if last_path.exists() else None
-    init = None  # fine-tuning: (configuration, weights) of --init-from
-    if o.init_from:
-        init = load_initial_model(o.init_from, data.spm_model_bytes, data.path,
-                                  {name: getattr(o, name) for name in MODEL_OVERRIDES})
-    cfg = init[0] if init else build_config(o, data.vocab_size)
     if ckpt is not None:
         check_resumable(ckpt, last_path, data.spm_model_bytes, data.path, cfg)
     if env.is_main:
@@ -153,9 +154,9 @@ def set_up(o: TrainOptions, env: distributed.Env, lock: SaveDirLock) -> Run:
                           f"--max-tokens or data?): epoch {state.position.epoch} restarts from its beginning")
             state.position.batch_offset = 0
         del ckpt  # the weights now live in the model; do not hold a second copy
-    elif init is not None:
-        model.load_state_dict(init[1])
-        del init
+    elif init_weights is not None:
+        model.load_state_dict(init_weights)
+    del init_weights
     forward = model
     if env.distributed:
         from torch.nn.parallel import DistributedDataParallel as DDP
