@@ -1,7 +1,7 @@
 # xf: the two commands of the README are `make demo` and `make test`.
 #
-# TORCH is the torch requirement installed before xf. The default is the CPU build that these
-# machines install from local disk; on a GPU machine use the build you want, e.g.
+# TORCH is the torch requirement installed before xf. The default pins the CPU build, which is
+# what a CPU-only machine needs; on a GPU machine use the build you want, e.g.
 #   make test TORCH='torch>=2.4'    (keeps an installed CUDA torch, or pulls one from PyPI)
 PYTHON ?= python3
 VENV ?= .venv

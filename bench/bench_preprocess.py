@@ -4,7 +4,7 @@ The corpora repeat Multi30k's training data (29,000 pairs). The sentencepiece mo
 once, on Multi30k itself (its own row), and the measured runs reuse it with --spm-model, so they
 time the line check and the binarization. Each run is its own ``python -m xformer_cli`` process
 and its peak memory is that of the whole process tree (main + workers, summed, polled from
-/proc). Issue 3 asks for 2 workers >= 1.7x one worker, and the 4M peak within 10% of the 1M peak.
+/proc). The aims: 2 workers >= 1.7x one worker, and the 4M peak within 10% of the 1M peak.
 
 XF_BENCH_PAIRS_SCALE shrinks the corpora (0.01: 10k and 40k pairs) to check that this runs.
 """

@@ -181,7 +181,7 @@ def growth_per_1000(samples: list[tuple[int, float]], skip: int = MEMORY_WARMUP)
 def memory_rows(kept: Path, tmp: Path) -> list[dict]:
     """The long-run memory check: xf train (tiny, Multi30k-like data with many distinct batch
     shapes) for MEMORY_UPDATES updates in each of MEMORY_PRECISIONS, RSS sampled each second:
-    growth per 1,000 updates and the peak, and the bf16/fp32 peak ratio (issue 21: within 1.3)."""
+    growth per 1,000 updates and the peak, and the bf16/fp32 peak ratio (the aim: within 1.3)."""
     data = tmp / "subset-bin"  # the epoch part's subset
     if not data.exists():
         repeat_data_dir(kept / "base-bin", data, SUBSET)
@@ -213,7 +213,7 @@ def memory_rows(kept: Path, tmp: Path) -> list[dict]:
                      unit="MiB", note="VmHWM of xf train")]
     if {"fp32", "bf16"} <= peaks.keys():
         out.append(dict(bench="scale", case=case, metric="train peak memory bf16/fp32", value=peaks["bf16"] / peaks["fp32"],
-                        unit="x", note="issue 21's bound: 1.3x; on a CPU without bf16 instructions bf16 is emulated"))
+                        unit="x", note="the aim: at most 1.3x; on a CPU without bf16 instructions bf16 is emulated"))
     return out
 
 

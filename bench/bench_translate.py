@@ -24,7 +24,7 @@ outputs are capped at the source length (max_len_a 1, max_len_b 0). XF_BENCH_SOU
 input (default test2016.en); XF_BENCH_SENTENCES=N uses the first N lines; XF_BENCH_THREADS=N sets
 the threads of torch and CTranslate2 (default: torch's, one per core); XF_BENCH_ROUNDS=N the
 rounds; XF_BENCH_CACHE=0 skips the cache rows; XF_BENCH_ARCH=base makes the random model the
-paper's `base` shape (vocabulary 8000). Two rows give the aims of issue 21: xf's fastest beam-4
+paper's `base` shape (vocabulary 8000). Two rows give the aims: xf's fastest beam-4
 mode over CTranslate2 int8, and xf fp32 over CTranslate2 float32. The "shortlist" cases translate
 with ``--shortlist``: XF_BENCH_SHORTLIST=FILE (written by xf shortlist for the checkpoint's data),
 else one built from Multi30k train encoded with the checkpoint's sentencepiece model.
@@ -343,7 +343,7 @@ def rows() -> list[dict]:
             dict(bench="translate", case=name, metric="peak memory", value=r["peak"], unit="MiB",
                  note="peak RSS of the process (torch or CTranslate2 included)"),
         ]
-    # The issue's two aims, from the best rounds above: xf's fastest mode against CTranslate2's
+    # The two aims (parity, 1.0x), from the best rounds above: xf's fastest mode against CTranslate2's
     # fastest (int8), and xf fp32 against CTranslate2 float32.
     rate = {c: len(lines) / best[c]["seconds"] for c in cases}
 

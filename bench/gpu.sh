@@ -5,10 +5,12 @@
 # base beam-4 decoding; base compiled; a first BLEU (base on Multi30k EN-DE for 120 s at the
 # paper's batch size, test2016 with beam 4); the compiled reference if time is left.
 #
-# Before, where ../shared is (fills the git-ignored bench/gpu-data/, which the run tool carries):
-#   python bench/gpu_data.py
-# On the GPU machine, the one command (everything in the 8 files that come back from $OUT):
-#   bash bench/gpu.sh /tmp/g; tar -C /tmp/g -czf $OUT/gpu-results.tgz .; cp /tmp/g/results.md /tmp/g/results.json $OUT/
+# Before, on a machine with Multi30k (fills the git-ignored bench/gpu-data/; copy it along with
+# the checkout):
+#   python bench/gpu_data.py --multi30k DIR
+# On the GPU machine, the one command; OUT_DIR (default ./gpu-results) gets results.md,
+# results.json and a log per stage:
+#   bash bench/gpu.sh [OUT_DIR]
 # A check of every stage at tiny sizes on the CPU (make test runs it: tests/test_gpu_script.py):
 #   bash bench/gpu.sh --dry-run [OUT_DIR]
 #

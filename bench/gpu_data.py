@@ -1,10 +1,11 @@
-"""Fill bench/gpu-data/ (git-ignored) for bench/gpu.sh, on a machine that has ../shared.
+"""Fill bench/gpu-data/ (git-ignored) for bench/gpu.sh, on a machine that has Multi30k.
 
-The GPU machine gets the checkout and nothing beside it, so the quality stage's Multi30k EN-DE
-travels inside it: the run tool's ``carry`` names ``bench/gpu-data``. It is preprocessed here,
-not there, so that no GPU second goes to learning a BPE:
+The GPU machine may get the checkout and nothing beside it (no data, no network), so the quality
+stage's Multi30k EN-DE travels inside it, in bench/gpu-data/. It is preprocessed on the machine
+that has the data, not on the GPU machine, so that no GPU second goes to learning a BPE:
 
-    python bench/gpu_data.py                      # from ../shared/data/multi30k (a few MiB)
+    python bench/gpu_data.py --multi30k DIR       # DIR: train/val/test2016 .en/.de (a few MiB out)
+    python bench/gpu_data.py                      # the default DIR: ../shared/data/multi30k
     python bench/gpu_data.py --lines 2000 --test-lines 60 --bpe 1000 --dest DIR   # the dry run's
 
 DEST/m30k-ende/ is ``xf preprocess`` of train and val (joint BPE 8000, length ratio 2.5, as

@@ -1,4 +1,4 @@
-"""bf16 against fp32 at an equal number of updates (issue 21, item 3): is bf16 worse beyond seed noise?
+"""bf16 against fp32 at an equal number of updates: is bf16 worse beyond seed noise?
 
     python bench/precision_quality.py --out work-dirs/precision          # Multi30k EN-DE, cpu.yaml
     python bench/precision_quality.py --out DIR --updates 4000 --seeds 1,2,3

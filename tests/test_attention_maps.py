@@ -168,7 +168,7 @@ def test_word_alignment():
 
 
 def test_source_words_are_those_of_the_line_as_given(spm_model):
-    """Issue 20 item 8: 'A\u200bdog\u200bruns.' is one whitespace-separated word, though
+    """Regression: 'A\u200bdog\u200bruns.' is one whitespace-separated word, though
     sentencepiece's normalization makes the zero-width spaces into word boundaries (▁)."""
     from xformer_cli.attention_maps import line_word_ids
     from xformer_cli.vocab import load_sentencepiece

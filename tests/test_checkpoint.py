@@ -147,7 +147,7 @@ def test_head_dim_is_recorded_and_a_checkpoint_without_it_loads_unchanged(tmp_pa
 
 
 def test_a_state_dict_that_does_not_fit_its_configuration_is_one_line(tmp_path, spm_model):
-    """Issue 20 item 7: load_state_dict's multi-line message reached the terminal as two lines."""
+    """Regression: load_state_dict's multi-line message reached the terminal as two lines."""
     from typer.testing import CliRunner
 
     from xformer_cli.cli import app

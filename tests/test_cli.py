@@ -69,7 +69,7 @@ def test_readme_quick_start_puts_xf_on_the_path():
                          env={**os.environ, "PATH": path}, capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
     assert out.stdout.splitlines() == [str(repo / ".venv" / "bin" / "xf"), f"xf {__version__}"]
-# -- usage errors, help, list options (issue 12, items 6 and 7) ----------------------------------
+# -- usage errors, help, list options ------------------------------------------------------------
 @pytest.mark.parametrize("args,message", [
     (["train", "--no-such-flag"], "No such option: --no-such-flag"),
     (["average-checkpoints", "--output", "o.pt", "--num-update-checkpoints", "2", "3"], "unexpected extra argument"),

@@ -128,7 +128,7 @@ def test_decoding_options_are_checked_once():
 
 
 def test_absolute_paths_makes_the_path_options_absolute(tmp_path, monkeypatch):
-    """Issue 20 item 10: config.yaml said 'reuse with: xf train --config config.yaml' but held the
+    """Regression: config.yaml said 'reuse with: xf train --config config.yaml' but held the
     relative paths of the directory it was run from."""
     from xformer_cli.config import absolute_paths, to_dict
     from xformer_cli.options import TrainOptions

@@ -1,4 +1,4 @@
-"""stderr for machines (issue 12, item 6): when it is not a terminal, every record is one line,
+"""stderr for machines: when it is not a terminal, every record is one line,
 never wrapped at 80 columns, and tables are flattened unless a terminal is asked for."""
 
 import os

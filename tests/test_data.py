@@ -429,7 +429,7 @@ def test_collate_hand_checked():
 
 
 def test_check_trainable_refuses_empty_splits_and_the_longest_pair_over_max_positions(tmp_path):
-    """Issue 20 item 3, from the sizes alone: an empty validation split (loss 0, ppl 1, 'best' on no
+    """Regressions, from the sizes alone: an empty validation split (loss 0, ppl 1, 'best' on no
     data) and a pair that needs more positions than the model has (it crashed at its batch)."""
     from types import SimpleNamespace
 

@@ -212,7 +212,7 @@ def test_unwritable_or_occupied_output_is_one_line(tmp_path, spm_model):
         export(ckpt, tmp_path / "full")
 
 
-# -- export never destroys its input (issue 20 item 1) -----------------------------------------
+# -- export never destroys its input -----------------------------------------------------------
 def test_export_over_its_input_or_a_running_training_is_refused_and_destroys_nothing(tmp_path, spm_model):
     from xformer_cli.safety import SaveDirLock
 
@@ -305,7 +305,7 @@ def test_output_a_file_and_path_a_directory_say_what_they_are(tmp_path, spm_mode
           "(translate it with --engine ctranslate2)")
 
 
-# -- one precision policy for both engines (issue 20 item 5) ---------------------------------------
+# -- one precision policy for both engines ---------------------------------------------------------
 @pytest.mark.parametrize("native", [False, True], ids=["avx2", "avx512_bf16"])
 def test_ctranslate2_on_a_bf16_cpu_computes_in_what_it_has(tmp_path, spm_model, monkeypatch, native):
     """CTranslate2 has no bf16 on CPU (int8 and float32 only), bf16 instructions or not: auto is
@@ -333,7 +333,7 @@ def test_ctranslate2_on_a_bf16_cpu_computes_in_what_it_has(tmp_path, spm_model, 
 
 
 def test_a_damaged_exported_model_names_the_file_and_the_cause(tmp_path, spm_model, multi30k_dir):
-    """Issue 20 item 6: a truncated model.bin, another vocabulary's spm.model and a garbage
+    """Regression: a truncated model.bin, another vocabulary's spm.model and a garbage
     config.json gave CTranslate2's or a JSON parser's raw messages without the file."""
     import shutil
 

@@ -1,4 +1,4 @@
-"""Fault injection (issue 12): kill -9 at random moments, a full disk at every write site,
+"""Fault injection: kill -9 at random moments, a full disk at every write site,
 signals during preprocessing and translation, and two torchrun nodes on loopback of which one
 dies. Every run is a real ``xf`` process on a tiny model and a 160-pair slice of Multi30k.
 

@@ -1,4 +1,4 @@
-"""Atomic writes (issue 12, item 8): the umask is honoured, and a failed write names the file,
+"""Atomic writes: the umask is honoured, and a failed write names the file,
 says why, and leaves the previous content and no temporary file."""
 
 import errno
@@ -76,7 +76,7 @@ def test_remove_stale_temporaries_leaves_other_files(tmp_path):
 @pytest.mark.slow  # starts a process (to have a pid that no process has)
 def test_a_write_removes_the_temporaries_that_killed_writers_of_the_same_file_left(tmp_path):
     """kill -9 of translate, average or export (or a signal before the clean-up is in place) leaves
-    .NAME.PID.*.tmp; the next successful write of NAME removes those of dead processes (issue 20 item 9)."""
+    .NAME.PID.*.tmp; the next successful write of NAME removes those of dead processes."""
     import subprocess
 
     dead = subprocess.Popen(["true"])

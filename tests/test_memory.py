@@ -1,5 +1,5 @@
 """memory.bound_native_memory: oneDNN keeps a bounded number of primitives however many distinct
-shapes a run makes (issue 21: bf16 RSS grew 3.1 -> 4.3 GB with the batch shapes on AMX)."""
+shapes a run makes (unbounded, bf16 RSS grew 3.1 -> 4.3 GB with the batch shapes on an AMX CPU)."""
 
 import os
 import subprocess

@@ -1,4 +1,4 @@
-"""Every numeric option of every command is finite and in its range (issue 20 item 2): nan, inf,
+"""Every numeric option of every command is finite and in its range: nan, inf,
 -inf, -1, 0 and 10^30 on every int and float option, from flags and from YAML, are either in the
 option's declared range or a one-line error naming the option, before anything is written."""
 

@@ -261,7 +261,7 @@ def test_every_option_is_a_flag(name, cls):
 
 
 def test_a_picture_too_large_to_open_is_refused_before_drawing(tmp_path):
-    """Issue 20 item 10: a 600-subword sentence gave a 31,930 x 17,362 px PNG that image libraries refuse."""
+    """Regression: a 600-subword sentence gave a 31,930 x 17,362 px PNG that image libraries refuse."""
     long_src = ["\u2581w"] * 599 + ["</s>"]
     long_tgt = ["\u2581v"] * 599 + ["</s>"]
     maps = fake_maps(layers=2, heads=3, s=600, t=600)

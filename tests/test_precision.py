@@ -51,7 +51,7 @@ def test_auto_is_bf16_only_with_native_bf16(monkeypatch):
 
 @pytest.mark.parametrize("flags, expected", [([], "fp32"), (["avx512_bf16"], "bf16")])
 def test_auto_is_the_default_and_the_run_says_what_it_chose(data_dir, tmp_path, monkeypatch, flags, expected):
-    """The CPU's flags are given (not read from this machine), so both outcomes are tested here."""
+    """The CPU's flags are given (not read from the machine running the test), so both outcomes are tested."""
     assert TrainOptions(data="x").precision == "auto"
     monkeypatch.setattr(precision, "cpu_bf16_instructions", lambda: flags)
     kw = {**MICRO, "precision": "auto"}
@@ -66,7 +66,7 @@ def test_bf16_losses_track_fp32_on_tiny(data_dir, tmp_path):  # noqa: F811
     """Three epochs (51 updates) of `tiny` (no dropout) from one seed, fp32 and bf16 autocast: the
     validation loss after each epoch within 0.1% of fp32's and the training loss of every update
     within 0.25%, while training moves the loss by more than 10% and bf16 is not fp32 (the losses
-    differ). The bounds, measured here (AVX2, bf16 emulated): bf16 within 0.005% (validation) and
+    differ). The bounds, measured on a 2-core AVX2 CPU (bf16 emulated): bf16 within 0.005% (validation) and
     0.053% (training) of fp32; another seed (4) moves them by 1.6-2.1% and 7.5%; and the loss
     computed in bf16 (the fused loss's logsumexp over bf16 logits, a deliberate break) moved them
     by 0.31% and 0.64%, which these bounds catch and the earlier 1% bound did not."""

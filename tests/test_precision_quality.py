@@ -1,5 +1,5 @@
 """bench/precision_quality.py, the bf16-against-fp32 study, end to end at a tiny size: two seeds
-of each precision (bf16 forced: this machine may emulate it), the tables, the resume, the refusal."""
+of each precision (bf16 forced: the machine running the test may emulate it), the tables, the resume, the refusal."""
 
 import csv
 import json

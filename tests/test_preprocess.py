@@ -306,7 +306,7 @@ def test_overwrite_never_replaces_a_destdir_holding_an_input(tmp_path, corpus):
 
 
 def test_an_empty_validation_set_and_an_unusable_destdir_are_refused_before_encoding(tmp_path, corpus, monkeypatch):
-    """Issue 20 item 3: an empty validation set would report loss 0 and choose checkpoint_best.pt on
+    """Regression: an empty validation set would report loss 0 and choose checkpoint_best.pt on
     no data; a mount point or unwritable parent as destdir failed only after the whole corpus."""
     empty = write_pair(tmp_path / "empty", [], [])
     with pytest.raises(XfError, match=r"empty validation set: .*empty\.en and .*empty\.de have no lines"):
@@ -332,7 +332,7 @@ def test_an_empty_validation_set_and_an_unusable_destdir_are_refused_before_enco
     ("spm_sha256", "0" * 64, r"its spm_sha256 is not spm\.model's"),
 ])
 def test_verify_and_every_opening_cross_check_meta_json_against_the_files(tmp_path, corpus, key, value, message):
-    """Issue 20 item 4: meta.json is not among its own checksums, so an edited vocab_size (500 -> 600)
+    """Regression: meta.json is not among its own checksums, so an edited vocab_size (500 -> 600)
     passed --verify and trained a model that translate and export refused."""
     from xformer_cli.data import DataDir
 
@@ -363,7 +363,7 @@ def test_an_index_header_that_disagrees_with_meta_json_is_named(tmp_path, corpus
 
 
 def test_bpe_messages_point_the_right_way(tmp_path, corpus):
-    """Issue 20 item 7: text with too few characters suggested a --bpe-vocab-size the option refuses
+    """Regression: text with too few characters suggested a --bpe-vocab-size the option refuses
     (7, the minimum is 8); an empty sample was reported as files without text."""
     few = write_pair(tmp_path / "few", ["\x01a\x02"] * 20, ["\x05a\x06"] * 20)
     with pytest.raises(XfError, match=r"too few distinct characters for a vocabulary: sentencepiece can make at most "

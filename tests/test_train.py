@@ -298,7 +298,7 @@ def test_vocabulary_mismatch_on_resume_changes_nothing(data_dir, raw_slice, tmp_
     (dict(late_after=5), "--late-after needs --late-dropout or --late-label-smoothing"),
     (dict(late_dropout=0.3), "--late-dropout and --late-label-smoothing need --late-after"),
     (dict(late_after=5, late_label_smoothing=1.0), r"--late-label-smoothing must be in \[0, 1\)"),
-    # issue 20 item 3: known from the index at start-up, not at the update whose batch holds the pair
+    # known from the index at start-up, not at the update whose batch holds the pair
     (dict(max_positions=12), r"train pair \d+ has \d+ (en|de) subwords, \d+ positions with eos/bos, more than "
                              r"--max-positions 12; raise --max-positions to at least \d+"),
 ])

@@ -81,7 +81,7 @@ def test_improves_lower_loss_or_higher_bleu():
 
 
 def test_an_update_that_compiles_a_graph_is_compile_time_not_speed():
-    """Issue 20 item 10: --compile's second graph (at update 2) entered the summary speed."""
+    """Regression: --compile's second graph (at update 2) entered the summary speed."""
     from types import SimpleNamespace
 
     import torch

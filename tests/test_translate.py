@@ -343,7 +343,7 @@ def test_output_over_a_training_checkpoint_is_refused(tmp_path, ckpt):
 
 
 def test_more_threads_than_cores_is_a_warning(ckpt, monkeypatch):
-    """Issue 20 item 10: --threads 1000 on 2 cores ran 100x slower without a word."""
+    """Regression: --threads 1000 on 2 cores ran 100x slower without a word."""
     from xformer_cli import distributed
 
     monkeypatch.setattr(distributed, "cpu_cores", lambda: 2)
