@@ -76,3 +76,18 @@ def test_no_page_speaks_of_the_machines_it_was_built_on():
         text = page.read_text(encoding="utf-8")
         assert "these machines" not in text and "the machines here" not in text, page.name
     assert "../shared" not in (REPO / "README.md").read_text(encoding="utf-8")
+
+
+def test_no_page_test_or_comment_cites_an_internal_issue():
+    """The manual and the code speak to users: the tracker's numbers are not theirs (a public
+    project's own bug numbers, 'fairseq #4332', are fine: they name the project)."""
+    internal = re.compile(r"\b[Ii]ssues? (?:#)?\d+|(?<![\w-])#\d+\b(?!\])")
+    public = re.compile(r"[A-Za-z][\w.-]*(?:/[\w.-]+)? #\d+")  # "fairseq #4332", "marian-dev #931"
+    offenders = []
+    for path in [REPO / "README.md", *DOCS.glob("*.md"), *(REPO / "xformer_cli").rglob("*.py"),
+                 *(REPO / "tests").glob("*.py"), *(REPO / "bench").glob("*.py"), *(REPO / "recipes").rglob("*.sh")]:
+        for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+            hits = [m.group(0) for m in internal.finditer(public.sub("", line))]
+            if hits and path.name != "test_docs.py":
+                offenders.append(f"{path.relative_to(REPO)}:{number}: {hits}")
+    assert offenders == []

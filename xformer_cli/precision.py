@@ -1,7 +1,7 @@
 """Which precision training runs in: ``--precision auto`` (the default) picks bf16 autocast where
 the hardware multiplies bf16 natively, fp32 elsewhere, decided at start-up from what it finds.
 
-Measured (issue 10): on a 2-core AVX-512 CPU with avx512_bf16, bf16 autocast trained the `small`
+Measured (docs/benchmarks.md): on a 2-core AVX-512 CPU with avx512_bf16, bf16 autocast trained the `small`
 model 1.35-1.39x faster than fp32; on an AVX2-only CPU (no bf16 instructions, so oneDNN emulates them)
 bf16 is about 0.03x fp32. Hence the choice is made per machine, never assumed.
 """
