@@ -370,7 +370,21 @@ def test_bpe_messages_point_the_right_way(tmp_path, corpus):
                                       r"(\d) pieces from it, and --bpe-vocab-size is at least 8") as e:
         run(tmp_path / "out", trainpref=few, bpe_vocab_size=100)
     assert "or less" not in str(e.value)
-    with pytest.raises(XfError, match=r"no non-empty lines in the 1 of 200 pairs sampled from .*raise --bpe-sample-lines"):
+    with pytest.raises(XfError, match=r"the sample to learn BPE from holds no text: --bpe-sample-lines 1 keeps each of "
+                                      r"the 200 pairs of .* with probability 0.005, and kept none .*raise --bpe-sample"):
         for seed in range(1, 20):  # a 1-pair sample of 200 is empty for most seeds
             run(tmp_path / f"s{seed}", trainpref=corpus["prefix"], bpe_vocab_size=60, bpe_sample_lines=1, seed=seed)
     assert nothing_left(tmp_path / "out")
+
+
+def test_bpe_options_beside_a_given_vocabulary_are_refused_not_ignored():
+    """Regression: --vocab-from and --spm-model silently ignored --bpe-vocab-size."""
+    from xformer_cli.errors import ConfigError
+
+    for given in (dict(spm_model="spm.model"), dict(vocab_from="ckpt.pt")):
+        for name, value in (("bpe_vocab_size", 8000), ("bpe_sample_lines", 10)):
+            with pytest.raises(ConfigError, match=rf"--{name.replace('_', '-')} sets how BPE is learned, but "
+                                                  rf"--(spm-model|vocab-from) gives the vocabulary"):
+                PreprocessOptions(destdir="d", **given, **{name: value})
+        assert PreprocessOptions(destdir="d", **given).bpe_vocab_size is None
+    assert (PreprocessOptions(destdir="d").bpe_vocab_size, PreprocessOptions(destdir="d").bpe_sample_lines) == (37000, 2_000_000)

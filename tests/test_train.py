@@ -122,7 +122,8 @@ def test_late_regularization_switches_at_its_update_and_resumes_exactly(data_dir
     # the same by hand: 6 plain updates, then resume with the late values as the run's own
     train(opts(data_dir, tmp_path / "hand", **{**kw, "max_update": 6}))
     ckpt = load_checkpoint(tmp_path / "hand" / "checkpoint_last.pt")
-    ckpt["model_config"]["dropout"] = 0.4
+    ckpt["model_config"]["dropout"] = 0.4  # what the run is trained with, as a resume checks it
+    ckpt["train_state"]["options"]["label_smoothing"] = 0.25
     torch.save(ckpt, tmp_path / "hand" / "checkpoint_last.pt")
     train(opts(data_dir, tmp_path / "hand", **{**kw, "dropout": 0.4, "label_smoothing": 0.25}))
     # and stopped after the switch (update 9), then resumed: the late values are set again
@@ -456,3 +457,18 @@ def test_init_from_the_model_is_built_once_from_the_checkpoint(data_dir, tmp_pat
     assert summary["num_updates"] == 1
     start = records(tmp_path / "c", "start")[0]["options"]
     assert start["max_positions"] == 256 and start["d_model"] == 32 and start["arch"] == "tiny"
+
+
+@pytest.mark.parametrize("change", [dict(late_dropout=0.3), dict(label_smoothing=0.2), dict(late_after=5),
+                                    dict(dropout=0.2)])
+def test_a_resume_keeps_the_regularization_it_was_trained_with(data_dir, tmp_path, change):
+    """Regularization is refused on resume like the model's --dropout (it was accepted silently)."""
+    save = tmp_path / "ck"
+    late = dict(late_after=1, late_dropout=0.2)
+    train(opts(data_dir, save, max_update=2, **late))
+    before = (save / "checkpoint_last.pt").read_bytes()
+    key = next(iter(change))
+    with pytest.raises(XfError, match=rf"regularization differs from the options .*{key} "):
+        train(opts(data_dir, save, max_update=4, **{**late, **change}))
+    assert (save / "checkpoint_last.pt").read_bytes() == before
+    assert train(opts(data_dir, save, max_update=3, **late))["num_updates"] == 3

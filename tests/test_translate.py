@@ -353,3 +353,19 @@ def test_more_threads_than_cores_is_a_warning(ckpt, monkeypatch):
     result = runner.invoke(app, ["translate", "--path", ckpt, "--threads", "1000", "--max-len-b", "2", "--quiet"],
                            input=b"a man\n")
     assert result.exit_code == 0 and "warning: --threads 1000 is more than the 2 CPU cores" in result.stderr
+
+
+def test_empty_translations_are_counted_and_warned_about(tmp_path, spm_model, capsys):
+    """Regression: a model that ends every sentence at once gave a summary saying 'empty 0'."""
+    from helpers import random_checkpoint
+    from xformer_cli.checkpoint import load_checkpoint, save_checkpoint
+    from xformer_cli.vocab import EOS_ID
+
+    path = random_checkpoint(tmp_path / "eos.pt", spm_model, output_bias=True)
+    ckpt = load_checkpoint(path)
+    ckpt["model"]["output_bias"][EOS_ID] = 1e4  # eos first, every time
+    save_checkpoint(path, ckpt)
+    out = run(tmp_path, path, b"a man\n\ntwo dogs\n", quiet=False)
+    assert out == "\n\n\n"
+    err = capsys.readouterr().err
+    assert "xf: warning: 2 of 2 non-empty line(s) got an empty translation" in err

@@ -131,9 +131,12 @@ class PreprocessOptions:
     trainpref: Optional[str] = option(None, "training files prefix (PREFIX.src, PREFIX.tgt)")
     validpref: Optional[str] = option(None, "validation files prefix (comma-separated: valid, valid1, ...)")
     testpref: Optional[str] = option(None, "test files prefix (comma-separated: test, test1, ...)")
-    bpe_vocab_size: int = option(37000, "joint sentencepiece BPE vocabulary size (paper EN-DE: 37000)", range=Range(8, INT_MAX))
-    bpe_sample_lines: int = option(
-        2_000_000, "training pairs sampled (both sides) to learn the BPE model; bounds its memory", range=COUNT1
+    bpe_vocab_size: Optional[int] = option(None, "joint sentencepiece BPE vocabulary size (default 37000, the paper's "
+                                           "EN-DE; not with --spm-model or --vocab-from, which give the vocabulary)",
+                                           range=Range(8, INT_MAX))
+    bpe_sample_lines: Optional[int] = option(
+        None, "training pairs sampled (both sides) to learn the BPE model; bounds its memory (default 2000000; not "
+        "with --spm-model or --vocab-from)", range=COUNT1
     )
     spm_model: Optional[str] = option(None, "reuse this sentencepiece model instead of learning one")
     vocab_from: Optional[str] = option(None, "use this checkpoint's vocabulary (xf's or imported, joint or separate "
@@ -156,6 +159,15 @@ class PreprocessOptions:
             raise ConfigError(f"--source-lang and --target-lang are both {self.source_lang!r}")
         if self.spm_model and self.vocab_from:
             raise ConfigError("--spm-model and --vocab-from both give the vocabulary: choose one")
+        given = "--spm-model" if self.spm_model else "--vocab-from" if self.vocab_from else None
+        for name in ("bpe_vocab_size", "bpe_sample_lines"):
+            if given and getattr(self, name) is not None:  # it would be ignored: nothing is learned
+                raise ConfigError(f"--{name.replace('_', '-')} sets how BPE is learned, but {given} gives the "
+                                  "vocabulary and nothing is learned: leave it out")
+        if not given:  # the defaults, resolved here so that the rest reads plain numbers
+            object.__setattr__(self, "bpe_vocab_size", 37000 if self.bpe_vocab_size is None else self.bpe_vocab_size)
+            object.__setattr__(self, "bpe_sample_lines",
+                               2_000_000 if self.bpe_sample_lines is None else self.bpe_sample_lines)
 
 
 @with_model_overrides

@@ -95,8 +95,15 @@ def set_rng_states(states: dict) -> None:
     np.random.set_state((name, np.array(keys, dtype=np.uint32), pos, has_gauss, cached))
 
 
-def check_resumable(ckpt: dict, path: Path, spm_model: bytes, data_path: Path, cfg: ModelConfig) -> None:
-    """A checkpoint to resume must hold training state and match the data's vocabulary and the model."""
+# The training options that regularize, beside the model's dropouts: a resume continues the run
+# with the regularization it was trained with, as it does with the model's --dropout.
+RESUME_REGULARIZATION = ("label_smoothing", "late_after", "late_dropout", "late_label_smoothing")
+
+
+def check_resumable(ckpt: dict, path: Path, spm_model: bytes, data_path: Path, cfg: ModelConfig,
+                    options: Optional[dict] = None) -> None:
+    """A checkpoint to resume must hold training state and match the data's vocabulary, the model
+    and (``options``: the run's effective options) the regularization it was trained with."""
     if not ckpt.get("train_state"):
         raise XfError(f"{path}: has no training state (an averaged or exported checkpoint?); cannot resume from it")
     if not same_vocabulary(ckpt["spm_model"], spm_model):
@@ -107,6 +114,9 @@ def check_resumable(ckpt: dict, path: Path, spm_model: bytes, data_path: Path, c
     wanted = config_to_dict(cfg)
     diffs = [f"{k} {ckpt['model_config'].get(k)!r} there, {v!r} here" for k, v in wanted.items()
              if ckpt["model_config"].get(k) != v]
+    trained = ckpt["train_state"].get("options") or {}
+    diffs += [f"{k} {trained.get(k)!r} there, {options[k]!r} here" for k in RESUME_REGULARIZATION
+              if options is not None and k in trained and trained[k] != options.get(k)]
     if diffs:
-        raise XfError(f"{path}: the checkpoint's model differs from the options ({'; '.join(diffs)}); "
+        raise XfError(f"{path}: the checkpoint's model or regularization differs from the options ({'; '.join(diffs)}); "
                       "use the same options to resume, or another --save-dir")

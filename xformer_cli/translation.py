@@ -26,7 +26,8 @@ from .vocab import decode_line
 @dataclass
 class Stats:
     lines: int = 0
-    empty: int = 0
+    empty: int = 0  # empty or whitespace-only input lines (their translation is empty too)
+    empty_outputs: int = 0  # empty translations of lines that were not empty
     src_tokens: int = 0
     tgt_tokens: int = 0
     invalid_utf8: int = 0
@@ -147,8 +148,12 @@ def translate_buffer(engine: Engine, sp, lines: list[str], first_index: int, opt
                                        generator=generator)
     out = []
     for i, hyps in enumerate(results):
-        hyps = empty_hypotheses(options) if hyps is None else hyps
-        texts = hypothesis_texts(sp, hyps)
+        if hyps is None:
+            hyps = empty_hypotheses(options)
+            texts = hypothesis_texts(sp, hyps)
+        else:
+            texts = hypothesis_texts(sp, hyps)
+            stats.empty_outputs += not texts[0].strip()
         pairs = None
         if options.print_alignment:
             words = options.alignment_level == "word"  # source words: those of the line as given

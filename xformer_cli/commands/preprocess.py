@@ -453,8 +453,9 @@ def make_spm(o: PreprocessOptions, train: Split | None, out: Path, progress: Pro
     invalid = "skip" if o.skip_invalid else "error"
     sentences = sample_for_bpe(train, o.bpe_sample_lines, o.seed, sample, invalid, lambda n: progress.advance(task, n))
     if sentences == 0 and o.bpe_sample_lines < train.lines:  # the sample is empty, maybe not the files
-        raise XfError(f"no non-empty lines in the {o.bpe_sample_lines:,} of {train.lines:,} pairs sampled from "
-                      f"{train.src} / {train.tgt} to learn BPE from; raise --bpe-sample-lines")
+        raise XfError(f"the sample to learn BPE from holds no text: --bpe-sample-lines {o.bpe_sample_lines:,} keeps each "
+                      f"of the {train.lines:,} pairs of {train.src} / {train.tgt} with probability "
+                      f"{o.bpe_sample_lines / train.lines:.3g}, and kept none with text; raise --bpe-sample-lines")
     if sentences == 0:
         raise XfError(f"no non-empty lines in {train.src} / {train.tgt} to learn BPE from")
     task = progress.add_task(f"learning BPE {o.bpe_vocab_size}", total=None)

@@ -136,7 +136,7 @@ def set_up(o: TrainOptions, env: distributed.Env, lock: SaveDirLock) -> Run:
     last_path = Path(o.save_dir) / "checkpoint_last.pt"
     ckpt = load_last_checkpoint(last_path) if last_path.exists() else None
     if ckpt is not None:
-        check_resumable(ckpt, last_path, data.spm_model_bytes, data.path, cfg)
+        check_resumable(ckpt, last_path, data.spm_model_bytes, data.path, cfg, effective_options(o, cfg))
     if env.is_main:
         prepare_save_dir(Path(o.save_dir))
         lock.acquire()

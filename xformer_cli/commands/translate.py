@@ -118,6 +118,9 @@ def translate(options: TranslateOptions) -> None:
     if stats.truncated:
         _warn(f"{where}: {stats.truncated} line(s) longer than the model's {engine.max_source} source subwords "
               f"were truncated (first: line {stats.first_truncated})")
+    if stats.empty_outputs:
+        _warn(f"{stats.empty_outputs:,} of {stats.lines - stats.empty:,} non-empty line(s) got an empty translation "
+              "(a model that ends every sentence at once: an untrained or broken checkpoint?)")
     if not options.quiet and not interactive:
         _summary(console, stats, elapsed, options, getattr(engine, "compiled", None))
 
@@ -131,7 +134,8 @@ def _summary(console, stats: Stats, elapsed: float, options: TranslateOptions, c
     decoding = max(elapsed - compiling, 1e-9)
     rows = [
         ("lines", f"{stats.lines:,}"),
-        ("translated / empty", f"{translated:,} / {stats.empty:,}"),
+        ("translated / empty input lines", f"{translated:,} / {stats.empty:,}"),
+        *([("empty translations", f"{stats.empty_outputs:,} of {translated:,}")] if stats.empty_outputs else []),
         ("source / target subwords", f"{stats.src_tokens:,} / {stats.tgt_tokens:,}"),
         ("time", f"{elapsed:.2f} s"),
         *([("compile (not in the speeds)", f"{compiling:.2f} s, {compiled.graphs} graph(s)")] if compiled else []),
