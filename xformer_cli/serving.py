@@ -102,8 +102,10 @@ def bind(host: str, port: int) -> socket.socket:
     try:
         family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
         sock = socket.socket(family, kind, proto)
-    except (OSError, ValueError) as e:  # socket.gaierror: the host does not resolve; UnicodeError: not a name
+    except OSError as e:  # socket.gaierror: the host does not resolve
         raise XfError(f"--host {host} --port {port}: cannot listen on {shown}: {e.strerror or e}") from None
+    except ValueError as e:  # UnicodeError (an empty label: 'a..b'), a NUL
+        raise XfError(f"--host {host} --port {port}: cannot listen on {shown}: not a host name ({e})") from None
     try:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # a port in TIME_WAIT, not one in use
         sock.bind(address)
