@@ -30,8 +30,10 @@ import asyncio
 import contextlib
 import hmac
 import json
+import signal
 import socket
 import sys
+import threading
 import time
 from importlib import resources
 from pathlib import Path
@@ -98,20 +100,20 @@ def bind(host: str, port: int) -> socket.socket:
     """A socket bound to host:port (port 0: a free one), before any model loads, so that a host that
     does not resolve or a port taken is a one-line error at once. Not listening yet: ``listen()``
     once the models are loaded, so that a connection before is refused, not left waiting."""
-    shown = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+    where = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
     try:
         family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
         sock = socket.socket(family, kind, proto)
     except OSError as e:  # socket.gaierror: the host does not resolve
-        raise XfError(f"--host {host} --port {port}: cannot listen on {shown}: {e.strerror or e}") from None
+        raise XfError(f"--host {host} --port {port}: cannot listen on {where}: {e.strerror or e}") from None
     except ValueError as e:  # UnicodeError (an empty label: 'a..b'), a NUL
-        raise XfError(f"--host {host} --port {port}: cannot listen on {shown}: not a host name ({e})") from None
+        raise XfError(f"--host {host} --port {port}: cannot listen on {where}: not a host name ({e})") from None
     try:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # a port in TIME_WAIT, not one in use
         sock.bind(address)
     except OSError as e:
         sock.close()
-        raise XfError(f"--host {host} --port {port}: cannot listen on {shown}: {e.strerror or e}") from None
+        raise XfError(f"--host {host} --port {port}: cannot listen on {where}: {e.strerror or e}") from None
     return sock
 
 
@@ -354,16 +356,28 @@ class Server:
 
         config = uvicorn.Config(self.app(), log_config=None, log_level="warning", access_log=False, lifespan="off",
                                 timeout_graceful_shutdown=self.options.grace_seconds + BACKSTOP_SECONDS)
+        # uvicorn takes SIGTERM and SIGINT while it serves and raises them again once it has shut down.
+        # Before (a signal on the way in) they are kept and passed on to it; after, they are the end of
+        # a clean shutdown (exit 0, not the CLI's "stopped by SIGTERM"), ignored while the worker ends
+        # its batch: a search is never cut short.
+        early: list[int] = []
+        if threading.current_thread() is threading.main_thread():
+            for signum in (signal.SIGTERM, signal.SIGINT):
+                signal.signal(signum, lambda signum, _frame: early.append(signum))
         self.queue.start()
         try:
-            asyncio.run(self._serve(uvicorn.Server(config), sock))
+            asyncio.run(self._serve(uvicorn.Server(config), sock, early))
         finally:
             self.queue.stop()
 
-    async def _serve(self, uvi, sock: socket.socket) -> None:
+    async def _serve(self, uvi, sock: socket.socket, early: list[int]) -> None:
         grace = asyncio.ensure_future(self._grace(uvi))
+        serving = asyncio.ensure_future(uvi.serve(sockets=[sock]))
+        await asyncio.sleep(0)  # its first step has taken the signals over
+        for signum in early:
+            uvi.handle_exit(signum, None)
         try:
-            await uvi.serve(sockets=[sock])
+            await serving
         finally:
             # uvicorn returns once the connections are closed, or at once on a second Ctrl-C: the
             # requests left are answered (503) before the loop ends, which would cancel them

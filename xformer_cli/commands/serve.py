@@ -10,9 +10,7 @@ counts every request by how it ended. Exit 0 after SIGTERM or Ctrl-C.
 from __future__ import annotations
 
 import contextlib
-import signal
 import sys
-import threading
 import time
 
 from ..console import print_summary, stderr_console
@@ -43,12 +41,6 @@ def serve(options: ServeOptions) -> None:
         print(f"xf serve | listening on http://{shown}:{port} | directions {', '.join(server.directions)} | "
               f"engine {options.engine} | api keys {'on' if api_keys else 'off'}", file=sys.stderr, flush=True)
         start = time.perf_counter()
-        # uvicorn takes SIGTERM and SIGINT while it runs and raises them again once it has shut down;
-        # then they are the end of a clean shutdown (exit 0), not the CLI's "stopped by SIGTERM" or
-        # "interrupted". They stay ignored while the worker ends its batch: a search is never cut short.
-        if threading.current_thread() is threading.main_thread():
-            signal.signal(signal.SIGTERM, lambda *_: None)
-            signal.signal(signal.SIGINT, lambda *_: None)
         server.run(sock)
     _summary(console, server, time.perf_counter() - start)
 
