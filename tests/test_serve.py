@@ -8,6 +8,7 @@ Every request loop is bounded in count and time; every address is loopback."""
 
 from __future__ import annotations
 
+import asyncio
 import http.client
 import json
 import os
@@ -34,7 +35,7 @@ from xformer_cli.config import build_options, load_options  # noqa: E402
 from xformer_cli.options import ServeOptions, TranslateOptions  # noqa: E402
 from xformer_cli.search import Hypothesis  # noqa: E402
 from xformer_cli.serve_queue import BatchQueue, Direction, Job, QueueFull  # noqa: E402
-from xformer_cli.serving import bind  # noqa: E402
+from xformer_cli.serving import Server, bind  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.usefixtures("one_thread")  # conftest.py: torch on one thread (the in-process references)
@@ -470,6 +471,9 @@ class FakeSp:
     def decode(self, ids):
         return " ".join(map(str, ids))
 
+    def encode(self, lines, out_type=int):  # "5 6 7" -> [5, 6, 7]
+        return [[int(word) for word in line.split()] for line in lines]
+
 
 def direction(code="en-de"):
     source, target = code.split("-")
@@ -603,3 +607,81 @@ def test_serve_options(tmp_path):
                             ({"model": ["en-de=a.pt"], "max_btach_tokens": 5}, "did you mean 'max_batch_tokens'")):
         with pytest.raises(ConfigError, match=message):
             build_options(ServeOptions, values, "test")
+
+
+# -- the application in-process, over the ASGI interface ------------------------------------------
+class FailingEngine(FakeEngine):
+    def search(self, sentences, options, generator=None):
+        raise RuntimeError("out of memory")
+
+
+async def call(app, path: str, body: bytes = b"", method: str = "POST", leave: asyncio.Event | None = None):
+    """(status, JSON answer) of one request to the ASGI app; the client disconnects once ``leave`` is set."""
+    messages, sent = [{"type": "http.request", "body": body, "more_body": False}], []
+
+    async def receive():
+        if messages:
+            return messages.pop(0)
+        await (leave or asyncio.Event()).wait()
+        return {"type": "http.disconnect"}
+
+    async def send(message):
+        sent.append(message)
+
+    scope = {"type": "http", "method": method, "path": path, "headers": [(b"content-type", b"application/json")],
+             "query_string": b"", "http_version": "1.1", "scheme": "http", "root_path": "",
+             "server": ("127.0.0.1", 5000), "client": ("127.0.0.1", 40000)}
+    await asyncio.wait_for(app(scope, receive, send), 10)
+    status = next(m["status"] for m in sent if m["type"] == "http.response.start")
+    return status, json.loads(b"".join(m.get("body", b"") for m in sent if m["type"] == "http.response.body"))
+
+
+def in_process(engine) -> Server:
+    options = build_options(ServeOptions, {"model": ["en-de=x.pt"], "max_batch_tokens": 8, "max_wait_ms": 0}, "test")
+    server = Server([Direction("en", "de", engine, FakeSp(), TranslateOptions(path=("x",)))], options, [])
+    server.queue.start()
+    return server
+
+
+def test_a_failed_search_is_a_json_500_and_one_log_line(capsys):
+    server = in_process(FailingEngine())
+    try:
+        status, answer = asyncio.run(call(server.app(), "/translate", b'{"q": "5 6", "source": "en", "target": "de"}'))
+    finally:
+        server.queue.stop()
+    assert (status, answer) == (500, {"error": "internal error"})
+    log = capsys.readouterr().err
+    assert "POST /translate 500" in log and "internal error: RuntimeError: out of memory" in log and clean(log)
+    assert server.outcomes == {"internal error": 1}
+
+
+def test_past_the_grace_period_a_503_and_a_gone_client_499_both_drop_their_lines(capsys):
+    engine = GatedEngine()
+    server = in_process(engine)
+    body = json.dumps({"q": ["5 6 7"] * 6, "source": "en", "target": "de"}).encode()  # 3 batches of 2 lines
+
+    async def scenario():
+        app, leave = server.app(), asyncio.Event()
+        gone = asyncio.ensure_future(call(app, "/translate", body, leave=leave))
+        await asyncio.to_thread(engine.started.acquire, timeout=5)  # its first batch is decoding
+        leave.set()
+        assert (await gone)[0] == 499  # uvicorn sends nothing to a client that is gone
+        assert server.queue.lines == 0 and server.queue.lines_dropped == 4
+        late = asyncio.ensure_future(call(app, "/translate", body))
+        for _ in range(500):  # at most 5 s until it is queued behind the batch still decoding
+            if server.queue.lines == 6:
+                break
+            await asyncio.sleep(0.01)
+        server.past_grace.set()
+        return await late
+
+    try:
+        status, answer = asyncio.run(scenario())
+    finally:
+        engine.go.release()
+        server.queue.stop()
+    assert status == 503 and answer["error"].startswith("shutting down: not answered within 10 s")
+    assert server.queue.lines_dropped == 10 and engine.batches == [[[5, 6, 7]] * 2]
+    assert server.outcomes == {"client gone": 1, "503 at shutdown": 1} and server.statuses == {499: 1, 503: 1}
+    log = capsys.readouterr().err
+    assert "POST /translate 499" in log and "lines dropped undecoded 4" in log and clean(log)
