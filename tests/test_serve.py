@@ -1,17 +1,21 @@
 """xf serve: a real server process on an ephemeral 127.0.0.1 port, spoken to by a real HTTP client
 (http.client). Every endpoint; translations equal to xf translate's for each line under 200
-concurrent requests from 32 clients; every bad input an answer; overload (503, 504); API keys;
-SIGTERM drain; both engines; the page in a headless chromium. The batching queue and the options
-also have fast unit tests over a fake engine."""
+concurrent requests from 32 clients; every bad input an answer (hostile JSON, 404 and 405 included);
+overload (503, 504); API keys; SIGTERM drain, SIGTERM under load (503 past the grace period), a gone
+client's lines dropped; start-up errors before the models load; both engines; the page in a headless
+chromium. The batching queue, bind and the options also have fast unit tests over a fake engine.
+Every request loop is bounded in count and time; every address is loopback."""
 
 from __future__ import annotations
 
+import asyncio
 import http.client
 import json
 import os
 import random
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -26,11 +30,12 @@ pytest.importorskip("starlette", reason="the serve extra is not installed")
 pytest.importorskip("uvicorn", reason="the serve extra is not installed")
 
 from xformer_cli.commands.translate import translate  # noqa: E402
-from xformer_cli.errors import ConfigError  # noqa: E402
+from xformer_cli.errors import ConfigError, XfError  # noqa: E402
 from xformer_cli.config import build_options, load_options  # noqa: E402
 from xformer_cli.options import ServeOptions, TranslateOptions  # noqa: E402
 from xformer_cli.search import Hypothesis  # noqa: E402
 from xformer_cli.serve_queue import BatchQueue, Direction, Job, QueueFull  # noqa: E402
+from xformer_cli.serving import Server, bind  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.usefixtures("one_thread")  # conftest.py: torch on one thread (the in-process references)
@@ -144,7 +149,7 @@ def test_every_endpoint(server, ckpt, lines, tmp_path):
     status, headers, page = server.request("GET", "/")
     assert status == 200 and headers["content-type"].startswith("text/html") and 'id="translate"' in page
     status, _, answer = server.request("GET", "/nothing-here")
-    assert status == 404
+    assert status == 404 and answer == {"error": "Not Found"}  # JSON like every other answer
 
     access = [line for line in server.log.splitlines() if line.startswith("xf serve | POST /translate 200")]
     assert len(access) >= 4
@@ -201,7 +206,12 @@ def test_bad_input_is_an_answer(server, ckpt, lines, tmp_path):
     refused(413, "9 lines are over the limit of 8", body={"q": ["a"] * 9, "source": "en", "target": "de"})
     refused(413, "over the limit of 2,000 a request", body={"q": "a" * 2001, "source": "en", "target": "de"})
     refused(413, "over the limit of 20,000", raw=b" " * 20001)  # refused before it is parsed
-    assert server.request("GET", "/translate")[0] == 405
+    refused(400, "nests arrays or objects too deeply", raw=b"[" * 10_000 + b"]" * 10_000)  # a RecursionError
+    refused(400, "nests arrays or objects too deeply", raw=b'{"q": ' + b"[" * 9_000 + b"]" * 9_000 + b"}")
+    refused(400, "not JSON xf reads", raw=b'{"q": "a", "alternatives": ' + b"9" * 5000 + b"}")  # int digits limit
+    refused(400, "got an array", body={"q": "a", "source": "en", "target": "de", "format": [[["x"]]]})
+    status, headers, answer = server.request("GET", "/translate")
+    assert status == 405 and answer == {"error": "Method Not Allowed"} and headers["allow"] == "POST"
 
     # invalid UTF-8, lone surrogates and control characters: one output per input, as xf translate
     bad = lines[3].encode() + b" \xff\xfe"
@@ -269,21 +279,120 @@ def test_sigterm_drains_the_requests_in_flight(ckpt, lines, tmp_path):
     assert [(status, answer["translatedText"]) for status, _, answer in results] == [(200, r[0]) for r in reference]
     with pytest.raises(OSError):
         served.request("GET", "/health")
-    assert "xf serve (en-de) | requests by status 200: " in served.log and "| lines translated 6 |" in served.log
-    assert "Traceback" not in served.log
+    assert "xf serve (en-de) | requests " in served.log and "| how they ended answered: " in served.log
+    assert "| requests by status 200: " in served.log and "| lines decoded 6 |" in served.log
+    assert "503 at shutdown" not in served.log and "Traceback" not in served.log
+
+
+def clean(log: str) -> bool:
+    """No traceback, nor the lines uvicorn writes when a request's task is cancelled under it."""
+    return not any(s in log for s in ("Traceback", "CancelledError", "Exception in ASGI", "Internal Server Error"))
+
+
+def ended(log: str) -> dict[str, int]:
+    """The summary's 'how they ended' counts: {'answered': 3, '503 at shutdown': 2, ...}."""
+    row = log.split("| how they ended ")[1].split(" | ")[0]
+    return {name: int(n.replace(",", "")) for name, n in (part.rsplit(": ", 1) for part in row.split(", "))}
+
+
+@pytest.mark.slow
+def test_sigterm_under_load_answers_every_request_json_and_exits_0(ckpt, lines):
+    # 20 requests of 100 lines at the default decoding options: some 20 batches of 2,048 subwords,
+    # a second or more each, against a grace period of 1 s
+    served = Served("--model", f"en-de={ckpt}", "--threads", "1", "--grace-seconds", "1", "--max-chars", "20000")
+    requests = [[lines[(30 * i + j) % len(lines)] for j in range(100)] for i in range(20)]
+    with ThreadPoolExecutor(len(requests)) as pool:
+        answers = [pool.submit(served.translate, q) for q in requests]
+        wait_for_queued(served, 1500, seconds=30)  # most of the 2,000 lines queued
+        start = time.perf_counter()
+        code = served.stop()
+        took = time.perf_counter() - start
+        results = [a.result() for a in answers]
+    assert code == 0 and took < 20  # the grace period, the batch being decoded, the 503s written
+    statuses = [status for status, _, _ in results]
+    assert set(statuses) <= {200, 503} and 503 in statuses, statuses
+    for status, headers, answer in results:
+        assert headers["content-type"] == "application/json"
+        if status == 503:
+            assert "shutting down: not answered within 1 s (--grace-seconds)" in answer["error"]
+        else:
+            assert len(answer["translatedText"]) == 100
+    assert clean(served.log), served.log
+    access = [line for line in served.log.splitlines() if line.startswith("xf serve | ") and " | total " in line]
+    counts = ended(served.log)
+    assert counts["503 at shutdown"] == statuses.count(503) and sum(counts.values()) == len(access)
+    assert f"| requests {len(access)} |" in served.log
+    assert "lines dropped undecoded 0 |" not in served.log  # the lines of the 503s were not decoded
+
+
+def queued_lines(served: Served) -> int:
+    return served.request("GET", "/health")[2]["queue_lines"]
+
+
+def sentences_decoded(served: Served) -> float:
+    metrics = served.request("GET", "/metrics")[2]
+    return float(metrics.split("xf_serve_batch_sentences_sum ")[1].split()[0])
+
+
+def until(condition, seconds: float) -> bool:
+    """Polls condition every 20 ms for at most ``seconds``; whether it came true."""
+    deadline = time.time() + seconds
+    while not condition():
+        if time.time() > deadline:
+            return False
+        time.sleep(0.02)
+    return True
+
+
+@pytest.mark.slow
+def test_a_gone_clients_lines_are_dropped_and_sigterm_mid_batch_exits_0(ckpt, lines):
+    # batches of 64 subwords: 100 lines are some 70 batches of about 0.1 s each, one after another
+    served = Served("--model", f"en-de={ckpt}", "--threads", "1", "--max-batch-tokens", "64", "--max-chars", "20000")
+    body = json.dumps({"q": lines[:100], "source": "en", "target": "de"}).encode()
+
+    def ask_and_leave_once_decoding():
+        before = sentences_decoded(served)
+        with socket.create_connection(("127.0.0.1", served.port), timeout=10) as sock:
+            sock.sendall(b"POST /translate HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+                         b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
+            assert until(lambda: sentences_decoded(served) > before, 20)  # its first batch is decoded
+
+    try:
+        ask_and_leave_once_decoding()
+        assert until(lambda: "POST /translate 499" in served.log, 10), served.log
+        time.sleep(0.5)  # the batch that was decoding when it left ends
+        decoded = sentences_decoded(served)
+        time.sleep(0.5)
+        assert sentences_decoded(served) == decoded < 100 and queued_lines(served) == 0
+        # again, and SIGTERM while its batch decodes: the worker ends it, the process exits 0 (no abort)
+        ask_and_leave_once_decoding()
+    finally:
+        code = served.stop()
+    assert code == 0, served.log
+    gone = [line for line in served.log.splitlines() if "POST /translate 499" in line]
+    assert len(gone) == 2 and all("lines dropped undecoded" in line for line in gone), gone
+    assert ended(served.log)["client gone"] == 2 and clean(served.log), served.log
 
 
 @pytest.mark.slow
 def test_start_up_errors_are_one_line(ckpt, tmp_path):
     def fails(args, message):
-        proc = subprocess.run([sys.executable, "-m", "xformer_cli", "serve", *args], capture_output=True, text=True,
-                              cwd=REPO, timeout=120)
+        proc = subprocess.run([sys.executable, "-m", "xformer_cli", "serve", "--port", "0", *args], capture_output=True,
+                              text=True, cwd=REPO, timeout=120)
         assert proc.returncode != 0 and message in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
-        assert len(proc.stderr.strip().splitlines()) == 1
+        assert len(proc.stderr.strip().splitlines()) == 1 and proc.stderr.startswith("xf: error: "), proc.stderr
 
     fails(["--model", f"en-de={tmp_path / 'missing.pt'}"], "missing.pt does not exist")
     fails(["--model", f"en-de={ckpt}", "--model", f"en-de={ckpt}"], "direction en-de is given more than once")
     fails(["--model", f"en-de={ckpt}", "--api-keys", str(tmp_path / "nokeys")], "--api-keys")
+    # the port and the host before any model loads: the missing model is not what is reported
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        fails(["--model", f"en-de={tmp_path / 'missing.pt'}", "--port", str(port)],
+              f"cannot listen on 127.0.0.1:{port}: Address already in use")
+    fails(["--model", f"en-de={tmp_path / 'missing.pt'}", "--host", "bad..host"], "cannot listen on bad..host:0")
 
 
 @pytest.mark.slow
@@ -362,6 +471,9 @@ class FakeSp:
     def decode(self, ids):
         return " ".join(map(str, ids))
 
+    def encode(self, lines, out_type=int):  # "5 6 7" -> [5, 6, 7]
+        return [[int(word) for word in line.split()] for line in lines]
+
 
 def direction(code="en-de"):
     source, target = code.split("-")
@@ -376,7 +488,7 @@ def test_queued_jobs_are_decoded_together_in_order():
         queue.submit(job)
     queue.start()
     results = [job.future.result(5) for job in jobs]
-    queue.stop(5)
+    queue.stop()
     assert results[0] == [["6 5"], [""], ["7"]] and results[1] == [["8"]] and results[2] == [["11 10 9"]]
     assert results[3] == [["12 12 12 12 12"]]
     # jobs 1 and 3 of en-de fit 12 tokens together (3 + 2 + 4), sorted longest first; job 4 waits
@@ -395,8 +507,90 @@ def test_a_full_queue_refuses_and_a_cancelled_job_is_not_decoded():
     assert cancelled.future.cancel()
     queue.start()
     assert kept.future.result(5) == [["7"]]
-    queue.stop(5)
+    queue.stop()
     assert de.engine.batches == [[[7]]]
+
+
+class GatedEngine(FakeEngine):
+    """A FakeEngine whose each search starts (``started``) and waits for ``go`` before it ends."""
+
+    def __init__(self):
+        super().__init__()
+        self.started, self.go = threading.Semaphore(0), threading.Semaphore(0)
+
+    def search(self, sentences, options, generator=None):
+        self.started.release()
+        assert self.go.acquire(timeout=10)
+        return super().search(sentences, options, generator)
+
+
+def gated_direction() -> Direction:
+    return Direction("en", "de", GatedEngine(), FakeSp(), TranslateOptions(path=("x",)))
+
+
+def test_a_long_job_goes_on_in_the_next_batches_in_order():
+    de = direction()
+    queue = BatchQueue(max_batch_tokens=8, max_wait_ms=0, max_queue_lines=100)
+    job = Job(de, [[5, 6, 7], [8, 9, 10], [], [11], [12, 13, 14]])  # 4 + 4 + 0 + 2 + 4 subwords with eos
+    queue.submit(job)
+    queue.start()
+    assert job.future.result(5) == [["7 6 5"], ["10 9 8"], [""], ["11"], ["14 13 12"]]
+    queue.stop()
+    assert de.engine.batches == [[[5, 6, 7], [8, 9, 10]], [[12, 13, 14], [11]]]  # each sorted longest first
+
+
+def test_a_dropped_job_loses_its_lines_not_yet_decoded():
+    de = gated_direction()
+    queue = BatchQueue(max_batch_tokens=8, max_wait_ms=0, max_queue_lines=100)
+    job = Job(de, [[5, 6, 7]] * 6)  # 2 lines a batch
+    queue.submit(job)
+    queue.start()
+    assert de.engine.started.acquire(timeout=5)  # its first batch is decoding
+    assert queue.lines == 4 and queue.drop(job) == 4 and queue.lines == 0
+    de.engine.go.release()
+    queue.stop()
+    assert de.engine.batches == [[[5, 6, 7]] * 2] and not job.future.done()
+    assert (queue.lines_done, queue.lines_dropped) == (2, 4)
+
+
+def test_stop_waits_for_the_batch_being_decoded_and_drops_the_rest():
+    de = gated_direction()
+    queue = BatchQueue(max_batch_tokens=8, max_wait_ms=0, max_queue_lines=100)
+    first, second = Job(de, [[5, 6, 7], [8, 9, 10]]), Job(de, [[11]])
+    queue.submit(first)
+    queue.start()
+    assert de.engine.started.acquire(timeout=5)
+    queue.submit(second)
+    stopper = threading.Thread(target=queue.stop)
+    stopper.start()
+    stopper.join(0.3)
+    assert stopper.is_alive()  # a search is never cut short
+    de.engine.go.release()
+    stopper.join(5)
+    assert not stopper.is_alive() and not queue.thread.is_alive()
+    assert first.future.result(0) == [["7 6 5"], ["10 9 8"]] and second.future.cancelled()
+    assert de.engine.batches == [[[5, 6, 7], [8, 9, 10]]] and queue.lines_dropped == 1
+    with pytest.raises(QueueFull):
+        queue.submit(Job(de, [[12]]))
+
+
+def test_bind_names_host_and_port_and_the_cause(monkeypatch):
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        with pytest.raises(XfError, match=f"cannot listen on 127.0.0.1:{port}: Address already in use"):
+            bind("127.0.0.1", port)
+    sock = bind("127.0.0.1", 0)  # bound, not listening: a connection before the models load is refused
+    with sock, pytest.raises(ConnectionRefusedError):
+        socket.create_connection(sock.getsockname(), timeout=5).close()
+
+    def no_such_host(*args, **kwargs):
+        raise socket.gaierror(socket.EAI_NONAME, "Name or service not known")
+
+    monkeypatch.setattr(socket, "getaddrinfo", no_such_host)
+    with pytest.raises(XfError, match="cannot listen on no-such-host:5000: Name or service not known"):
+        bind("no-such-host", 5000)
 
 
 def test_serve_options(tmp_path):
@@ -413,3 +607,81 @@ def test_serve_options(tmp_path):
                             ({"model": ["en-de=a.pt"], "max_btach_tokens": 5}, "did you mean 'max_batch_tokens'")):
         with pytest.raises(ConfigError, match=message):
             build_options(ServeOptions, values, "test")
+
+
+# -- the application in-process, over the ASGI interface ------------------------------------------
+class FailingEngine(FakeEngine):
+    def search(self, sentences, options, generator=None):
+        raise RuntimeError("out of memory")
+
+
+async def call(app, path: str, body: bytes = b"", method: str = "POST", leave: asyncio.Event | None = None):
+    """(status, JSON answer) of one request to the ASGI app; the client disconnects once ``leave`` is set."""
+    messages, sent = [{"type": "http.request", "body": body, "more_body": False}], []
+
+    async def receive():
+        if messages:
+            return messages.pop(0)
+        await (leave or asyncio.Event()).wait()
+        return {"type": "http.disconnect"}
+
+    async def send(message):
+        sent.append(message)
+
+    scope = {"type": "http", "method": method, "path": path, "headers": [(b"content-type", b"application/json")],
+             "query_string": b"", "http_version": "1.1", "scheme": "http", "root_path": "",
+             "server": ("127.0.0.1", 5000), "client": ("127.0.0.1", 40000)}
+    await asyncio.wait_for(app(scope, receive, send), 10)
+    status = next(m["status"] for m in sent if m["type"] == "http.response.start")
+    return status, json.loads(b"".join(m.get("body", b"") for m in sent if m["type"] == "http.response.body"))
+
+
+def in_process(engine) -> Server:
+    options = build_options(ServeOptions, {"model": ["en-de=x.pt"], "max_batch_tokens": 8, "max_wait_ms": 0}, "test")
+    server = Server([Direction("en", "de", engine, FakeSp(), TranslateOptions(path=("x",)))], options, [])
+    server.queue.start()
+    return server
+
+
+def test_a_failed_search_is_a_json_500_and_one_log_line(capsys):
+    server = in_process(FailingEngine())
+    try:
+        status, answer = asyncio.run(call(server.app(), "/translate", b'{"q": "5 6", "source": "en", "target": "de"}'))
+    finally:
+        server.queue.stop()
+    assert (status, answer) == (500, {"error": "internal error"})
+    log = capsys.readouterr().err
+    assert "POST /translate 500" in log and "internal error: RuntimeError: out of memory" in log and clean(log)
+    assert server.outcomes == {"internal error": 1}
+
+
+def test_past_the_grace_period_a_503_and_a_gone_client_499_both_drop_their_lines(capsys):
+    engine = GatedEngine()
+    server = in_process(engine)
+    body = json.dumps({"q": ["5 6 7"] * 6, "source": "en", "target": "de"}).encode()  # 3 batches of 2 lines
+
+    async def scenario():
+        app, leave = server.app(), asyncio.Event()
+        gone = asyncio.ensure_future(call(app, "/translate", body, leave=leave))
+        await asyncio.to_thread(engine.started.acquire, timeout=5)  # its first batch is decoding
+        leave.set()
+        assert (await gone)[0] == 499  # uvicorn sends nothing to a client that is gone
+        assert server.queue.lines == 0 and server.queue.lines_dropped == 4
+        late = asyncio.ensure_future(call(app, "/translate", body))
+        for _ in range(500):  # at most 5 s until it is queued behind the batch still decoding
+            if server.queue.lines == 6:
+                break
+            await asyncio.sleep(0.01)
+        server.past_grace.set()
+        return await late
+
+    try:
+        status, answer = asyncio.run(scenario())
+    finally:
+        engine.go.release()
+        server.queue.stop()
+    assert status == 503 and answer["error"].startswith("shutting down: not answered within 10 s")
+    assert server.queue.lines_dropped == 10 and engine.batches == [[[5, 6, 7]] * 2]
+    assert server.outcomes == {"client gone": 1, "503 at shutdown": 1} and server.statuses == {499: 1, 503: 1}
+    log = capsys.readouterr().err
+    assert "POST /translate 499" in log and "lines dropped undecoded 4" in log and clean(log)

@@ -1,9 +1,12 @@
 """Dynamic batching for xf serve: requests' lines queued, decoded together on one worker thread.
 
 A request becomes a ``Job`` (its lines as subword ids, one direction). The worker takes the
-oldest job, waits up to ``max_wait_ms`` from its arrival for more jobs of the same direction
-while their source subwords stay within ``max_batch_tokens``, and decodes them together with
-``translation.search_lines``: sorted by length, longest first, as ``xf translate`` sorts a buffer.
+oldest job's lines not yet taken, waits up to ``max_wait_ms`` from its arrival for more jobs of
+the same direction while their source subwords stay within ``max_batch_tokens`` (a job too long
+for one batch goes on in the next), and decodes them together with ``translation.search_lines``:
+sorted by length, longest first, as ``xf translate`` sorts a buffer. A job dropped (its client
+gone, its request given up) loses the lines not yet taken; ``stop`` ends the worker between two
+batches, never inside a search.
 Each line is searched with the server's options whatever shares its batch, so its translation is
 the one ``xf translate`` gives for it (up to float rounding in batched matrix products; see
 docs/serve.md). The event loop only waits on each job's future: it never runs a search.
@@ -46,13 +49,20 @@ class Job:
     pieces: list[list[int]]
     enqueued: float = field(default_factory=time.perf_counter)
     future: concurrent.futures.Future = field(default_factory=concurrent.futures.Future)
-    queue_wait: float = 0.0  # seconds from submit to the start of its batch's search
-    decode_time: float = 0.0  # seconds its batch's search took
+    taken: int = 0  # lines handed to the worker so far, in order
+    found: list[list[str]] = field(default_factory=list)  # per line decoded so far: its hypotheses' texts
+    dropped: bool = False  # its request is gone: the lines not taken are not decoded, the rest not kept
+    queue_wait: float = 0.0  # seconds from submit to the start of its first batch's search
+    decode_time: float = 0.0  # seconds its batches' searches took
+
+    def line_tokens(self, i: int) -> int:
+        """Source subwords of line i with eos, as a batch counts them (an empty line: none)."""
+        return len(self.pieces[i]) + 1 if self.pieces[i] else 0
 
     @property
-    def tokens(self) -> int:
-        """Source subwords with eos, as a batch counts them."""
-        return sum(len(ids) + 1 for ids in self.pieces if ids)
+    def left(self) -> int:
+        """Lines not yet handed to the worker."""
+        return len(self.pieces) - self.taken
 
 
 class QueueFull(Exception):
@@ -63,12 +73,17 @@ class QueueFull(Exception):
         self.retry_after = retry_after
 
 
+Segment = tuple[Job, int, int]  # lines [start, end) of one job in a batch
+
+
 class BatchQueue:
     """Jobs in arrival order and the one worker thread that decodes them in batches.
 
     ``submit(job)`` returns at once (or raises QueueFull); the job's future gets, per line, the
-    texts of its hypotheses, best first (an empty line: [""]). on_batch(sentences, seconds) and
-    on_depth(lines) report each batch and the queue's depth (for /metrics).
+    texts of its hypotheses, best first (an empty line: [""]). ``drop(job)`` forgets a job whose
+    request is gone; ``drain()`` (shutdown begins) stops waiting for batches to fill; ``stop()``
+    drops what is queued and ends the worker once its batch is decoded. on_batch(sentences,
+    seconds) and on_depth(lines) report each batch and the queue's depth (for /metrics).
     """
 
     def __init__(self, max_batch_tokens: int, max_wait_ms: float, max_queue_lines: int,
@@ -78,23 +93,33 @@ class BatchQueue:
         self.max_queue_lines = max_queue_lines
         self.on_batch, self.on_depth = on_batch, on_depth
         self.jobs: collections.deque[Job] = collections.deque()
-        self.lines = 0  # lines of the queued jobs
+        self.lines = 0  # lines of the queued jobs not yet taken
         self.rate = 0.0  # lines per second of recent batches (for Retry-After)
         self.stats = Stats()
-        self.batches = self.sentences = self.lines_done = 0  # for the summary at exit
+        self.batches = self.sentences = self.lines_done = self.lines_dropped = 0  # for the summary at exit
         self.cond = threading.Condition()
-        self.stopping = False
+        self.draining = self.stopping = False
         self.thread = threading.Thread(target=self._run, name="xf-serve-worker", daemon=True)
 
     def start(self) -> None:
         self.thread.start()
 
-    def stop(self, timeout: float) -> None:
-        """Decode what is queued, then end the worker (waiting at most ``timeout`` seconds)."""
+    def drain(self) -> None:
+        """Decode what is queued without waiting max_wait for batches to fill (shutdown has begun)."""
+        with self.cond:
+            self.draining = True
+            self.cond.notify_all()
+
+    def stop(self) -> None:
+        """Drop what is queued and end the worker, waiting for the batch it decodes: a search is
+        never cut short (a torch thread still running at interpreter exit aborts the process)."""
         with self.cond:
             self.stopping = True
+            for job in list(self.jobs):
+                self._drop(job)
             self.cond.notify_all()
-        self.thread.join(timeout)
+        if self.thread.is_alive():
+            self.thread.join()
 
     def submit(self, job: Job) -> None:
         with self.cond:
@@ -106,70 +131,114 @@ class BatchQueue:
             self._count(len(job.pieces))
             self.cond.notify()
 
+    def drop(self, job: Job) -> int:
+        """Forget a job whose request is gone (answered otherwise, its client disconnected): its
+        lines not yet taken leave the queue undecoded. Returns how many."""
+        with self.cond:
+            return self._drop(job)
+
+    def _drop(self, job: Job) -> int:
+        job.dropped = True
+        job.future.cancel()  # no effect once its first batch has started
+        if job not in self.jobs:
+            return 0
+        self.jobs.remove(job)
+        left = job.left
+        self._count(-left)
+        self.lines_dropped += left
+        return left
+
     def _count(self, lines: int) -> None:
         self.lines += lines
         if self.on_depth is not None:
             self.on_depth(self.lines)
 
-    def _next_batch(self) -> Optional[list[Job]]:
-        """The oldest job and those of its direction that fit with it, once the batch is full or
-        the oldest has waited max_wait; None when stopping with nothing queued."""
+    def _next_batch(self) -> Optional[list[Segment]]:
+        """Lines of the oldest job and then of the next ones of its direction, in order, within
+        max_batch_tokens (a line over it alone), once the batch is full, the oldest has waited
+        max_wait or the queue drains; None once stopping."""
         with self.cond:
             while True:
                 while not self.jobs and not self.stopping:
                     self.cond.wait()
-                if not self.jobs:
+                if self.stopping:
                     return None
+                for job in [job for job in self.jobs if job.future.cancelled()]:
+                    self._drop(job)  # its request gave up (504) before its first batch
+                if not self.jobs:
+                    continue
                 first = self.jobs[0]
-                batch, tokens = [], 0
+                batch, tokens, full = [], 0, False
                 for job in self.jobs:
-                    if job.direction is first.direction and (not batch or tokens + job.tokens <= self.max_batch_tokens):
-                        batch.append(job)
-                        tokens += job.tokens
-                full = tokens >= self.max_batch_tokens or len(batch) < sum(j.direction is first.direction for j in self.jobs)
+                    if job.direction is not first.direction:
+                        continue
+                    end = job.taken
+                    while end < len(job.pieces) and not (tokens and tokens + job.line_tokens(end) > self.max_batch_tokens):
+                        tokens += job.line_tokens(end)
+                        end += 1
+                    if end > job.taken:
+                        batch.append((job, job.taken, end))
+                    if end < len(job.pieces):
+                        full = True
+                        break
                 left = first.enqueued + self.max_wait - time.perf_counter()
-                if full or left <= 0 or self.stopping:
-                    for job in batch:
-                        self.jobs.remove(job)
-                    self._count(-sum(len(job.pieces) for job in batch))
-                    return batch
+                if full or left <= 0 or self.draining:
+                    return self._take(batch)
                 self.cond.wait(left)
+
+    def _take(self, batch: list[Segment]) -> list[Segment]:
+        """Hand a batch's lines to the worker (under the lock); a job wholly taken leaves the queue."""
+        kept = []
+        for job, start, end in batch:
+            if start == 0 and not job.future.set_running_or_notify_cancel():
+                self._drop(job)  # cancelled (504) since the batch was gathered
+                continue
+            job.taken = end
+            self._count(-(end - start))
+            if job.left == 0:
+                self.jobs.remove(job)
+            kept.append((job, start, end))
+        return kept
 
     def _run(self) -> None:
         while (batch := self._next_batch()) is not None:
-            # a job whose request gave up (504) before its batch started is not decoded
-            batch = [job for job in batch if job.future.set_running_or_notify_cancel()]
             if batch:
                 self._decode(batch)
 
-    def _decode(self, batch: list[Job]) -> None:
-        direction = batch[0].direction
-        pieces = [ids for job in batch for ids in job.pieces]
-        start = time.perf_counter()
-        for job in batch:
-            job.queue_wait = start - job.enqueued
+    def _decode(self, batch: list[Segment]) -> None:
+        direction = batch[0][0].direction
+        pieces = [ids for job, start, end in batch for ids in job.pieces[start:end]]
+        started = time.perf_counter()
+        for job, start, _ in batch:
+            if start == 0:
+                job.queue_wait = started - job.enqueued
         try:
             found, _ = search_lines(direction.engine, pieces, direction.options, self.stats,
                                     max_tokens=self.max_batch_tokens, max_sentences=None,
-                                    on_batch=lambda n: self._batch_done(n, start))
+                                    on_batch=lambda n: self._batch_done(n, started))
         except Exception as e:  # noqa: BLE001 - the request gets the error, the worker goes on
-            for job in batch:
-                job.future.set_exception(e)
+            for job, _, _ in batch:
+                self.drop(job)  # its lines not yet taken are not decoded
+                if not job.future.done():
+                    job.future.set_exception(e)
             return
-        elapsed = time.perf_counter() - start
+        elapsed = time.perf_counter() - started
         lines = len(pieces)
         self.lines_done += lines
         self.rate = lines / max(elapsed, 1e-6) if not self.rate else 0.8 * self.rate + 0.2 * lines / max(elapsed, 1e-6)
         at = 0
-        for job in batch:
-            job.decode_time = elapsed
-            texts = [hypothesis_texts(direction.sp, hyps) if hyps is not None else [""] for hyps in found[at:at + len(job.pieces)]]
-            at += len(job.pieces)
-            job.future.set_result(texts)
+        for job, start, end in batch:
+            job.decode_time += elapsed
+            texts = [hypothesis_texts(direction.sp, hyps) if hyps is not None else [""] for hyps in found[at:at + end - start]]
+            at += end - start
+            if job.dropped:
+                continue
+            job.found.extend(texts)
+            if len(job.found) == len(job.pieces):
+                job.future.set_result(job.found)
 
     def _batch_done(self, sentences: int, start: float) -> None:
         self.batches += 1
         self.sentences += sentences
         if self.on_batch is not None:
             self.on_batch(sentences, time.perf_counter() - start)
-

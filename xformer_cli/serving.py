@@ -10,20 +10,30 @@ Endpoints (the shape LibreTranslate's clients already speak):
 - ``GET /languages`` -> ``[{"code": "en", "name": "English", "targets": ["de"]}]``
 - ``GET /health`` (ready: the models are loaded), ``GET /metrics`` (Prometheus), ``GET /`` (a page).
 
-Bad input and overload are answers with ``{"error": "..."}``: 400 (malformed JSON, wrong types,
-empty q, a direction not served, format html), 403 (API key), 413 (body, lines or characters over
-the limits; the body's size is checked before it is parsed), 503 with Retry-After (queue full),
-504 (waited longer than --timeout). Every request is one access-log line on stderr; no
-traceback reaches a response or the log.
+Every answer other than 200 is ``{"error": "..."}``: 400 (malformed or too deeply nested JSON,
+wrong types, empty q, a direction not served, format html), 403 (API key), 404 and 405 (no such
+path or method), 413 (body, lines or characters over the limits; the body's size is checked
+before it is parsed), 503 with Retry-After (queue full), 503 at shutdown (unanswered when
+--grace-seconds ran out), 504 (waited longer than --timeout). A client that disconnects is
+logged as 499 and its lines not yet decoded leave the queue. Every request is one access-log
+line on stderr and one outcome in the summary at exit; no traceback reaches a response or the log.
+
+Shutdown (``Server.run``): SIGTERM or Ctrl-C stops accepting, the worker stops waiting for
+batches to fill, the requests in flight are answered for up to --grace-seconds (a second Ctrl-C:
+at once); then each one still unanswered gets a 503, its lines are dropped, and the worker ends
+once the batch it decodes is done.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hmac
 import json
+import signal
 import socket
 import sys
+import threading
 import time
 from importlib import resources
 from pathlib import Path
@@ -43,6 +53,9 @@ LANGUAGE_NAMES = {
     "zh": "Chinese",
 }
 KNOWN_PATHS = ("/", "/translate", "/languages", "/health", "/metrics")
+CLIENT_GONE = 499  # nginx's "client closed request": logged, never sent (there is no one to send it to)
+ANSWER_SECONDS = 2.0  # after the grace period: time for the 503s to be written before the loop ends
+BACKSTOP_SECONDS = 5.0  # uvicorn cancels what is still running this long after the grace period
 
 
 class HttpError(Exception):
@@ -84,15 +97,23 @@ def read_api_keys(path: Optional[str]) -> list[str]:
 
 
 def bind(host: str, port: int) -> socket.socket:
-    """A listening socket on host:port (port 0: a free one); a one-line error when it is taken."""
+    """A socket bound to host:port (port 0: a free one), before any model loads, so that a host that
+    does not resolve or a port taken is a one-line error at once. Not listening yet: ``listen()``
+    once the models are loaded, so that a connection before is refused, not left waiting."""
+    where = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
     try:
-        family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0][0]
-        sock = socket.socket(family, socket.SOCK_STREAM)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind((host, port))
-        sock.listen(2048)
+        family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+        sock = socket.socket(family, kind, proto)
+    except OSError as e:  # socket.gaierror: the host does not resolve
+        raise XfError(f"--host {host} --port {port}: cannot listen on {where}: {e.strerror or e}") from None
+    except ValueError as e:  # UnicodeError (an empty label: 'a..b'), a NUL
+        raise XfError(f"--host {host} --port {port}: cannot listen on {where}: not a host name ({e})") from None
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # a port in TIME_WAIT, not one in use
+        sock.bind(address)
     except OSError as e:
-        raise XfError(f"--host {host} --port {port}: cannot listen there: {e.strerror or e}") from None
+        sock.close()
+        raise XfError(f"--host {host} --port {port}: cannot listen on {where}: {e.strerror or e}") from None
     return sock
 
 
@@ -144,6 +165,34 @@ def text_lines(text: str, stats: Stats) -> list[str]:
     return [decode_input_line(line, i + 1, stats, "request") for i, line in enumerate(raw.split(b"\n"))]
 
 
+def parse_json(text: str):
+    """A JSON body, or a 400 naming why not (nested too deeply, a number too long: hostile bodies)."""
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as e:
+        raise HttpError(400, f"the body is not JSON: {e.msg} (line {e.lineno}, column {e.colno})") from None
+    except RecursionError:
+        raise HttpError(400, "the body is not JSON xf reads: it nests arrays or objects too deeply") from None
+    except ValueError as e:  # e.g. an integer of more digits than Python converts
+        raise HttpError(400, f"the body is not JSON xf reads: {e}") from None
+
+
+def shown(value) -> str:
+    """A field's value for an error message: a scalar as JSON (cut at 40 characters), else its kind."""
+    if isinstance(value, dict):
+        return "an object"
+    if isinstance(value, list):
+        return "an array"
+    text = json.dumps(value)
+    return text if len(text) <= 40 else f"{text[:37]}..."
+
+
+async def disconnected(receive) -> None:
+    """Returns once the client has closed the connection (the body is read: nothing else comes)."""
+    while (await receive())["type"] != "http.disconnect":
+        pass
+
+
 def form_fields(text: str) -> dict:
     """A form-encoded body as LibreTranslate reads one: a repeated q is a list, alternatives a number."""
     from urllib.parse import parse_qs
@@ -178,11 +227,11 @@ class Translation:
         if fmt == "html":
             raise HttpError(400, "format 'html' is not supported yet: send plain text with format 'text'")
         if fmt != "text":
-            raise HttpError(400, f"'format' must be 'text', got {json.dumps(fmt)}")
+            raise HttpError(400, f"'format' must be 'text', got {shown(fmt)}")
         alternatives = payload.get("alternatives", 0)
         most = self.direction.options.nbest - 1
         if not isinstance(alternatives, int) or isinstance(alternatives, bool) or alternatives < 0:
-            raise HttpError(400, f"'alternatives' must be a number from 0 to {most}, got {json.dumps(alternatives)}")
+            raise HttpError(400, f"'alternatives' must be a number from 0 to {most}, got {shown(alternatives)}")
         if alternatives > most:
             raise HttpError(400, f"'alternatives' {alternatives}: this server gives at most {most} "
                             f"(it runs with --nbest {most + 1})")
@@ -208,7 +257,10 @@ class Translation:
             raise HttpError(400, f"{source}-{target} is not served; served: {served}")
         return direction
 
-    async def run(self, arrived: float) -> dict:
+    async def run(self, arrived: float, receive) -> dict:
+        """The answer, once the worker has decoded every line; a 504 past --timeout, a 499 when the
+        client disconnects. Whatever ends the wait (those, or a cancel at shutdown), the lines not
+        yet decoded leave the queue."""
         flat = [line for lines in self.lines for line in lines]
         pieces = encode_lines(self.direction.sp, flat, self.direction.engine.max_source, self.stats)
         job = Job(self.direction, pieces)
@@ -217,15 +269,23 @@ class Translation:
         except QueueFull as e:
             raise HttpError(503, f"busy: {e}", {"Retry-After": str(e.retry_after)}) from None
         timeout = self.server.options.timeout
+        answer, gone = asyncio.wrap_future(job.future), asyncio.ensure_future(disconnected(receive))
         try:
-            found = await asyncio.wait_for(asyncio.wrap_future(job.future), timeout - (time.perf_counter() - arrived))
-        except asyncio.TimeoutError:
-            job.future.cancel()  # not decoded if its batch has not started
-            raise HttpError(504, f"no translation within {timeout:g} s (--timeout)") from None
+            done, _ = await asyncio.wait({answer, gone}, timeout=timeout - (time.perf_counter() - arrived),
+                                         return_when=asyncio.FIRST_COMPLETED)
         finally:
+            gone.cancel()
+            dropped = self.server.queue.drop(job)
             self.info.update(queue_ms=job.queue_wait * 1000, decode_ms=job.decode_time * 1000)
-        self.server.metrics.lines.labels(self.direction.code).inc(len(flat))
-        return self._answer(found)
+            if dropped:
+                self.info["dropped_lines"] = dropped
+        if answer in done:
+            self.server.metrics.lines.labels(self.direction.code).inc(len(flat))
+            return self._answer(answer.result())
+        answer.cancel()
+        if gone in done:
+            raise HttpError(CLIENT_GONE, "the client closed the connection")
+        raise HttpError(504, f"no translation within {timeout:g} s (--timeout)")
 
     def _answer(self, found: list[list[str]]) -> dict:
         per_text, at = [], 0
@@ -260,12 +320,24 @@ class Server:
         self.queue = BatchQueue(options.max_batch_tokens, options.max_wait_ms, options.max_queue_lines,
                                 on_batch=lambda n, _s: self.metrics.batch.observe(n), on_depth=self.metrics.queue.set)
         self.statuses: dict[int, int] = {}  # for the summary at exit
+        self.outcomes: dict[str, int] = {}  # how each request ended (``outcome``), for the summary
+        self.past_grace = asyncio.Event()  # shutdown: --grace-seconds are over, answer 503 now
+        self.in_flight: set[asyncio.Task] = set()  # the requests being handled (AccessLog)
         self.page = resources.files("xformer_cli").joinpath("serve_page.html").read_bytes()
 
     def app(self):
-        """The ASGI application: the routes inside the access log."""
+        """The ASGI application: the routes inside the access log; Starlette's own answers (404,
+        405, 500) as JSON like every other."""
         from starlette.applications import Starlette
+        from starlette.exceptions import HTTPException
+        from starlette.responses import JSONResponse
         from starlette.routing import Route
+
+        def http_error(request, e: HTTPException):
+            return JSONResponse({"error": e.detail}, status_code=e.status_code, headers=e.headers)
+
+        def internal_error(request, e: Exception):  # the cause goes to the log (AccessLog), not to the client
+            return JSONResponse({"error": "internal error"}, status_code=500)
 
         routes = [
             Route("/", self.index, methods=["GET"]),
@@ -274,7 +346,59 @@ class Server:
             Route("/health", self.health, methods=["GET"]),
             Route("/metrics", self.metrics_page, methods=["GET"]),
         ]
-        return AccessLog(Starlette(routes=routes), self)
+        handlers = {HTTPException: http_error, Exception: internal_error}
+        return AccessLog(Starlette(routes=routes, exception_handlers=handlers), self)
+
+    def run(self, sock: socket.socket) -> None:
+        """Serve on ``sock`` (listening) until SIGTERM or Ctrl-C, then shut down (the module's
+        docstring): every request answered, the worker ended between batches."""
+        import uvicorn
+
+        config = uvicorn.Config(self.app(), log_config=None, log_level="warning", access_log=False, lifespan="off",
+                                timeout_graceful_shutdown=self.options.grace_seconds + BACKSTOP_SECONDS)
+        # uvicorn takes SIGTERM and SIGINT while it serves and raises them again once it has shut down.
+        # Before (a signal on the way in) they are kept and passed on to it; after, they are the end of
+        # a clean shutdown (exit 0, not the CLI's "stopped by SIGTERM"), ignored while the worker ends
+        # its batch: a search is never cut short.
+        early: list[int] = []
+        if threading.current_thread() is threading.main_thread():
+            for signum in (signal.SIGTERM, signal.SIGINT):
+                signal.signal(signum, lambda signum, _frame: early.append(signum))
+        self.queue.start()
+        try:
+            asyncio.run(self._serve(uvicorn.Server(config), sock, early))
+        finally:
+            self.queue.stop()
+
+    async def _serve(self, uvi, sock: socket.socket, early: list[int]) -> None:
+        grace = asyncio.ensure_future(self._grace(uvi))
+        serving = asyncio.ensure_future(uvi.serve(sockets=[sock]))
+        await asyncio.sleep(0)  # its first step has taken the signals over
+        for signum in early:
+            uvi.handle_exit(signum, None)
+        try:
+            await serving
+        finally:
+            # uvicorn returns once the connections are closed, or at once on a second Ctrl-C: the
+            # requests left are answered (503) before the loop ends, which would cancel them
+            self.past_grace.set()
+            if self.in_flight:
+                await asyncio.wait(set(self.in_flight), timeout=ANSWER_SECONDS)
+            grace.cancel()
+
+    async def _grace(self, uvi) -> None:
+        """Once uvicorn is asked to exit: the queue drains, and after --grace-seconds (a second
+        Ctrl-C: at once) the requests still unanswered get their 503."""
+        while not uvi.should_exit:
+            await asyncio.sleep(0.05)
+        self.queue.drain()
+        seconds = self.options.grace_seconds
+        print(f"xf serve | shutting down | requests in flight {len(self.in_flight)} | "
+              f"answered for at most {seconds:g} s (--grace-seconds)", file=sys.stderr, flush=True)
+        deadline = time.perf_counter() + seconds
+        while time.perf_counter() < deadline and not uvi.force_exit:
+            await asyncio.sleep(0.05)
+        self.past_grace.set()
 
     async def translate(self, request):
         from starlette.responses import JSONResponse
@@ -291,11 +415,8 @@ class Server:
             if request.headers.get("content-type", "").startswith("application/x-www-form-urlencoded"):
                 payload = form_fields(text)
             else:
-                try:
-                    payload = json.loads(text)
-                except json.JSONDecodeError as e:
-                    raise HttpError(400, f"the body is not JSON: {e.msg} (line {e.lineno}, column {e.colno})") from None
-            answer = await Translation(self, payload, info).run(arrived)
+                payload = parse_json(text)
+            answer = await Translation(self, payload, info).run(arrived, request.receive)
         except HttpError as e:
             info["error"] = str(e)
             return JSONResponse({"error": str(e)}, status_code=e.status, headers=e.headers)
@@ -331,8 +452,9 @@ class Server:
 
 
 class AccessLog:
-    """ASGI middleware: one line on stderr per request, the metrics by status, and a 500 (its
-    one-line cause in the log, never a traceback) for anything a handler did not answer."""
+    """ASGI middleware: one line on stderr per request, the metrics by status and outcome, a 500
+    (its one-line cause in the log, never a traceback) for anything a handler did not answer, and
+    a 503 for a request still unanswered when the grace period of a shutdown is over."""
 
     def __init__(self, app, server: Server):
         self.app, self.server = app, server
@@ -348,18 +470,60 @@ class AccessLog:
             await send(message)
 
         info = scope.setdefault("xf", {})
+        handler = asyncio.ensure_future(self.app(scope, receive, send_status))
+        past_grace = asyncio.ensure_future(self.server.past_grace.wait())
+        self.server.in_flight.add(asyncio.current_task())
         try:
-            await self.app(scope, receive, send_status)
-        except Exception as e:  # noqa: BLE001 - a request must never take the server down
-            info["error"] = f"internal error: {type(e).__name__}: {e}"
-            if not status[0]:
-                from starlette.responses import JSONResponse
-
-                await JSONResponse({"error": "internal error"}, status_code=500)(scope, receive, send_status)
+            # cancelled from outside only as a last resort (uvicorn's limit, the loop's end): answered as at the grace
+            with contextlib.suppress(asyncio.CancelledError):
+                await asyncio.wait({handler, past_grace}, return_when=asyncio.FIRST_COMPLETED)
+            past_grace.cancel()
+            if not handler.done():  # the shutdown's grace period is over: the handler drops its lines
+                handler.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await asyncio.wait({handler}, timeout=ANSWER_SECONDS)
+            if handler.cancelled() or not handler.done():
+                info.update(shutdown=True, error=f"shutting down: not answered within {self.server.options.grace_seconds:g} s "
+                                                 "(--grace-seconds)")
+                if not status[0]:
+                    await json_answer(503, info["error"], scope, receive, send_status)
+            elif handler.exception() is not None:  # a request must never take the server down
+                e = handler.exception()
+                info["error"] = f"internal error: {type(e).__name__}: {e}"
+                if not status[0]:
+                    await json_answer(500, "internal error", scope, receive, send_status)
+        finally:
+            self.server.in_flight.discard(asyncio.current_task())
         path = scope["path"]
         self.server.metrics.requests.labels(path if path in KNOWN_PATHS else "other", str(status[0])).inc()
         self.server.statuses[status[0]] = self.server.statuses.get(status[0], 0) + 1
+        ended = outcome(status[0], info)
+        self.server.outcomes[ended] = self.server.outcomes.get(ended, 0) + 1
         print(access_line(scope["method"], path, status[0], info, time.perf_counter() - start), file=sys.stderr, flush=True)
+
+
+async def json_answer(status: int, message: str, scope, receive, send) -> None:
+    from starlette.responses import JSONResponse
+
+    with contextlib.suppress(OSError):  # the client may be gone by now
+        await JSONResponse({"error": message}, status_code=status)(scope, receive, send)
+
+
+OUTCOMES = ("answered", "bad request", "refused (API key)", "too large", "busy (503)", "timed out (504)",
+            "503 at shutdown", "client gone", "internal error")  # the summary's order
+
+
+def outcome(status: int, info: dict) -> str:
+    """How a request ended, one of OUTCOMES."""
+    if info.get("shutdown"):
+        return "503 at shutdown"
+    named = {403: "refused (API key)", 413: "too large", 503: "busy (503)", 504: "timed out (504)",
+             CLIENT_GONE: "client gone"}
+    if status in named:
+        return named[status]
+    if 200 <= status < 400:
+        return "answered"
+    return "bad request" if 400 <= status < 500 else "internal error"
 
 
 def access_line(method: str, path: str, status: int, info: dict, seconds: float) -> str:
@@ -378,6 +542,8 @@ def access_line(method: str, path: str, status: int, info: dict, seconds: float)
             parts.append(f"{name} {info[key]}")
     if info.get("invalid_utf8_body"):
         parts.append("invalid UTF-8 in the body replaced")
+    if info.get("dropped_lines"):
+        parts.append(f"lines dropped undecoded {info['dropped_lines']}")
     if "error" in info:
         parts.append(f"error {' '.join(str(info['error']).split())}")
     return " | ".join(parts)
