@@ -18,6 +18,7 @@ from xformer_cli.batching import Prefetch
 from xformer_cli.commands import train as train_module
 from xformer_cli.checkpoint import load_checkpoint
 from xformer_cli.config import load_options
+from xformer_cli.data import DataDir
 from xformer_cli.errors import XfError
 from xformer_cli.options import TrainOptions
 from xformer_cli.checkpoint import remove_old_checkpoints

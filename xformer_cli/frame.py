@@ -18,7 +18,7 @@ from __future__ import annotations
 import dataclasses
 import importlib
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator, Literal, Union
+from typing import Any, Callable, Iterator, Literal, Optional, Union
 
 from .options import (
     AverageOptions,
@@ -44,6 +44,7 @@ class Input:
     option: str
     kind: Literal["file", "directory", "path"] = "file"
     suffixes: tuple[str, ...] = ("",)
+    when: Optional[str] = None  # a bool option that makes it an input (``xf preprocess --verify`` reads --destdir)
 
 
 @dataclass(frozen=True)
@@ -54,6 +55,7 @@ class Output:
 
     option: str
     kind: Literal["file", "directory", "into"] = "file"
+    unless: Optional[str] = None  # a bool option that makes it no output (``xf preprocess --verify`` writes nothing)
 
 
 @dataclass(frozen=True)
@@ -84,6 +86,8 @@ class Command:
         """(flag, path) of every input the options name: list options one per value, prefixes per suffix."""
         values = dataclasses.asdict(options)
         for spec in self.inputs:
+            if spec.when and not getattr(options, spec.when):
+                continue
             value = getattr(options, spec.option)
             for item in value if isinstance(value, tuple) else (value,):
                 if item is None:
@@ -94,6 +98,8 @@ class Command:
     def output_paths(self, options: Any) -> Iterator[tuple[str, str, str]]:
         """(flag, path, kind) of every output the options name (an unset optional output: none)."""
         for spec in self.outputs:
+            if spec.unless and getattr(options, spec.unless):
+                continue
             value = getattr(options, spec.option)
             if value is not None:
                 yield _flag(spec.option), str(value), spec.kind
@@ -114,8 +120,9 @@ COMMANDS: list[Command] = [
     Command("preprocess", PreprocessOptions, "preprocess:preprocess",
             "Learn a joint sentencepiece BPE and binarize parallel text into memory-mapped arrays.",
             inputs=(Input("trainpref", suffixes=_PREFIX), Input("validpref", suffixes=_PREFIX),
-                    Input("testpref", suffixes=_PREFIX), Input("spm_model"), Input("vocab_from", "path")),
-            outputs=(Output("destdir", "directory"),)),
+                    Input("testpref", suffixes=_PREFIX), Input("spm_model"), Input("vocab_from", "path"),
+                    Input("destdir", "directory", when="verify")),
+            outputs=(Output("destdir", "directory", unless="verify"),)),
     Command("train", TrainOptions, "train:train",
             "Train a Transformer (one CPU, one GPU, or many under torchrun).",
             inputs=(Input("data", "directory"), Input("init_from")),
