@@ -20,12 +20,11 @@ import torch
 
 from ..checkpoint import is_training_checkpoint
 from ..console import print_summary, stderr_console
-from ..engines import open_engine
 from ..errors import XfError
 from ..fileio import atomic_write
 from ..options import TranslateOptions
 from ..safety import refuse_overwriting_inputs
-from ..translation import Stats, decode_input_line, translate_buffer
+from ..translation import Stats, decode_input_line, open_engine, translate_buffer
 
 
 # -- reading and writing -------------------------------------------------------------------------
