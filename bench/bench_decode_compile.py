@@ -34,10 +34,10 @@ def run(args, rounds: int) -> dict:
     timed passes of eager and compiled decoding."""
     import torch
 
-    from xformer_cli.engines import XfEngine, open_engine
+    from xformer_cli.engines import XfEngine
     from xformer_cli.options import TranslateOptions
     from xformer_cli.search import CompiledStep
-    from xformer_cli.translation import Stats, translate_buffer
+    from xformer_cli.translation import Stats, open_engine, translate_buffer
 
     lines = Path(args.source).read_text(encoding="utf-8").splitlines()[: args.lines]
     options = TranslateOptions(path=(args.checkpoint,), beam_size=args.beam, batch_size=args.batch, device="cpu",

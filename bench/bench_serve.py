@@ -133,7 +133,7 @@ class InProcess:
     """translate_buffer on one line in this process: the reference for a one-line request."""
 
     def __init__(self, checkpoint: str, trained: bool):
-        from xformer_cli.engines import open_engine
+        from xformer_cli.translation import open_engine
         from xformer_cli.options import TranslateOptions
 
         overrides = {} if trained else {"max_len_a": 1.0, "max_len_b": 0}

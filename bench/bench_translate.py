@@ -126,8 +126,7 @@ def run_case(checkpoint: str, ct2_dir: str, lines: list[str], case: str, trained
 
     from xformer_cli.options import TranslateOptions
     from xformer_cli.train_log import peak_memory_mib
-    from xformer_cli.translation import Stats, translate_buffer
-    from xformer_cli.engines import open_engine
+    from xformer_cli.translation import Stats, open_engine, translate_buffer
 
     if THREADS:
         torch.set_num_threads(THREADS)
@@ -206,7 +205,7 @@ def run_interleaved(checkpoint: str, ct2_dir: str, lines: list[str], trained: bo
 
     from xformer_cli.options import TranslateOptions
     from xformer_cli.batching import batch_by_size
-    from xformer_cli.engines import open_engine
+    from xformer_cli.translation import open_engine
 
     if THREADS:
         torch.set_num_threads(THREADS)
@@ -295,10 +294,12 @@ def rows() -> list[dict]:
         shortlist = SHORTLIST or bench_shortlist(checkpoint, Path(tmp))
         ct2_dir = str(Path(tmp) / "ct2")
         if have_ct2:
-            from xformer_cli.commands.export import export_ctranslate2
-            from xformer_cli.options import ExportOptions
+            from xformer_cli.checkpoint import load_checkpoint, model_from_checkpoint
+            from xformer_cli.ctranslate2_format import write_model_directory
 
-            export_ctranslate2(ExportOptions(format="ctranslate2", path=checkpoint, output=ct2_dir))
+            ckpt = load_checkpoint(checkpoint)
+            write_model_directory(Path(ct2_dir), model_from_checkpoint(ckpt, checkpoint).eval(), ckpt["spm_model"],
+                                  source=str(checkpoint))
         results: dict[str, list[dict]] = {c: [] for c in cases}
         for _ in range(ROUNDS):  # alternate the cases, round after round
             for case in cases:

@@ -3,7 +3,7 @@
     python bench/profile_decode.py CHECKPOINT SOURCE [--lines 300] [--beam 4] [--batch 64]
                                    [--threads 0] [--quantize none|int8] [--compile] [--rows 25]
 
-The search is the one ``xf translate`` runs (``engines.open_engine`` then ``engine.search``) on
+The search is the one ``xf translate`` runs (``translation.open_engine`` then ``engine.search``) on
 the first --lines lines of SOURCE, in batches of --batch sentences, longest first, after one
 warm-up batch (with --compile, the batches run once more first, so that every graph is compiled
 before the profile). Operators are grouped by name; ``record_function`` ranges of search.py
@@ -22,7 +22,7 @@ from torch.profiler import ProfilerActivity, profile
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from xformer_cli.batching import batch_by_size  # noqa: E402
-from xformer_cli.engines import open_engine  # noqa: E402
+from xformer_cli.translation import open_engine  # noqa: E402
 from xformer_cli.options import TranslateOptions  # noqa: E402
 
 

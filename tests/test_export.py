@@ -312,20 +312,21 @@ def test_ctranslate2_on_a_bf16_cpu_computes_in_what_it_has(tmp_path, spm_model, 
     float32 for it where it is bf16 for the xf engine, and bf16/fp16 by name are one-line refusals
     naming the engine, as are --quantize int8 with --precision bf16 for both engines."""
     from xformer_cli import precision
-    from xformer_cli.engines import CTranslate2Engine, resolve_device
+    from xformer_cli.engines import resolve_device
+    from xformer_cli.translation import open_engine
 
     monkeypatch.setattr(precision, "cpu_bf16_instructions", lambda: ["avx512_bf16"] if native else [])
     out = export(random_checkpoint(tmp_path / "m.pt", spm_model), tmp_path / "ct2")
     options = dict(path=(str(out),), engine="ctranslate2", device="cpu", threads=1)
-    engine, _, _ = CTranslate2Engine.open(TranslateOptions(**options, precision="auto"))
+    engine, _, _ = open_engine(TranslateOptions(**options, precision="auto"))
     assert engine.translator.compute_type == "float32"
     assert resolve_device("cpu", "auto") == (torch.device("cpu"), "bf16" if native else "fp32")  # the xf engine's
-    engine, _, _ = CTranslate2Engine.open(TranslateOptions(**options, quantize="int8"))
+    engine, _, _ = open_engine(TranslateOptions(**options, quantize="int8"))
     assert engine.translator.compute_type.startswith("int8")
     for precision_name in ("bf16", "fp16"):
         with pytest.raises(XfError, match=f"--precision {precision_name}: the CTranslate2 engine on a CPU computes "
                                           f"in fp32 or int8 .*CTranslate2 has no {precision_name} on CPU"):
-            CTranslate2Engine.open(TranslateOptions(**options, precision=precision_name))
+            open_engine(TranslateOptions(**options, precision=precision_name))
     for engine_name in ("ctranslate2", "xf"):
         fails(["translate", "--engine", engine_name, "--path", out if engine_name == "ctranslate2" else tmp_path / "m.pt",
                "--device", "cpu", "--quantize", "int8", "--precision", "bf16"],

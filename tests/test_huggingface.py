@@ -5,17 +5,20 @@ models); the xf -> HF -> xf round trip bit for bit; one-line refusals of bad inp
 
 import functools
 import json
+from pathlib import Path
 
 import pytest
 import torch
 import torch.nn.functional as F
 from typer.testing import CliRunner
 
-from xformer_cli.checkpoint import load_checkpoint, load_ensemble
+from xformer_cli.checkpoint import load_checkpoint, load_ensemble, make_checkpoint, save_checkpoint
 from xformer_cli.cli import app
 from xformer_cli.batching import collate_source
-from xformer_cli.huggingface import export_marian, residual_permutation
-from xformer_cli.model import sinusoidal_positions
+from xformer_cli.commands.export import export_huggingface
+from xformer_cli.errors import XfError
+from xformer_cli.huggingface import MAX_LENGTH, config_from_marian, residual_permutation
+from xformer_cli.model import build_model, sinusoidal_positions
 from xformer_cli.options import DecodingOptions, ExportOptions
 from xformer_cli.search import beam_search
 from xformer_cli.vocab import BOS_ID, EOS_ID
@@ -42,7 +45,7 @@ def pairs(multi30k_dir):
 
 
 def export(ckpt, out, **kw):
-    return export_marian(ExportOptions(format="huggingface", path=str(ckpt), output=str(out), **kw))
+    return export_huggingface(ExportOptions(format="huggingface", path=str(ckpt), output=str(out), **kw))
 
 
 @functools.lru_cache(maxsize=2)
@@ -97,6 +100,45 @@ def test_export_loads_in_transformers_with_equal_log_probs(tmp_path, spm_model, 
     assert worst < 1e-4, worst
     config = json.loads((out / "generation_config.json").read_text())
     assert config["num_beams"] == 4 and config["decoder_start_token_id"] == BOS_ID
+
+
+# -- generate()'s length bound ---------------------------------------------------------------------
+def never_ending_checkpoint(path, spm_model, **overrides) -> str:
+    """A tiny model with 1024 positions whose eos logit is held down: it never ends its output,
+    as a model that repeats itself does not."""
+    torch.manual_seed(0)
+    model = build_model("tiny", vocab_size=200, d_model=32, d_ff=64, heads=4, output_bias=True, **overrides)
+    with torch.no_grad():
+        model.output_bias[EOS_ID] = -100.0
+    save_checkpoint(path, make_checkpoint(model, spm_model))
+    return str(path)
+
+
+def test_generation_config_bounds_the_length_as_opus_mt_models_do(tmp_path, spm_model):
+    """max_length was the model's max_positions (1024): generate() on a model that repeats itself
+    ran to 1024 ids. Now MarianMT's usual 512 (OPUS-MT's), the positions when fewer, --max-length
+    when given; the summary says which."""
+    ckpt = never_ending_checkpoint(tmp_path / "m.pt", spm_model)
+    assert load_checkpoint(ckpt)["model_config"]["max_positions"] == 1024 > MAX_LENGTH == 512
+    result = xf("export", "huggingface", "--path", ckpt, "--output", tmp_path / "hf")
+    assert json.loads((tmp_path / "hf" / "generation_config.json").read_text())["max_length"] == 512
+    assert "max_length 512" in result.output
+    short = never_ending_checkpoint(tmp_path / "short.pt", spm_model, max_positions=100)
+    export(short, tmp_path / "short")
+    assert json.loads((tmp_path / "short" / "generation_config.json").read_text())["max_length"] == 100
+    export(ckpt, tmp_path / "given", max_length=40)
+    assert json.loads((tmp_path / "given" / "generation_config.json").read_text())["max_length"] == 40
+    assert "max_length 40" in (tmp_path / "given" / "README.md").read_text(encoding="utf-8")
+
+
+@pytest.mark.slow  # imports transformers and decodes 512 steps (seconds)
+def test_generate_on_the_export_stops_at_its_max_length(tmp_path, spm_model):
+    ckpt = never_ending_checkpoint(tmp_path / "m.pt", spm_model)
+    export(ckpt, tmp_path / "hf")
+    hf = transformers.MarianMTModel.from_pretrained(str(tmp_path / "hf")).eval()
+    with torch.no_grad():  # generate's settings are generation_config.json's (beam 4)
+        generated = hf.generate(input_ids=torch.tensor([[5, 6, 7, EOS_ID]]))
+    assert generated.shape == (1, MAX_LENGTH)  # decoder start, 510 subwords, the forced eos
 
 
 # -- a small trained model: the same beam search translations -----------------------------------
@@ -472,6 +514,41 @@ def test_fine_tuning_an_imported_model_lowers_its_loss_on_a_new_domain(tmp_path,
     assert not (tmp_path / "x").exists()
 
 
+# -- config.json: every field checked before use ---------------------------------------------------
+MARIAN_CONFIG = dict(model_type="marian", vocab_size=200, decoder_vocab_size=200, d_model=32, encoder_layers=2,
+                     decoder_layers=2, encoder_attention_heads=4, decoder_attention_heads=4, encoder_ffn_dim=64,
+                     decoder_ffn_dim=64, max_position_embeddings=128, activation_function="swish", dropout=0.1,
+                     scale_embedding=False, share_encoder_decoder_embeddings=True, tie_word_embeddings=True)
+
+BAD_FIELDS = {
+    "the issue's": (dict(encoder_layers=-1, d_model="x"), 'd_model "x" is not an integer'),
+    "negative layers": (dict(encoder_layers=-1), "encoder_layers -1 must be at least 1"),
+    "zero heads": (dict(encoder_attention_heads=0, decoder_attention_heads=0), "encoder_attention_heads 0 must be at least 1"),
+    "float width": (dict(encoder_ffn_dim=64.5, decoder_ffn_dim=64.5), "encoder_ffn_dim 64.5 is not an integer"),
+    "bool size": (dict(vocab_size=True), "vocab_size true is not an integer"),
+    "huge positions": (dict(max_position_embeddings=1 << 40), "max_position_embeddings 1099511627776 must be in"),
+    "missing d_model": (dict(d_model=None), "'d_model' is missing"),
+    "string decoder vocabulary": (dict(decoder_vocab_size="200"), 'decoder_vocab_size "200" is not an integer'),
+    "dropout above 1": (dict(dropout=1.5), "dropout 1.5 must be in"),
+    "string dropout": (dict(attention_dropout="0.1"), 'attention_dropout "0.1" is not a number'),
+    "activation a list": (dict(activation_function=["relu"]), 'activation_function ["relu"] is not a string'),
+    "flag a string": (dict(scale_embedding="yes"), 'scale_embedding "yes" is not true or false'),
+    "pre-LN as 1": (dict(normalize_before=1), "normalize_before 1 is not true or false"),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD_FIELDS))
+def test_every_bad_config_field_is_one_line_naming_the_file_and_the_field(case):
+    """'encoder_layers': -1, 'd_model': 'x' raised TypeError: not all arguments converted during
+    string formatting (d_model % 2 on a string)."""
+    changes, message = BAD_FIELDS[case]
+    where = Path("opus") / "config.json"
+    assert config_from_marian(MARIAN_CONFIG, where).encoder_layers == 2  # the base is good
+    with pytest.raises(XfError) as e:
+        config_from_marian({**MARIAN_CONFIG, **changes}, where)
+    assert str(e.value).startswith(f"{where}: ") and message in str(e.value) and "\n" not in str(e.value)
+
+
 # -- bad input: one line naming the file, nothing written, no code run ---------------------------
 @pytest.fixture(scope="module")
 def marian_dir(tmp_path_factory, opus_spms):
@@ -518,6 +595,10 @@ BAD_INPUT = {
     "activation": (edit_json("config.json", activation_function="tanh"), "activation_function 'tanh' cannot be represented"),
     "untied-shared": (edit_json("config.json", tie_word_embeddings=False), "tie_word_embeddings false"),
     "unequal-widths": (edit_json("config.json", decoder_ffn_dim=128), "encoder_ffn_dim 64 != decoder_ffn_dim 128"),
+    "bad-fields": (edit_json("config.json", encoder_layers=-1, d_model="x"), 'config.json: d_model "x" is not an integer'),
+    "config-a-list": (lambda out: (out / "config.json").write_text("[1]"), "config.json: not a JSON object"),
+    "eos-an-empty-list": (edit_json("config.json", eos_token_id=[]), "config.json: eos_token_id [] is not an id"),
+    "vocab-string-ids": (edit_json("vocab.json", **{"<unk>": "1"}), "vocab.json: its ids are not 0.."),
 }
 
 

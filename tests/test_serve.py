@@ -398,11 +398,12 @@ def test_start_up_errors_are_one_line(ckpt, tmp_path):
 @pytest.mark.slow
 def test_ctranslate2_engine(ckpt, lines, tmp_path):
     pytest.importorskip("ctranslate2", reason="the ctranslate2 extra is not installed")
-    from xformer_cli.commands.export import export_ctranslate2
-    from xformer_cli.options import ExportOptions
+    from xformer_cli.checkpoint import load_checkpoint, model_from_checkpoint
+    from xformer_cli.ctranslate2_format import write_model_directory
 
     exported = tmp_path / "ct2"
-    export_ctranslate2(ExportOptions(format="ctranslate2", path=ckpt, output=str(exported)))
+    loaded = load_checkpoint(ckpt)
+    write_model_directory(exported, model_from_checkpoint(loaded, ckpt).eval(), loaded["spm_model"], source=str(ckpt))
     reference = xf_translate(str(exported), lines[:40], tmp_path, engine="ctranslate2")
     served = Served("--model", f"en-de={exported}", "--engine", "ctranslate2", *DECODING)
     try:

@@ -112,6 +112,25 @@ def test_damaged_and_pickled_files_are_refused(tmp_path):
         Shortlist.load(tmp_path / "bad.npz")
 
 
+def test_a_cut_or_damaged_file_is_one_line_naming_it(tmp_path):
+    """A shortlist cut short (a copy interrupted) raised zipfile's BadZipFile, and other damage
+    EOFError, zlib.error or numpy's parser errors, none naming the file: every length it can be
+    cut to, and every byte flipped, loads or is an XfError naming it."""
+    shortlist_of().save(tmp_path / "sl.npz")
+    data = (tmp_path / "sl.npz").read_bytes()
+    for n in range(len(data)):
+        (tmp_path / "cut.npz").write_bytes(data[:n])
+        with pytest.raises(XfError, match=r"cut.npz: not a shortlist written by xf shortlist, or a damaged one") as e:
+            Shortlist.load(tmp_path / "cut.npz")
+        assert "\n" not in str(e.value)
+    for i in range(len(data)):
+        (tmp_path / "flipped.npz").write_bytes(data[:i] + bytes([data[i] ^ 0xFF]) + data[i + 1 :])
+        try:
+            Shortlist.load(tmp_path / "flipped.npz")  # a byte the reader never checks (a zip timestamp)
+        except XfError as e:
+            assert str(e).startswith(f"{tmp_path / 'flipped.npz'}: ") and "\n" not in str(e)
+
+
 # -- searches over the candidates ----------------------------------------------------------------
 def tiny(vocab_size=40, seed=0, **overrides):
     torch.manual_seed(seed)
@@ -248,6 +267,9 @@ def test_bad_input_is_one_line_and_writes_nothing(model_and_shortlist, tmp_path,
     # the conftest checkpoint has another vocabulary (200 pieces of another sentencepiece model)
     one_line_error(runner.invoke(app, [*base, "--path", ckpt, "--shortlist", str(tmp / "sl.npz")]), "sl.npz",
                    "vocabulary")
+    (tmp / "cut.npz").write_bytes((tmp / "sl.npz").read_bytes()[:100])  # a copy cut short
+    one_line_error(runner.invoke(app, [*base, "--path", ckpt, "--shortlist", str(tmp / "cut.npz")]), "cut.npz",
+                   "damaged")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["in.txt"]
 
 

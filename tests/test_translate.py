@@ -289,7 +289,7 @@ def test_precision_auto_and_its_refusals(monkeypatch):
 
 @pytest.mark.slow
 def test_quantize_int8(tmp_path, ckpt, sentences):
-    from xformer_cli.engines import open_engine
+    from xformer_cli.translation import open_engine
 
     options = TranslateOptions(path=(ckpt,), quantize="int8", device="cpu")
     engine, _, _ = open_engine(options)
@@ -308,7 +308,7 @@ def test_int8_engine_onednn_packs_for_onednn_and_agrees_with_fbgemm(tmp_path, ck
     """--int8-engine onednn: oneDNN's int8 kernels (AMX where the CPU has it) instead of fbgemm's;
     the same int8 weights, activations quantized by each library's rules: on a tiny model nearly
     all outputs agree (on the Multi30k model 851 of the 1,000 test2016 outputs)."""
-    from xformer_cli.engines import open_engine
+    from xformer_cli.translation import open_engine
 
     engine, _, _ = open_engine(TranslateOptions(path=(ckpt,), quantize="int8", int8_engine="onednn", device="cpu"))
     assert torch.backends.quantized.engine == "onednn"

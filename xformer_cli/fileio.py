@@ -220,24 +220,19 @@ def replace_path(new: Path, target: Path) -> None:
 
 
 @contextlib.contextmanager
-def atomic_directory(output: str | Path, overwrite: bool = False, inputs: tuple = ()) -> Iterator[Path]:
+def atomic_directory(output: str | Path) -> Iterator[Path]:
     """A temporary directory beside ``output`` to fill, put in the place of ``output`` at the end.
 
-    Refused before anything is written: ``output`` exists and is not an empty directory (unless
-    ``overwrite``), it is, holds or is inside one of ``inputs`` or a running training's save dir
-    (even with ``overwrite``: ``safety.refuse_replacing``), or its parent is missing or not
-    writable. An old ``output`` is renamed aside and deleted only once the new one is in place
-    (``replace_path``). On any exception the temporary directory is removed and ``output`` is as
-    it was; after success, the leftovers of killed earlier writers of ``output`` are removed.
+    Whether ``output`` may be written at all is the frame's output guard's (``safety``), checked
+    before the command started; here the parent must be writable, and a training that started
+    meanwhile in or around ``output`` is refused before the swap. An old ``output`` is renamed
+    aside and deleted only once the new one is in place (``replace_path``). On any exception the
+    temporary directory is removed and ``output`` is as it was; after success, the leftovers of
+    killed earlier writers of ``output`` are removed.
     """
-    from .safety import refuse_replacing
+    from .safety import refuse_running_training
 
     output = Path(output)
-    if output.is_file() and not overwrite:
-        raise XfError(f"{output}: exists and is a file, not a model directory (--overwrite replaces it)")
-    if output.is_dir() and any(output.iterdir()) and not overwrite:
-        raise XfError(f"{output}: exists and is not an empty directory (--overwrite replaces it)")
-    refuse_replacing(output, inputs)
     parent = output.resolve().parent
     if not parent.is_dir():
         raise XfError(f"{output}: its directory does not exist")
@@ -251,6 +246,7 @@ def atomic_directory(output: str | Path, overwrite: bool = False, inputs: tuple 
         tmp.chmod(0o777 & ~current_umask())  # mkdtemp makes it private; the result is an ordinary directory
         with reporting_write_errors(output):
             yield tmp
+            refuse_running_training(output)
             replace_path(tmp, output)
     finally:
         if tmp.exists():

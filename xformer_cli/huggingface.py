@@ -1,4 +1,6 @@
-"""xf checkpoints <-> Hugging Face MarianMT directories (``xf export huggingface``, ``xf import huggingface``).
+"""xf models <-> Hugging Face MarianMT directories (``xf export huggingface``, ``xf import huggingface``):
+``write_marian`` writes a model and its sentencepiece model as a MarianMT directory's files,
+``read_marian`` reads them back; the commands own the options, the output guards and the summaries.
 
 A MarianMT directory holds config.json, the weights (model.safetensors, or a pytorch_model.bin),
 the tokenizer (source.spm, target.spm, vocab.json: the pieces of both sentencepiece models in
@@ -32,7 +34,8 @@ Not representable, and refused with the option named: pre-LN, learned/rope/alibi
 SwiGLU (export); separate source/target id spaces, shared encoder/decoder embeddings with an
 untied lm_head, unequal encoder/decoder widths, other activations or layer norms (import).
 Loading never runs code from the directory: safetensors, or a pytorch_model.bin through
-``torch.load(weights_only=True)``.
+``torch.load(weights_only=True)``; every field of config.json that import reads is checked for
+its type and range (that of the ModelConfig field it becomes) before use.
 """
 
 from __future__ import annotations
@@ -44,17 +47,20 @@ from typing import Optional
 
 import torch
 
-from .checkpoint import load_checkpoint, make_checkpoint, model_from_checkpoint, save_checkpoint
+from .config import option_range
 from .errors import XfError
-from .fileio import atomic_directory
 from .model import Transformer, model_config
-from .options import ExportOptions, ImportOptions
+from .options import ModelConfig
 from .vocab import BOS_ID, EOS_ID, PAD_ID, UNK_ID, MappedVocabulary, load_sentencepiece
 
 # The logit of a row that MarianMT does not have (xf's pad, when MarianMT's pad is its decoder
 # start): exp(-1000 - max logit) is 0 in float32, yet finite in the label-smoothed loss.
 NEVER_LOGIT = -1000.0
 ACTIVATIONS = {"relu": "relu", "gelu": "gelu", "swish": "swish"}  # xf -> MarianMT; import also takes "silu"
+# generation_config.json's max_length when none is given: what OPUS-MT (Helsinki-NLP) models carry.
+# xf translate's limit, a*|X|+b subwords (|X|+50 by default), follows the source; transformers'
+# generate has no such rule, only a fixed length (or max_new_tokens per call).
+MAX_LENGTH = 512
 
 
 def import_hf_extra():
@@ -176,15 +182,16 @@ def marian_config(cfg) -> dict:
     }
 
 
-def generation_config(cfg, options: ExportOptions) -> dict:
-    """xf's beam search as transformers' generate: num_beams, score / |Y|^lenpen (|Y| with eos,
-    xf's --lenpen-style length), done when num_beams hypotheses ended (early_stopping, as xf),
-    pad and bos never emitted."""
+def generation_config(cfg, num_beams: int = 4, length_penalty: float = 1.0, max_length: int = 0) -> dict:
+    """xf's beam search as transformers' generate: num_beams, score / |Y|^length_penalty (|Y| with
+    eos, xf's --lenpen-style length), done when num_beams hypotheses ended (early_stopping, as xf),
+    pad and bos never emitted, at most ``max_length`` ids with the decoder start and eos (0:
+    MAX_LENGTH, or the model's max_positions when fewer)."""
     return {
         "bos_token_id": BOS_ID, "decoder_start_token_id": BOS_ID, "eos_token_id": EOS_ID,
         "forced_eos_token_id": EOS_ID, "pad_token_id": PAD_ID, "bad_words_ids": [[PAD_ID], [BOS_ID]],
-        "num_beams": options.beam_size, "length_penalty": options.lenpen, "early_stopping": True,
-        "max_length": options.max_length or cfg.max_positions,
+        "num_beams": num_beams, "length_penalty": length_penalty, "early_stopping": True,
+        "max_length": max_length or min(MAX_LENGTH, cfg.max_positions),
     }
 
 
@@ -196,26 +203,25 @@ def _vocabulary_files(spm_model: bytes, where: str) -> tuple[bytes, bytes, list[
     return spm_model, spm_model, [sp.id_to_piece(i) for i in range(sp.get_piece_size())]
 
 
-def model_card(cfg, options: ExportOptions, parameters: int) -> str:
-    lines = [f"---\nlanguage:\n- {options.source_lang}\n- {options.target_lang}\ntags:\n- translation\n- marian\n"
+def model_card(cfg, generation: dict, parameters: int, source_lang: str, target_lang: str, source: str,
+               bleu: Optional[tuple[float, str]] = None) -> str:
+    """README.md: what the model is, how it decodes (``generation``), the test BLEU and its
+    sacreBLEU signature when ``bleu`` is given, and how to load it."""
+    lines = [f"---\nlanguage:\n- {source_lang}\n- {target_lang}\ntags:\n- translation\n- marian\n"
              "library_name: transformers\n---\n",
-             f"# {options.source_lang}-{options.target_lang} Transformer, exported from xf\n",
+             f"# {source_lang}-{target_lang} Transformer, exported from xf\n",
              "A MarianMT model written by `xf export huggingface` from an xf checkpoint "
-             f"(`{Path(options.path).name}`).\n", "| | |\n|---|---|"]
+             f"(`{Path(source).name}`).\n", "| | |\n|---|---|"]
     rows = [("layers (encoder / decoder)", f"{cfg.encoder_layers} / {cfg.decoder_layers}"),
             ("d_model / d_ff / heads", f"{cfg.d_model} / {cfg.d_ff} / {cfg.heads}"),
             ("activation", cfg.activation), ("embeddings", f"shared: {cfg.share_embeddings}, "
              f"scaled by sqrt(d_model): {'yes' if cfg.scale_embedding else 'no'}"),
             ("vocabulary", str(cfg.vocab_size)), ("parameters", f"{parameters:,}"),
-            ("decoding", f"beam {options.beam_size}, length_penalty {options.lenpen}")]
+            ("decoding", f"beam {generation['num_beams']}, length_penalty {generation['length_penalty']}, "
+                          f"max_length {generation['max_length']}")]
     lines += [f"| {k} | {v} |" for k, v in rows]
-    if options.bleu:
-        try:
-            bleu = json.loads(Path(options.bleu).read_text(encoding="utf-8"))["bleu"]
-            score, signature = float(bleu["score"]), str(bleu["signature"])
-        except (OSError, ValueError, KeyError, TypeError) as e:
-            raise XfError(f"{options.bleu}: not the output of xf score --json with BLEU ({type(e).__name__}: {e})") from None
-        lines += ["", f"Test BLEU: **{score:.2f}** (sacreBLEU `{signature}`)"]
+    if bleu is not None:
+        lines += ["", f"Test BLEU: **{bleu[0]:.2f}** (sacreBLEU `{bleu[1]}`)"]
     lines += ["", "```python", "from transformers import MarianMTModel, MarianTokenizer",
               'model = MarianMTModel.from_pretrained("DIR")', 'tokenizer = MarianTokenizer.from_pretrained("DIR")',
               'batch = tokenizer(["A sentence."], return_tensors="pt")',
@@ -223,89 +229,178 @@ def model_card(cfg, options: ExportOptions, parameters: int) -> str:
     return "\n".join(lines)
 
 
-def export_marian(options: ExportOptions) -> Path:
-    """Write the MarianMT directory of checkpoint options.path to options.output, atomically."""
+def write_marian(directory: Path, model: Transformer, spm_model: bytes, source: str = "checkpoint",
+                 source_lang: str = "en", target_lang: str = "de", num_beams: int = 4, length_penalty: float = 1.0,
+                 max_length: int = 0, bleu: Optional[tuple[float, str]] = None) -> tuple[dict, dict]:
+    """Write ``model`` and its vocabulary ``spm_model`` (a checkpoint's) as the files of a MarianMT
+    directory into the existing ``directory``; ``source`` (the checkpoint's path) names it in
+    errors and the model card. Decoding as ``generation_config``; ``bleu``: (score, sacreBLEU
+    signature) for the model card. Returns (config.json, generation_config.json) as written."""
     st = import_hf_extra()
-    with atomic_directory(options.output, options.overwrite, inputs=(options.path,)) as tmp:
-        ckpt = load_checkpoint(options.path)
-        model = model_from_checkpoint(ckpt, options.path).eval()
-        cfg = model.cfg
-        refuse_for_marian(cfg, str(options.path))
-        source_spm, target_spm, pieces = _vocabulary_files(ckpt["spm_model"], str(options.path))
-        if len(pieces) != cfg.vocab_size:
-            raise XfError(f"{options.path}: model vocabulary {cfg.vocab_size} != its vocabulary's {len(pieces)} pieces")
-        (tmp / "model.safetensors").write_bytes(st.save(marian_state_dict(model), metadata={"format": "pt"}))
-        dump = lambda data: json.dumps(data, indent=2, ensure_ascii=False) + "\n"  # noqa: E731
-        (tmp / "config.json").write_text(dump(marian_config(cfg)), encoding="utf-8")
-        (tmp / "generation_config.json").write_text(dump(generation_config(cfg, options)), encoding="utf-8")
-        (tmp / "source.spm").write_bytes(source_spm)
-        (tmp / "target.spm").write_bytes(target_spm)
-        (tmp / "vocab.json").write_text(dump({p: i for i, p in enumerate(pieces)}), encoding="utf-8")
-        tokenizer = {"tokenizer_class": "MarianTokenizer", "source_lang": options.source_lang,
-                     "target_lang": options.target_lang, "unk_token": pieces[UNK_ID], "eos_token": pieces[EOS_ID],
-                     "pad_token": pieces[PAD_ID], "model_max_length": cfg.max_positions, "separate_vocabs": False}
-        (tmp / "tokenizer_config.json").write_text(dump(tokenizer), encoding="utf-8")
-        (tmp / "README.md").write_text(model_card(cfg, options, model.num_parameters()), encoding="utf-8")
-    return Path(options.output)
+    cfg = model.cfg
+    refuse_for_marian(cfg, source)
+    source_spm, target_spm, pieces = _vocabulary_files(spm_model, source)
+    if len(pieces) != cfg.vocab_size:
+        raise XfError(f"{source}: model vocabulary {cfg.vocab_size} != its vocabulary's {len(pieces)} pieces")
+    config, generation = marian_config(cfg), generation_config(cfg, num_beams, length_penalty, max_length)
+    directory = Path(directory)
+    (directory / "model.safetensors").write_bytes(st.save(marian_state_dict(model), metadata={"format": "pt"}))
+    dump = lambda data: json.dumps(data, indent=2, ensure_ascii=False) + "\n"  # noqa: E731
+    (directory / "config.json").write_text(dump(config), encoding="utf-8")
+    (directory / "generation_config.json").write_text(dump(generation), encoding="utf-8")
+    (directory / "source.spm").write_bytes(source_spm)
+    (directory / "target.spm").write_bytes(target_spm)
+    (directory / "vocab.json").write_text(dump({p: i for i, p in enumerate(pieces)}), encoding="utf-8")
+    tokenizer = {"tokenizer_class": "MarianTokenizer", "source_lang": source_lang, "target_lang": target_lang,
+                 "unk_token": pieces[UNK_ID], "eos_token": pieces[EOS_ID], "pad_token": pieces[PAD_ID],
+                 "model_max_length": cfg.max_positions, "separate_vocabs": False}
+    (directory / "tokenizer_config.json").write_text(dump(tokenizer), encoding="utf-8")
+    card = model_card(cfg, generation, model.num_parameters(), source_lang, target_lang, source, bleu)
+    (directory / "README.md").write_text(card, encoding="utf-8")
+    return config, generation
 
 
 # -- import --------------------------------------------------------------------------------------
-def _read_json(path: Path):
+REQUIRED = object()  # a config.json field without a default
+
+
+def _read_json(path: Path) -> dict:
+    """The JSON object in ``path``, or a one-line error naming it."""
     if not path.is_file():
         raise XfError(f"{path}: missing (a MarianMT directory has config.json, model.safetensors, source.spm, "
                       "target.spm and vocab.json)")
     try:
-        return json.loads(path.read_text(encoding="utf-8"))
+        data = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError) as e:
         raise XfError(f"{path}: not readable JSON ({e})") from None
+    if not isinstance(data, dict):
+        raise XfError(f"{path}: not a JSON object")
+    return data
 
 
-def config_from_marian(config: dict, where: Path):
+def config_field(config: dict, where: Path, key: str, kind: type, default=REQUIRED):
+    """config[key] if it is a ``kind`` (int, float, bool or str; null is absent), else ``default``,
+    or a one-line error naming the file and the field."""
+    value = config.get(key)
+    if value is None:
+        if default is REQUIRED:
+            raise XfError(f"{where}: '{key}' is missing")
+        return default
+    ok = {int: lambda v: isinstance(v, int) and not isinstance(v, bool),
+          float: lambda v: isinstance(v, (int, float)) and not isinstance(v, bool),
+          bool: lambda v: isinstance(v, bool), str: lambda v: isinstance(v, str)}[kind]
+    if not ok(value):
+        name = {int: "an integer", float: "a number", bool: "true or false", str: "a string"}[kind]
+        raise XfError(f"{where}: {key} {json.dumps(value)} is not {name}")
+    return value
+
+
+def config_number(config: dict, where: Path, key: str, field: str, kind: type = int, default=REQUIRED):
+    """A number of config.json that becomes ModelConfig's ``field``: checked against that field's range."""
+    value = config_field(config, where, key, kind, default)
+    problem = option_range(ModelConfig, field).problem(value) if value is not None else None
+    if problem:
+        raise XfError(f"{where}: {key} {value!r} {problem}")
+    return value
+
+
+def config_from_marian(config: dict, where: Path) -> ModelConfig:
     """The xf ModelConfig of a MarianMT config.json (vocabulary size as MarianMT's), or a one-line
-    refusal naming the key that xf cannot represent."""
+    refusal naming the field that is missing, of the wrong type, out of range, or that xf cannot
+    represent."""
     if config.get("model_type") != "marian":
         raise XfError(f"{where}: not a MarianMT model (model_type {config.get('model_type')!r}, not 'marian')")
 
-    def need(key, default=None):
-        value = config.get(key, default)
-        if value is None:
-            raise XfError(f"{where}: '{key}' is missing")
-        return value
+    def number(key, field, kind=int, default=REQUIRED):
+        return config_number(config, where, key, field, kind, default)
 
-    vocab = need("vocab_size")
-    if config.get("decoder_vocab_size") not in (None, vocab):
-        raise XfError(f"{where}: decoder_vocab_size {config['decoder_vocab_size']} != vocab_size {vocab}: "
+    def flag(key, default):
+        return config_field(config, where, key, bool, default)
+
+    vocab = number("vocab_size", "vocab_size")
+    decoder_vocab = number("decoder_vocab_size", "vocab_size", default=None)
+    if decoder_vocab not in (None, vocab):
+        raise XfError(f"{where}: decoder_vocab_size {decoder_vocab} != vocab_size {vocab}: "
                       "separate source and target id spaces cannot be represented (xf has one)")
-    for a, b in (("encoder_attention_heads", "decoder_attention_heads"), ("encoder_ffn_dim", "decoder_ffn_dim")):
-        if need(a) != need(b):
+    widths = {}
+    for a, b, field in (("encoder_attention_heads", "decoder_attention_heads", "heads"),
+                        ("encoder_ffn_dim", "decoder_ffn_dim", "d_ff")):
+        widths[field] = number(a, field)
+        if widths[field] != number(b, field):
             raise XfError(f"{where}: {a} {config[a]} != {b} {config[b]}; xf's encoder and decoder have one width")
-    activation = {"silu": "swish"}.get(need("activation_function"), config["activation_function"])
+    name = config_field(config, where, "activation_function", str)
+    activation = {"silu": "swish"}.get(name, name)
     if activation not in ACTIVATIONS:
-        raise XfError(f"{where}: activation_function {config['activation_function']!r} cannot be represented "
-                      "(relu, gelu, swish)")
+        raise XfError(f"{where}: activation_function {name!r} cannot be represented (relu, gelu, swish)")
     for key, bad in (("normalize_before", True), ("normalize_embedding", True), ("add_final_layer_norm", True),
                      ("static_position_embeddings", False), ("add_bias_logits", True)):
-        if config.get(key, not bad) == bad:
+        if flag(key, not bad) == bad:
             raise XfError(f"{where}: {key} {str(bad).lower()} cannot be represented (xf imports post-LN MarianMT "
                           "with static sinusoids)")
-    share, tie = config.get("share_encoder_decoder_embeddings", True), config.get("tie_word_embeddings", True)
+    share, tie = flag("share_encoder_decoder_embeddings", True), flag("tie_word_embeddings", True)
     if share and not tie:
         raise XfError(f"{where}: share_encoder_decoder_embeddings with tie_word_embeddings false (one source/target "
                       "embedding, a separate lm_head) cannot be represented")
-    d_model, heads = need("d_model"), need("encoder_attention_heads")
+    d_model, heads = number("d_model", "d_model"), widths["heads"]
     if d_model % 2 or d_model % heads:
         raise XfError(f"{where}: d_model {d_model} must be even and divisible by the {heads} heads")
     try:
         return model_config(
-            "base", vocab_size=vocab, encoder_layers=need("encoder_layers"), decoder_layers=need("decoder_layers"),
-            d_model=d_model, d_ff=need("encoder_ffn_dim"), heads=heads, dropout=float(config.get("dropout", 0.1)),
-            attention_dropout=float(config.get("attention_dropout", 0.0)),
-            activation_dropout=float(config.get("activation_dropout", 0.0)), normalize_before=False,
-            activation=activation, positions="sinusoidal", max_positions=need("max_position_embeddings"),
+            "base", vocab_size=vocab, encoder_layers=number("encoder_layers", "encoder_layers"),
+            decoder_layers=number("decoder_layers", "decoder_layers"), d_model=d_model, d_ff=widths["d_ff"],
+            heads=heads, dropout=float(number("dropout", "dropout", float, 0.1)),
+            attention_dropout=float(number("attention_dropout", "attention_dropout", float, 0.0)),
+            activation_dropout=float(number("activation_dropout", "activation_dropout", float, 0.0)),
+            normalize_before=False, activation=activation, positions="sinusoidal",
+            max_positions=number("max_position_embeddings", "max_positions"),
             share_embeddings="all" if share else "decoder" if tie else "none",
-            scale_embedding=bool(config.get("scale_embedding", False)), output_bias=True)
+            scale_embedding=flag("scale_embedding", False), output_bias=True)
     except XfError as e:
         raise XfError(f"{where}: {e}") from None
+
+
+def special_ids(config: dict, where: Path, size: int) -> tuple[int, int, int]:
+    """(pad, eos, decoder start) of config.json, each an id below vocab_size ``size``."""
+    pad, eos = config.get("pad_token_id"), config.get("eos_token_id")
+    start = config.get("decoder_start_token_id", pad)
+    eos = eos[0] if isinstance(eos, list) and eos else eos  # transformers allows a list of eos ids
+    for key, value in (("pad_token_id", pad), ("eos_token_id", eos), ("decoder_start_token_id", start)):
+        if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value < size:
+            raise XfError(f"{where}: {key} {value!r} is not an id below vocab_size {size}")
+    return pad, eos, start
+
+
+def read_tokenizer(directory: Path, config: dict, size: int) -> tuple[bytes, list[Optional[int]]]:
+    """(the xf vocabulary bytes, rows: the MarianMT id of each xf id) of MarianTokenizer's files:
+    two sentencepiece models over one id space (vocab.json)."""
+    vocab_path = directory / "vocab.json"
+    vocab = _read_json(vocab_path)
+    tok_path = directory / "tokenizer_config.json"
+    tok_config = _read_json(tok_path) if tok_path.is_file() else {}
+    if tok_config.get("separate_vocabs") or (directory / "target_vocab.json").is_file():
+        raise XfError(f"{directory}: separate source and target vocabularies (target_vocab.json) cannot be represented")
+    ids = list(vocab.values())
+    if not all(isinstance(i, int) and not isinstance(i, bool) for i in ids) or sorted(ids) != list(range(size)):
+        raise XfError(f"{vocab_path}: its ids are not 0..{size - 1}, the vocab_size of config.json ({len(vocab)} pieces)")
+    spms = {}
+    for name in ("source.spm", "target.spm"):
+        if not (directory / name).is_file():
+            raise XfError(f"{directory / name}: missing (MarianTokenizer's sentencepiece model)")
+        spms[name] = (directory / name).read_bytes()
+    hf_pieces = [""] * size
+    for piece, i in vocab.items():
+        hf_pieces[i] = piece
+    unk_piece = tok_config.get("unk_token", "<unk>")
+    unk_piece = unk_piece.get("content") if isinstance(unk_piece, dict) else unk_piece
+    if not isinstance(unk_piece, str) or unk_piece not in vocab:
+        raise XfError(f"{vocab_path}: has no unknown token {unk_piece!r}")
+    pad, eos, start = special_ids(config, directory / "config.json", size)
+    unk = vocab[unk_piece]
+    if len({unk, start, eos}) < 3 or (pad != start and pad in (unk, eos)):
+        raise XfError(f"{directory}: special ids pad {pad}, unk {unk}, eos {eos}, decoder start {start} overlap; "
+                      "xf needs unk, eos and the decoder start apart (pad may be the decoder start)")
+    rows = xf_id_order(size, pad, unk, start, eos)
+    return xf_vocabulary(spms["source.spm"], spms["target.spm"], hf_pieces, rows), rows
 
 
 def read_weights(directory: Path) -> tuple[dict[str, torch.Tensor], Path]:
@@ -344,52 +439,12 @@ def xf_id_order(size: int, pad: int, unk: int, start: int, eos: int) -> list[Opt
     return first + [i for i in range(size) if i not in used]
 
 
-def import_marian(options: ImportOptions) -> Path:
-    """Read the MarianMT directory options.directory and write the xf checkpoint options.output."""
-    directory, output = Path(options.directory), Path(options.output)
-    if not directory.is_dir():
-        raise XfError(f"{directory}: not a directory")
-    config = _read_json(directory / "config.json")
-    cfg = config_from_marian(config, directory / "config.json")
-    size = cfg.vocab_size
-
-    # the tokenizer: two sentencepiece models, one id space (vocab.json)
-    vocab_path = directory / "vocab.json"
-    vocab = _read_json(vocab_path)
-    tok_config = _read_json(directory / "tokenizer_config.json") if (directory / "tokenizer_config.json").is_file() else {}
-    if tok_config.get("separate_vocabs") or (directory / "target_vocab.json").is_file():
-        raise XfError(f"{directory}: separate source and target vocabularies (target_vocab.json) cannot be represented")
-    if not isinstance(vocab, dict) or sorted(vocab.values()) != list(range(size)):
-        raise XfError(f"{vocab_path}: its ids are not 0..{size - 1}, the vocab_size of config.json "
-                      f"({len(vocab) if isinstance(vocab, dict) else 'no'} pieces)")
-    spms = {}
-    for name in ("source.spm", "target.spm"):
-        if not (directory / name).is_file():
-            raise XfError(f"{directory / name}: missing (MarianTokenizer's sentencepiece model)")
-        spms[name] = (directory / name).read_bytes()
-    hf_pieces = [""] * size
-    for piece, i in vocab.items():
-        hf_pieces[i] = piece
-    unk_piece = tok_config.get("unk_token", "<unk>")
-    unk_piece = unk_piece.get("content") if isinstance(unk_piece, dict) else unk_piece
-    if unk_piece not in vocab:
-        raise XfError(f"{vocab_path}: has no unknown token {unk_piece!r}")
-    pad, eos = config.get("pad_token_id"), config.get("eos_token_id")
-    start = config.get("decoder_start_token_id", pad)
-    eos = eos[0] if isinstance(eos, list) else eos
-    for key, value in (("pad_token_id", pad), ("eos_token_id", eos), ("decoder_start_token_id", start)):
-        if not isinstance(value, int) or not 0 <= value < size:
-            raise XfError(f"{directory / 'config.json'}: {key} {value!r} is not an id below vocab_size {size}")
-    unk = vocab[unk_piece]
-    if len({unk, start, eos}) < 3 or (pad != start and pad in (unk, eos)):
-        raise XfError(f"{directory}: special ids pad {pad}, unk {unk}, eos {eos}, decoder start {start} overlap; "
-                      "xf needs unk, eos and the decoder start apart (pad may be the decoder start)")
-    rows = xf_id_order(size, pad, unk, start, eos)
-
-    # the weights, checked against the configuration before any is used
+def checked_weights(directory: Path, cfg: ModelConfig) -> dict[str, torch.Tensor]:
+    """The MarianMT tensors of ``directory``, each checked against the configuration ``cfg``."""
     tensors, weights_path = read_weights(directory)
     expected = marian_state_dict(Transformer(cfg))
     shared = "model.shared.weight" in expected
+    size = cfg.vocab_size
     tensors.setdefault("final_logits_bias", torch.zeros(1, size))  # transformers too takes it as zeros when absent
     for key, value in expected.items():
         if key not in tensors and shared and key == "model.shared.weight":
@@ -404,14 +459,22 @@ def import_marian(options: ImportOptions) -> Path:
     unknown = sorted(set(tensors) - known)
     if unknown:
         raise XfError(f"{weights_path}: {unknown[0]} is not part of MarianMTModel (an architecture xf cannot represent)")
+    return tensors
 
+
+def read_marian(directory: Path) -> tuple[Transformer, bytes]:
+    """(the xf model, its vocabulary bytes) of the MarianMT directory ``directory``: every file
+    checked before any weight is used."""
+    directory = Path(directory)
+    if not directory.is_dir():
+        raise XfError(f"{directory}: not a directory")
+    config = _read_json(directory / "config.json")
+    cfg = config_from_marian(config, directory / "config.json")
+    spm_model, rows = read_tokenizer(directory, config, cfg.vocab_size)
+    tensors = checked_weights(directory, cfg)
     # a bias only where it does something: a zero bias and no new row (what xf exports) is none
     needs_bias = bool(tensors["final_logits_bias"].any()) or None in rows
-    model = marian_to_xf(dataclasses.replace(cfg, output_bias=needs_bias), tensors, rows)
-    spm_model = xf_vocabulary(spms["source.spm"], spms["target.spm"], hf_pieces, rows)
-    meta = {"imported_from": str(directory.resolve()), "format": "huggingface-marian"}
-    save_checkpoint(output, make_checkpoint(model, spm_model, meta=meta))
-    return output
+    return marian_to_xf(dataclasses.replace(cfg, output_bias=needs_bias), tensors, rows), spm_model
 
 
 def marian_to_xf(cfg, tensors: dict[str, torch.Tensor], rows: list[Optional[int]]) -> Transformer:

@@ -508,7 +508,8 @@ class ExportOptions:
                            "(xf translate --lenpen-style length; GNMT's penalty has no transformers equivalent)",
                            range=Range(-10, 10))
     max_length: int = option(0, "huggingface: max_length of generation_config.json, decoder start and eos "
-                             "included (0: the model's max_positions)", range=Range(0, 1 << 20))
+                             "included (0: 512, as OPUS-MT models have, or max_positions if fewer)",
+                             range=Range(0, 1 << 20))
     source_lang: str = option("en", "huggingface: source language, for the model card and tokenizer")
     target_lang: str = option("de", "huggingface: target language, for the model card and tokenizer")
     bleu: Optional[str] = option(None, "huggingface: the test score for the model card: a file written by "

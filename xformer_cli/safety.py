@@ -175,23 +175,16 @@ def _training_checkpoint_at(out: Path) -> Optional[Path]:
     return None
 
 
-def refuse_replacing(output: str | Path, inputs: Iterable[Optional[str | Path]], output_flag: str = "--output") -> None:
-    """An XfError when replacing the directory ``output`` at the end of a command would destroy
-    an input or a running training: the last check before ``fileio.replace_path`` (the frame's
-    guard checked the same before the command started; a training may have started since)."""
+def refuse_running_training(output: str | Path) -> None:
+    """An XfError when replacing ``output`` would destroy a running training: the last check
+    before a directory is swapped into place (the guard checked the same before the command
+    started; a training may have started since)."""
     out = Path(output).resolve()
-    for source in inputs:
-        if source is None:
-            continue
-        src = Path(source).resolve()
-        if same_file(out, src) or src.is_relative_to(out):
-            raise XfError(f"{output_flag} {output} {_relation(out, src)} the input {source}; replacing it would "
-                          "destroy the input (choose another output)")
     for save_dir in _save_dirs_around(out, walk=True):
         holder = save_dir_holder(save_dir)
         if holder:
-            raise XfError(f"{output_flag} {output} {_relation(out, save_dir)} the save dir {save_dir} of a running "
-                          f"xf train ({holder}); choose another output")
+            raise XfError(f"{output} {_relation(out, save_dir)} the save dir {save_dir} of an xf train that started "
+                          f"meanwhile ({holder}); nothing was replaced")
 
 
 def _relation(out: Path, other: Path) -> str:

@@ -39,11 +39,10 @@ from importlib import resources
 from pathlib import Path
 from typing import Optional
 
-from .engines import open_engine
 from .errors import XfError
 from .options import ServeOptions, direction_and_path
 from .serve_queue import BatchQueue, Direction, Job, QueueFull
-from .translation import Stats, decode_input_line, encode_lines
+from .translation import Stats, decode_input_line, encode_lines, open_engine
 
 # ISO 639-1 names for /languages; a code not listed is shown as itself.
 LANGUAGE_NAMES = {

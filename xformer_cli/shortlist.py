@@ -153,8 +153,10 @@ class Shortlist:
                 frequent, per_source = np.asarray(z["frequent"]), np.asarray(z["per_source"])
         except FileNotFoundError:
             raise XfError(f"{path}: shortlist file not found") from None
-        except (OSError, ValueError, KeyError, UnicodeDecodeError) as e:  # not an npz, a damaged one, pickled data
-            raise XfError(f"{path}: not a shortlist written by xf shortlist ({' '.join(str(e).split())[:120]})") from None
+        except Exception as e:  # noqa: BLE001 - not an npz, a damaged one, pickled data: zipfile, zlib and
+            # numpy's header parser raise a dozen types (BadZipFile, EOFError, zlib.error, ...) on a cut file
+            why = " ".join(str(e).split())[:120] or type(e).__name__
+            raise XfError(f"{path}: not a shortlist written by xf shortlist, or a damaged one ({why})") from None
         if not isinstance(header, dict) or header.get("format") != "xf-shortlist":
             raise XfError(f"{path}: not a shortlist written by xf shortlist")
         if header.get("format_version") != FORMAT_VERSION:

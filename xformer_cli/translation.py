@@ -4,23 +4,48 @@ One input line gives one output, whatever it holds: invalid UTF-8 is replaced by
 counted (``decode_input_line``), an empty or whitespace-only line gives an empty translation
 without a search, a line longer than the engine's ``max_source`` subwords is truncated and
 counted (``encode_lines``). ``search_lines`` sorts the lines by length into batches and searches
-them; ``translate_buffer`` formats the results as ``xf translate`` writes them.
+them; ``translate_buffer`` formats the results as ``xf translate`` writes them. ``open_engine``
+opens the engine that ``--engine`` names over ``--path``.
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
+import sys
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Optional
 
+from . import distributed
 from .attention_maps import alignment_pairs, format_alignment, line_word_ids, word_ids
 from .batching import batch_by_size
-from .engines import Engine
+from .ctranslate2_format import CTranslate2Engine
+from .engines import Engine, XfEngine
+from .errors import ConfigError
 from .options import TranslateOptions
 from .search import Hypothesis
 from .vocab import decode_line
+
+
+def open_engine(options: TranslateOptions):
+    """(engine, sentencepiece processor, device) of --engine for --path: xf's own (``XfEngine``,
+    one model or an ensemble) or CTranslate2 over a directory of xf export (``CTranslate2Engine``)."""
+    warning = distributed.threads_warning(options.threads)
+    if warning:
+        print(f"xf: warning: {warning}", file=sys.stderr, flush=True)
+    if options.engine == "ctranslate2":
+        if len(options.path) != 1:
+            raise ConfigError("--engine ctranslate2 takes one --path (ensembles are xf-engine only)")
+        if options.sampling:
+            raise ConfigError("--engine ctranslate2 does not sample: use the xf engine for --sampling")
+        engine, sp = CTranslate2Engine.open(options.path[0], options.device, options.precision, options.quantize,
+                                            options.threads, options.workers, options.shortlist)
+    else:
+        engine, sp = XfEngine.open(options.path, options.device, options.precision, options.quantize,
+                                   options.int8_engine, options.threads, options.workers, options.shortlist,
+                                   options.compile)
+    return engine, sp, engine.device
 
 
 @dataclass

@@ -1,150 +1,39 @@
-"""``xf export ctranslate2``: an xf checkpoint as a CTranslate2 model directory (the engine that
-runs it, ``xf translate --engine ctranslate2``, is ``engines.CTranslate2Engine``).
-
-Export maps an xf checkpoint onto CTranslate2's ``TransformerSpec`` with its converter API and
-writes a model directory (model.bin, vocabularies, config.json) with the checkpoint's
-sentencepiece model (``spm.model``) and ``xf.json`` beside it. What maps to what:
-
-    embeddings           encoder/decoder embeddings (one array when tied), scaled by sqrt(d_model)
-    positions            xf's own table as the spec's position encodings: sinusoidal (interleaved
-                         sin/cos from position 0, which is not CTranslate2's built-in table) or learned
-    attention            self-attention: in_proj as one fused qkv linear; cross-attention: its q
-                         rows, then its k/v rows fused, then out_proj; --head-dim as the specs'
-                         head_dim
-    feed-forward         fc1/fc2; SwiGLU: fc1's gate rows as linear_0, its value rows as linear_0_noact
-    layer norms          post-LN (the paper's) or pre-LN with the final encoder/decoder norms
-    output projection    the decoder's projection (tied or not)
-
-RoPE and ALiBi models are refused (xf's encoder-side ALiBi has no CTranslate2 equivalent, and
-rotary export is not verified). The CTranslate2 engine runs xf's search rules where CTranslate2
-allows them: see ``CTranslate2Engine``.
+"""``xf export ctranslate2|huggingface --path CKPT --output DIR``: an xf checkpoint as a model
+directory of another runtime. The conversions are the format modules' (``ctranslate2_format``:
+a CTranslate2 model directory, run by ``xf translate --engine ctranslate2``; ``huggingface``: a
+MarianMT directory); this command owns the options, the output (written atomically: built in a
+temporary directory beside it, then renamed into place; an old output with --overwrite renamed
+aside first, deleted once the new one is in place) and the summary.
 """
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Sequence
+from typing import Optional
 
+from ..checkpoint import load_checkpoint, model_from_checkpoint
 from ..console import print_summary, stderr_console
-from ..engines import import_ctranslate2
 from ..errors import XfError
 from ..fileio import atomic_directory
-from ..model import Transformer
 from ..options import ExportOptions
-from ..vocab import BOS_ID, EOS_ID, UNK_ID
-
-QUANTIZATIONS = {"float32": "float32", "int8": "int8", "bfloat16": "bfloat16"}
-
-
-# -- export --------------------------------------------------------------------------------------
-def transformer_spec(model: Transformer, pieces: Sequence[str]):
-    """CTranslate2 TransformerSpec of ``model`` with vocabulary ``pieces`` (id order)."""
-    import_ctranslate2()
-    from ctranslate2.specs import common_spec, transformer_spec as ts
-
-    cfg = model.cfg
-    if cfg.positions in ("rope", "alibi"):
-        raise XfError(f"{cfg.positions} positions cannot be exported to CTranslate2 (sinusoidal or learned only)")
-    activation = {"relu": common_spec.Activation.RELU, "gelu": common_spec.Activation.GELU,
-                  "swish": common_spec.Activation.SWISH, "swiglu": common_spec.Activation.SWISH}[cfg.activation]
-    # TransformerSpec.from_config has no head size; its encoder and decoder specs do, and write it
-    # only where it is not d_model / heads (--head-dim, Table 3 row B)
-    head_dim = None if cfg.head_dim * cfg.heads == cfg.d_model else cfg.head_dim
-    both = dict(pre_norm=cfg.normalize_before, activation=activation, ffn_glu=cfg.activation == "swiglu",
-                head_dim=head_dim)
-    spec = ts.TransformerSpec(ts.TransformerEncoderSpec(cfg.encoder_layers, cfg.heads, **both),
-                              ts.TransformerDecoderSpec(cfg.decoder_layers, cfg.heads, **both))
-    np_ = lambda t: t.detach().float().cpu().numpy()  # noqa: E731
-    if cfg.positions == "sinusoidal":
-        positions = np_(model.pos_table)
-    else:
-        positions = np_(model.learned_pos.weight)
-
-    def linear(spec_linear, weight, bias=None):
-        spec_linear.weight = np_(weight)
-        if bias is not None:
-            spec_linear.bias = np_(bias)
-
-    def norm(spec_norm, ln):
-        spec_norm.gamma, spec_norm.beta = np_(ln.weight), np_(ln.bias)
-
-    def ffn(spec_ffn, module, block):
-        norm(spec_ffn.layer_norm, block.norm)
-        if cfg.activation == "swiglu":  # xf: silu(gate) * value, gate and value stacked in fc1
-            linear(spec_ffn.linear_0, module.fc1.weight[: cfg.d_ff], module.fc1.bias[: cfg.d_ff])
-            linear(spec_ffn.linear_0_noact, module.fc1.weight[cfg.d_ff :], module.fc1.bias[cfg.d_ff :])
-        else:
-            linear(spec_ffn.linear_0, module.fc1.weight, module.fc1.bias)
-        linear(spec_ffn.linear_1, module.fc2.weight, module.fc2.bias)
-
-    def self_attention(spec_attn, attn, block):
-        norm(spec_attn.layer_norm, block.norm)
-        linear(spec_attn.linear[0], attn.in_proj.weight, attn.in_proj.bias)  # fused q, k, v
-        linear(spec_attn.linear[1], attn.out_proj.weight, attn.out_proj.bias)
-
-    e = cfg.heads * cfg.head_dim  # the rows of each of q, k, v in in_proj
-    for stack, embed in ((spec.encoder, model.encoder_embed), (spec.decoder, model.decoder_embed)):
-        embeddings = stack.embeddings[0] if isinstance(stack.embeddings, list) else stack.embeddings
-        embeddings.weight = np_(embed.weight)
-        stack.scale_embeddings = cfg.scale_embedding  # sqrt(d_model), Sec. 3.4
-        stack.position_encodings.encodings = positions
-    for spec_layer, layer in zip(spec.encoder.layer, model.encoder_layers):
-        self_attention(spec_layer.self_attention, layer.self_attn, layer.attn_block)
-        ffn(spec_layer.ffn, layer.ffn, layer.ffn_block)
-    for spec_layer, layer in zip(spec.decoder.layer, model.decoder_layers):
-        self_attention(spec_layer.self_attention, layer.self_attn, layer.self_block)
-        cross, w, b = layer.cross_attn, layer.cross_attn.in_proj.weight, layer.cross_attn.in_proj.bias
-        norm(spec_layer.attention.layer_norm, layer.cross_block.norm)
-        linear(spec_layer.attention.linear[0], w[:e], b[:e])  # q
-        linear(spec_layer.attention.linear[1], w[e:], b[e:])  # fused k, v
-        linear(spec_layer.attention.linear[2], cross.out_proj.weight, cross.out_proj.bias)
-        ffn(spec_layer.ffn, layer.ffn, layer.ffn_block)
-    if cfg.normalize_before:
-        norm(spec.encoder.layer_norm, model.encoder_norm)
-        norm(spec.decoder.layer_norm, model.decoder_norm)
-    spec.decoder.projection.weight = np_(model.output_proj.weight)
-    if model.output_bias is not None:
-        spec.decoder.projection.bias = np_(model.output_bias)
-
-    spec.register_source_vocabulary(list(pieces))
-    spec.register_target_vocabulary(list(pieces))
-    spec.config.unk_token, spec.config.eos_token = pieces[UNK_ID], pieces[EOS_ID]
-    spec.config.bos_token = spec.config.decoder_start_token = pieces[BOS_ID]  # xf's target starts with bos
-    spec.config.add_source_eos = True  # xf's source is ids + [eos]
-    spec.config.layer_norm_epsilon = 1e-5  # torch's LayerNorm default
-    return spec
 
 
 def export_ctranslate2(options: ExportOptions) -> Path:
-    """Write the CTranslate2 model directory of options.path to options.output, atomically:
-    built in a temporary directory beside it, then renamed into place (an old output with
-    --overwrite: renamed aside first, deleted once the new one is in place)."""
-    from ..checkpoint import load_checkpoint, model_from_checkpoint
-    from ..vocab import load_sentencepiece
+    """Write the CTranslate2 model directory of checkpoint options.path to options.output."""
+    from ..ctranslate2_format import import_ctranslate2, write_model_directory
 
-    ct2 = import_ctranslate2()
+    import_ctranslate2()  # the missing extra is said before anything is read or written
     output = Path(options.output)
-    with atomic_directory(output, options.overwrite, inputs=(options.path,)) as tmp:
+    with atomic_directory(output) as tmp:
         ckpt = load_checkpoint(options.path)
-        sp = load_sentencepiece(ckpt["spm_model"], str(options.path))
         model = model_from_checkpoint(ckpt, options.path).eval()
-        pieces = [sp.id_to_piece(i) for i in range(sp.get_piece_size())]
-        if len(pieces) != model.cfg.vocab_size:
-            raise XfError(f"{options.path}: model vocabulary {model.cfg.vocab_size} != sentencepiece vocabulary {len(pieces)}")
-        spec = transformer_spec(model, pieces)
-        spec.validate()
-        spec.optimize(quantization=QUANTIZATIONS[options.quantization])
-        spec.save(str(tmp))
-        (tmp / "spm.model").write_bytes(ckpt["spm_model"])
-        info = {"format": "xf-ctranslate2", "version": 1, "checkpoint": str(options.path),
-                "spm_sha256": ckpt.get("spm_sha256"), "max_positions": model.cfg.max_positions,
-                "quantization": options.quantization, "ctranslate2": ct2.__version__}
-        (tmp / "xf.json").write_text(json.dumps(info, indent=1) + "\n", encoding="utf-8")
+        write_model_directory(tmp, model, ckpt["spm_model"], options.quantization, str(options.path))
+    cfg = model.cfg
     print_summary(stderr_console(), "xf export ctranslate2", [
         ("from", str(options.path)),
-        ("model", f"{model.cfg.encoder_layers}+{model.cfg.decoder_layers} layers, d_model {model.cfg.d_model}, "
-                  f"{len(pieces):,} subwords"),
+        ("model", f"{cfg.encoder_layers}+{cfg.decoder_layers} layers, d_model {cfg.d_model}, "
+                  f"{cfg.vocab_size:,} subwords"),
         ("weights", options.quantization),
         ("size", f"{sum(p.stat().st_size for p in output.iterdir()) / 2**20:.1f} MiB"),
         ("written", str(output)),
@@ -152,19 +41,41 @@ def export_ctranslate2(options: ExportOptions) -> Path:
     return output
 
 
-def export(options: ExportOptions) -> Path:
-    """xf export FORMAT: ctranslate2 (this module) or huggingface (``huggingface.export_marian``)."""
-    if options.format != "huggingface":
-        return export_ctranslate2(options)
-    from ..huggingface import export_marian
+def read_bleu(path: str) -> tuple[float, str]:
+    """(BLEU, its sacreBLEU signature) of a file written by xf score --json, for the model card."""
+    try:
+        bleu = json.loads(Path(path).read_text(encoding="utf-8"))["bleu"]
+        return float(bleu["score"]), str(bleu["signature"])
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise XfError(f"{path}: not the output of xf score --json with BLEU ({type(e).__name__}: {e})") from None
 
-    output = export_marian(options)
-    config = json.loads((output / "config.json").read_text(encoding="utf-8"))
+
+def export_huggingface(options: ExportOptions) -> Path:
+    """Write the MarianMT directory of checkpoint options.path to options.output."""
+    from ..huggingface import import_hf_extra, write_marian
+
+    import_hf_extra()
+    output = Path(options.output)
+    with atomic_directory(output) as tmp:
+        ckpt = load_checkpoint(options.path)
+        model = model_from_checkpoint(ckpt, options.path).eval()
+        bleu: Optional[tuple[float, str]] = read_bleu(options.bleu) if options.bleu else None
+        config, generation = write_marian(
+            tmp, model, ckpt["spm_model"], str(options.path), options.source_lang, options.target_lang,
+            num_beams=options.beam_size, length_penalty=options.lenpen, max_length=options.max_length, bleu=bleu)
     print_summary(stderr_console(), "xf export huggingface", [
         ("from", str(options.path)),
         ("model", f"MarianMT, {config['encoder_layers']} / {config['decoder_layers']} layers, d_model "
                   f"{config['d_model']}, {config['activation_function']}, vocabulary {config['vocab_size']}"),
-        ("generation", f"num_beams {options.beam_size}, length_penalty {options.lenpen}"),
+        ("generation", f"num_beams {generation['num_beams']}, length_penalty {generation['length_penalty']}, "
+                       f"max_length {generation['max_length']} (--max-length sets it)"),
         ("written", ", ".join(sorted(p.name for p in output.iterdir())) + f" in {output}"),
     ])
     return output
+
+
+def export(options: ExportOptions) -> Path:
+    """xf export FORMAT: ctranslate2 or huggingface."""
+    if options.format == "huggingface":
+        return export_huggingface(options)
+    return export_ctranslate2(options)

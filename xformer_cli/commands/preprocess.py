@@ -51,6 +51,7 @@ from ..data import FORMAT_VERSION, DataDir, TokenArrayWriter, file_sha256, small
 from ..errors import XfError
 from ..fileio import fsync_dir, remove_stale_temporaries_of, replace_path, reporting_write_errors, temporary_prefix
 from ..options import PreprocessOptions
+from ..safety import refuse_running_training
 from ..vocab import BOS_ID, EOS_ID, PAD_ID, UNK_ID, decode_line, encode_target, load_sentencepiece
 
 CHUNK_LINES = 10_000  # pairs per worker task: large enough that inter-process traffic is noise
@@ -404,6 +405,7 @@ def replace_dir(tmp: Path, dest: Path, overwrite: bool) -> None:
                 raise XfError(f"destdir {dest} exists and is not empty (pass --overwrite to replace it)")
         else:
             dest.rmdir()
+    refuse_running_training(dest)
     replace_path(tmp, dest)
     fsync_dir(dest.parent)
 

@@ -19,11 +19,10 @@ from typing import IO, Iterator, Optional
 import torch
 
 from ..console import print_summary, stderr_console
-from ..engines import open_engine
 from ..errors import XfError
 from ..fileio import atomic_write
 from ..options import TranslateOptions
-from ..translation import Stats, decode_input_line, translate_buffer
+from ..translation import Stats, decode_input_line, open_engine, translate_buffer
 
 
 # -- reading and writing -------------------------------------------------------------------------
