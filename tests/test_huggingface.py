@@ -228,7 +228,7 @@ def test_export_refuses_an_occupied_output(tmp_path, spm_model):
     ckpt = random_checkpoint(tmp_path / "m.pt", spm_model)
     (tmp_path / "hf").mkdir()
     (tmp_path / "hf" / "x").write_text("x")
-    fails(["export", "huggingface", "--path", ckpt, "--output", tmp_path / "hf"], "not an empty directory")
+    fails(["export", "huggingface", "--path", ckpt, "--output", tmp_path / "hf"], "exists and is not empty")
 
 
 def test_model_card_has_the_test_bleu_and_its_signature(tmp_path, spm_model, pairs):

@@ -127,7 +127,7 @@ def test_bad_logs_are_one_line_errors(tmp_path):
     fails([tmp_path / "empty"], "no training or validation records yet")
     write_log(tmp_path / "ok" / "train_log.jsonl", fake_run())
     fails([tmp_path / "ok", "-o", tmp_path / "c.jpg"], "must end in .png, .pdf, .svg", code=2)
-    fails([tmp_path / "ok", "-o", tmp_path / "no" / "c.png"], "its directory does not exist")
+    fails([tmp_path / "ok", "-o", tmp_path / "no" / "c.png"], "its directory does not exist", code=2)
 
 
 def test_pictures_are_written_atomically(tmp_path, monkeypatch):

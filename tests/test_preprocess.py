@@ -86,8 +86,8 @@ def test_multi30k_en_fr_two_workers_keep_order(multi30k_dir, tmp_path, monkeypat
     monkeypatch.setattr(pp, "CHUNK_LINES", 1500)
     d = multi30k_dir
     kw = dict(source_lang="en", target_lang="fr", trainpref=str(d / "train"), validpref=str(d / "val"),
-              testpref=str(d / "test2016"), bpe_vocab_size=1000)
-    run(tmp_path / "w1", workers=1, **kw)
+              testpref=str(d / "test2016"))
+    run(tmp_path / "w1", workers=1, bpe_vocab_size=1000, **kw)
     run(tmp_path / "w2", workers=2, spm_model=str(tmp_path / "w1" / "spm.model"), **kw)
     for split in ("train", "valid", "test"):
         for lang in ("en", "fr"):
@@ -126,7 +126,7 @@ def test_cli_runs_and_errors_in_one_line(tmp_path, corpus):
     assert "pairs kept" in result.output  # the summary table
     assert len(DataDir.open(tmp_path / "out").split("train")) > 150
     result = runner.invoke(app, args)  # destdir now exists
-    assert result.exit_code == 1 and "--overwrite" in result.output and "Traceback" not in result.output
+    assert result.exit_code == 2 and "--overwrite" in result.output and "Traceback" not in result.output
 
 
 def test_line_counts_differ(tmp_path, corpus):
@@ -300,8 +300,11 @@ def test_overwrite_never_replaces_a_destdir_holding_an_input(tmp_path, corpus):
     dest = tmp_path / "bin"
     run(dest, trainpref=corpus["prefix"], spm_model=corpus["spm"])
     prefix = write_pair(dest / "raw", corpus["src"], corpus["tgt"])
-    with pytest.raises(XfError, match=r"destdir .*bin holds the input .*raw\.en; replacing it would destroy the input"):
-        run(tmp_path / "." / "bin", trainpref=prefix, spm_model=corpus["spm"], overwrite=True)
+    result = CliRunner().invoke(app, ["preprocess", "--destdir", str(tmp_path / "." / "bin"), "--trainpref", str(prefix),
+                                      "--spm-model", str(corpus["spm"]), "--overwrite"])
+    assert result.exit_code == 2, result.output
+    assert re.search(r"--destdir .*bin holds the input --trainpref .*raw\.en; writing it could destroy the input",
+                     result.output), result.output
     assert (dest / "raw.en").exists() and (dest / "meta.json").exists()
 
 

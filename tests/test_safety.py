@@ -78,8 +78,8 @@ def test_same_file_sees_through_symlinks_and_relative_paths(tmp_path, monkeypatc
     assert same_file("a.txt", tmp_path / "link.txt") and same_file("./hard.txt", "a.txt")
     assert not same_file("a.txt", "b.txt") and not same_file("a.txt", "missing.txt")
     with pytest.raises(XfError, match="--output link.txt is the input --path a.txt"):
-        refuse_unsafe_outputs([("--output", "link.txt", "file")], [("--path", "b.txt"), ("--path", "a.txt")])
-    refuse_unsafe_outputs([("--output", "new.txt", "file")], [("--path", "a.txt")])
-    refuse_unsafe_outputs([("--output", "b.txt", "file")], [("--path", "a.txt")])  # no --overwrite option: replaced
+        refuse_unsafe_outputs([("--output", "link.txt", "file")], [("--path", "b.txt", "file"), ("--path", "a.txt", "file")])
+    refuse_unsafe_outputs([("--output", "new.txt", "file")], [("--path", "a.txt", "file")])
+    refuse_unsafe_outputs([("--output", "b.txt", "file")], [("--path", "a.txt", "file")])  # no --overwrite option: replaced
     with pytest.raises(XfError, match="b.txt: exists .pass --overwrite"):
-        refuse_unsafe_outputs([("--output", "b.txt", "file")], [("--path", "a.txt")], overwrite=False)
+        refuse_unsafe_outputs([("--output", "b.txt", "file")], [("--path", "a.txt", "file")], overwrite=False)

@@ -164,7 +164,7 @@ def test_errors_are_one_line(tmp_path, ckpt, multi30k_dir):
     fails(["--path", ckpt, "--nbest", "5", "--beam", "4"], "--nbest 5 is larger than --beam-size 4", code=2)
     fails(["--path", ckpt, "--precision", "fp16", "--device", "cpu"], "is for CUDA", code=2)
     fails(["--path", ckpt, "--input", str(tmp_path / "nope.txt")], "nope.txt: input file not found")
-    fails(["--path", ckpt, "--output", str(tmp_path / "no" / "out.txt")], "out.txt: its directory does not exist")
+    fails(["--path", ckpt, "--output", str(tmp_path / "no" / "out.txt")], "out.txt: its directory does not exist", code=2)
 
 
 @pytest.mark.slow
@@ -242,10 +242,10 @@ def test_output_over_an_input_or_the_model_is_refused(tmp_path, ckpt, monkeypatc
     monkeypatch.chdir(tmp_path)
     for output in ("src.txt", "./alias.txt", str(source)):
         result = runner.invoke(app, ["translate", "--path", ckpt, "--input", "src.txt", "--output", output])
-        assert result.exit_code == 1 and f"--output {output} is the input src.txt" in result.output, result.output
+        assert result.exit_code == 2 and f"--output {output} is the input --input src.txt" in result.output, result.output
     model = Path(ckpt).read_bytes()
     result = runner.invoke(app, ["translate", "--path", ckpt, "--input", "src.txt", "--output", ckpt])
-    assert result.exit_code == 1 and "is the input" in result.output
+    assert result.exit_code == 2 and "is the input --path" in result.output
     assert source.read_bytes() == b"a man\n" and Path(ckpt).read_bytes() == model
 
 
@@ -335,7 +335,7 @@ def test_output_over_a_training_checkpoint_is_refused(tmp_path, ckpt):
     last = save / "checkpoint_last.pt"
     last.write_bytes(Path(ckpt).read_bytes())  # training state that is not the model translating
     result = runner.invoke(app, ["translate", "--path", ckpt, "--output", str(last)], input=b"a man\n")
-    assert result.exit_code == 1 and "is a training checkpoint" in result.output, result.output
+    assert result.exit_code == 2 and "is the training checkpoint" in result.output, result.output
     assert last.read_bytes() == Path(ckpt).read_bytes()
     fresh = save / "checkpoint_2_10.pt"  # a name training would use, not yet written: allowed
     result = runner.invoke(app, ["translate", "--path", ckpt, "--output", str(fresh)], input=b"a man\n")

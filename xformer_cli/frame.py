@@ -82,8 +82,8 @@ class Command:
         module, name = self.run.split(":")
         return getattr(importlib.import_module(f"xformer_cli.commands.{module}"), name)
 
-    def input_paths(self, options: Any) -> Iterator[tuple[str, str]]:
-        """(flag, path) of every input the options name: list options one per value, prefixes per suffix."""
+    def input_paths(self, options: Any) -> Iterator[tuple[str, str, str]]:
+        """(flag, path, kind) of every input the options name: list options one per value, prefixes per suffix."""
         values = dataclasses.asdict(options)
         for spec in self.inputs:
             if spec.when and not getattr(options, spec.when):
@@ -93,7 +93,7 @@ class Command:
                 if item is None:
                     continue
                 for suffix in spec.suffixes:
-                    yield _flag(spec.option), str(item) + suffix.format(**values)
+                    yield _flag(spec.option), str(item) + suffix.format(**values), spec.kind
 
     def output_paths(self, options: Any) -> Iterator[tuple[str, str, str]]:
         """(flag, path, kind) of every output the options name (an unset optional output: none)."""

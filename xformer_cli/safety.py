@@ -86,12 +86,13 @@ def save_dir_holder(save_dir: str | Path) -> Optional[str]:
     return None
 
 
-def refuse_unsafe_outputs(outputs: list[tuple[str, str, str]], inputs: list[tuple[str, str]],
+def refuse_unsafe_outputs(outputs: list[tuple[str, str, str]], inputs: list[tuple[str, str, str]],
                           overwrite: Optional[bool] = None) -> None:
     """The output guard the frame applies to every command before it starts (``frame.check_outputs``).
 
     ``outputs``: (flag, path, kind) with kind ``file`` or ``directory`` (replaced whole) or
-    ``into`` (written into); ``inputs``: (flag, path). A ConfigError of one line when an output
+    ``into`` (written into); ``inputs``: (flag, path, kind) with kind ``file``, ``directory`` or
+    ``path`` (either; a directory given for a file is the command's error). A ConfigError of one line when an output
     is, holds or lies inside an input (symlinks resolved; a hard link is the file it links), is,
     holds or lies inside the save dir of a running xf train, or is or holds a training checkpoint
     (only xf train writes those): each even with ``--overwrite``. ``overwrite`` (None: the command
@@ -101,10 +102,10 @@ def refuse_unsafe_outputs(outputs: list[tuple[str, str, str]], inputs: list[tupl
     for flag, output, kind in outputs:
         path = Path(output)
         out = path.resolve()
-        for in_flag, source in inputs:
+        for in_flag, source, in_kind in inputs:
             if not os.path.lexists(source):
                 continue  # a missing input is the command's own error, named as it reads it
-            relation = _relation_to_input(path, out, Path(source))
+            relation = _relation_to_input(path, out, Path(source), directory=in_kind != "file")
             if relation:
                 raise ConfigError(f"{flag} {output} {relation} the input {in_flag} {source}; writing it could "
                                   "destroy the input (choose another output)")
@@ -133,17 +134,20 @@ def refuse_unsafe_outputs(outputs: list[tuple[str, str, str]], inputs: list[tupl
             raise ConfigError(f"{flag} {output}: its directory does not exist")
 
 
-def _relation_to_input(path: Path, out: Path, source: Path) -> Optional[str]:
+def _relation_to_input(path: Path, out: Path, source: Path, directory: bool) -> Optional[str]:
     """How output ``path`` (``out`` resolved) meets input ``source``: "is", "holds", "lies inside",
-    "is a hard link to a file of", or None."""
+    "is a hard link to a file of", or None. Only an input that may be a directory (``directory``)
+    has an inside."""
     src = source.resolve()
     if out == src or same_file(path, source):
         return "is"
     if src.is_relative_to(out):
         return "holds"
-    if src.is_dir() and out.is_relative_to(src):
+    if not (directory and src.is_dir()):
+        return None
+    if out.is_relative_to(src):
         return "lies inside"
-    if src.is_dir() and path.is_file() and path.stat().st_nlink > 1:  # a hard link placed elsewhere
+    if path.is_file() and path.stat().st_nlink > 1:  # a hard link placed elsewhere
         inode = path.stat().st_ino, path.stat().st_dev
         for root, _, files in os.walk(src):
             if any((s.st_ino, s.st_dev) == inode for s in (os.stat(Path(root, f)) for f in files)):
