@@ -1,5 +1,5 @@
 """Training throughput of xf's update against a plain PyTorch reference of the same shape,
-measured in the same run, with MFU against a matrix-multiply peak measured in the same run.
+measured in the same run, with MFU against the GPU's datasheet peak (a measured matmul peak beside it).
 
 Default (``make bench``): the small preset (3+3 layers, d_model 256) on Multi30k EN-DE (joint
 BPE 8000) with --max-tokens 4096 on the CPU, fp32, and bf16 where the CPU has native bf16 matrix
@@ -23,8 +23,9 @@ device's catch-up is inside the window and nothing in it waits for the device. A
 XF_BENCH_TRAIN_UPDATES updates, when its time is up, or at SIGTERM (bench/gpu.sh's stage timeout),
 and each row says which. MFU divides the model FLOPs of every pair in the timed window, counted
 from its own lengths without padding (``flops.training_flops``: 6 N tokens plus attention), by the
-window's seconds and by a matmul peak measured in this run through F.linear, in the run's dtype,
-device and threads. Compiled rows give the graphs made and those made during the timed window
+window's seconds and by the GPU's datasheet dense peak where ``gpu_peaks`` knows it (H100 SXM,
+H200: 989 TFLOP/s bf16), else by a matmul peak measured in this run through F.linear, in the run's
+dtype, device and threads; the measured peak is a row of its own either way. Compiled rows give the graphs made and those made during the timed window
 (recompilations: 0 when one graph serves every shape). Rows are written the moment they are
 measured: xf's before the reference starts.
 
@@ -60,6 +61,8 @@ from pathlib import Path
 
 import numpy as np
 import torch
+
+from gpu_peaks import mfu_peak  # bench/ is on sys.path: the benchmarks import each other
 
 REPO = Path(__file__).resolve().parents[1]
 MULTI30K = Path(os.environ.get("MULTI30K_DIR", REPO / ".." / "shared" / "data" / "multi30k")).resolve()
@@ -400,7 +403,10 @@ def measure(emit) -> None:
                               note=f"this CPU has no native bf16 matrix instructions ({cpu_flags()})"))
                     continue
                 dtype = torch.float32 if precision == "fp32" else torch.bfloat16 if precision == "bf16" else torch.float16
-                peak = matmul_peak(dtype, dev)
+                measured = matmul_peak(dtype, dev)
+                peak, peak_note = mfu_peak(measured, dev, precision)
+                emit(dict(bench="train", case=case, metric="matmul peak", value=measured / 1e12, unit="TFLOP/s",
+                          note=f"measured here: the best {precision} n x n x n F.linear; {peak_note}"))
                 for compiled in COMPILE:
                     for r in range(ROUNDS):  # alternate xf and the reference: the machine's load hits both
                         name = f"{case}{' compiled' if compiled else ''}" + (f" round {r + 1}" if ROUNDS > 1 else "")
@@ -411,7 +417,7 @@ def measure(emit) -> None:
                             share = (DEADLINE - time.time()) / (len(ENGINES) - i) if math.isfinite(DEADLINE) else math.inf
                             results[engine] = run_child(engine, data, tmp, tag, device, precision, compiled,
                                                         time.time() + share)
-                            for row in rows_of(name, results[engine], peak, precision):
+                            for row in rows_of(name, results[engine], peak, peak_note):
                                 emit(row)
                         xf, ref = results.get("xf", {}), results.get("reference", {})
                         if xf.get("tgt_tok_s") and ref.get("tgt_tok_s"):
@@ -420,9 +426,10 @@ def measure(emit) -> None:
                                       note="target tokens/s, the two runs above"))
 
 
-def rows_of(case: str, r: dict, peak: float, precision: str) -> list[dict]:
-    """The rows of one run: speed, MFU, peak memory, update 1 (compilation), graphs; each row
-    notes how the run ended."""
+def rows_of(case: str, r: dict, peak: float, peak_note: str) -> list[dict]:
+    """The rows of one run: speed, MFU (against ``peak``, FLOP/s, which ``peak_note`` names:
+    gpu_peaks.mfu_peak), peak memory, update 1 (compilation), graphs; each row notes how the run
+    ended."""
     who = "xf" if r["engine"] == "xf" else "reference"
     prefix = "" if who == "xf" else "reference "
     timed = r.get("updates_timed") or 0
@@ -435,13 +442,12 @@ def rows_of(case: str, r: dict, peak: float, precision: str) -> list[dict]:
                                    else "")})
     else:
         per_token = r["flops"] / r["tgt_tokens"]
-        peak_note = (f"{per_token / 1e6:.1f} MFLOP/target token over the timed pairs (no padding); {precision} "
-                     f"matmul peak {peak / 1e12:.3g} TFLOP/s measured here")
+        flops_note = f"{per_token / 1e6:.1f} MFLOP/target token over the timed pairs (no padding); {peak_note}"
         out += [
             {**row, "metric": f"{prefix}target tokens/s", "value": r["tgt_tok_s"], "unit": "tok/s",
              "note": how + ("" if r.get("finite") else "; the last loss was not finite")},
             {**row, "metric": f"{prefix}MFU", "value": 100 * r["flops"] / r["seconds"] / peak, "unit": "%",
-             "note": f"{who}; {peak_note}"},
+             "note": f"{who}; {flops_note}"},
             {**row, "metric": f"{prefix}peak memory", "value": r["peak_memory_mib"], "unit": "MiB",
              "note": f"{who}; " + ("CUDA allocated" if r["device"] == "cuda" else "process RSS")},
         ]

@@ -7,7 +7,8 @@ xf train writes a numbered checkpoint and checkpoint_last.pt at every epoch end,
 Multi30k at 25k tokens is some 15 updates, a second or two on an H200 (about 1.5 GB written per
 epoch). Here validation loss is measured every XF_QUALITY_VALIDATE (100) updates and at the end,
 the best weights are kept in device memory, and one model-only checkpoint (no optimizer) is
-written at the end, to /dev/shm where there is one. Then the real CLIs: ``xf translate`` of
+written at the end, to /dev/shm where it has room (else the temporary directory). Before any
+training, the imports the translating and scoring need are checked. Then the real CLIs: ``xf translate`` of
 test2016 with beam 4 (length penalty 0.6, the paper's) and ``xf score`` (sacreBLEU).
 
 The schedule is not the paper's: noam with 4,000 warmup updates would never leave its warmup in
@@ -49,6 +50,36 @@ AFTER_TRAINING = 15.0 if DRY else 40.0  # seconds kept for the checkpoint, trans
 ARCH, DEVICE, MAX_TOKENS = ("tiny", "cpu", 2000) if DRY else ("base", "cuda", 25000)
 
 
+# What translating and scoring import, checked before the 120 s of training they would follow.
+AFTER_TRAINING_IMPORTS = ("xformer_cli.cli", "xformer_cli.commands.translate", "xformer_cli.commands.score",
+                          "sacrebleu", "sentencepiece", "typer", "yaml", "rich")
+
+
+def preflight_imports() -> None:
+    """Fail in one line, before training, when a module that ``xf translate`` or ``xf score``
+    needs cannot be imported by the interpreter they run under."""
+    code = "import importlib, sys\nfor m in sys.argv[1:]:\n    importlib.import_module(m)"
+    done = subprocess.run([sys.executable, "-c", code, *AFTER_TRAINING_IMPORTS], capture_output=True, text=True,
+                          env={**os.environ, "PYTHONPATH": str(REPO)}, timeout=120)
+    if done.returncode != 0:
+        last = (done.stderr.strip().splitlines() or ["exit code %d" % done.returncode])[-1]
+        raise SystemExit(f"gpu_quality: the translate and score steps could not run ({last}); nothing trained")
+
+
+def checkpoint_dir(needed_bytes: int, candidates: tuple[str, ...] = ("/dev/shm", tempfile.gettempdir())) -> Path:
+    """The first of ``candidates`` (memory first) with room for ``needed_bytes`` and a margin of
+    a quarter: /dev/shm is small on some machines (64 MiB in a default container) and a write
+    that fills it dies mid-file after the training it saves."""
+    import shutil
+
+    for where in candidates:
+        path = Path(where)
+        if path.is_dir() and os.access(path, os.W_OK) and shutil.disk_usage(path).free >= needed_bytes * 1.25:
+            return Path(tempfile.mkdtemp(prefix="xf-quality-", dir=path))
+    raise SystemExit(f"gpu_quality: no room for the {needed_bytes / 2**20:.0f} MiB checkpoint in "
+                     f"{' or '.join(candidates)}")
+
+
 def train(save_dir: Path, emit) -> Path:
     from xformer_cli import distributed
     from xformer_cli.checkpoint import make_checkpoint, save_checkpoint
@@ -67,6 +98,7 @@ def train(save_dir: Path, emit) -> Path:
     env = distributed.setup(o.device)
     with SaveDirLock(save_dir) as lock:
         run = set_up(o, env, lock)
+    where = checkpoint_dir(checkpoint_bytes(run.model))  # before training: its room is known now
     prefetch = Prefetch(run.batches, background=env.device.type == "cuda")
     seconds = min(SECONDS, DEADLINE - time.time() - AFTER_TRAINING)
     best, best_at, best_state, valid = float("inf"), 0, None, {}
@@ -103,15 +135,20 @@ def train(save_dir: Path, emit) -> Path:
     emit(dict(bench="quality", case=case, metric="best validation loss", value=best, unit="nats",
               note=f"at update {best_at:,} (every {VALIDATE} updates and at the end); its weights are translated"))
     run.model.load_state_dict(best_state)
-    shm = Path("/dev/shm")
-    path = Path(tempfile.mkdtemp(prefix="xf-quality-", dir=shm if shm.is_dir() else None)) / "checkpoint_best.pt"
+    path = where / "checkpoint_best.pt"
     save_checkpoint(path, make_checkpoint(run.model, run.data.spm_model_bytes, None,
                                           {"num_updates": best_at, "source_lang": "en", "target_lang": "de"}))
     return path
 
 
+def checkpoint_bytes(model) -> int:
+    """What the model-only checkpoint takes (its tensors; the vocabulary and metadata are small)."""
+    return sum(t.numel() * t.element_size() for t in model.state_dict().values())
+
+
 def main(argv: list[str]) -> None:
     out = Path(argv[0])
+    preflight_imports()
     rows: list[dict] = []
 
     def emit(row):

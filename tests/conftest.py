@@ -38,6 +38,11 @@ def pytest_addoption(parser):
                      help="run the long variants of the fault-injection tests (tests/test_faults.py)")
 
 
+def pytest_configure(config):
+    config.addinivalue_line("markers", "kernels: a test whose result rests on the CPU's own kernels (int8, bf16, "
+                                       "compiled graphs); tests/test_cpu_kinds.py runs these again capped at AVX2")
+
+
 def pytest_collection_modifyitems(config, items):
     """Tests marked ``cuda`` are skipped, saying why, on a machine without a CUDA device."""
     cuda_tests = [item for item in items if "cuda" in item.keywords]

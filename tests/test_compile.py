@@ -42,6 +42,7 @@ def opts(data_dir, save_dir, **kw) -> TrainOptions:
 
 
 @pytest.mark.slow
+@pytest.mark.kernels
 def test_one_compilation_for_all_batch_shapes_and_the_same_losses_as_eager(data_dir, tmp_path):  # noqa: F811
     train_set = DataDir.open(data_dir).split("train")
     shapes = {(len(b), int(train_set.src_sizes[b].max()), int(train_set.tgt_sizes[b].max()))
@@ -54,6 +55,10 @@ def test_one_compilation_for_all_batch_shapes_and_the_same_losses_as_eager(data_
     assert 1 <= compiled["compiled_graphs"] <= 2, compiled["compiled_graphs"]
     assert compiled["compile_seconds"] > 0 and "compile_seconds" not in eager
     assert compiled["num_updates"] == eager["num_updates"]
+    # The bounds hold on any CPU kind: aot_eager runs the same aten kernels as eager on a traced,
+    # decomposed graph, so the two differ only by fp32 reassociation (about 1e-7 relative per op)
+    # and whatever Adam makes of it; no code is generated for this CPU's instruction set. Checked
+    # with avx512 and capped at AVX2 (tests/test_cpu_kinds.py), on Multi30k and the generated corpus.
     assert compiled["valid"]["loss"] == pytest.approx(eager["valid"]["loss"], rel=1e-5)
     a = load_checkpoint(tmp_path / "compiled" / "checkpoint_last.pt")["model"]
     b = load_checkpoint(tmp_path / "eager" / "checkpoint_last.pt")["model"]
@@ -113,6 +118,7 @@ def assert_same_search(a, b):
 
 
 @pytest.mark.slow
+@pytest.mark.kernels
 @pytest.mark.usefixtures("one_thread")
 def test_compiled_search_equals_eager_with_a_few_graphs_for_every_batch_shape():
     """Beam search through the compiled decoder step: the tokens of the eager search and scores

@@ -116,6 +116,48 @@ def test_updates_never_wait_for_the_gpu(data_dir, tmp_path, monkeypatch, precisi
     assert summary["num_updates"] == 12 and calls["n"] == 12
 
 
+# -- which attention runs ----------------------------------------------------------------------
+def test_a_cuda_device_turns_cudnn_attention_off(monkeypatch):
+    """distributed.configure_cuda, called where xf resolves a CUDA device (training and decoding
+    alike), turns SDPA's cuDNN backend off: it plans every new shape, and bucketed batches are
+    new shapes. Checked on the CPU with CUDA's presence faked; a CPU device leaves it alone."""
+    from xformer_cli import distributed
+
+    before = torch.backends.cuda.cudnn_sdp_enabled()
+    try:
+        torch.backends.cuda.enable_cudnn_sdp(True)
+        assert distributed.resolve_device("cpu") == torch.device("cpu")
+        assert torch.backends.cuda.cudnn_sdp_enabled()
+        monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+        assert distributed.resolve_device("cuda", 0) == torch.device("cuda", 0)
+        assert not torch.backends.cuda.cudnn_sdp_enabled()
+    finally:
+        torch.backends.cuda.enable_cudnn_sdp(before)
+
+
+@CUDA
+def test_attention_on_cuda_runs_flash_or_memory_efficient_kernels_not_cudnn():
+    """After xf's device set-up, a bf16 forward of batches of two shapes runs SDPA's flash or
+    memory-efficient kernels (read from the profiler's kernel names), never cuDNN's."""
+    from torch.profiler import ProfilerActivity, profile
+
+    from xformer_cli import distributed
+
+    env = distributed.setup("cuda")
+    assert not torch.backends.cuda.cudnn_sdp_enabled()
+    torch.manual_seed(0)
+    model = build_model("tiny", vocab_size=300, **{k: v for k, v in SHAPE.items() if k != "arch"}).to(env.device)
+    with profile(activities=[ProfilerActivity.CUDA]) as prof, torch.autocast("cuda", dtype=torch.bfloat16):
+        for b, s, t in ((8, 17, 13), (5, 23, 29)):
+            src = torch.randint(4, 300, (b, s), device=env.device)
+            prev = torch.randint(4, 300, (b, t), device=env.device)
+            model(src, prev).float().sum().backward()
+        torch.cuda.synchronize()
+    kernels = [e.key.lower() for e in prof.key_averages()]
+    assert not [k for k in kernels if "cudnn" in k], kernels
+    assert [k for k in kernels if "flash" in k or "fmha" in k or "efficient" in k], kernels
+
+
 # -- DDP under torchrun with one process -----------------------------------------------------------
 def run_group(args: list[str], timeout: float, **kw) -> subprocess.CompletedProcess:
     """subprocess.run in a process group of its own, the whole group killed on timeout: torchrun's
@@ -128,6 +170,13 @@ def run_group(args: list[str], timeout: float, **kw) -> subprocess.CompletedProc
         os.killpg(proc.pid, signal.SIGKILL)
         out, err = proc.communicate()
         pytest.fail(f"{' '.join(args[:6])}... timed out after {timeout:.0f}s (process group killed):\n{err[-3000:]}")
+    except BaseException:
+        # pytest-timeout (bench/gpu.sh runs it with --timeout-method signal) raises its failure
+        # here, mid-wait, as does Ctrl-C: the group is in a session of its own, so neither that
+        # stage's `timeout` nor the terminal would reach torchrun's workers: stop them here.
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate()
+        raise
     return subprocess.CompletedProcess(args, proc.returncode, out, err)
 
 
@@ -138,17 +187,40 @@ def test_a_timed_out_launcher_takes_its_workers_with_it(tmp_path):
     with pytest.raises(pytest.fail.Exception, match="timed out"):
         run_group(["bash", "-c", f"sleep 120 & echo $! > {pid_file}; wait"], 2)
     worker = int(pid_file.read_text())
-    deadline = time.monotonic() + 10
+    assert wait_until_gone(worker), f"worker {worker} still runs after its launcher timed out"
+
+
+def wait_until_gone(pid: int, seconds: float = 10) -> bool:
+    deadline = time.monotonic() + seconds
     while time.monotonic() < deadline:
         try:  # gone, or a zombie waiting for init to reap it: either way no longer running
-            state = Path(f"/proc/{worker}/stat").read_text().rsplit(")", 1)[1].split()[0]
+            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
         except FileNotFoundError:
-            break
+            return True
         if state in ("Z", "X"):
-            break
+            return True
         time.sleep(0.1)
-    else:
-        pytest.fail(f"worker {worker} still runs after its launcher timed out")
+    return False
+
+
+@pytest.mark.slow
+def test_a_per_test_timeout_firing_mid_wait_takes_the_workers_with_it(tmp_path):
+    """pytest-timeout's signal method raises its failure from a SIGALRM handler while run_group
+    waits (as here, by hand): the launcher and its workers are stopped before the test fails."""
+    pid_file = tmp_path / "worker.pid"
+
+    def fire(signum, frame):
+        pytest.fail("Timeout >1.0s")
+
+    previous = signal.signal(signal.SIGALRM, fire)
+    signal.setitimer(signal.ITIMER_REAL, 1.5)
+    try:
+        with pytest.raises(pytest.fail.Exception, match="Timeout"):
+            run_group(["bash", "-c", f"sleep 120 & echo $! > {pid_file}; wait"], 60)
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+    assert wait_until_gone(int(pid_file.read_text())), "the worker still runs after the per-test timeout"
 
 
 @pytest.mark.slow

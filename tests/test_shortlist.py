@@ -163,7 +163,11 @@ def test_a_shortlist_of_every_id_is_exactly_the_full_search(output_bias):
                       sample(ensemble, SRC, sampling, torch.Generator().manual_seed(3), candidates=every))
 
 
+@pytest.mark.kernels
 def test_int8_over_every_id_is_exactly_the_full_int8_search():
+    """Exact on every CPU kind by construction: the same int8 rows, scale and shape go to the same
+    kernel, so whichever kernel the CPU picks, it picks it for both (tests/test_cpu_kinds.py runs
+    this capped at AVX2)."""
     model = quantize_int8(tiny())
     options = DecodingOptions(beam_size=3, max_len_b=6)
     exactly_equal(beam_search([model], SRC, options), beam_search([model], SRC, options, candidates=torch.arange(40)))

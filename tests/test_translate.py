@@ -287,42 +287,79 @@ def test_precision_auto_and_its_refusals(monkeypatch):
         resolve_precision(cpu, "bf16", "int8")
 
 
-@pytest.mark.slow
-def test_quantize_int8(tmp_path, ckpt, sentences):
+# How far an int8 engine's log-probabilities may be from the fp32 model's, in nats, at any position
+# and vocabulary entry. The bound is against fp32 on the same machine, never one int8 library
+# against another: the int8 kernels of every x86 kind accumulate the int8 products exactly in
+# int32 (VNNI and AMX natively; AVX2 through 16-bit pair sums that 7-bit activations, torch's
+# reduce_range on x86, keep from saturating), so what separates an engine from fp32 is the
+# quantization itself (half a step of 1/127 of each activation's range, of 1/255 of each weight
+# tensor's), the same on every CPU. Measured on this tiny model: 0.099 nats at most on Multi30k,
+# 0.103 on the generated corpus, fbgemm and oneDNN alike, with AVX-512 VNNI and capped at AVX2
+# (tests/test_cpu_kinds.py); 0.25 leaves 2.5x that. Decoded tokens are not compared: the random
+# model's near-ties turn any error into other tokens, on one CPU kind and not another (fbgemm
+# and oneDNN outputs agreed on 6 of 7 sentences on one CPU, their scores 0.02 apart on another).
+INT8_LOG_PROB_BOUND = 0.25
+
+
+def teacher_forced_log_probs(model, sp, sources: list[str], targets: list[str]) -> torch.Tensor:
+    """log p of every vocabulary entry at every target position (the targets' subwords and eos),
+    (N, V) in float32, the targets fed to the decoder."""
+    import numpy as np
+
+    from xformer_cli.batching import collate
+    from xformer_cli.vocab import PAD_ID
+
+    batch = collate([(np.array(sp.encode(a)), np.array(sp.encode(b))) for a, b in zip(sources, targets)])
+    with torch.no_grad():
+        log_probs = model(batch["src"], batch["prev_output"]).float().log_softmax(-1)
+    return log_probs[batch["target"] != PAD_ID]
+
+
+def int8_tracks_fp32(ckpt, sources, targets, int8_engine):
+    """(int8 engine, the largest |log p| difference from fp32 over every position and entry)."""
     from xformer_cli.translation import open_engine
 
-    options = TranslateOptions(path=(ckpt,), quantize="int8", device="cpu")
-    engine, _, _ = open_engine(options)
-    (model,) = engine.models
-    assert not [m for m in model.modules() if type(m) is torch.nn.Linear]  # every linear layer is int8
+    fp32, sp, _ = open_engine(TranslateOptions(path=(ckpt,), device="cpu"))
+    try:
+        int8, _, _ = open_engine(TranslateOptions(path=(ckpt,), quantize="int8", int8_engine=int8_engine, device="cpu"))
+        engine = torch.backends.quantized.engine
+        (reference,), (model,) = fp32.models, int8.models
+        assert not [m for m in model.modules() if type(m) is torch.nn.Linear]  # every linear layer is int8
+        differ = (teacher_forced_log_probs(model, sp, sources, targets)
+                  - teacher_forced_log_probs(reference, sp, sources, targets)).abs()
+    finally:
+        torch.backends.quantized.engine = "fbgemm"  # process-wide: the next test gets the default
+    assert differ.max() > 1e-4  # quantized: not fp32 under another name
+    return engine, float(differ.max())
+
+
+@pytest.mark.slow
+@pytest.mark.kernels
+def test_quantize_int8(tmp_path, ckpt, sentences, multi30k_dir):
+    """--quantize int8 (fbgemm) tracks the fp32 model within INT8_LOG_PROB_BOUND, and translates."""
+    targets = (multi30k_dir / "test2016.de").read_text(encoding="utf-8").splitlines()[: len(sentences)]
+    engine, differ = int8_tracks_fp32(ckpt, sentences, targets, "fbgemm")
+    assert engine == "fbgemm" and differ < INT8_LOG_PROB_BOUND
     data = ("\n".join(sentences) + "\n").encode()
     out = run(tmp_path, ckpt, data, quantize="int8", device="cpu")
     assert out.count("\n") == len(sentences) and all(out.splitlines())
-    fp32 = run(tmp_path, ckpt, data, device="cpu")
-    # a tiny random model is fragile; int8 still agrees with fp32 on most outputs
-    assert sum(a == b for a, b in zip(out.splitlines(), fp32.splitlines())) >= len(sentences) // 2
 
 
 @pytest.mark.slow
-def test_int8_engine_onednn_packs_for_onednn_and_agrees_with_fbgemm(tmp_path, ckpt, sentences):
-    """--int8-engine onednn: oneDNN's int8 kernels (AMX where the CPU has it) instead of fbgemm's;
-    the same int8 weights, activations quantized by each library's rules: on a tiny model nearly
-    all outputs agree (on the Multi30k model 851 of the 1,000 test2016 outputs)."""
-    from xformer_cli.translation import open_engine
-
-    engine, _, _ = open_engine(TranslateOptions(path=(ckpt,), quantize="int8", int8_engine="onednn", device="cpu"))
-    assert torch.backends.quantized.engine == "onednn"
+@pytest.mark.kernels
+def test_int8_engine_onednn_packs_for_onednn_and_tracks_fp32(tmp_path, ckpt, sentences, multi30k_dir):
+    """--int8-engine onednn: oneDNN's int8 kernels (AMX where the CPU has it) instead of fbgemm's,
+    held to the same bound against fp32 (each library quantizes activations by its own rules, so
+    the two are not compared with each other); the option's refusals."""
+    targets = (multi30k_dir / "test2016.de").read_text(encoding="utf-8").splitlines()[: len(sentences)]
+    engine, differ = int8_tracks_fp32(ckpt, sentences, targets, "onednn")
+    assert engine == "onednn" and differ < INT8_LOG_PROB_BOUND
     data = ("\n".join(sentences) + "\n").encode()
-    kw = dict(quantize="int8", device="cpu", output_format="jsonl")
     try:
-        onednn = [json.loads(line)["hypotheses"][0] for line in run(tmp_path, ckpt, data, int8_engine="onednn", **kw).splitlines()]
+        out = run(tmp_path, ckpt, data, quantize="int8", int8_engine="onednn", device="cpu", output_format="jsonl")
     finally:
         torch.backends.quantized.engine = "fbgemm"
-    fbgemm = [json.loads(line)["hypotheses"][0] for line in run(tmp_path, ckpt, data, **kw).splitlines()]
-    assert torch.backends.quantized.engine == "fbgemm" and len(onednn) == len(fbgemm) == len(sentences)
-    assert sum(a["tokens"] == b["tokens"] for a, b in zip(onednn, fbgemm)) >= len(sentences) - 1
-    same = [(a["score"], b["score"]) for a, b in zip(onednn, fbgemm) if a["tokens"] == b["tokens"]]
-    assert max(abs(a - b) for a, b in same) < 1e-3
+    assert [len(json.loads(line)["hypotheses"]) > 0 for line in out.splitlines()] == [True] * len(sentences)
     for bad, message in ((dict(int8_engine="onednn"), "add --quantize int8"),
                          (dict(int8_engine="onednn", quantize="int8", engine="ctranslate2"), "not of --engine ctranslate2")):
         with pytest.raises(ValueError, match=message):

@@ -81,8 +81,19 @@ def resolve_device(option: str, local_rank: int = 0) -> torch.device:
     if option == "cuda":
         if not torch.cuda.is_available():
             raise XfError("--device cuda: no CUDA device is available (use --device cpu)")
+        configure_cuda()
         return torch.device("cuda", local_rank)
     return torch.device("cpu")
+
+
+def configure_cuda() -> None:
+    """What every xf process on CUDA runs with (training and decoding both resolve their device
+    here). cuDNN's attention, one of SDPA's backends and the one torch prefers on Hopper, builds a
+    plan for every new shape (up to about a second each); a length-bucketed training run meets a
+    new (batch, length) shape almost every update, and decoding one every step. Flash and
+    memory-efficient attention take any shape, so SDPA chooses between them: not measured faster
+    anywhere, cuDNN attention stays off (tests/test_cuda.py shows which backend runs)."""
+    torch.backends.cuda.enable_cudnn_sdp(False)
 
 
 def setup(device_option: str, timeout_minutes: float = 10.0) -> Env:
