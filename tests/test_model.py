@@ -81,7 +81,7 @@ def test_cache_reorder_follows_rows():
     for i in range(3):
         model.decode(tgt[:, i : i + 1], memory, src_pad, cache)
     order = torch.tensor([2, 0])
-    model.reorder_cache(cache, order)
+    cache.select_rows(order)
     step = model.decode(tgt[order, 3:4], memory[order], src_pad[order], cache)
     full = model(src[order], tgt[order, :4])
     torch.testing.assert_close(step[:, 0], full[:, 3], rtol=0, atol=1e-5)
@@ -99,13 +99,13 @@ def test_preallocated_cache_follows_repeated_reorders_and_grows():
     orders = [None, torch.tensor([2, 0, 1]), torch.tensor([1, 1, 0]), None, torch.tensor([0, 2, 2]), torch.tensor([2, 1, 0])]
     for i, order in enumerate(orders):
         if order is not None:
-            model.reorder_cache(cache, order)
+            cache.select_rows(order)
             prefixes, rows_of_src = prefixes[order], rows_of_src[order]
         step = model.decode(prefixes[:, -1:], memory[rows_of_src], src_pad[rows_of_src], cache)
         full = model(src[rows_of_src], prefixes)
         torch.testing.assert_close(step[:, 0], full[:, -1], rtol=0, atol=1e-5)
         prefixes = torch.cat([prefixes, tgt[rows_of_src, i + 1 : i + 2]], dim=1)
-    assert cache[0]["self"].k.size(0) >= len(orders) > 2
+    assert cache.self_attn[0].k.size(0) >= len(orders) > 2
 
 
 def test_sinusoidal_positions_match_the_formula():

@@ -8,7 +8,7 @@ How the batch is decoded (all sentences of a batch and all their beams at once):
 - the encoder runs once per batch, and cross-attention keys/values are computed once per
   sentence at the first step and shared by its beams (never copied);
 - every step decodes only the newest token of each row against the key/value cache, which is
-  preallocated and gathered in place when beams change (``model.KeyValueCache``);
+  preallocated and gathered in place when beams change (``model.DecoderCache``);
 - candidates are chosen with one top-k over beam * vocabulary for all sentences together;
 - a sentence that is done leaves the batch (its rows are dropped from every tensor and cache).
 
@@ -29,11 +29,11 @@ from typing import Callable, Optional, Sequence
 import torch
 import torch.nn.functional as F
 
-from .model import KeyValueCache, Transformer
-from .shortlist import RestrictedProjection
-
-from .vocab import PAD_ID, BOS_ID, EOS_ID
+from . import compiling
+from .model import DecoderCache, Transformer
 from .options import DecodingOptions
+from .shortlist import RestrictedProjection
+from .vocab import PAD_ID, BOS_ID, EOS_ID
 
 LOG_ZERO = float("-inf")
 
@@ -141,7 +141,7 @@ class DecoderState:
         None: no row) may only emit eos. With a compiled step, every step after the first runs
         through it, which forbids the specials in each model's log-probabilities: the ensemble's
         average of those is the same as forbidding them in the average."""
-        if self.compiled is None or self.caches[0][0]["self"].length == 0:
+        if self.compiled is None or self.caches[0].length == 0:
             return _forbid_specials(self.log_probs(tokens), at_max)
         out = []
         for i, (model, (memory, src_pad), cache) in enumerate(zip(self.models, self.encoded, self.caches)):
@@ -155,9 +155,9 @@ class DecoderState:
     def select(self, rows: torch.Tensor) -> None:
         """Keep rows ``rows`` (LongTensor, may repeat) of everything: drop or copy whole sentences."""
         self.encoded = [(memory.index_select(0, rows), pad.index_select(0, rows)) for memory, pad in self.encoded]
-        for model, cache in zip(self.models, self.caches):
+        for cache in self.caches:
             if cache is not None:
-                model.reorder_cache(cache, rows)
+                cache.select_rows(rows)
 
     def expand_beams(self, beams: int) -> None:
         """Give every sentence ``beams`` rows (sentence i: rows i * beams ... i * beams + beams - 1).
@@ -171,18 +171,13 @@ class DecoderState:
         self.encoded = [(memory.index_select(0, keep), pad.index_select(0, keep)) for memory, pad in self.encoded]
         for cache in self.caches:
             if cache is not None:
-                for layer in cache:
-                    layer["self"].select(keep_rows)
-                    cross = layer["cross"]
-                    for key in cross:
-                        cross[key] = cross[key].index_select(0, keep)
+                cache.keep_sentences(keep, keep_rows)
 
     def reorder_beams(self, rows: torch.Tensor) -> None:
         """Follow beams within their sentences: only the self-attention caches change."""
         for cache in self.caches:
             if cache is not None:
-                for layer in cache:
-                    layer["self"].select(rows)
+                cache.follow_beams(rows)
 
 
 # -- the compiled decoder step (xf translate --compile) ----------------------------------------
@@ -193,8 +188,7 @@ def _decoder_step(model: Transformer, token, memory, src_pad, keys, values, cros
     with ``length`` positions filled (this step writes the next), their cross-attention
     keys/values (B, H, S, K) -> log p(next token) (N, V) with the specials forbidden; project
     False (a shortlist): the decoder's features (N, D) instead."""
-    cache = [{"self": KeyValueCache.of(k, v, length), "cross": {"k": ck, "v": cv}}
-             for k, v, ck, cv in zip(keys, values, cross_keys, cross_values)]
+    cache = DecoderCache.of(keys, values, cross_keys, cross_values, length)
     out = model.decode(token, memory, src_pad, cache, features_only=not project)[:, -1]
     return _forbid_specials(F.log_softmax(out.float(), dim=-1), at_max) if project else out
 
@@ -213,31 +207,23 @@ class CompiledStep:
     """
 
     def __init__(self, backend: Optional[str] = None, mode: Optional[str] = None):
-        from .training import COMPILE_BACKEND
-
-        self.compiled = torch.compile(_decoder_step, backend=backend or COMPILE_BACKEND, dynamic=True, fullgraph=True,
-                                      mode=mode)
+        self.compiled = torch.compile(_decoder_step, backend=backend or compiling.COMPILE_BACKEND, dynamic=True,
+                                      fullgraph=True, mode=mode)
         self.compile_seconds, self.graphs = 0.0, 0
 
     def __call__(self, model: Transformer, token: torch.Tensor, memory: torch.Tensor, src_pad: torch.Tensor,
-                 cache: list, at_max: Optional[torch.Tensor], project: bool) -> torch.Tensor:
-        from .training import compiled_graphs, mark_dynamic
-
-        for layer in cache:  # one layout for the graph (the first step's are views of one projection)
-            cross = layer["cross"]
-            cross["k"], cross["v"] = cross["k"].contiguous(), cross["v"].contiguous()
-        keys, values = [layer["self"].k for layer in cache], [layer["self"].v for layer in cache]
-        cross_keys, cross_values = [layer["cross"]["k"] for layer in cache], [layer["cross"]["v"] for layer in cache]
+                 cache: DecoderCache, at_max: Optional[torch.Tensor], project: bool) -> torch.Tensor:
+        keys, values, cross_keys, cross_values = cache.tensors()
         if at_max is None:  # one graph for both: no row at its maximum length yet
             at_max = torch.zeros(token.size(0), dtype=torch.bool, device=token.device)
-        mark_dynamic(token, memory, src_pad, at_max, *keys, *values, *cross_keys, *cross_values)
-        length, graphs, start = cache[0]["self"].length, compiled_graphs(), time.perf_counter()
-        out = self.compiled(model, token, memory, src_pad, keys, values, cross_keys, cross_values, length, at_max, project)
-        if compiled_graphs() > graphs:  # compiling, not decoding: kept apart from the speed
+        compiling.mark_dynamic(token, memory, src_pad, at_max, *keys, *values, *cross_keys, *cross_values)
+        graphs, start = compiling.compiled_graphs(), time.perf_counter()
+        out = self.compiled(model, token, memory, src_pad, keys, values, cross_keys, cross_values, cache.length, at_max,
+                            project)
+        if compiling.compiled_graphs() > graphs:  # compiling, not decoding: kept apart from the speed
             self.compile_seconds += time.perf_counter() - start
-            self.graphs += compiled_graphs() - graphs
-        for layer in cache:  # the step wrote position ``length`` of every buffer
-            layer["self"].length = length + 1
+            self.graphs += compiling.compiled_graphs() - graphs
+        cache.advance()  # the step wrote the next position of every buffer
         return out
 
 
