@@ -259,8 +259,8 @@ def _forbid_specials(lprobs: torch.Tensor, at_max: Optional[torch.Tensor]) -> to
 
 def _rows_at_max(max_len: torch.Tensor, step: int, shortest: int, rows_per_sentence: int) -> Optional[torch.Tensor]:
     """bool (rows,): the rows whose sentence is at its maximum length ``max_len`` (sents,) at this
-    step, so only eos may follow; None before the shortest one's (no row: nothing to mask, no
-    device work). ``shortest``: min(max_len), a host copy."""
+    step, so only eos may follow; None while no sentence is (``shortest``: min(max_len), a host
+    copy), so those steps mask nothing and wait for nothing."""
     if step < shortest:
         return None
     at_max = max_len.le(step)
@@ -303,7 +303,7 @@ def beam_search(
     bounds every continuation. That last rule (not fairseq's) never changes the result.
     """
     # One function on purpose: a step reads as one story (score, rank, finish, next beam, drop
-    # done sentences) over about ten tensors that change together; only pure parts are helpers.
+    # done sentences) over about ten tensors that change together; helpers hold no loop state.
     k, nbest, device = options.beam_size, options.nbest, src.device
     lp = lambda length: length_penalty(length, options.lenpen, options.lenpen_style)  # noqa: E731
     nsent = src.size(0)
