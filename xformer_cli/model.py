@@ -198,10 +198,7 @@ class DecoderCache:
     def select_rows(self, rows: torch.Tensor) -> None:
         """Keep rows ``rows`` (LongTensor, may repeat) of everything, memory included: whole
         sentences dropped or copied (one row per sentence)."""
-        for cache in self.self_attn:
-            cache.select(rows)
-        self.cross = [kv if kv is None else (kv[0].index_select(0, rows), kv[1].index_select(0, rows))
-                      for kv in self.cross]
+        self.keep_sentences(rows, rows)
 
     def follow_beams(self, rows: torch.Tensor) -> None:
         """Row r continues the prefix of row ``rows[r]`` (a beam of the same sentence, or a copy
