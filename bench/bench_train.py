@@ -15,7 +15,7 @@ embeddings plus sinusoidal positions, fed by the same Prefetch with the same bat
 order, with fused AdamW, the same learning-rate schedule, gradients normalized by the update's
 target tokens and the label-smoothed loss written the plain way (``F.cross_entropy(...,
 label_smoothing=0.1)`` on full logits). Compiled runs compile both the same way
-(``training.compile_forward``: dynamic shapes, inputs marked dynamic).
+(``compiling.compile_forward``: dynamic shapes, inputs marked dynamic).
 
 Timing, the same for both: update 1 (allocation, compilation) is timed alone; then the timed
 window is the updates that follow, with the device synchronised at its two ends only, so the
@@ -225,19 +225,20 @@ def one_run(engine: str, data: str, save_dir: str, out: str, device: str, precis
     (so that a run killed later still tells its compile time) and at the end."""
     import torch.nn.functional as F
 
-    from xformer_cli import distributed, training
+    from xformer_cli import compiling, distributed
     from xformer_cli.batching import Prefetch
     from xformer_cli.commands.train import set_up
     from xformer_cli.flops import training_flops
     from xformer_cli.options import TrainOptions, model_config
     from xformer_cli.safety import SaveDirLock
     from xformer_cli.train_log import peak_memory_mib
-    from xformer_cli.training import compile_forward, compiled_graphs, train_step
+    from xformer_cli.compiling import compile_forward, compiled_graphs
+    from xformer_cli.training import train_step
     from xformer_cli.vocab import PAD_ID
 
     stop = []  # SIGTERM (the deadline): finish the update, report what was done
     signal.signal(signal.SIGTERM, lambda *_: stop.append(True))
-    training.COMPILE_BACKEND = BACKEND
+    compiling.COMPILE_BACKEND = BACKEND
     xf = engine == "xf"
     # The reference's set-up builds only the data, the batches and the autocast of xf train; the
     # xf model it also builds is made negligible (d_model 8, one layer) so as not to count in the

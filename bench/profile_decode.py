@@ -6,8 +6,9 @@
 The search is the one ``xf translate`` runs (``translation.open_engine`` then ``engine.search``) on
 the first --lines lines of SOURCE, in batches of --batch sentences, longest first, after one
 warm-up batch (with --compile, the batches run once more first, so that every graph is compiled
-before the profile). Operators are grouped by name; ``record_function`` ranges of search.py
-("xf::...") give the time of each phase of a step. Writes nothing.
+before the profile). Operators are grouped by name, with their call counts: two trees profiled
+on the same input compare by both (the counts do not depend on the machine's load). Writes
+nothing.
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ import json
 import pytest
 import torch
 
-from xformer_cli import training
+from xformer_cli import compiling
 from xformer_cli.checkpoint import load_checkpoint
 from xformer_cli.batching import batch_by_size
 from xformer_cli.data import DataDir
@@ -25,7 +25,7 @@ from helpers import MICRO
 
 @pytest.fixture(autouse=True)
 def aot_eager(monkeypatch):
-    monkeypatch.setattr(training, "COMPILE_BACKEND", "aot_eager")
+    monkeypatch.setattr(compiling, "COMPILE_BACKEND", "aot_eager")
     torch._dynamo.reset()
     torch._dynamo.utils.counters.clear()
     yield
@@ -89,11 +89,11 @@ def test_a_first_batch_with_as_many_source_as_target_positions_does_not_speciali
     (S != T) would recompile forward and backward. Marked dynamic, every shape shares one graph."""
     torch.manual_seed(0)
     model = build_model("tiny", vocab_size=60, encoder_layers=1, decoder_layers=1)
-    forward = training.compile_forward(model)
+    forward = compiling.compile_forward(model)
     for b, s, t in [(4, 9, 9), (4, 7, 11), (3, 12, 5), (5, 6, 6)]:
         src, prev = torch.randint(4, 60, (b, s)), torch.randint(4, 60, (b, t))
         forward(src, prev).float().sum().backward()
-        assert training.compiled_graphs() == 1, (b, s, t)
+        assert compiling.compiled_graphs() == 1, (b, s, t)
     assert forward.training is model.training  # attributes reach the module through the wrapper
 
 

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from xformer_cli import build_model
-from xformer_cli.model import PRESETS, Dropout, attention, model_config, sinusoidal_positions, Transformer
+from xformer_cli.model import PRESETS, DecoderCache, Dropout, attention, model_config, sinusoidal_positions, Transformer
 from xformer_cli.vocab import PAD_ID
 
 V = 40
@@ -81,7 +81,7 @@ def test_cache_reorder_follows_rows():
     for i in range(3):
         model.decode(tgt[:, i : i + 1], memory, src_pad, cache)
     order = torch.tensor([2, 0])
-    model.reorder_cache(cache, order)
+    cache.select_rows(order)
     step = model.decode(tgt[order, 3:4], memory[order], src_pad[order], cache)
     full = model(src[order], tgt[order, :4])
     torch.testing.assert_close(step[:, 0], full[:, 3], rtol=0, atol=1e-5)
@@ -99,13 +99,111 @@ def test_preallocated_cache_follows_repeated_reorders_and_grows():
     orders = [None, torch.tensor([2, 0, 1]), torch.tensor([1, 1, 0]), None, torch.tensor([0, 2, 2]), torch.tensor([2, 1, 0])]
     for i, order in enumerate(orders):
         if order is not None:
-            model.reorder_cache(cache, order)
+            cache.select_rows(order)
             prefixes, rows_of_src = prefixes[order], rows_of_src[order]
         step = model.decode(prefixes[:, -1:], memory[rows_of_src], src_pad[rows_of_src], cache)
         full = model(src[rows_of_src], prefixes)
         torch.testing.assert_close(step[:, 0], full[:, -1], rtol=0, atol=1e-5)
         prefixes = torch.cat([prefixes, tgt[rows_of_src, i + 1 : i + 2]], dim=1)
-    assert cache[0]["self"].k.size(0) >= len(orders) > 2
+    assert cache.self_attn[0].k.size(0) >= len(orders) > 2
+
+
+def hand_made_cache(rows: int = 3, sentences: int = 3, t: int = 2) -> tuple[DecoderCache, torch.Tensor, torch.Tensor]:
+    """A two-layer DecoderCache of ``rows`` prefixes of t positions and ``sentences`` memories,
+    every element naming its row (or sentence): row r's keys are r + 0.1 * position, its values
+    their negatives, layer 1 the same plus 100; the memory keys of sentence b are 10 b + 0.5."""
+    cache = DecoderCache(2)
+    prefix = (torch.arange(rows)[:, None] + 0.1 * torch.arange(t)).view(rows, 1, t, 1).expand(rows, 2, t, 3)  # (N, H, t, K)
+    memory = (10.0 * torch.arange(sentences) + 0.5).view(sentences, 1, 1, 1).expand(sentences, 2, 4, 3)  # (B, H, S, K)
+    for i, layer in enumerate(cache.self_attn):
+        layer.append(prefix + 100 * i, -(prefix + 100 * i))
+        cache.cross[i] = (memory + 100 * i, -(memory + 100 * i))
+    return cache, prefix, memory
+
+
+def prefixes(cache: DecoderCache, i: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Layer i's filled prefix as (N, H, t, K) keys and values."""
+    layer = cache.self_attn[i]
+    return layer.k[: layer.length].permute(1, 2, 0, 3), layer.v[: layer.length].permute(1, 2, 0, 3)
+
+
+def test_decoder_cache_select_rows_keeps_prefixes_and_memory_of_the_rows():
+    cache, prefix, memory = hand_made_cache()
+    rows = torch.tensor([2, 0, 0])  # drop row 1, copy row 0
+    cache.select_rows(rows)
+    for i in range(2):
+        k, v = prefixes(cache, i)
+        assert torch.equal(k, prefix[rows] + 100 * i) and torch.equal(v, -(prefix[rows] + 100 * i))
+        assert torch.equal(cache.cross[i][0], memory[rows] + 100 * i)
+        assert torch.equal(cache.cross[i][1], -(memory[rows] + 100 * i))
+    assert cache.length == 2
+    cache.select_rows(torch.tensor([1]))  # a size change: new buffers, one row
+    assert torch.equal(prefixes(cache, 0)[0], prefix[[0]]) and torch.equal(cache.cross[0][0], memory[[0]])
+
+
+def test_decoder_cache_follow_beams_moves_prefixes_only():
+    """Two sentences of two beams: row r continues row rows[r]'s prefix; the memory stays one
+    per sentence (the very tensors: nothing copied)."""
+    cache, prefix, memory = hand_made_cache(rows=4, sentences=2)
+    cross = list(cache.cross)
+    for rows in (torch.tensor([1, 1, 3, 2]), torch.tensor([0, 1, 2, 2])):  # same size: the spare buffer
+        cache.follow_beams(rows)
+        prefix = prefix[rows]
+        for i in range(2):
+            k, v = prefixes(cache, i)
+            assert torch.equal(k, prefix + 100 * i) and torch.equal(v, -(prefix + 100 * i))
+    assert all(a is b for a, b in zip(cache.cross, cross))
+    assert torch.equal(prefix[:, 0, 0, 0], torch.tensor([1.0, 1.0, 3.0, 3.0]))  # the composition, by hand
+
+
+def test_decoder_cache_keep_sentences_drops_a_sentence_and_its_beams():
+    cache, prefix, memory = hand_made_cache(rows=6, sentences=3)  # 3 sentences of 2 beams
+    cache.keep_sentences(torch.tensor([0, 2]), torch.tensor([0, 1, 4, 5]))
+    for i in range(2):
+        assert torch.equal(prefixes(cache, i)[0], prefix[[0, 1, 4, 5]] + 100 * i)
+        assert torch.equal(cache.cross[i][0], memory[[0, 2]] + 100 * i)
+        assert torch.equal(cache.cross[i][1], -(memory[[0, 2]] + 100 * i))
+
+
+def test_decoder_cache_as_tensors_and_back():
+    """The compiled step's view: tensors() gives the very buffers (cross made contiguous), of()
+    rebuilds a cache over them, advance() counts the position a step wrote into them."""
+    cache, _, _ = hand_made_cache()
+    keys, values, cross_keys, cross_values = cache.tensors()
+    assert keys[1] is cache.self_attn[1].k and values[0] is cache.self_attn[0].v
+    assert all(t.is_contiguous() for t in cross_keys + cross_values) and cross_keys[1] is cache.cross[1][0]
+    inner = DecoderCache.of(keys, values, cross_keys, cross_values, cache.length)
+    assert inner.length == 2 and inner.self_attn[0].k is keys[0] and inner.cross[1][1] is cross_values[1]
+    cache.advance()
+    assert [layer.length for layer in cache.self_attn] == [3, 3]
+
+
+def test_cached_beam_decoding_equals_full_decoding():
+    """Beam-shaped decoding through the cache: one row per sentence at the first step, then two
+    beams each (follow_beams: the memory stays one per sentence, grouped cross-attention), beams
+    reordered, a sentence dropped (keep_sentences); every step equals the full forward of the
+    prefix each row holds, against the memory of its sentence."""
+    model = tiny()
+    src, tgt = batch()
+    memory, src_pad = model.encode(src)
+    cache = model.new_cache()
+    sent_of_row, prefix, g = torch.arange(3), tgt[:, :1], torch.Generator().manual_seed(2)
+
+    def step_equals_full() -> None:
+        step = model.decode(prefix[:, -1:], memory, src_pad, cache)
+        torch.testing.assert_close(step[:, 0], model(src[sent_of_row], prefix)[:, -1], rtol=0, atol=1e-5)
+
+    step_equals_full()
+    for rows in [torch.tensor([0, 0, 1, 1, 2, 2]), torch.tensor([1, 0, 2, 2, 5, 4]), None]:
+        if rows is None:  # sentence 1 is done: keep sentences 0 and 2 and their beams
+            sentences, rows = torch.tensor([0, 2]), torch.tensor([0, 1, 4, 5])
+            cache.keep_sentences(sentences, rows)
+            memory, src_pad = memory[sentences], src_pad[sentences]
+        else:
+            cache.follow_beams(rows)
+        sent_of_row, prefix = sent_of_row[rows], prefix[rows]
+        prefix = torch.cat([prefix, torch.randint(4, V, (len(rows), 1), generator=g)], dim=1)  # beams differ
+        step_equals_full()
 
 
 def test_sinusoidal_positions_match_the_formula():

@@ -217,6 +217,15 @@ def test_training_mode_is_refused():
         greedy_search([tiny().train()], batch([5]))
 
 
+def test_search_does_not_import_the_trainer():
+    """--compile's helpers live in compiling.py: search.py imports nothing of training.py,
+    function-level imports included (it once did, for them)."""
+    from test_layout import PACKAGE, imported_modules
+
+    assert {m for m in imported_modules(PACKAGE / "search.py") if m.split(".")[0] == "training"} == set()
+    assert "compiling" in imported_modules(PACKAGE / "search.py")
+
+
 def _count_decoder_rows(model):
     rows = []
     decode = model.decode

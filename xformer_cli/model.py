@@ -165,6 +165,76 @@ class KeyValueCache:
         self.k, self.v = k, v
 
 
+class DecoderCache:
+    """The decoder's incremental state for the rows being decoded, one entry per layer:
+    ``self_attn[i]``, layer i's self-attention keys and values of the prefix (a ``KeyValueCache``,
+    one row per hypothesis), and ``cross[i]``, its cross-attention keys and values of the memory
+    (B, H, S, K), projected at the first step (None before it).
+
+    Rows are hypotheses; the memory's rows are sentences, as many as the rows or fewer (beam
+    search: a sentence's beams share its memory, ``MultiHeadAttention._grouped_cross_attention``).
+    The search changes rows with ``select_rows`` (rows and memory alike), ``follow_beams`` (rows
+    within their sentences) and ``keep_sentences`` (drop done sentences and their beams); the
+    compiled decoder step (``search.CompiledStep``) passes it into its graph as tensors
+    (``tensors``, ``of``) and moves it on one position after (``advance``).
+    """
+
+    def __init__(self, layers: int, capacity: int = 0):
+        self.self_attn = [KeyValueCache(capacity) for _ in range(layers)]
+        self.cross: list[Optional[tuple[torch.Tensor, torch.Tensor]]] = [None] * layers
+
+    @property
+    def length(self) -> int:
+        """Positions decoded so far."""
+        return self.self_attn[0].length
+
+    def memory_kv(self, i: int, attn: "MultiHeadAttention", memory: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Layer i's cross-attention keys and values (B, H, S, K) of memory, projected by ``attn``
+        at the first step and reused after it."""
+        if self.cross[i] is None:
+            self.cross[i] = attn.project_kv(memory)
+        return self.cross[i]
+
+    def select_rows(self, rows: torch.Tensor) -> None:
+        """Keep rows ``rows`` (LongTensor, may repeat) of everything, memory included: whole
+        sentences dropped or copied (one row per sentence)."""
+        self.keep_sentences(rows, rows)
+
+    def follow_beams(self, rows: torch.Tensor) -> None:
+        """Row r continues the prefix of row ``rows[r]`` (a beam of the same sentence, or a copy
+        of its sentence's row): only the self-attention prefixes move, the memory stays."""
+        for cache in self.self_attn:
+            cache.select(rows)
+
+    def keep_sentences(self, sentences: torch.Tensor, rows: torch.Tensor) -> None:
+        """Keep the memory of ``sentences`` and the prefixes of their beams' ``rows``."""
+        self.follow_beams(rows)
+        self.cross = [kv if kv is None else (kv[0].index_select(0, sentences), kv[1].index_select(0, sentences))
+                      for kv in self.cross]
+
+    def tensors(self) -> tuple[list[torch.Tensor], ...]:
+        """Every layer's buffers as lists (keys, values, cross keys, cross values), after the
+        first step: what a compiled step's graph takes in place of this object. The cross keys
+        and values are made contiguous once (the first step's are views of one projection), so
+        every step gives the graph one layout."""
+        self.cross = [(k.contiguous(), v.contiguous()) for k, v in self.cross]
+        return ([c.k for c in self.self_attn], [c.v for c in self.self_attn],
+                [k for k, _ in self.cross], [v for _, v in self.cross])
+
+    @classmethod
+    def of(cls, keys: list, values: list, cross_keys: list, cross_values: list, length: int) -> "DecoderCache":
+        """The cache over ``tensors()``'s buffers, ``length`` positions filled (inside the graph)."""
+        cache = cls(0)
+        cache.self_attn = [KeyValueCache.of(k, v, length) for k, v in zip(keys, values)]
+        cache.cross = list(zip(cross_keys, cross_values))
+        return cache
+
+    def advance(self) -> None:
+        """One more position filled: a compiled step wrote it into the buffers of ``tensors()``."""
+        for cache in self.self_attn:
+            cache.length += 1
+
+
 class MultiHeadAttention(nn.Module):
     """h heads of scaled dot-product attention (Sec. 3.2) with one fused q/k/v projection.
 
@@ -219,16 +289,17 @@ class MultiHeadAttention(nn.Module):
         memory: Optional[torch.Tensor] = None,
         mask: Optional[torch.Tensor] = None,
         causal: bool = False,
-        cache: Optional[dict] = None,
+        cache: Optional[KeyValueCache] = None,
         rope: Optional[tuple[torch.Tensor, torch.Tensor]] = None,
+        memory_kv: Optional[tuple[torch.Tensor, torch.Tensor]] = None,
     ) -> torch.Tensor:
         """x (B, T, D) attends to itself (memory None) or to memory (B, S, D).
 
         mask: boolean (B or 1, 1, T or 1, S) with True where attention is allowed, or a float
         additive bias (ALiBi); causal: apply the decoder's future mask (training-time only).
-        cache: incremental decoding state of this attention; self-attention appends this step's
-        keys and values to its ``KeyValueCache``, cross-attention computes the memory's keys and
-        values once (a dict).
+        cache: self-attention's incremental decoding state; this step's keys and values are
+        appended to it. memory_kv: cross-attention's keys and values (B, H, S, K) of memory,
+        projected once for incremental decoding (``DecoderCache.memory_kv``); None: projected here.
         rope: (cos, sin) tables for the positions of x, applied to queries and keys.
         """
         e = self.inner
@@ -241,12 +312,7 @@ class MultiHeadAttention(nn.Module):
         else:
             q = self.q_proj(x) if self.q_proj is not None else F.linear(x, self.in_proj.weight[:e], self.in_proj.bias[:e])
             q = self._split(q)
-            if cache is not None and "k" in cache:
-                k, v = cache["k"], cache["v"]
-            else:
-                k, v = self.project_kv(memory)
-                if cache is not None:
-                    cache["k"], cache["v"] = k, v
+            k, v = memory_kv if memory_kv is not None else self.project_kv(memory)
             if q.size(0) != k.size(0):  # beam search: one sentence's memory for all its beams
                 return self.out_proj(self._grouped_cross_attention(q, k, v, mask))
         if self.recorded is None:
@@ -387,14 +453,12 @@ class DecoderLayer(nn.Module):
         self.cross_block = Sublayer(cfg.d_model, cfg.dropout, cfg.normalize_before)
         self.ffn_block = Sublayer(cfg.d_model, cfg.dropout, cfg.normalize_before)
 
-    def forward(self, x, memory, self_mask, memory_mask, causal, cache=None, rope=None):
-        self_cache = cache["self"] if cache is not None else None
-        cross_cache = cache["cross"] if cache is not None else None
+    def forward(self, x, memory, self_mask, memory_mask, causal, self_cache=None, memory_kv=None, rope=None):
         x = self.self_block(
             x, lambda h: self.self_attn(h, mask=self_mask, causal=causal, cache=self_cache, rope=rope)
         )
         x = self.cross_block(
-            x, lambda h: self.cross_attn(h, memory=memory, mask=memory_mask, cache=cross_cache)
+            x, lambda h: self.cross_attn(h, memory=memory, mask=memory_mask, memory_kv=memory_kv)
         )
         return self.ffn_block(x, self.ffn)
 
@@ -404,7 +468,7 @@ class Transformer(nn.Module):
 
     forward(src (B, S), prev_output (B, T)) -> logits (B, T, V), where prev_output is the target
     shifted right (bos first). For search: ``encode`` once, then ``decode`` one step at a time
-    with a cache from ``new_cache()``; ``reorder_cache`` follows beams and drops finished rows.
+    with a cache from ``new_cache()`` (a ``DecoderCache``: it follows beams and drops rows).
     """
 
     def __init__(self, cfg: ModelConfig):
@@ -499,7 +563,7 @@ class Transformer(nn.Module):
         prev_output: torch.Tensor,
         memory: torch.Tensor,
         src_pad: torch.Tensor,
-        cache: Optional[list] = None,
+        cache: Optional[DecoderCache] = None,
         features_only: bool = False,
     ) -> torch.Tensor:
         """prev_output (B, T) -> logits (B, T, V).
@@ -508,7 +572,7 @@ class Transformer(nn.Module):
         cache, prev_output holds only the new token(s) (B, 1) and earlier steps come from it.
         Targets are right-padded, so under the causal mask no real position sees padding.
         """
-        offset = cache[0]["self"].length if cache is not None else 0
+        offset = cache.length if cache is not None else 0
         t = prev_output.size(1)
         x = self._embed(self.decoder_embed, prev_output, offset)
         memory_mask = (~src_pad)[:, None, None, :]  # (B, 1, 1, S)
@@ -523,8 +587,11 @@ class Transformer(nn.Module):
             self_mask = bias if self_mask is None else bias.masked_fill(~self_mask, float("-inf"))
         rope = self._rope(offset, t)
         for i, layer in enumerate(self.decoder_layers):
-            layer_cache = cache[i] if cache is not None else None
-            x = layer(x, memory, self_mask, memory_mask, causal, layer_cache, rope)
+            if cache is None:
+                x = layer(x, memory, self_mask, memory_mask, causal, rope=rope)
+            else:
+                memory_kv = cache.memory_kv(i, layer.cross_attn, memory)
+                x = layer(x, memory, self_mask, memory_mask, causal, cache.self_attn[i], memory_kv, rope)
         x = self.decoder_norm(x)
         if features_only:
             return x
@@ -538,20 +605,10 @@ class Transformer(nn.Module):
         return self.decode(prev_output, memory, src_pad, features_only=features_only)
 
     # -- incremental decoding ------------------------------------------------------------------
-    def new_cache(self, capacity: int = 0) -> list:
-        """Empty key/value cache: one {"self": KeyValueCache, "cross": {}} per decoder layer;
-        ``capacity``: the positions to preallocate (it grows beyond them when needed)."""
-        return [{"self": KeyValueCache(capacity), "cross": {}} for _ in self.decoder_layers]
-
-    @staticmethod
-    def reorder_cache(cache: list, index: torch.Tensor) -> list:
-        """Select batch rows ``index`` (LongTensor) of every cached tensor (beam reordering)."""
-        for layer in cache:
-            layer["self"].select(index)
-            cross = layer["cross"]
-            for key in cross:
-                cross[key] = cross[key].index_select(0, index)
-        return cache
+    def new_cache(self, capacity: int = 0) -> DecoderCache:
+        """An empty ``DecoderCache`` for ``decode``; ``capacity``: the positions each layer
+        preallocates (it grows beyond them when needed)."""
+        return DecoderCache(len(self.decoder_layers), capacity)
 
     def set_dropout(self, p: float) -> None:
         """Set P_drop (cfg.dropout: the embeddings' and every sub-layer output's dropout) to ``p``

@@ -8,7 +8,7 @@ How the batch is decoded (all sentences of a batch and all their beams at once):
 - the encoder runs once per batch, and cross-attention keys/values are computed once per
   sentence at the first step and shared by its beams (never copied);
 - every step decodes only the newest token of each row against the key/value cache, which is
-  preallocated and gathered in place when beams change (``model.KeyValueCache``);
+  preallocated and gathered in place when beams change (``model.DecoderCache``);
 - candidates are chosen with one top-k over beam * vocabulary for all sentences together;
 - a sentence that is done leaves the batch (its rows are dropped from every tensor and cache).
 
@@ -29,11 +29,11 @@ from typing import Callable, Optional, Sequence
 import torch
 import torch.nn.functional as F
 
-from .model import KeyValueCache, Transformer
-from .shortlist import RestrictedProjection
-
-from .vocab import PAD_ID, BOS_ID, EOS_ID
+from . import compiling
+from .model import DecoderCache, Transformer
 from .options import DecodingOptions
+from .shortlist import RestrictedProjection
+from .vocab import PAD_ID, BOS_ID, EOS_ID
 
 LOG_ZERO = float("-inf")
 
@@ -141,7 +141,7 @@ class DecoderState:
         None: no row) may only emit eos. With a compiled step, every step after the first runs
         through it, which forbids the specials in each model's log-probabilities: the ensemble's
         average of those is the same as forbidding them in the average."""
-        if self.compiled is None or self.caches[0][0]["self"].length == 0:
+        if self.compiled is None or self.caches[0].length == 0:
             return _forbid_specials(self.log_probs(tokens), at_max)
         out = []
         for i, (model, (memory, src_pad), cache) in enumerate(zip(self.models, self.encoded, self.caches)):
@@ -155,9 +155,9 @@ class DecoderState:
     def select(self, rows: torch.Tensor) -> None:
         """Keep rows ``rows`` (LongTensor, may repeat) of everything: drop or copy whole sentences."""
         self.encoded = [(memory.index_select(0, rows), pad.index_select(0, rows)) for memory, pad in self.encoded]
-        for model, cache in zip(self.models, self.caches):
+        for cache in self.caches:
             if cache is not None:
-                model.reorder_cache(cache, rows)
+                cache.select_rows(rows)
 
     def expand_beams(self, beams: int) -> None:
         """Give every sentence ``beams`` rows (sentence i: rows i * beams ... i * beams + beams - 1).
@@ -171,18 +171,13 @@ class DecoderState:
         self.encoded = [(memory.index_select(0, keep), pad.index_select(0, keep)) for memory, pad in self.encoded]
         for cache in self.caches:
             if cache is not None:
-                for layer in cache:
-                    layer["self"].select(keep_rows)
-                    cross = layer["cross"]
-                    for key in cross:
-                        cross[key] = cross[key].index_select(0, keep)
+                cache.keep_sentences(keep, keep_rows)
 
     def reorder_beams(self, rows: torch.Tensor) -> None:
         """Follow beams within their sentences: only the self-attention caches change."""
         for cache in self.caches:
             if cache is not None:
-                for layer in cache:
-                    layer["self"].select(rows)
+                cache.follow_beams(rows)
 
 
 # -- the compiled decoder step (xf translate --compile) ----------------------------------------
@@ -193,8 +188,7 @@ def _decoder_step(model: Transformer, token, memory, src_pad, keys, values, cros
     with ``length`` positions filled (this step writes the next), their cross-attention
     keys/values (B, H, S, K) -> log p(next token) (N, V) with the specials forbidden; project
     False (a shortlist): the decoder's features (N, D) instead."""
-    cache = [{"self": KeyValueCache.of(k, v, length), "cross": {"k": ck, "v": cv}}
-             for k, v, ck, cv in zip(keys, values, cross_keys, cross_values)]
+    cache = DecoderCache.of(keys, values, cross_keys, cross_values, length)
     out = model.decode(token, memory, src_pad, cache, features_only=not project)[:, -1]
     return _forbid_specials(F.log_softmax(out.float(), dim=-1), at_max) if project else out
 
@@ -213,31 +207,23 @@ class CompiledStep:
     """
 
     def __init__(self, backend: Optional[str] = None, mode: Optional[str] = None):
-        from .training import COMPILE_BACKEND
-
-        self.compiled = torch.compile(_decoder_step, backend=backend or COMPILE_BACKEND, dynamic=True, fullgraph=True,
-                                      mode=mode)
+        self.compiled = torch.compile(_decoder_step, backend=backend or compiling.COMPILE_BACKEND, dynamic=True,
+                                      fullgraph=True, mode=mode)
         self.compile_seconds, self.graphs = 0.0, 0
 
     def __call__(self, model: Transformer, token: torch.Tensor, memory: torch.Tensor, src_pad: torch.Tensor,
-                 cache: list, at_max: Optional[torch.Tensor], project: bool) -> torch.Tensor:
-        from .training import compiled_graphs, mark_dynamic
-
-        for layer in cache:  # one layout for the graph (the first step's are views of one projection)
-            cross = layer["cross"]
-            cross["k"], cross["v"] = cross["k"].contiguous(), cross["v"].contiguous()
-        keys, values = [layer["self"].k for layer in cache], [layer["self"].v for layer in cache]
-        cross_keys, cross_values = [layer["cross"]["k"] for layer in cache], [layer["cross"]["v"] for layer in cache]
+                 cache: DecoderCache, at_max: Optional[torch.Tensor], project: bool) -> torch.Tensor:
+        keys, values, cross_keys, cross_values = cache.tensors()
         if at_max is None:  # one graph for both: no row at its maximum length yet
             at_max = torch.zeros(token.size(0), dtype=torch.bool, device=token.device)
-        mark_dynamic(token, memory, src_pad, at_max, *keys, *values, *cross_keys, *cross_values)
-        length, graphs, start = cache[0]["self"].length, compiled_graphs(), time.perf_counter()
-        out = self.compiled(model, token, memory, src_pad, keys, values, cross_keys, cross_values, length, at_max, project)
-        if compiled_graphs() > graphs:  # compiling, not decoding: kept apart from the speed
+        compiling.mark_dynamic(token, memory, src_pad, at_max, *keys, *values, *cross_keys, *cross_values)
+        graphs, start = compiling.compiled_graphs(), time.perf_counter()
+        out = self.compiled(model, token, memory, src_pad, keys, values, cross_keys, cross_values, cache.length, at_max,
+                            project)
+        if compiling.compiled_graphs() > graphs:  # compiling, not decoding: kept apart from the speed
             self.compile_seconds += time.perf_counter() - start
-            self.graphs += compiled_graphs() - graphs
-        for layer in cache:  # the step wrote position ``length`` of every buffer
-            layer["self"].length = length + 1
+            self.graphs += compiling.compiled_graphs() - graphs
+        cache.advance()  # the step wrote the next position of every buffer
         return out
 
 
@@ -248,6 +234,16 @@ def _source_lengths(src: torch.Tensor) -> torch.Tensor:
 def _max_output_lengths(models: Sequence[Transformer], src: torch.Tensor, options: DecodingOptions) -> torch.Tensor:
     max_positions = min(model.cfg.max_positions for model in models)
     return max_output_lengths(_source_lengths(src), options.max_len_a, options.max_len_b, max_positions)
+
+
+def _open_search(models: Sequence[Transformer], src: torch.Tensor, options: DecodingOptions, use_cache: bool,
+                 candidates: Optional[torch.Tensor], compiled: Optional[CompiledStep]
+                 ) -> tuple[DecoderState, torch.Tensor]:
+    """A search's decoder state over src and the most output tokens of each sentence (sents,):
+    the caches preallocated for the longest output, the shortlist's candidates as the state's
+    vocabulary, the steps after the first through ``compiled`` (None: eager)."""
+    max_len = _max_output_lengths(models, src, options)
+    return DecoderState(models, src, use_cache, int(max_len.max()) + 1, candidates, compiled), max_len
 
 
 def _forbid_specials(lprobs: torch.Tensor, at_max: Optional[torch.Tensor]) -> torch.Tensor:
@@ -261,7 +257,33 @@ def _forbid_specials(lprobs: torch.Tensor, at_max: Optional[torch.Tensor]) -> to
     return lprobs
 
 
+def _rows_at_max(max_len: torch.Tensor, step: int, shortest: int, rows_per_sentence: int) -> Optional[torch.Tensor]:
+    """bool (rows,): the rows whose sentence is at its maximum length ``max_len`` (sents,) at this
+    step, so only eos may follow; None while no sentence is (``shortest``: min(max_len), a host
+    copy), so those steps mask nothing and wait for nothing."""
+    if step < shortest:
+        return None
+    at_max = max_len.le(step)
+    return at_max if rows_per_sentence == 1 else at_max.repeat_interleave(rows_per_sentence)
+
+
 # -- beam search ---------------------------------------------------------------------------------
+def _best_extensions(scores: torch.Tensor, lprobs: torch.Tensor, k: int, candidates: Optional[torch.Tensor]):
+    """The 2k best extensions of each sentence's k hypotheses, scores (sents k,) and lprobs
+    (sents k, V): their cumulative scores, beam (0..k-1), token id and token log-probability,
+    each (sents, 2k), best first. One top-k over beam * vocab for every sentence at once
+    (measured: faster on a CPU than a top-k of each row first, although that skips adding the
+    scores to every row). candidates: the ids of lprobs' columns (a shortlist), None: all."""
+    vocab = lprobs.size(1)
+    cand = (scores[:, None] + lprobs).view(-1, k * vocab)  # (sents, k V)
+    top_scores, top_idx = cand.topk(2 * k, dim=1)  # (sents, 2k)
+    top_beam, top_token = top_idx // vocab, top_idx % vocab
+    top_lprobs = lprobs.view(-1, k * vocab).gather(1, top_idx)
+    if candidates is not None:  # columns to token ids
+        top_token = candidates[top_token]
+    return top_scores, top_beam, top_token, top_lprobs
+
+
 @torch.inference_mode()
 def beam_search(
     models: Sequence[Transformer], src: torch.Tensor, options: DecodingOptions = DecodingOptions(), use_cache: bool = True,
@@ -280,14 +302,12 @@ def beam_search(
     hypothesis: log-probabilities only fall, so score / max lp(any length still reachable)
     bounds every continuation. That last rule (not fairseq's) never changes the result.
     """
-    # One function on purpose (~95 lines): a step reads as one story (score, rank, finish, next
-    # beam, drop done sentences) over about ten tensors that change together; split into helpers
-    # they would be passed back and forth on every call.
+    # One function on purpose: a step reads as one story (score, rank, finish, next beam, drop
+    # done sentences) over about ten tensors that change together; helpers hold no loop state.
     k, nbest, device = options.beam_size, options.nbest, src.device
     lp = lambda length: length_penalty(length, options.lenpen, options.lenpen_style)  # noqa: E731
     nsent = src.size(0)
-    max_len = _max_output_lengths(models, src, options)
-    state = DecoderState(models, src, use_cache, capacity=int(max_len.max()) + 1, vocab=candidates, compiled=compiled)
+    state, max_len = _open_search(models, src, options, use_cache, candidates, compiled)
     finished: list[list[Hypothesis]] = [[] for _ in range(nsent)]
 
     sent_ids = torch.arange(nsent, device=device)  # original index of each active sentence
@@ -302,30 +322,20 @@ def beam_search(
     two_k = torch.arange(2 * k, device=device)
 
     for step in range(int(max_len.max()) + 1):
-        at_max = max_len.le(step) if step >= shortest else None  # (sents,): only eos may follow
-        if at_max is not None and step > 0:
-            at_max = at_max.repeat_interleave(k)
+        at_max = _rows_at_max(max_len, step, shortest, k if step > 0 else 1)  # (rows,) or None
         lprobs = state.next_log_probs(tokens, at_max)  # (rows, V), specials forbidden
-        vocab = lprobs.size(1)
         if step == 0:
             # All beams of a sentence start identical: decode one row per sentence, then copy it
             # k times with only the first copy live, so the top-k picks k different tokens.
-            expand = torch.arange(nsent, device=device).repeat_interleave(k)
+            expand = torch.arange(nsent, device=device).repeat_interleave(k)  # (sents k,)
             state.expand_beams(k)
             lprobs, tokens, pos_scores = lprobs[expand], tokens[expand], pos_scores[expand]
             scores = torch.zeros(nsent, k, device=device)
             scores[:, 1:] = LOG_ZERO
             scores = scores.view(-1)
 
-        # One top-k over beam * vocab for every sentence at once (measured: faster on a CPU than
-        # a top-k of each row first, although that skips adding the scores to every row).
-        cand = (scores[:, None] + lprobs).view(-1, k * vocab)  # (sents, k V)
-        top_scores, top_idx = cand.topk(2 * k, dim=1)  # (sents, 2k)
-        top_beam, top_token = top_idx // vocab, top_idx % vocab
-        top_lprobs = lprobs.view(-1, k * vocab).gather(1, top_idx)
-        if candidates is not None:  # columns to token ids
-            top_token = candidates[top_token]
-        base_rows = torch.arange(top_idx.size(0), device=device)[:, None] * k  # (sents, 1)
+        top_scores, top_beam, top_token, top_lprobs = _best_extensions(scores, lprobs, k, candidates)  # (sents, 2k)
+        base_rows = torch.arange(top_scores.size(0), device=device)[:, None] * k  # (sents, 1)
 
         # Finished: eos among the first k candidates, with a finite score.
         is_eos = top_token.eq(EOS_ID)
@@ -336,17 +346,17 @@ def beam_search(
 
         # The next beam: the first k candidates that do not end in eos (there are at least k,
         # since each live hypothesis contributes at most one eos).
-        order = (is_eos.long() * 2 * k + two_k).topk(k, dim=1, largest=False).indices
-        rows = (base_rows + top_beam.gather(1, order)).view(-1)
+        order = (is_eos.long() * 2 * k + two_k).topk(k, dim=1, largest=False).indices  # (sents, k)
+        rows = (base_rows + top_beam.gather(1, order)).view(-1)  # (rows,): the row each new row continues
         prev_tokens, prev_pos_scores = tokens, pos_scores
-        scores = top_scores.gather(1, order).view(-1)
+        scores = top_scores.gather(1, order).view(-1)  # (rows,)
         tokens = torch.cat([tokens[rows], top_token.gather(1, order).view(-1, 1)], dim=1)
         pos_scores = torch.cat([pos_scores[rows], top_lprobs.gather(1, order).view(-1, 1)], dim=1)
         state.reorder_beams(rows)
 
         # A sentence is done with k finished, when no live hypothesis can beat its nbest-th
         # finished one, or at its maximum length.
-        best_live = scores.view(-1, k).max(dim=1).values
+        best_live = scores.view(-1, k).max(dim=1).values  # (sents,)
         bound = best_live / torch.maximum(lp(torch.full_like(best_live, step + 2.0)), max_lp)
         done = fin_count.ge(k) | max_len.le(step)
         if not all_finished:  # the bound holds for this lenpen only: a rescore needs them all
@@ -365,7 +375,7 @@ def beam_search(
             break
         if any_done:  # done sentences leave the batch
             keep = (~done).nonzero().view(-1)
-            keep_rows = (keep[:, None] * k + beam_offsets).view(-1)
+            keep_rows = (keep[:, None] * k + beam_offsets).view(-1)  # (kept sents k,)
             state.select_sentences(keep, keep_rows)
             sent_ids, max_len, max_lp = sent_ids[keep], max_len[keep], max_lp[keep]
             fin_count, fin_best = fin_count[keep], fin_best[keep]
@@ -404,8 +414,7 @@ def _single_path_search(
     """``paths`` independent left-to-right paths per sentence; ``choose(lprobs (N, V)) -> (N,)``
     picks each row's next token. Rows leave the batch as soon as they emit eos."""
     device, nsent = src.device, src.size(0)
-    max_len = _max_output_lengths(models, src, options)
-    state = DecoderState(models, src, use_cache, capacity=int(max_len.max()) + 1, vocab=candidates, compiled=compiled)
+    state, max_len = _open_search(models, src, options, use_cache, candidates, compiled)
     row_ids = torch.arange(nsent, device=device).repeat_interleave(paths)  # sentence of each row
     if paths > 1:
         state.select(row_ids)
@@ -416,8 +425,7 @@ def _single_path_search(
 
     shortest = int(max_len.min())
     for step in range(int(max_len.max()) + 1):
-        at_max = max_len.le(step) if step >= shortest else None
-        lprobs = state.next_log_probs(tokens, at_max)
+        lprobs = state.next_log_probs(tokens, _rows_at_max(max_len, step, shortest, 1))
         next_token = choose(lprobs)  # (rows,)
         pos_scores = torch.cat([pos_scores, lprobs.gather(1, next_token[:, None])], dim=1)
         if candidates is not None:  # columns to token ids

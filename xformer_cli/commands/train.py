@@ -30,6 +30,7 @@ from rich.console import Console
 from .. import distributed
 from ..batching import EpochBatches, Prefetch, batch_by_size
 from ..checkpoint import load_initial_model, load_last_checkpoint, make_checkpoint, remove_old_checkpoints, save_checkpoint
+from ..compiling import compile_forward, compiled_graphs
 from ..config import absolute_paths, to_dict
 from ..console import stderr_console
 from ..data import DataDir, ParallelDataset, check_trainable
@@ -46,7 +47,7 @@ from ..train_log import Meter, Reporter, peak_memory_mib, startup_rows, summary_
 from ..train_policy import AfterUpdate, diverged, nothing_to_do, plan_after_validation, plan_update, regularization
 from ..train_policy import score_validation, stop_before_update
 from ..train_state import TrainState, check_resumable
-from ..training import Step, compile_forward, compiled_graphs, dropout_seed, make_optimizer, train_step
+from ..training import Step, dropout_seed, make_optimizer, train_step
 from ..validate import validation_bleu, validation_loss
 from ..vocab import load_sentencepiece
 
