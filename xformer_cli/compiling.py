@@ -1,4 +1,4 @@
-"""torch.compile helpers shared by training (``training.compile_forward``) and search
+"""torch.compile helpers shared by training (``compile_forward``, as xf train --compile uses it) and search
 (``search.CompiledStep``): the backend, dynamic shapes for every input dimension, and the count
 of compiled graphs.
 
