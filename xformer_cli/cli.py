@@ -182,6 +182,17 @@ def _list_flags(options_cls: type, types_by_name: dict[str, Any]) -> dict[str, t
     return lists
 
 
+def _failure(e: BaseException) -> tuple[str, int]:
+    """The one line and the exit status of a command that failed with ``e``."""
+    if isinstance(e, KeyboardInterrupt):
+        return "interrupted", 130
+    if isinstance(e, Terminated):
+        return f"stopped by {e}", 128 + e.signum
+    if isinstance(e, XfError):  # ConfigError: a usage or configuration error, 2
+        return str(e), 2 if isinstance(e, ConfigError) else 1
+    return f"{type(e).__name__}: {e} (run with --verbose for the traceback)", 1
+
+
 def register(command: Command, parent: typer.Typer) -> None:
     """Register ``command`` of the table under ``parent`` with flags generated from its options
     class; the frame loads its options (YAML section, then flags), applies the output guard, runs
@@ -218,29 +229,13 @@ def register(command: Command, parent: typer.Typer) -> None:
                 command.function()(options)
         except (typer.Exit, typer.Abort, click.exceptions.Exit):
             raise
-        except KeyboardInterrupt:
-            if verbose:
-                traceback.print_exc()
-            fail("interrupted", 130)
-        except Terminated as e:
-            if verbose:
-                traceback.print_exc()
-            fail(f"stopped by {e}", 128 + e.signum)
-        except ConfigError as e:
-            if verbose:
-                traceback.print_exc()
-            fail(str(e), 2)
-        except XfError as e:
-            if verbose:
-                traceback.print_exc()
-            fail(str(e))
         except BrokenPipeError:  # e.g. `xf translate ... | head`
             sys.stderr.close()
             raise typer.Exit(0)
-        except Exception as e:  # noqa: BLE001 - the last line of defence of a CLI
+        except (Exception, KeyboardInterrupt, Terminated) as e:  # noqa: BLE001 - the last line of defence of a CLI
             if verbose:
                 traceback.print_exc()
-            fail(f"{type(e).__name__}: {e} (run with --verbose for the traceback)")
+            fail(*_failure(e))
 
     wrapper.__signature__ = inspect.Signature(params)  # type: ignore[attr-defined]
     wrapper.__annotations__ = {p.name: p.annotation for p in params}
