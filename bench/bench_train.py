@@ -6,16 +6,16 @@ BPE 8000) with --max-tokens 4096 on the CPU, fp32, and bf16 where the CPU has na
 instructions (elsewhere a row says why it was not run). On a GPU, and from ``bench/gpu.sh``:
 ``base``/``big`` at --max-tokens 25000 on a WMT-like corpus (below).
 
-Each run is a process of its own (its peak memory is its own), set up by xf train's ``set_up``
-(data, batches, model, optimizer, autocast; nothing is written: no checkpoint, no log) and fed by
-xf train's ``Prefetch`` (on CUDA the next update is collated in a background thread and pinned).
-xf runs ``train_step``, the update of xf train; the reference is ``torch.nn.Transformer``
-(batch_first, the same width, depth, heads, FFN, dropout and post-/pre-LN) with scaled tied
-embeddings plus sinusoidal positions, fed by the same Prefetch with the same batches in the same
-order, with fused AdamW, the same learning-rate schedule, gradients normalized by the update's
-target tokens and the label-smoothed loss written the plain way (``F.cross_entropy(...,
-label_smoothing=0.1)`` on full logits). Compiled runs compile both the same way
-(``compiling.compile_forward``: dynamic shapes, inputs marked dynamic).
+Each run is a process of its own (its peak memory is its own), set up by xf train's set-up
+(``train_setup.set_up``: data, batches, model, optimizer, autocast; nothing is written: no
+checkpoint, no log) and fed by xf train's ``Prefetch`` (on CUDA the next update is collated in a
+background thread and pinned). xf runs ``train_step``, the update of xf train; the reference is
+``torch.nn.Transformer`` (batch_first, the same width, depth, heads, FFN, dropout and post-/pre-LN)
+with scaled tied embeddings plus sinusoidal positions, fed by the same Prefetch with the same
+batches in the same order, with fused AdamW, the same learning-rate schedule, gradients normalized
+by the update's target tokens and the label-smoothed loss written the plain way
+(``F.cross_entropy(..., label_smoothing=0.1)`` on full logits). Compiled runs compile both the same
+way (``compiling.compile_forward``: dynamic shapes, inputs marked dynamic).
 
 Timing, the same for both: update 1 (allocation, compilation) is timed alone; then the timed
 window is the updates that follow, with the device synchronised at its two ends only, so the
@@ -89,15 +89,13 @@ GRACE = 8.0  # seconds between a run's SIGTERM and its kill
 
 # -- data ------------------------------------------------------------------------------------------
 def multi30k_data(root: Path) -> Path:
-    from xformer_cli.options import PreprocessOptions
-    from xformer_cli.commands.preprocess import preprocess
+    from xf_command import xf
 
     dest = root / "m30k-ende"
     if (dest / "meta.json").exists():
         return dest
-    preprocess(PreprocessOptions(destdir=str(dest), source_lang="en", target_lang="de",
-                                 trainpref=str(MULTI30K / "train"), validpref=str(MULTI30K / "val"),
-                                 bpe_vocab_size=8000))
+    xf("preprocess", "--destdir", dest, "--source-lang", "en", "--target-lang", "de", "--trainpref", MULTI30K / "train",
+       "--validpref", MULTI30K / "val", "--bpe-vocab-size", 8000)
     return dest
 
 
@@ -227,12 +225,12 @@ def one_run(engine: str, data: str, save_dir: str, out: str, device: str, precis
 
     from xformer_cli import compiling, distributed
     from xformer_cli.batching import Prefetch
-    from xformer_cli.commands.train import set_up
     from xformer_cli.flops import training_flops
     from xformer_cli.options import TrainOptions, model_config
     from xformer_cli.safety import SaveDirLock
     from xformer_cli.train_log import peak_memory_mib
     from xformer_cli.compiling import compile_forward, compiled_graphs
+    from xformer_cli.train_setup import set_up
     from xformer_cli.training import train_step
     from xformer_cli.vocab import PAD_ID
 

@@ -33,8 +33,7 @@ def head(src: Path, dst: Path, lines: int | None) -> None:
 
 
 def fill(multi30k: Path, dest: Path, lines: int | None, test_lines: int | None, bpe: int) -> Path:
-    from xformer_cli.commands.preprocess import preprocess
-    from xformer_cli.options import PreprocessOptions
+    from xf_command import xf
 
     missing = [f"{multi30k}/{s}.{lang}" for s in ("train", "val", "test2016") for lang in ("en", "de")
                if not (multi30k / f"{s}.{lang}").exists()]
@@ -45,9 +44,9 @@ def fill(multi30k: Path, dest: Path, lines: int | None, test_lines: int | None, 
         for split in ("train", "val"):
             for lang in ("en", "de"):
                 head(multi30k / f"{split}.{lang}", Path(tmp) / f"{split}.{lang}", lines)
-        preprocess(PreprocessOptions(destdir=str(dest / "m30k-ende"), source_lang="en", target_lang="de",
-                                     trainpref=f"{tmp}/train", validpref=f"{tmp}/val", bpe_vocab_size=bpe,
-                                     max_len_ratio=2.5, overwrite=True))
+        xf("preprocess", "--destdir", dest / "m30k-ende", "--source-lang", "en", "--target-lang", "de",
+           "--trainpref", f"{tmp}/train", "--validpref", f"{tmp}/val", "--bpe-vocab-size", bpe,
+           "--max-len-ratio", 2.5, "--overwrite")
     for lang in ("en", "de"):
         head(multi30k / f"test2016.{lang}", dest / f"test2016.{lang}", test_lines)
     commit = subprocess.run(["git", "-C", str(REPO), "describe", "--always", "--dirty"], capture_output=True,

@@ -84,7 +84,7 @@ def train(save_dir: Path, emit) -> Path:
     from xformer_cli import distributed
     from xformer_cli.checkpoint import make_checkpoint, save_checkpoint
     from xformer_cli.batching import Prefetch
-    from xformer_cli.commands.train import set_up
+    from xformer_cli.train_setup import set_up
     from xformer_cli.options import TrainOptions
     from xformer_cli.safety import SaveDirLock
     from xformer_cli.training import train_step

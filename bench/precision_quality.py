@@ -113,9 +113,7 @@ def finished(save_dir: Path, updates: int) -> bool:
 
 
 def preprocess_once(a: argparse.Namespace) -> Path:
-    from xformer_cli.commands.preprocess import preprocess
-    from xformer_cli.config import load_options
-    from xformer_cli.options import PreprocessOptions
+    from xf_command import xf
 
     dest = a.out / "data-bin"
     if (dest / "meta.json").exists():
@@ -124,22 +122,19 @@ def preprocess_once(a: argparse.Namespace) -> Path:
         for lang in (a.src, a.tgt):
             if not (a.multi30k / f"{split}.{lang}").is_file():
                 raise XfError(f"--multi30k {a.multi30k}: no {split}.{lang}")
-    preprocess(load_options(PreprocessOptions, a.config, {
-        "destdir": str(dest), "source_lang": a.src, "target_lang": a.tgt, "overwrite": True,
-        "trainpref": str(a.multi30k / "train"), "validpref": str(a.multi30k / "val")}, section="preprocess"))
+    xf("preprocess", "--config", a.config, "--destdir", dest, "--source-lang", a.src, "--target-lang", a.tgt,
+       "--overwrite", "--trainpref", a.multi30k / "train", "--validpref", a.multi30k / "val")
     return dest
 
 
 def train_run(a: argparse.Namespace, data: Path, precision: str, seed: int, save_dir: Path) -> None:
     """xf train with the config's train section at a fixed number of updates; resumes a started run."""
-    from xformer_cli.commands.train import train
-    from xformer_cli.config import load_options
-    from xformer_cli.options import TrainOptions
+    from xf_command import xf
 
-    train(load_options(TrainOptions, a.config, {
-        "data": str(data), "save_dir": str(save_dir), "precision": precision, "seed": seed, "device": a.device,
-        "max_update": a.updates, "stop_time_hours": 0.0,  # the same number of updates, not the same time
-        "max_epoch": 0, "keep_last_checkpoints": 1}, section="train"))
+    xf("train", data, "--config", a.config, "--save-dir", save_dir, "--precision", precision, "--seed", seed,
+       "--device", a.device, "--max-update", a.updates,
+       "--stop-time-hours", 0.0,  # the same number of updates, not the same time
+       "--max-epoch", 0, "--keep-last-checkpoints", 1)
 
 
 def evaluate_last(a: argparse.Namespace, save_dir: Path) -> dict:

@@ -2,7 +2,9 @@
 
 ``xformer_cli/commands/`` holds one module per subcommand; they import the library, never each
 other, and no library module imports a command. ``cli.py`` (the Typer front end) and
-``__main__`` are the only modules that name every command.
+``__main__`` are the only modules that name every command. Bench scripts import the library for
+what they measure and run whole commands through the CLI (``bench/xf_command.py``), never by
+importing a command module.
 """
 
 from __future__ import annotations
@@ -10,14 +12,16 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-PACKAGE = Path(__file__).resolve().parents[1] / "xformer_cli"
+REPO = Path(__file__).resolve().parents[1]
+PACKAGE = REPO / "xformer_cli"
 FRONT_END = {"cli", "__main__"}
 
 
 def imported_modules(path: Path, source: str | None = None) -> set[str]:
     """Every ``xformer_cli`` module the module at ``path`` imports, as dotted names relative to
-    the package (``commands.train``, ``model``), function-level imports included."""
-    package = list(path.relative_to(PACKAGE).parts[:-1])
+    the package (``commands.train``, ``model``), function-level imports included. ``path`` may
+    lie outside the package (a bench script): then only its absolute imports count."""
+    package = list(path.relative_to(PACKAGE).parts[:-1]) if path.is_relative_to(PACKAGE) else []
     found = set()
     source = path.read_text(encoding="utf-8") if source is None else source
     for node in ast.walk(ast.parse(source)):
@@ -81,3 +85,18 @@ def test_the_checker_sees_command_imports():
     assert {"commands.train", "commands.export", "commands.score"} <= found
     found = imported_modules(PACKAGE / "model.py", "from .commands import plot\n")
     assert "commands.plot" in found
+
+
+def test_no_bench_script_imports_a_command():
+    offenders = {p.name: sorted(m for m in imported_modules(p) if m.split(".")[0] == "commands")
+                 for p in sorted((REPO / "bench").glob("*.py"))}
+    assert {k: v for k, v in offenders.items() if v} == {}
+
+
+def test_the_checker_sees_a_bench_scripts_command_imports():
+    source = ("import xformer_cli.commands.train as t\nfrom xformer_cli import commands\n"
+              "def f():\n    from xformer_cli.commands.preprocess import preprocess\n")
+    found = imported_modules(REPO / "bench" / "x.py", source)
+    assert {"commands.train", "commands", "commands.preprocess"} <= found
+    assert imported_modules(REPO / "bench" / "x.py", "from xformer_cli.train_setup import set_up\n") == {
+        "train_setup", "train_setup.set_up"}

@@ -18,14 +18,14 @@ from xformer_cli.attention_maps import AttentionMaps  # noqa: E402
 from xformer_cli.cli import app  # noqa: E402
 from xformer_cli.errors import XfError  # noqa: E402
 from xformer_cli.options import PlotAttentionOptions, PlotCurvesOptions  # noqa: E402
-from xformer_cli.commands.plot import (  # noqa: E402
+from xformer_cli.commands.plot import plot_curves  # noqa: E402
+from xformer_cli.plots import (  # noqa: E402
     attention_figure,
     attention_heatmaps,
     attention_lines,
     attention_picture,
     curves_figure,
     new_figure,
-    plot_curves,
     read_run,
     run_labels,
     save_figure,
@@ -127,7 +127,7 @@ def test_bad_logs_are_one_line_errors(tmp_path):
     fails([tmp_path / "empty"], "no training or validation records yet")
     write_log(tmp_path / "ok" / "train_log.jsonl", fake_run())
     fails([tmp_path / "ok", "-o", tmp_path / "c.jpg"], "must end in .png, .pdf, .svg", code=2)
-    fails([tmp_path / "ok", "-o", tmp_path / "no" / "c.png"], "its directory does not exist", code=2)
+    fails([tmp_path / "ok", "-o", tmp_path / "no" / "c.png"], "its directory does not exist", code=2)  # the frame's guard
 
 
 def test_pictures_are_written_atomically(tmp_path, monkeypatch):

@@ -1,4 +1,4 @@
-"""xf score: its numbers are the ``sacrebleu`` command's, its tokenized BLEU is the paper's procedure."""
+"""xf score and metrics.py: its numbers are the ``sacrebleu`` command's, its tokenized BLEU is the paper's procedure."""
 
 import io
 import json
@@ -12,8 +12,10 @@ from typer.testing import CliRunner
 
 from xformer_cli.cli import app
 from xformer_cli.errors import XfError
+from xformer_cli.fileio import read_lines
+from xformer_cli.metrics import compound_split, moses_tokenize
 from xformer_cli.options import ScoreOptions
-from xformer_cli.commands.score import compound_split, moses_tokenize, read_lines, score
+from xformer_cli.commands.score import score
 
 
 runner = CliRunner()

@@ -13,14 +13,17 @@ import numpy as np
 import pytest
 import torch
 
-from xformer_cli import training
+from xformer_cli import distributed, training
 from xformer_cli.batching import Prefetch
 from xformer_cli.commands import train as train_module
 from xformer_cli.checkpoint import load_checkpoint
 from xformer_cli.config import load_options
 from xformer_cli.data import DataDir
 from xformer_cli.errors import XfError
+from xformer_cli.model import Transformer
 from xformer_cli.options import TrainOptions
+from xformer_cli.safety import SaveDirLock
+from xformer_cli.train_setup import build_config, set_up
 from xformer_cli.checkpoint import remove_old_checkpoints
 from xformer_cli.commands.train import train
 from helpers import MICRO, cli_args, make_data, opts, records
@@ -157,7 +160,7 @@ def test_bf16_autocast_and_eval_bleu(data_dir, tmp_path):
     from xformer_cli.vocab import load_sentencepiece
 
     ckpt = load_checkpoint(save / "checkpoint_last.pt")
-    model = train_module.Transformer(train_module.build_config(opts(data_dir, save), DataDir.open(str(data_dir)))[0])
+    model = Transformer(build_config(opts(data_dir, save), DataDir.open(str(data_dir)))[0])
     model.load_state_dict(ckpt["model"])
     data = DataDir.open(str(data_dir))
     sp = load_sentencepiece(data.spm_model_bytes, "spm.model")
@@ -358,7 +361,7 @@ def test_ddp_two_gloo_processes_equal_one_process_accumulating(data_dir, tmp_pat
     )
     assert out.returncode == 0, out.stderr[-3000:]
     a, b = params(tmp_path / "single" / "checkpoint_last.pt"), params(tmp_path / "ddp" / "checkpoint_last.pt")
-    init = train_module.Transformer(train_module.build_config(opts(data_dir, "x", **kw), DataDir.open(str(data_dir)))[0])
+    init = Transformer(build_config(opts(data_dir, "x", **kw), DataDir.open(str(data_dir)))[0])
     moved = 0.0
     for name in a:
         torch.testing.assert_close(a[name], b[name], rtol=0, atol=1e-5)
@@ -417,8 +420,8 @@ def test_prefetched_batches_are_the_batches_of_each_update(data_dir, tmp_path):
     """Collated ahead in a thread (CUDA's way, forced here on CPU), across an epoch boundary and
     after a jump (a resume), the micro-batches are those made when asked."""
     o = opts(data_dir, tmp_path, update_freq=2)
-    with train_module.SaveDirLock(o.save_dir) as lock:
-        run = train_module.set_up(o, train_module.distributed.setup("cpu"), lock)
+    with SaveDirLock(o.save_dir) as lock:
+        run = set_up(o, distributed.setup("cpu"), lock)
     ahead = Prefetch(run.batches, background=True)
     n = len(run.batches)
     positions = [(1, off) for off in range(0, n, 2)] + [(2, 0), (2, 2), (2, 6), (2, 8)]
