@@ -85,9 +85,12 @@ def browser(tmp_path_factory):
 def screenshots(tmp_path_factory, request):
     folder = tmp_path_factory.mktemp("serve-page-screenshots")
     yield folder
-    reporter = request.config.pluginmanager.getplugin("terminalreporter")
-    for png in sorted(folder.glob("*.png")):  # printed even under -q and output capture, for a person to look at
-        reporter.write_line(f"xf serve page screenshot: {png}")
+    plugins = request.config.pluginmanager
+    with plugins.getplugin("capturemanager").global_and_fixture_disabled():  # printed under -q and capture too
+        reporter = plugins.getplugin("terminalreporter")
+        reporter.write("\n")  # after the progress dots
+        for png in sorted(folder.glob("*.png")):
+            reporter.write_line(f"xf serve page screenshot: {png}")
 
 
 @pytest.fixture(scope="module")
