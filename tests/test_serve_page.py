@@ -231,6 +231,10 @@ def test_type_translate_pick_an_alternative_copy_and_swap(two_way, browser, line
 
     by_id(browser, "copy").click()
     wait(browser, lambda: text_of(browser, "status") == "Copied")
+    by_id(browser, "source").clear()
+    by_id(browser, "source").send_keys(Keys.CONTROL + "v")  # what was copied, pasted back
+    assert by_id(browser, "source").get_property("value") == expected["translatedText"]
+    type_text(browser, text)
 
     swap = by_id(browser, "swap")
     assert swap.is_displayed() and swap.is_enabled()
@@ -295,6 +299,10 @@ def test_busy_errors_and_the_limit_in_place(two_way, browser, lines):
     by_id(browser, "api-key").send_keys(KEY)
     assert translate_and_wait(browser) and text_of(browser, "error") == ""
 
+    # more lines than --max-lines 12: the server's 413, in place of the translation
+    type_text(browser, "\n".join(["A dog runs."] * 13))
+    assert translate_and_wait(browser) == "" and "(--max-lines)" in text_of(browser, "error")
+
     # the limit: counted as the server counts (code points), over it the page does not send
     over = "\u00e9\U0001f600 " * 300  # 900 characters, 1200 UTF-16 units
     browser.execute_script("const s = document.getElementById('source'); s.value = arguments[0];"
@@ -303,6 +311,7 @@ def test_busy_errors_and_the_limit_in_place(two_way, browser, lines):
     by_id(browser, "source").send_keys("x")
     assert text_of(browser, "count") == "901 / 900 characters: 1 over this server's limit"
     assert "over" in by_id(browser, "count").get_attribute("class") and not by_id(browser, "translate").is_enabled()
+    assert by_id(browser, "source").get_attribute("aria-invalid") == "true"
 
 
 @pytest.mark.slow
