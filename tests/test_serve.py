@@ -2,8 +2,8 @@
 (http.client). Every endpoint; translations equal to xf translate's for each line under 200
 concurrent requests from 32 clients; every bad input an answer (hostile JSON, 404 and 405 included);
 overload (503, 504); API keys; SIGTERM drain, SIGTERM under load (503 past the grace period), a gone
-client's lines dropped; start-up errors before the models load; both engines; the page in a headless
-chromium. The batching queue, bind and the options also have fast unit tests over a fake engine.
+client's lines dropped; start-up errors before the models load; both engines (the page, in a headless
+chromium: tests/test_serve_page.py). The batching queue, bind and the options also have fast unit tests over a fake engine.
 Every request loop is bounded in count and time; every address is loopback."""
 
 from __future__ import annotations
@@ -13,7 +13,6 @@ import http.client
 import json
 import os
 import random
-import shutil
 import signal
 import socket
 import subprocess
@@ -414,44 +413,6 @@ def test_ctranslate2_engine(ckpt, lines, tmp_path):
     got = [text for status, _, answer in answers for text in answer["translatedText"]]
     assert all(status == 200 for status, _, _ in answers) and got == [r[0] for r in reference]
     assert "engine ctranslate2" in served.log
-
-
-# -- the page in a headless browser --------------------------------------------------------------
-CHROMIUM, CHROMEDRIVER = shutil.which("chromium"), shutil.which("chromedriver")
-
-
-@pytest.mark.slow
-@pytest.mark.skipif(not (CHROMIUM and CHROMEDRIVER),
-                    reason="no headless browser: apt-get install chromium chromium-driver (.ci/run does)")
-def test_the_page_in_a_headless_browser(server, ckpt, lines, tmp_path):
-    webdriver = pytest.importorskip("selenium.webdriver", reason="selenium (the test extra) is not installed")
-    from selenium.webdriver.common.by import By
-    from selenium.webdriver.support.ui import WebDriverWait
-
-    reference = xf_translate(ckpt, lines[7:9], tmp_path)
-    options = webdriver.ChromeOptions()
-    options.binary_location = CHROMIUM
-    for flag in ("--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-                 "--disable-component-update", "--disable-sync", "--no-first-run", "--disable-dev-shm-usage",
-                 f"--user-data-dir={tmp_path / 'chromium-profile'}"):
-        options.add_argument(flag)
-    browser = webdriver.Chrome(service=webdriver.ChromeService(executable_path=CHROMEDRIVER), options=options)
-    try:
-        browser.get(f"http://127.0.0.1:{server.port}/")
-        WebDriverWait(browser, 20).until(lambda b: b.find_elements(By.CSS_SELECTOR, "#direction option"))
-        assert browser.find_element(By.ID, "direction").get_attribute("value") == "en-de"
-        browser.find_element(By.ID, "source").send_keys(f"{lines[7]}\n{lines[8]}")
-        alternatives = browser.find_element(By.ID, "alternatives")
-        alternatives.clear()
-        alternatives.send_keys("1")
-        browser.find_element(By.ID, "translate").click()
-        WebDriverWait(browser, 20).until(lambda b: b.find_element(By.ID, "translation").text)
-        assert browser.find_element(By.ID, "translation").text == f"{reference[0][0]}\n{reference[1][0]}"
-        shown = [li.text for li in browser.find_elements(By.CSS_SELECTOR, "#alternatives-list li")]
-        assert shown == [f"{reference[0][1]}\n{reference[1][1]}"]
-        assert browser.find_element(By.ID, "error").text == ""
-    finally:
-        browser.quit()
 
 
 # -- the queue and the options, without a server --------------------------------------------------

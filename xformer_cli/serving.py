@@ -8,6 +8,9 @@ Endpoints (the shape LibreTranslate's clients already speak):
   asked for). A text of several lines is
   translated line by line, as ``xf translate`` reads a file, and its lines come back joined by LF.
 - ``GET /languages`` -> ``[{"code": "en", "name": "English", "targets": ["de"]}]``
+- ``GET /frontend/settings`` -> what a client may offer (``Server.settings``: the limits, the most
+  alternatives, detection, API keys, the default direction, the languages' names), as
+  LibreTranslate's own page asks its server before it shows anything
 - ``GET /health`` (ready: the models are loaded), ``GET /metrics`` (Prometheus), ``GET /`` (a page).
 
 Every answer other than 200 is ``{"error": "..."}``: 400 (malformed or too deeply nested JSON,
@@ -51,10 +54,15 @@ LANGUAGE_NAMES = {
     "pl": "Polish", "pt": "Portuguese", "ro": "Romanian", "ru": "Russian", "tr": "Turkish", "uk": "Ukrainian",
     "zh": "Chinese",
 }
-KNOWN_PATHS = ("/", "/translate", "/languages", "/health", "/metrics")
+KNOWN_PATHS = ("/", "/translate", "/languages", "/frontend/settings", "/health", "/metrics")
+DETECTION = False  # source "auto" is refused (Translation._direction); /frontend/settings says so
 CLIENT_GONE = 499  # nginx's "client closed request": logged, never sent (there is no one to send it to)
 ANSWER_SECONDS = 2.0  # after the grace period: time for the 503s to be written before the loop ends
 BACKSTOP_SECONDS = 5.0  # uvicorn cancels what is still running this long after the grace period
+
+
+def language_name(code: str) -> str:
+    return LANGUAGE_NAMES.get(code, code)
 
 
 class HttpError(Exception):
@@ -342,6 +350,7 @@ class Server:
             Route("/", self.index, methods=["GET"]),
             Route("/translate", self.translate, methods=["POST"]),
             Route("/languages", self.languages, methods=["GET"]),
+            Route("/frontend/settings", self.settings, methods=["GET"]),
             Route("/health", self.health, methods=["GET"]),
             Route("/metrics", self.metrics_page, methods=["GET"]),
         ]
@@ -429,8 +438,27 @@ class Server:
         targets: dict[str, list[str]] = {}
         for d in self.directions.values():
             targets.setdefault(d.source, []).append(d.target)
-        return JSONResponse([{"code": code, "name": LANGUAGE_NAMES.get(code, code), "targets": sorted(t)}
+        return JSONResponse([{"code": code, "name": language_name(code), "targets": sorted(t)}
                              for code, t in sorted(targets.items())])
+
+    async def settings(self, request):
+        """What a client may offer, in the shape of LibreTranslate's ``/frontend/settings`` where it
+        fits (charLimit, apiKeys, keyRequired, language, suggestions, filesTranslation) and xf's own
+        keys beside: lineLimit, alternativesLimit (the most ``alternatives`` a request may ask for),
+        detection (whether source ``auto`` is taken) and names (every served code's name)."""
+        from starlette.responses import JSONResponse
+
+        first = next(iter(self.directions.values()))
+        codes = sorted({code for d in self.directions.values() for code in (d.source, d.target)})
+        return JSONResponse({
+            "charLimit": self.options.max_chars, "lineLimit": self.options.max_lines,
+            "alternativesLimit": self.options.nbest - 1, "detection": DETECTION,
+            "apiKeys": bool(self.api_keys), "keyRequired": bool(self.api_keys),
+            "language": {"source": {"code": first.source, "name": language_name(first.source)},
+                         "target": {"code": first.target, "name": language_name(first.target)}},
+            "names": {code: language_name(code) for code in codes},
+            "suggestions": False, "filesTranslation": False, "supportedFilesFormat": [],
+        })
 
     async def health(self, request):
         from starlette.responses import JSONResponse
