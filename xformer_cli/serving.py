@@ -5,13 +5,18 @@ Endpoints (the shape LibreTranslate's clients already speak):
 - ``POST /translate`` ``{"q": "text" or ["t1", "t2"], "source": "en", "target": "de",
   "format": "text", "alternatives": 2, "api_key": "..."}`` (JSON, or the same fields
   form-encoded) -> ``{"translatedText": ..., "alternatives": [...]}`` (alternatives only when
-  asked for). A text of several lines is
-  translated line by line, as ``xf translate`` reads a file, and its lines come back joined by LF.
+  asked for). A text is split into sentences (``segment``; a sentence too long split to fit) and
+  its translation joined with its own spacing and line breaks; with --no-split-sentences it is
+  translated line by line, as ``xf translate`` reads a file, a line too long truncated and counted
+  in the answer's ``truncated``. The fields may also come in the query string, form-encoded or
+  multipart. ``source: "auto"`` detects the language (``language_id``).
+- ``POST /detect`` ``{"q": ...}`` -> ``[{"language": "en", "confidence": 0.97}]`` (served languages only)
+- ``POST /translate_file`` (multipart ``file``, .txt) -> ``{"translatedFileUrl": "data:..."}``
 - ``GET /languages`` -> ``[{"code": "en", "name": "English", "targets": ["de"]}]``
 - ``GET /health`` (ready: the models are loaded), ``GET /metrics`` (Prometheus), ``GET /`` (a page).
 
 Every answer other than 200 is ``{"error": "..."}``: 400 (malformed or too deeply nested JSON,
-wrong types, empty q, a direction not served, format html), 403 (API key), 404 and 405 (no such
+wrong types, empty q, a direction not served, no language for auto, format html), 403 (API key), 404 and 405 (no such
 path or method), 413 (body, lines or characters over the limits; the body's size is checked
 before it is parsed), 503 with Retry-After (queue full), 503 at shutdown (unanswered when
 --grace-seconds ran out), 504 (waited longer than --timeout). A client that disconnects is
