@@ -8,6 +8,11 @@ sorted by length; its own summary's sentences/s, model loading excluded) and the
 served one at a time without batching (concurrency 1 with --max-wait-ms 0: what batching buys).
 The one-line latency row compares a one-line request at concurrency 1 with translate_buffer on
 that line in this process, line after line (median over XF_BENCH_SERVE_SINGLE lines, default 30).
+The paragraph rows send each request's lines as one paragraph (one ``q``, its lines joined by a
+space; the server splits it into sentences) against the same lines one sentence per ``q`` to a
+server with --no-split-sentences, both at concurrency XF_BENCH_SERVE_PARAGRAPHS (default 8): what
+sentence splitting costs (the aim: under 10%), and how many paragraphs' translations differ from
+their sentences' translations joined.
 The cases alternate, XF_BENCH_ROUNDS rounds (default 2), each figure the best round. "lines unlike
 xf translate's" counts the served translations that differ from the file's (every round). The clients
 share the CPU with the server: on a 2-core machine their HTTP work is part of the cost.
@@ -46,6 +51,7 @@ THREADS = int(os.environ.get("XF_BENCH_THREADS", "1"))
 SINGLE = int(os.environ.get("XF_BENCH_SERVE_SINGLE", "30"))
 ROUNDS = int(os.environ.get("XF_BENCH_ROUNDS", "2"))
 CONCURRENCY = (1, 8, 32)
+PARAGRAPHS = int(os.environ.get("XF_BENCH_SERVE_PARAGRAPHS", "8"))
 
 
 def _bench_translate():
@@ -90,9 +96,10 @@ class Server:
         self.proc.wait(60)
 
 
-def post(conn: http.client.HTTPConnection, lines: list[str]) -> tuple[float, list[str]]:
-    """(seconds, translations) of one request of ``lines`` on a keep-alive connection."""
-    body = json.dumps({"q": lines, "source": "en", "target": "de"})
+def post(conn: http.client.HTTPConnection, lines, paragraph: bool = False) -> tuple[float, list[str]]:
+    """(seconds, translations) of one request of ``lines`` on a keep-alive connection (paragraph:
+    the lines as one text, joined by a space; its one translation)."""
+    body = json.dumps({"q": [" ".join(lines)] if paragraph else lines, "source": "en", "target": "de"})
     start = time.perf_counter()
     conn.request("POST", "/translate", body=body, headers={"Content-Type": "application/json"})
     response = conn.getresponse()
@@ -102,14 +109,15 @@ def post(conn: http.client.HTTPConnection, lines: list[str]) -> tuple[float, lis
     return time.perf_counter() - start, json.loads(answer)["translatedText"]
 
 
-def load(port: int, requests: list[list[str]], concurrency: int) -> dict:
-    """Send every request from ``concurrency`` clients; sentences/s and latency percentiles."""
+def load(port: int, requests: list[list[str]], concurrency: int, paragraphs: bool = False) -> dict:
+    """Send every request from ``concurrency`` clients (paragraphs: each as one paragraph);
+    sentences/s and latency percentiles."""
     local = threading.local()
 
     def ask(lines):
         if not hasattr(local, "conn"):
             local.conn = http.client.HTTPConnection("127.0.0.1", port, timeout=600)
-        return post(local.conn, lines)
+        return post(local.conn, lines, paragraphs)
 
     start = time.perf_counter()
     with ThreadPoolExecutor(concurrency) as pool:
@@ -175,10 +183,11 @@ def rows() -> list[dict]:
         reference.seconds(lines[0])  # warm-up
         unbatched_server = Server(checkpoint, [*decoding(trained), "--max-wait-ms", "0"])
         server = Server(checkpoint, decoding(trained))
-        files, unbatched, one_line = [], [], []
+        lines_server = Server(checkpoint, [*decoding(trained), "--no-split-sentences"])
+        files, unbatched, one_line, paragraphs, sentences = [], [], [], [], []
         results: dict[int, list[dict]] = {c: [] for c in CONCURRENCY}
         try:
-            for s in (unbatched_server, server):
+            for s in (unbatched_server, server, lines_server):
                 load(s.port, requests[:5], 1)  # warm-up
             # the cases alternate, ROUNDS rounds: on a busy machine each ratio compares like with like
             for _ in range(ROUNDS):
@@ -188,7 +197,10 @@ def rows() -> list[dict]:
                 for c in CONCURRENCY:
                     results[c].append(load(server.port, requests, c))
                 one_line.append(one_line_ratio(server.port, reference, lines[:SINGLE]))
+                sentences.append(load(lines_server.port, requests, PARAGRAPHS))
+                paragraphs.append(load(server.port, requests, PARAGRAPHS, paragraphs=True))
         finally:
+            lines_server.stop()
             server.stop()
             unbatched_server.stop()
     ceiling, unbatched_best = max(files), best(unbatched)
@@ -216,4 +228,21 @@ def rows() -> list[dict]:
     out.append({"bench": "serve", "case": "one-line request, concurrency 1", "metric": "latency p50",
                 "value": served_ms, "unit": "ms", "ratio": served_ms / in_process_ms,
                 "note": f"ratio to translate_buffer in-process ({in_process_ms:.1f} ms), {SINGLE} lines, line after line"})
+    per_sentence, per_paragraph = best(sentences), best(paragraphs)
+    out.append({"bench": "serve", "case": f"sentences one per q, concurrency {PARAGRAPHS}", "metric": "sentences/s",
+                "value": per_sentence["sent_s"], "unit": "sent/s", "note": "--no-split-sentences; the paragraphs' reference"})
+    out.append({"bench": "serve", "case": f"paragraphs, concurrency {PARAGRAPHS}", "metric": "sentences/s",
+                "value": per_paragraph["sent_s"], "unit": "sent/s", "ratio": per_paragraph["sent_s"] / per_sentence["sent_s"],
+                "note": f"{len(requests)} paragraphs of 1-5 lines split by the server; ratio to one sentence per q "
+                        f"(aim >= 0.9); p50 {per_paragraph['p50']:.0f} ms"})
+    differ = 0
+    for run_p, run_s in zip(paragraphs, sentences):
+        joined, at = [], 0
+        for request in requests:
+            joined.append(" ".join(run_s["outputs"][at:at + len(request)]))
+            at += len(request)
+        differ += sum(a != b for a, b in zip(run_p["outputs"], joined))
+    out.append({"bench": "serve", "case": f"paragraphs, concurrency {PARAGRAPHS}",
+                "metric": "paragraphs unlike their sentences' translations joined", "value": differ, "unit": "paragraphs",
+                "note": f"of {len(requests) * ROUNDS} ({ROUNDS} rounds); a line of two sentences is split"})
     return out

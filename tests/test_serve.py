@@ -109,8 +109,10 @@ def lines(multi30k_dir) -> list[str]:
 
 @pytest.fixture(scope="module")
 def server(ckpt):
+    # each line one sentence, as xf translate reads a file: its answers are compared line by line with
+    # xf translate's (sentence splitting, the default, has its own tests in test_serve_text.py)
     served = Served("--model", f"en-de={ckpt}", *DECODING, "--max-lines", "8", "--max-chars", "2000",
-                    "--max-body-bytes", "20000")
+                    "--max-body-bytes", "20000", "--no-split-sentences")
     yield served
     served.stop()
 
@@ -197,7 +199,7 @@ def test_bad_input_is_an_answer(server, ckpt, lines, tmp_path):
     refused(400, "'q' is empty", body={"source": "en", "target": "de"})
     refused(400, "a string or a list of strings", body={"q": ["a", 3], "source": "en", "target": "de"})
     refused(400, "en-fr is not served; served: en-de", body={"q": "a", "source": "en", "target": "fr"})
-    refused(400, "source 'auto'", body={"q": "a", "source": "auto", "target": "de"})
+    refused(400, "source 'auto': the text has no letters", body={"q": "12 345 !", "source": "auto", "target": "de"})
     refused(400, "language codes", body={"q": "a", "source": 1, "target": "de"})
     refused(400, "format 'html' is not supported yet", body={"q": "a", "source": "en", "target": "de", "format": "html"})
     refused(400, "at most 1 (it runs with --nbest 2)", body={"q": "a", "source": "en", "target": "de", "alternatives": 2})
@@ -435,6 +437,9 @@ class FakeSp:
 
     def encode(self, lines, out_type=int):  # "5 6 7" -> [5, 6, 7]
         return [[int(word) for word in line.split()] for line in lines]
+
+    def id_to_piece(self, i):  # every number a word of its own
+        return f"\u2581{i}"
 
 
 def direction(code="en-de"):

@@ -406,3 +406,29 @@ def test_empty_translations_are_counted_and_warned_about(tmp_path, spm_model, ca
     assert out == "\n\n\n"
     err = capsys.readouterr().err
     assert "xf: warning: 2 of 2 non-empty line(s) got an empty translation" in err
+
+
+@pytest.mark.slow
+def test_split_sentences_translates_each_sentence_and_keeps_the_spacing(tmp_path, ckpt, sentences):
+    s = [line.rstrip(" .") + "." for line in sentences[:4]]
+    alone = [out.rstrip("\n") for out in one_by_one(ckpt, s)]
+    text = f"{s[0]}  {s[1]}\n\n \t \n\t{s[2]} {s[3]}\n".encode()
+    out = run(tmp_path, ckpt, text, split_sentences="en")
+    assert out == f"{alone[0]}  {alone[1]}\n\n \t \n\t{alone[2]} {alone[3]}\n"
+
+
+@pytest.mark.slow
+def test_split_sentences_splits_a_long_sentence_instead_of_truncating(tmp_path, ckpt, sentences, capsys):
+    long = ", ".join(line.rstrip(" .") for line in sentences) + "."  # one sentence far over 127 subwords
+    out = run(tmp_path, ckpt, f"{long}\n{sentences[0]}\n".encode(), split_sentences="en", quiet=False)
+    assert out.count("\n") == 2 and out.split("\n")[0].strip()
+    err = capsys.readouterr().err
+    assert "1 sentence(s) longer than the model's 127 source subwords were split to fit" in err
+    assert "truncated" not in err
+
+
+def test_split_sentences_options():
+    with pytest.raises(ValueError, match="text output with --nbest 1"):
+        TranslateOptions(path=("a.pt",), split_sentences="en", output_format="jsonl")
+    with pytest.raises(ValueError, match="expected a language code"):
+        TranslateOptions(path=("a.pt",), split_sentences="e n")

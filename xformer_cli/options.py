@@ -387,6 +387,11 @@ class TranslateOptions(DecodingOptions):
         None, "a vocabulary shortlist written by xf shortlist: each batch's output projection and softmax run over "
         "its candidates only (faster; outputs may change); --engine ctranslate2: as its vocabulary map (use_vmap)"
     )
+    split_sentences: Optional[str] = option(
+        None, "LANG: split each line into sentences by the rules of source language LANG (ISO 639-1, e.g. en; "
+        "sentencex), translate them as lines and join them again with the line's own spacing; a sentence over the "
+        "model's positions is split at a clause or word boundary instead of truncated (text output, --nbest 1)"
+    )
 
     def __post_init__(self) -> None:
         super().__post_init__()  # check_ranges(self) included
@@ -403,6 +408,11 @@ class TranslateOptions(DecodingOptions):
             # dynamo cannot trace torch.ao's packed int8 weights: a graph break at every linear
             raise ValueError("--compile does not work with --quantize int8 (torch.compile cannot trace torch.ao's "
                              "int8 linear layers): use one or the other")
+        if self.split_sentences is not None and (self.output_format != "text" or self.nbest > 1 or self.print_alignment):
+            raise ValueError("--split-sentences writes one line of joined sentences per input line: it takes text "
+                             "output with --nbest 1 and no --print-alignment")
+        if self.split_sentences is not None and not self.split_sentences.isalpha():
+            raise ValueError(f"--split-sentences {self.split_sentences!r}: expected a language code, e.g. en")
         if self.compile and self.workers > 1:
             raise ValueError(f"--compile with --workers {self.workers}: compiled decoding runs one batch at a time "
                              "(use --workers 1)")
@@ -452,6 +462,11 @@ class ServeOptions(DecodingOptions):
     api_keys: Optional[str] = option(None, "a file of API keys, one a line; then /translate needs 'api_key' (else 403)")
     grace_seconds: float = option(10.0, "after SIGTERM: seconds to finish the requests in flight before exiting",
                                   range=Range(0, 86_400))
+    split_sentences: bool = option(
+        True, "split each text into sentences (sentencex, by the source language), translate them as lines and join "
+        "them with the text's own spacing and line breaks; off: each line is one sentence, and a line over the "
+        "model's positions is truncated (counted in the answer's 'truncated')"
+    )
 
     def __post_init__(self) -> None:
         super().__post_init__()  # check_ranges(self) included
@@ -466,7 +481,9 @@ class ServeOptions(DecodingOptions):
     def translate_options(self, path: str) -> "TranslateOptions":
         """The options of ``xf translate --path PATH`` with this server's decoding and engine options."""
         shared = {f.name for f in dataclasses.fields(TranslateOptions)} & {f.name for f in dataclasses.fields(self)}
-        return TranslateOptions(path=(path,), **{name: getattr(self, name) for name in shared if name != "path"})
+        # split_sentences: the server's switch (a bool), not xf translate's language (each direction has its own)
+        return TranslateOptions(path=(path,), **{name: getattr(self, name) for name in shared
+                                                 if name not in ("path", "split_sentences")})
 
 
 def direction_and_path(spec: str) -> tuple[str, str, str]:

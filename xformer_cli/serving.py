@@ -5,8 +5,13 @@ Endpoints (the shape LibreTranslate's clients already speak):
 - ``POST /translate`` ``{"q": "text" or ["t1", "t2"], "source": "en", "target": "de",
   "format": "text", "alternatives": 2, "api_key": "..."}`` (JSON, or the same fields
   form-encoded) -> ``{"translatedText": ..., "alternatives": [...]}`` (alternatives only when
-  asked for). A text of several lines is
-  translated line by line, as ``xf translate`` reads a file, and its lines come back joined by LF.
+  asked for). A text is split into sentences (``segment``; a sentence too long split to fit) and
+  its translation joined with its own spacing and line breaks; with --no-split-sentences it is
+  translated line by line, as ``xf translate`` reads a file, a line too long truncated and counted
+  in the answer's ``truncated``. The fields may also come in the query string, form-encoded or
+  multipart. ``source: "auto"`` detects the language (``language_id``).
+- ``POST /detect`` ``{"q": ...}`` -> ``[{"language": "en", "confidence": 0.97}]`` (served languages only)
+- ``POST /translate_file`` (multipart ``file``, .txt) -> ``{"translatedFileUrl": "data:..."}``
 - ``GET /languages`` -> ``[{"code": "en", "name": "English", "targets": ["de"]}]``
 - ``GET /frontend/settings`` -> what a client may offer (``Server.settings``: the limits, the most
   alternatives, detection, API keys, the default direction, the languages' names), as
@@ -14,7 +19,7 @@ Endpoints (the shape LibreTranslate's clients already speak):
 - ``GET /health`` (ready: the models are loaded), ``GET /metrics`` (Prometheus), ``GET /`` (a page).
 
 Every answer other than 200 is ``{"error": "..."}``: 400 (malformed or too deeply nested JSON,
-wrong types, empty q, a direction not served, format html), 403 (API key), 404 and 405 (no such
+wrong types, empty q, a direction not served, no language for auto, format html), 403 (API key), 404 and 405 (no such
 path or method), 413 (body, lines or characters over the limits; the body's size is checked
 before it is parsed), 503 with Retry-After (queue full), 503 at shutdown (unanswered when
 --grace-seconds ran out), 504 (waited longer than --timeout). A client that disconnects is
@@ -44,6 +49,8 @@ from typing import Optional
 
 from .errors import XfError
 from .options import ServeOptions, direction_and_path
+from .language_id import LanguageId, UnknownLanguage
+from .segment import Units, line_texts, split_texts
 from .serve_queue import BatchQueue, Direction, Job, QueueFull
 from .translation import Stats, decode_input_line, encode_lines, open_engine
 
@@ -54,8 +61,8 @@ LANGUAGE_NAMES = {
     "pl": "Polish", "pt": "Portuguese", "ro": "Romanian", "ru": "Russian", "tr": "Turkish", "uk": "Ukrainian",
     "zh": "Chinese",
 }
-KNOWN_PATHS = ("/", "/translate", "/languages", "/frontend/settings", "/health", "/metrics")
-DETECTION = False  # source "auto" is refused (Translation._direction); /frontend/settings says so
+KNOWN_PATHS = ("/", "/translate", "/translate_file", "/detect", "/languages", "/frontend/settings", "/health",
+               "/metrics")
 CLIENT_GONE = 499  # nginx's "client closed request": logged, never sent (there is no one to send it to)
 ANSWER_SECONDS = 2.0  # after the grace period: time for the 503s to be written before the loop ends
 BACKSTOP_SECONDS = 5.0  # uvicorn cancels what is still running this long after the grace period
@@ -201,26 +208,86 @@ async def disconnected(receive) -> None:
 
 
 def form_fields(text: str) -> dict:
-    """A form-encoded body as LibreTranslate reads one: a repeated q is a list, alternatives a number."""
+    """A form-encoded body (or a query string) as LibreTranslate reads one: a repeated q is a list,
+    alternatives a number."""
     from urllib.parse import parse_qs
 
     fields = {k: v if k == "q" and len(v) > 1 else v[0] for k, v in parse_qs(text, keep_blank_values=True).items()}
+    return numbers(fields)
+
+
+def numbers(fields: dict) -> dict:
+    """Form fields are strings: alternatives as the number it names (LibreTranslate's int())."""
     if isinstance(fields.get("alternatives"), str) and fields["alternatives"].isdigit():
         fields["alternatives"] = int(fields["alternatives"])
     return fields
 
 
+async def request_fields(request, limit: int, info: dict) -> dict:
+    """The fields of a POST as LibreTranslate takes them: the query string's, then the body's over
+    them (JSON, form-encoded or multipart; an empty body: the query string's alone)."""
+    query = form_fields(request.url.query) if request.url.query else {}
+    kind = request.headers.get("content-type", "")
+    if kind.startswith("multipart/form-data"):
+        return {**query, **await multipart_fields(request, limit)}
+    body = await read_body(request, limit)
+    try:
+        text = body.decode("utf-8")
+    except UnicodeDecodeError:  # as xf translate reads a line: the bad bytes become U+FFFD
+        text = body.decode("utf-8", errors="replace")
+        info["invalid_utf8_body"] = True
+    if kind.startswith("application/x-www-form-urlencoded"):
+        return {**query, **form_fields(text)}
+    if not text.strip() and query:
+        return query
+    payload = parse_json(text)
+    if not isinstance(payload, dict):
+        raise HttpError(400, "the body must be a JSON object with q, source and target")
+    return {**query, **payload}
+
+
+async def multipart_fields(request, limit: int) -> dict:
+    """A multipart/form-data body's fields; a file's as {"filename": ..., "data": bytes} (the
+    body's size checked as it is read; Starlette parses it with python-multipart)."""
+    length = request.headers.get("content-length", "")
+    if length.strip().isdigit() and int(length) > limit:
+        raise HttpError(413, f"request body of {int(length):,} bytes is over the limit of {limit:,} (--max-body-bytes)")
+    try:
+        form = await request.form(max_part_size=limit)
+    except AssertionError:  # Starlette's way of saying python-multipart is not installed
+        raise HttpError(400, "multipart bodies need python-multipart on the server: send JSON or form-encoded") from None
+    except Exception as e:  # noqa: BLE001 - Starlette's MultiPartException and HTTPException(400) for a bad body
+        raise HttpError(400, f"the multipart body cannot be read: {getattr(e, 'detail', e)}") from None
+    fields: dict = {}
+    size = 0
+    for key, value in form.multi_items():
+        if hasattr(value, "read"):  # an UploadFile
+            data = await value.read()
+            size += len(data)
+            value = {"filename": value.filename or "", "data": data}
+        else:
+            size += len(value)
+        if size > limit:
+            raise HttpError(413, f"request body is over the limit of {limit:,} bytes (--max-body-bytes)")
+        fields[key] = [*fields[key], value] if key == "q" and key in fields else value
+    await form.close()
+    return numbers(fields)
+
+
+def check_api_key(server: "Server", fields: dict) -> None:
+    """A 403 unless the server needs no key or ``api_key`` (body or query string) is one of its keys."""
+    if server.api_keys:
+        key = fields.get("api_key")
+        if not isinstance(key, str) or not any(hmac.compare_digest(key.encode(), k.encode()) for k in server.api_keys):
+            raise HttpError(403, "Invalid API key" if key else "an API key is needed: send it as 'api_key'")
+
+
 class Translation:
     """One POST /translate: its checked fields (``parse``), then its lines translated (``run``)."""
 
-    def __init__(self, server: "Server", payload, info: dict):
+    def __init__(self, server: "Server", payload: dict, info: dict):
         self.server, self.info = server, info
-        if not isinstance(payload, dict):
-            raise HttpError(400, "the body must be a JSON object with q, source and target")
-        if server.api_keys:
-            key = payload.get("api_key")
-            if not isinstance(key, str) or not any(hmac.compare_digest(key.encode(), k.encode()) for k in server.api_keys):
-                raise HttpError(403, "Invalid API key" if key else "an API key is needed: send it as 'api_key'")
+        check_api_key(server, payload)
         q = payload.get("q")
         self.as_list = isinstance(q, list)
         texts = q if self.as_list else [q]
@@ -228,7 +295,8 @@ class Translation:
             raise HttpError(400, "'q' is empty: send the text to translate (a string or a list of strings)")
         if not all(isinstance(t, str) for t in texts):
             raise HttpError(400, "'q' must be a string or a list of strings")
-        self.direction = self._direction(payload.get("source"), payload.get("target"))
+        self.detected = None  # source "auto": the language chosen, LibreTranslate's detectedLanguage
+        self.direction = self._direction(payload.get("source"), payload.get("target"), texts)
         info["direction"] = self.direction.code
         fmt = payload.get("format", "text")
         if fmt == "html":
@@ -253,12 +321,13 @@ class Translation:
         if chars > options.max_chars:
             raise HttpError(413, f"{chars:,} characters are over the limit of {options.max_chars:,} a request (--max-chars)")
 
-    def _direction(self, source, target) -> Direction:
+    def _direction(self, source, target, texts: list[str]) -> Direction:
         served = ", ".join(self.server.directions)
         if not isinstance(source, str) or not isinstance(target, str):
             raise HttpError(400, f"'source' and 'target' must be language codes; served: {served}")
         if source == "auto":
-            raise HttpError(400, f"source 'auto' (language detection) is not supported; served: {served}")
+            source, confidence = self.server.detect("\n".join(texts))
+            self.detected = {"language": source, "confidence": round(confidence, 4)}
         direction = self.server.directions.get(f"{source}-{target}")
         if direction is None:
             raise HttpError(400, f"{source}-{target} is not served; served: {served}")
@@ -268,9 +337,8 @@ class Translation:
         """The answer, once the worker has decoded every line; a 504 past --timeout, a 499 when the
         client disconnects. Whatever ends the wait (those, or a cancel at shutdown), the lines not
         yet decoded leave the queue."""
-        flat = [line for lines in self.lines for line in lines]
-        pieces = encode_lines(self.direction.sp, flat, self.direction.engine.max_source, self.stats)
-        job = Job(self.direction, pieces)
+        self.units = self._units()
+        job = Job(self.direction, self.units.pieces)
         try:
             self.server.queue.submit(job)
         except QueueFull as e:
@@ -287,33 +355,49 @@ class Translation:
             if dropped:
                 self.info["dropped_lines"] = dropped
         if answer in done:
-            self.server.metrics.lines.labels(self.direction.code).inc(len(flat))
+            self.server.metrics.lines.labels(self.direction.code).inc(len(self.units.pieces))
             return self._answer(answer.result())
         answer.cancel()
         if gone in done:
             raise HttpError(CLIENT_GONE, "the client closed the connection")
         raise HttpError(504, f"no translation within {timeout:g} s (--timeout)")
 
+    def _units(self) -> Units:
+        """The units to search: each text's sentences (a sentence too long split to fit), or with
+        --no-split-sentences its lines (a line too long truncated); a 413 past the queue's size."""
+        sp, max_source = self.direction.sp, self.direction.engine.max_source
+        if self.server.options.split_sentences:
+            units = split_texts(self.lines, self.direction.source, sp, max_source)
+        else:
+            units = line_texts(self.lines, lambda lines: encode_lines(sp, lines, max_source, self.stats))
+        self.info["sentences"] = len(units.pieces)
+        most = self.server.options.max_queue_lines
+        if len(units.pieces) > most:
+            raise HttpError(413, f"the text splits into {len(units.pieces):,} sentences (pieces of the model's "
+                            f"length), over the {most:,} the queue holds (--max-queue-lines)")
+        return units
+
     def _answer(self, found: list[list[str]]) -> dict:
-        per_text, at = [], 0
-        for lines in self.lines:
-            per_text.append(found[at:at + len(lines)])
-            at += len(lines)
+        def text(layout, k):  # the k-th hypothesis of each unit (its last where it has fewer)
+            return layout.render(lambda i: found[i][min(k, len(found[i]) - 1)])
 
-        def text(hyps_per_line, k):  # the k-th hypothesis of each line (its last where it has fewer)
-            return "\n".join(hyps[min(k, len(hyps) - 1)] for hyps in hyps_per_line)
+        def alternatives(layout):
+            most = max((len(found[i]) for i in layout.parts if isinstance(i, int)), default=1) - 1
+            return [text(layout, k) for k in range(1, 1 + min(self.alternatives, most))]
 
-        def alternatives(hyps_per_line):
-            most = max(len(hyps) for hyps in hyps_per_line) - 1
-            return [text(hyps_per_line, k) for k in range(1, 1 + min(self.alternatives, most))]
-
-        translated = [text(t, 0) for t in per_text]
+        layouts = self.units.layouts
+        translated = [text(layout, 0) for layout in layouts]
         answer: dict = {"translatedText": translated if self.as_list else translated[0]}
         if self.alternatives:
-            alts = [alternatives(t) for t in per_text]
+            alts = [alternatives(layout) for layout in layouts]
             answer["alternatives"] = alts if self.as_list else alts[0]
-        if self.stats.invalid_utf8 or self.stats.truncated:
-            self.info.update(invalid_utf8=self.stats.invalid_utf8, truncated=self.stats.truncated)
+        if self.detected is not None:
+            answer["detectedLanguage"] = self.detected
+        truncated, split_long = self.stats.truncated, self.units.split_long
+        if truncated:  # never silent: the answer says how many lines lost their end
+            answer["truncated"] = truncated
+        self.server.count_text(truncated, split_long)
+        self.info.update(invalid_utf8=self.stats.invalid_utf8, truncated=truncated, split_long=split_long)
         return answer
 
 
@@ -331,6 +415,26 @@ class Server:
         self.past_grace = asyncio.Event()  # shutdown: --grace-seconds are over, answer 503 now
         self.in_flight: set[asyncio.Task] = set()  # the requests being handled (AccessLog)
         self.page = resources.files("xformer_cli").joinpath("serve_page.html").read_bytes()
+        self.language_id = LanguageId.load(sorted({d.source for d in directions}))  # None without py3langid
+        self.truncated = self.split_long = 0  # over the model's positions: lines cut, sentences split (summary)
+
+    def count_text(self, truncated: int, split_long: int) -> None:
+        self.truncated += truncated
+        self.split_long += split_long
+
+    def detect(self, text: str) -> tuple[str, float]:
+        """(language, confidence) of ``text`` among the served source languages; a 400 naming why
+        when there is none (a 400 too without the detect extra)."""
+        if self.language_id is None:
+            raise HttpError(400, "language detection needs py3langid on the server (pip install 'xformer-cli[detect]'): "
+                            "name the source language")
+        sources = ", ".join(self.language_id.languages) or "none"
+        try:
+            language = self.language_id.choose(text)
+        except UnknownLanguage as e:
+            raise HttpError(400, f"source 'auto': {e}; this server translates from: {sources}") from None
+        served, _ = self.language_id.rank(text)
+        return language, dict(served)[language]
 
     def app(self):
         """The ASGI application: the routes inside the access log; Starlette's own answers (404,
@@ -349,6 +453,8 @@ class Server:
         routes = [
             Route("/", self.index, methods=["GET"]),
             Route("/translate", self.translate, methods=["POST"]),
+            Route("/translate_file", self.translate_file, methods=["POST"]),
+            Route("/detect", self.detect_page, methods=["POST"]),
             Route("/languages", self.languages, methods=["GET"]),
             Route("/frontend/settings", self.settings, methods=["GET"]),
             Route("/health", self.health, methods=["GET"]),
@@ -414,16 +520,7 @@ class Server:
         info = request.scope.setdefault("xf", {})
         arrived = time.perf_counter()
         try:
-            body = await read_body(request, self.options.max_body_bytes)
-            try:
-                text = body.decode("utf-8")
-            except UnicodeDecodeError:  # as xf translate reads a line: the bad bytes become U+FFFD
-                text = body.decode("utf-8", errors="replace")
-                info["invalid_utf8_body"] = True
-            if request.headers.get("content-type", "").startswith("application/x-www-form-urlencoded"):
-                payload = form_fields(text)
-            else:
-                payload = parse_json(text)
+            payload = await request_fields(request, self.options.max_body_bytes, info)
             answer = await Translation(self, payload, info).run(arrived, request.receive)
         except HttpError as e:
             info["error"] = str(e)
@@ -431,6 +528,61 @@ class Server:
         finally:
             self.metrics.latency.observe(time.perf_counter() - arrived)
         return JSONResponse(answer)
+
+    async def translate_file(self, request):
+        """LibreTranslate's POST /translate_file: a multipart ``file`` (.txt, UTF-8) translated as one
+        ``q``; the answer's ``translatedFileUrl`` is a data: URL holding the translated file (xf keeps
+        no files to download later)."""
+        import base64
+
+        from starlette.responses import JSONResponse
+
+        info = request.scope.setdefault("xf", {})
+        arrived = time.perf_counter()
+        try:
+            fields = await request_fields(request, self.options.max_body_bytes, info)
+            upload = fields.get("file")
+            if not isinstance(upload, dict):
+                raise HttpError(400, "send the file as the multipart field 'file' (a .txt file)")
+            name = upload["filename"]
+            if not name.lower().endswith(".txt"):
+                raise HttpError(400, f"file {shown(name)}: only .txt files are translated")
+            text = upload["data"].decode("utf-8", errors="replace")
+            if upload["data"] and text.encode("utf-8") != upload["data"]:
+                info["invalid_utf8_body"] = True
+            fields = {**{k: v for k, v in fields.items() if k != "file"}, "q": text, "format": "text"}
+            answer = await Translation(self, fields, info).run(arrived, request.receive)
+        except HttpError as e:
+            info["error"] = str(e)
+            return JSONResponse({"error": str(e)}, status_code=e.status, headers=e.headers)
+        finally:
+            self.metrics.latency.observe(time.perf_counter() - arrived)
+        data = base64.b64encode(answer["translatedText"].encode("utf-8")).decode("ascii")
+        result = {"translatedFileUrl": f"data:text/plain;charset=utf-8;base64,{data}"}
+        return JSONResponse({**result, **{k: v for k, v in answer.items() if k in ("truncated", "detectedLanguage")}})
+
+    async def detect_page(self, request):
+        """LibreTranslate's POST /detect: ``[{"language": "en", "confidence": 0.97}, ...]``, the served
+        source languages best first."""
+        from starlette.responses import JSONResponse
+
+        info = request.scope.setdefault("xf", {})
+        try:
+            fields = await request_fields(request, self.options.max_body_bytes, info)
+            check_api_key(self, fields)
+            q = fields.get("q")
+            if not isinstance(q, str) or not q.strip():
+                raise HttpError(400, "'q' is empty: send the text whose language to detect (a string)")
+            if len(q) > self.options.max_chars:
+                raise HttpError(413, f"{len(q):,} characters are over the limit of {self.options.max_chars:,} a request "
+                                "(--max-chars)")
+            if self.language_id is None:
+                self.detect(q)  # the 400 that names the extra
+            served, _ = self.language_id.rank(q)
+        except HttpError as e:
+            info["error"] = str(e)
+            return JSONResponse({"error": str(e)}, status_code=e.status, headers=e.headers)
+        return JSONResponse([{"language": code, "confidence": round(p, 4)} for code, p in served])
 
     async def languages(self, request):
         from starlette.responses import JSONResponse
@@ -452,12 +604,12 @@ class Server:
         codes = sorted({code for d in self.directions.values() for code in (d.source, d.target)})
         return JSONResponse({
             "charLimit": self.options.max_chars, "lineLimit": self.options.max_lines,
-            "alternativesLimit": self.options.nbest - 1, "detection": DETECTION,
+            "alternativesLimit": self.options.nbest - 1, "detection": self.language_id is not None,
             "apiKeys": bool(self.api_keys), "keyRequired": bool(self.api_keys),
             "language": {"source": {"code": first.source, "name": language_name(first.source)},
                          "target": {"code": first.target, "name": language_name(first.target)}},
             "names": {code: language_name(code) for code in codes},
-            "suggestions": False, "filesTranslation": False, "supportedFilesFormat": [],
+            "suggestions": False, "filesTranslation": True, "supportedFilesFormat": [".txt"],
         })
 
     async def health(self, request):
@@ -557,14 +709,16 @@ def access_line(method: str, path: str, status: int, info: dict, seconds: float)
     """``xf serve | POST /translate 200 | direction en-de | lines 2 | ...``: one line, as xf's tables
     are one line each in a log (console.table_line)."""
     parts = [f"xf serve | {method} {path} {status}"]
-    for key, name in (("direction", "direction"), ("lines", "lines"), ("characters", "characters")):
+    for key, name in (("direction", "direction"), ("lines", "lines"), ("sentences", "sentences"),
+                      ("characters", "characters")):
         if key in info:
             parts.append(f"{name} {info[key]}")
     for key, name in (("queue_ms", "queue wait"), ("decode_ms", "decode")):
         if key in info:
             parts.append(f"{name} {info[key]:.1f} ms")
     parts.append(f"total {seconds * 1000:.1f} ms")
-    for key, name in (("invalid_utf8", "invalid UTF-8 lines"), ("truncated", "truncated lines")):
+    for key, name in (("invalid_utf8", "invalid UTF-8 lines"), ("truncated", "truncated lines"),
+                      ("split_long", "sentences split to fit")):
         if info.get(key):
             parts.append(f"{name} {info[key]}")
     if info.get("invalid_utf8_body"):

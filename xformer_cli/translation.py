@@ -3,7 +3,9 @@
 One input line gives one output, whatever it holds: invalid UTF-8 is replaced by U+FFFD and
 counted (``decode_input_line``), an empty or whitespace-only line gives an empty translation
 without a search, a line longer than the engine's ``max_source`` subwords is truncated and
-counted (``encode_lines``). ``search_lines`` sorts the lines by length into batches and searches
+counted (``encode_lines``); with ``--split-sentences`` (``translate_sentences``) each line's
+sentences are translated and joined instead, and a sentence too long is split, not cut
+(``segment``). ``search_lines`` sorts the lines by length into batches and searches
 them; ``translate_buffer`` formats the results as ``xf translate`` writes them. ``open_engine``
 opens the engine that ``--engine`` names over ``--path``.
 """
@@ -25,6 +27,7 @@ from .engines import Engine, XfEngine
 from .errors import ConfigError
 from .options import TranslateOptions
 from .search import Hypothesis
+from .segment import split_texts
 from .vocab import decode_line
 
 
@@ -59,6 +62,8 @@ class Stats:
     first_invalid: int = 0
     truncated: int = 0
     first_truncated: int = 0
+    sentences: int = 0  # sentences translated (--split-sentences, xf serve: lines otherwise)
+    split_long: int = 0  # sentences over the model's positions, split to fit (segment.fit)
 
 
 def decode_input_line(raw: bytes, line_no: int, stats: Stats, where: str) -> str:
@@ -187,3 +192,23 @@ def translate_buffer(engine: Engine, sp, lines: list[str], first_index: int, opt
                      for h, a in zip(hyps, alignments[i] or [[]] * len(hyps))]  # empty lines: none
         out.append(format_result(first_index + i, lines[i], hyps, texts, options, sp, pairs))
     return out
+
+
+def translate_sentences(engine: Engine, sp, lines: list[str], options: TranslateOptions, stats: Stats,
+                        generator=None) -> list[str]:
+    """``--split-sentences``: each line's sentences translated as lines (batched across the buffer)
+    and joined again with the line's own spacing; one output line per input line (text output)."""
+    units = split_texts([[line] for line in lines], options.split_sentences, sp, engine.max_source)
+    stats.sentences += units.sentences
+    stats.split_long += units.split_long
+    results, _ = search_lines(engine, units.pieces, options, stats, max_tokens=options.max_tokens or None,
+                              max_sentences=None if options.max_tokens else options.batch_size, generator=generator)
+    texts = [hypothesis_texts(sp, hyps)[0] if hyps is not None else "" for hyps in results]
+    out = []
+    for line, layout in zip(lines, units.layouts):
+        translated = layout.render(texts.__getitem__)
+        stats.empty += not line.strip()
+        stats.empty_outputs += bool(line.strip()) and not translated.strip()
+        out.append(translated + "\n")
+    return out
+

@@ -27,6 +27,12 @@ def serve(options: ServeOptions) -> None:
         import uvicorn  # noqa: F401
     except ImportError:
         raise XfError("xf serve needs starlette, uvicorn and prometheus_client: pip install 'xformer-cli[serve]'") from None
+    if options.split_sentences:
+        try:
+            import sentencex  # noqa: F401
+        except ImportError:
+            raise XfError("xf serve splits texts into sentences with sentencex: pip install 'xformer-cli[serve]' "
+                          "(or --no-split-sentences)") from None
 
     api_keys = read_api_keys(options.api_keys)
     sock = bind(options.host, options.port)
@@ -39,7 +45,9 @@ def serve(options: ServeOptions) -> None:
         host, port = sock.getsockname()[:2]
         shown = f"[{host}]" if ":" in host else host
         print(f"xf serve | listening on http://{shown}:{port} | directions {', '.join(server.directions)} | "
-              f"engine {options.engine} | api keys {'on' if api_keys else 'off'}", file=sys.stderr, flush=True)
+              f"engine {options.engine} | api keys {'on' if api_keys else 'off'} | "
+              f"sentence splitting {'on' if options.split_sentences else 'off'} | "
+              f"language detection {'on' if server.language_id else 'off (no py3langid)'}", file=sys.stderr, flush=True)
         start = time.perf_counter()
         server.run(sock)
     _summary(console, server, time.perf_counter() - start)
@@ -54,6 +62,7 @@ def _summary(console, server: Server, elapsed: float) -> None:
         ("requests by status", ", ".join(f"{status}: {n:,}" for status, n in sorted(server.statuses.items())) or "none"),
         ("lines decoded", f"{queue.lines_done:,}"),
         ("lines dropped undecoded", f"{queue.lines_dropped:,}"),
+        ("over the model's positions: sentences split / lines truncated", f"{server.split_long:,} / {server.truncated:,}"),
         ("batches / sentences a batch", f"{queue.batches:,} / {queue.sentences / max(queue.batches, 1):.1f}"),
         ("source / target subwords", f"{queue.stats.src_tokens:,} / {queue.stats.tgt_tokens:,}"),
         ("time served", f"{elapsed:.1f} s"),

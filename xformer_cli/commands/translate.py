@@ -22,7 +22,7 @@ from ..console import print_summary, stderr_console
 from ..errors import XfError
 from ..fileio import atomic_write
 from ..options import TranslateOptions
-from ..translation import Stats, decode_input_line, open_engine, translate_buffer
+from ..translation import Stats, decode_input_line, open_engine, translate_buffer, translate_sentences
 
 
 # -- reading and writing -------------------------------------------------------------------------
@@ -103,7 +103,10 @@ def translate(options: TranslateOptions) -> None:
             task = progress.add_task("translate", total=total, lines=0, rate=0.0)
             for raw_lines in read_buffers(source, buffer_size):
                 lines = [decode_input_line(raw, stats.lines + i + 1, stats, where) for i, raw in enumerate(raw_lines)]
-                outputs = translate_buffer(engine, sp, lines, stats.lines, options, stats, generator)
+                if options.split_sentences is not None:
+                    outputs = translate_sentences(engine, sp, lines, options, stats, generator)
+                else:
+                    outputs = translate_buffer(engine, sp, lines, stats.lines, options, stats, generator)
                 sink.write("".join(outputs).encode("utf-8"))
                 sink.flush()
                 stats.lines += len(lines)
@@ -117,6 +120,9 @@ def translate(options: TranslateOptions) -> None:
     if stats.truncated:
         _warn(f"{where}: {stats.truncated} line(s) longer than the model's {engine.max_source} source subwords "
               f"were truncated (first: line {stats.first_truncated})")
+    if stats.split_long:
+        _warn(f"{where}: {stats.split_long} sentence(s) longer than the model's {engine.max_source} source subwords "
+              "were split to fit (at clause or word boundaries) and their pieces translated")
     if stats.empty_outputs:
         _warn(f"{stats.empty_outputs:,} of {stats.lines - stats.empty:,} non-empty line(s) got an empty translation "
               "(a model that ends every sentence at once: an untrained or broken checkpoint?)")
@@ -135,6 +141,8 @@ def _summary(console, stats: Stats, elapsed: float, options: TranslateOptions, c
         ("lines", f"{stats.lines:,}"),
         ("translated / empty input lines", f"{translated:,} / {stats.empty:,}"),
         *([("empty translations", f"{stats.empty_outputs:,} of {translated:,}")] if stats.empty_outputs else []),
+        *([("sentences (--split-sentences) / split to fit", f"{stats.sentences:,} / {stats.split_long:,}")]
+          if options.split_sentences is not None else []),
         ("source / target subwords", f"{stats.src_tokens:,} / {stats.tgt_tokens:,}"),
         ("time", f"{elapsed:.2f} s"),
         *([("compile (not in the speeds)", f"{compiling:.2f} s, {compiled.graphs} graph(s)")] if compiled else []),
