@@ -42,16 +42,17 @@ def settings_of(values: dict, api_keys: list[str]) -> dict:
 def test_settings_say_what_the_server_offers():
     assert settings_of({"model": ["en-de=a.pt", "de-en=b.pt", "en-fr=c.pt"], "nbest": 3, "beam_size": 4,
                         "max_chars": 1234, "max_lines": 7}, ["k"]) == {
-        "charLimit": 1234, "lineLimit": 7, "alternativesLimit": 2, "detection": False,
+        "charLimit": 1234, "lineLimit": 7, "alternativesLimit": 2, "detection": True,  # py3langid: the test extra
         "apiKeys": True, "keyRequired": True,
         "language": {"source": {"code": "en", "name": "English"}, "target": {"code": "de", "name": "German"}},
         "names": {"de": "German", "en": "English", "fr": "French"},
-        "suggestions": False, "filesTranslation": False, "supportedFilesFormat": [],
+        "suggestions": False, "filesTranslation": True, "supportedFilesFormat": [".txt"],
     }
     # the defaults: --nbest 1 gives no alternative, no key is asked for; a code without a name is itself
     plain = settings_of({"model": ["xx-de=a.pt"]}, [])
     assert (plain["charLimit"], plain["lineLimit"], plain["alternativesLimit"]) == (5000, 100, 0)
     assert (plain["keyRequired"], plain["names"]) == (False, {"de": "German", "xx": "xx"})
+    assert plain["detection"] is False  # no served source language that the identifier knows
 
 
 def test_settings_take_only_get():

@@ -604,7 +604,7 @@ class Server:
         codes = sorted({code for d in self.directions.values() for code in (d.source, d.target)})
         return JSONResponse({
             "charLimit": self.options.max_chars, "lineLimit": self.options.max_lines,
-            "alternativesLimit": self.options.nbest - 1, "detection": self.language_id is not None,
+            "alternativesLimit": self.options.nbest - 1, "detection": bool(self.language_id and self.language_id.languages),
             "apiKeys": bool(self.api_keys), "keyRequired": bool(self.api_keys),
             "language": {"source": {"code": first.source, "name": language_name(first.source)},
                          "target": {"code": first.target, "name": language_name(first.target)}},
