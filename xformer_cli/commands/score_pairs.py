@@ -16,6 +16,7 @@ line, never cut, since a cut sentence's score is not the pair's.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import json
 import sys
 import time
@@ -60,14 +61,9 @@ def count_lines(path: str) -> int:
 
 
 def read_pairs(source: IO[bytes], target: IO[bytes], size: int) -> Iterator[list[tuple[bytes, bytes]]]:
-    buffer: list[tuple[bytes, bytes]] = []
-    for pair in zip(source, target):
-        buffer.append(pair)
-        if len(buffer) >= size:
-            yield buffer
-            buffer = []
-    if buffer:
-        yield buffer
+    """The pairs of lines of the two files, ``size`` at a time."""
+    pairs = zip(source, target)
+    return iter(lambda: list(itertools.islice(pairs, size)), [])
 
 
 def decode_lines(raws: list[bytes], first_line: int, side: Side) -> list[str]:
@@ -96,15 +92,6 @@ def encode_lines(sp, texts: list[str], first_line: int, path: str, limit: int) -
             raise XfError(f"{path}:{first_line + i}: {len(ids)} subwords, more than the model's {limit} "
                           "(max_positions - 1); xf score-pairs does not cut a sentence: drop or split that pair")
     return pieces
-
-
-@contextlib.contextmanager
-def _open_output(path: Optional[str]) -> Iterator[IO[bytes]]:
-    if path is None:
-        yield sys.stdout.buffer
-    else:
-        with atomic_write(path, "wb") as f:  # nothing half-written if scoring fails
-            yield f
 
 
 # -- writing -------------------------------------------------------------------------------------
@@ -147,8 +134,9 @@ def score_pairs(options: ScorePairsOptions) -> None:
     src_side, tgt_side = Side(options.source), Side(options.target)
     sums, tokens, dual_sum, lines = [0.0] * len(directions), [0] * len(directions), 0.0, 0
     start = time.perf_counter()
-    with open(options.source, "rb") as source, open(options.target, "rb") as target, \
-            _open_output(options.output) as sink:
+    # --output is written atomically: nothing half-written if scoring fails
+    output = atomic_write(options.output, "wb") if options.output else contextlib.nullcontext(sys.stdout.buffer)
+    with open(options.source, "rb") as source, open(options.target, "rb") as target, output as sink:
         progress = Progress(
             TextColumn("scoring"), BarColumn(), TextColumn("{task.completed:,} pairs"),
             TextColumn("{task.fields[rate]:.1f} pairs/s"), TimeElapsedColumn(), TimeRemainingColumn(),
