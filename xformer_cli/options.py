@@ -568,6 +568,41 @@ class ScoreOptions:
     json: bool = option(False, "print JSON instead of text")
 
 
+@with_translate_fields("batch_size", "buffer_size", "device", "precision", "threads", "quiet")
+@dataclass(frozen=True, kw_only=True)
+class ScorePairsOptions:
+    """xf score-pairs: what to score and with which models, how to write it, and the engine's
+    options (from TranslateOptions)."""
+
+    path: tuple[str, ...] = option(
+        help="checkpoint(s) of the source->target model; several form an ensemble (probabilities averaged, as "
+        "xf translate's)"
+    )
+    source: str = option(help="source sentences, one a line (raw text)")
+    target: str = option(help="target sentences, one a line: line N is the translation of --source's line N")
+    reverse_path: tuple[str, ...] = option(
+        (), "checkpoint(s) of a target->source model: also score each pair in reverse and give the dual conditional "
+        "cross-entropy |H_fwd - H_rev| + (H_fwd + H_rev)/2 (Junczys-Dowmunt, 2018; lower is better)"
+    )
+    output: Optional[str] = option(None, "write this file instead of stdout (atomically)")
+    output_format: Literal["jsonl", "text"] = option(
+        "jsonl", "JSON lines {\"line\", \"score\" (summed log-probability), \"tokens\" (target subwords + eos), \"mean\"} "
+        "(with --reverse-path also the reverse's and the cross-entropies and dual score), or one number a line"
+    )
+    normalize: Literal["mean", "sum"] = option(
+        "mean", "the number of --output-format text: the log-probability per target subword (eos included) or "
+        "summed; with --reverse-path text shows the dual score"
+    )
+    max_tokens: int = option(0, "padded subwords per batch on either side instead of --batch-size (0: use batch_size)",
+                             range=COUNT)
+
+    def __post_init__(self) -> None:
+        check_ranges(self)
+        if self.reverse_path and self.output_format == "text" and self.normalize == "sum":
+            raise ConfigError("--reverse-path writes the dual score, which is per token: --normalize sum has no "
+                              "dual score (use --output-format jsonl for the sums)")
+
+
 @dataclass(frozen=True)
 class PlotCurvesOptions:
     save_dirs: tuple[str, ...] = option(
