@@ -1,8 +1,9 @@
 """The shape of the package: commands over a library.
 
 ``xformer_cli/commands/`` holds one module per subcommand; they import the library, never each
-other, and no library module imports a command. ``cli.py`` (the Typer front end) and
-``__main__`` are the only modules that name every command. Bench scripts import the library for
+other, and no library module imports a command. ``frame.py`` (the command table), ``cli.py``
+(the Typer front end that registers it) and ``__main__`` are the only modules that name every
+command. Bench scripts import the library for
 what they measure and run whole commands through the CLI (``bench/xf_command.py``), never by
 importing a command module.
 """
@@ -14,7 +15,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 PACKAGE = REPO / "xformer_cli"
-FRONT_END = {"cli", "__main__"}
+FRONT_END = {"cli", "frame", "__main__"}
 
 
 def imported_modules(path: Path, source: str | None = None) -> set[str]:
@@ -100,3 +101,13 @@ def test_the_checker_sees_a_bench_scripts_command_imports():
     assert {"commands.train", "commands", "commands.preprocess"} <= found
     assert imported_modules(REPO / "bench" / "x.py", "from xformer_cli.train_setup import set_up\n") == {
         "train_setup", "train_setup.set_up"}
+
+
+def test_only_the_front_end_names_the_command_modules():
+    """The table names each command's module as a string, imported when the command runs; no
+    library module does, so that none can reach a command by a path the import check misses."""
+    offenders = [module_name(p) for p in library() if '"commands.' in p.read_text(encoding="utf-8")
+                 or "'commands." in p.read_text(encoding="utf-8") or "xformer_cli.commands" in p.read_text(encoding="utf-8")]
+    assert offenders == []
+    assert 'f"xformer_cli.commands.{module}"' in (PACKAGE / "frame.py").read_text(encoding="utf-8")
+
