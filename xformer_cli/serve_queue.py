@@ -21,6 +21,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable, Optional
 
+from .attention_maps import alignment_pairs, word_ids
 from .engines import Engine
 from .options import TranslateOptions
 from .translation import Stats, hypothesis_texts, search_lines
@@ -51,6 +52,8 @@ class Job:
     future: concurrent.futures.Future = field(default_factory=concurrent.futures.Future)
     taken: int = 0  # lines handed to the worker so far, in order
     found: list[list[str]] = field(default_factory=list)  # per line decoded so far: its hypotheses' texts
+    align: bool = False  # also the best hypothesis's word alignment per line (format html), where the engine has them
+    alignments: list = field(default_factory=list)  # per line: [(source word, target word)], or None
     dropped: bool = False  # its request is gone: the lines not taken are not decoded, the rest not kept
     queue_wait: float = 0.0  # seconds from submit to the start of its first batch's search
     decode_time: float = 0.0  # seconds its batches' searches took
@@ -230,6 +233,8 @@ class BatchQueue:
         for job, start, end in batch:
             job.decode_time += elapsed
             texts = [hypothesis_texts(direction.sp, hyps) if hyps is not None else [""] for hyps in found[at:at + end - start]]
+            if job.align and not job.dropped:
+                job.alignments.extend(word_alignments(direction, job.pieces[start:end], found[at:at + end - start]))
             at += end - start
             if job.dropped:
                 continue
@@ -242,3 +247,23 @@ class BatchQueue:
         self.sentences += sentences
         if self.on_batch is not None:
             self.on_batch(sentences, time.perf_counter() - start)
+
+
+def word_alignments(direction: Direction, sources: list[list[int]], found: list) -> list:
+    """(source word, target word) pairs of each line's best hypothesis (``xf translate
+    --print-alignment --alignment-level word``, words by the pieces' word starts), None where the
+    engine gives none (ctranslate2) or the line is empty."""
+    engine, sp = direction.engine, direction.sp
+    if not getattr(engine, "supports_alignments", False):
+        return [None] * len(sources)
+    kept = [i for i, hyps in enumerate(found) if hyps and sources[i]]
+    out: list = [None] * len(sources)
+    if not kept:
+        return out
+    best = [[found[i][0]] for i in kept]
+    aligned = engine.alignments([sources[i] for i in kept], best, direction.options.alignment_layer)
+    for i, hyps, rows in zip(kept, best, aligned):
+        src = word_ids([sp.id_to_piece(t) for t in sources[i]])
+        tgt = word_ids([sp.id_to_piece(t) for t in hyps[0].tokens[:-1]])
+        out[i] = alignment_pairs(rows[0], src, tgt)
+    return out

@@ -9,7 +9,9 @@ Endpoints (the shape LibreTranslate's clients already speak):
   its translation joined with its own spacing and line breaks; with --no-split-sentences it is
   translated line by line, as ``xf translate`` reads a file, a line too long truncated and counted
   in the answer's ``truncated``. The fields may also come in the query string, form-encoded or
-  multipart. ``source: "auto"`` detects the language (``language_id``).
+  multipart. ``source: "auto"`` detects the language (``language_id``). ``format: "html"``: the
+  text of a document translated and its markup kept as written (``html_text``), inline tags placed
+  by the word alignment of the best translation.
 - ``POST /detect`` ``{"q": ...}`` -> ``[{"language": "en", "confidence": 0.97}]`` (served languages only)
 - ``POST /translate_file`` (multipart ``file``, .txt) -> ``{"translatedFileUrl": "data:..."}``
 - ``GET /languages`` -> ``[{"code": "en", "name": "English", "targets": ["de"]}]``
@@ -19,7 +21,7 @@ Endpoints (the shape LibreTranslate's clients already speak):
 - ``GET /health`` (ready: the models are loaded), ``GET /metrics`` (Prometheus), ``GET /`` (a page).
 
 Every answer other than 200 is ``{"error": "..."}``: 400 (malformed or too deeply nested JSON,
-wrong types, empty q, a direction not served, no language for auto, format html), 403 (API key), 404 and 405 (no such
+wrong types, empty q, a direction not served, no language for auto, a format not text or html), 403 (API key), 404 and 405 (no such
 path or method), 413 (body, lines or characters over the limits; the body's size is checked
 before it is parsed), 503 with Retry-After (queue full), 503 at shutdown (unanswered when
 --grace-seconds ran out), 504 (waited longer than --timeout). A client that disconnects is
@@ -47,6 +49,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Optional
 
+from . import html_text
 from .errors import XfError
 from .options import ServeOptions, direction_and_path
 from .language_id import LanguageId, UnknownLanguage
@@ -299,10 +302,8 @@ class Translation:
         self.direction = self._direction(payload.get("source"), payload.get("target"), texts)
         info["direction"] = self.direction.code
         fmt = payload.get("format", "text")
-        if fmt == "html":
-            raise HttpError(400, "format 'html' is not supported yet: send plain text with format 'text'")
-        if fmt != "text":
-            raise HttpError(400, f"'format' must be 'text', got {shown(fmt)}")
+        if fmt not in ("text", "html"):
+            raise HttpError(400, f"'format' must be 'text' or 'html', got {shown(fmt)}")
         alternatives = payload.get("alternatives", 0)
         most = self.direction.options.nbest - 1
         if not isinstance(alternatives, int) or isinstance(alternatives, bool) or alternatives < 0:
@@ -312,8 +313,13 @@ class Translation:
                             f"(it runs with --nbest {most + 1})")
         self.alternatives = alternatives
         self.stats = Stats()
-        self.lines = [text_lines(t, self.stats) for t in texts]  # per text, its lines
-        count, chars = sum(map(len, self.lines)), sum(map(len, texts))
+        count, chars = sum(t.count("\n") + 1 for t in texts), sum(map(len, texts))
+        self.documents = None  # format html: each text's Document; its blocks are the texts translated
+        if fmt == "html" and chars <= server.options.max_chars:
+            self.documents = [html_text.parse(t) for t in texts]
+            self.lines = [text_lines(block.text, self.stats) for d in self.documents for block in d.blocks]
+        else:
+            self.lines = [text_lines(t, self.stats) for t in texts]  # per text, its lines
         info.update(lines=count, characters=chars)
         options = server.options
         if count > options.max_lines:
@@ -338,7 +344,7 @@ class Translation:
         client disconnects. Whatever ends the wait (those, or a cancel at shutdown), the lines not
         yet decoded leave the queue."""
         self.units = self._units()
-        job = Job(self.direction, self.units.pieces)
+        job = Job(self.direction, self.units.pieces, align=self.documents is not None)
         try:
             self.server.queue.submit(job)
         except QueueFull as e:
@@ -356,7 +362,7 @@ class Translation:
                 self.info["dropped_lines"] = dropped
         if answer in done:
             self.server.metrics.lines.labels(self.direction.code).inc(len(self.units.pieces))
-            return self._answer(answer.result())
+            return self._answer(answer.result(), job.alignments)
         answer.cancel()
         if gone in done:
             raise HttpError(CLIENT_GONE, "the client closed the connection")
@@ -377,7 +383,7 @@ class Translation:
                             f"length), over the {most:,} the queue holds (--max-queue-lines)")
         return units
 
-    def _answer(self, found: list[list[str]]) -> dict:
+    def _answer(self, found: list[list[str]], alignments: list) -> dict:
         def text(layout, k):  # the k-th hypothesis of each unit (its last where it has fewer)
             return layout.render(lambda i: found[i][min(k, len(found[i]) - 1)])
 
@@ -387,9 +393,11 @@ class Translation:
 
         layouts = self.units.layouts
         translated = [text(layout, 0) for layout in layouts]
+        alts = [alternatives(layout) for layout in layouts] if self.alternatives else None
+        if self.documents is not None:
+            translated, alts = self._documents(translated, alts, found, alignments)
         answer: dict = {"translatedText": translated if self.as_list else translated[0]}
         if self.alternatives:
-            alts = [alternatives(layout) for layout in layouts]
             answer["alternatives"] = alts if self.as_list else alts[0]
         if self.detected is not None:
             answer["detectedLanguage"] = self.detected
@@ -399,6 +407,42 @@ class Translation:
         self.server.count_text(truncated, split_long)
         self.info.update(invalid_utf8=self.stats.invalid_utf8, truncated=truncated, split_long=split_long)
         return answer
+
+
+    def _documents(self, translated: list[str], alts: Optional[list[list[str]]], found: list[list[str]],
+                   alignments: list):
+        """Format html: each document with its blocks' translations in place (``html_text``), the
+        inline tags where the best hypothesis's word alignment puts them; an alternative, which has
+        no alignment here, gets them at the same relative places."""
+        sp = self.direction.sp
+        pairs = [block_pairs(layout, self.units.pieces, found, alignments, sp) for layout in self.units.layouts]
+        documents, alternatives, at = [], [], 0
+        for document in self.documents:
+            n = len(document.blocks)
+            documents.append(document.render(list(zip(translated[at:at + n], pairs[at:at + n]))))
+            if alts is not None:
+                mine = alts[at:at + n]
+                alternatives.append([document.render([(a[min(k, len(a) - 1)] if a else t, None)
+                                                      for a, t in zip(mine, translated[at:at + n])])
+                                     for k in range(max(map(len, mine), default=0))])
+            at += n
+        return documents, alternatives if alts is not None else None
+
+
+def block_pairs(layout, pieces: list[list[int]], found: list[list[str]], alignments: list, sp):
+    """A block's (source word, target word) pairs over its whole text: each unit's alignment moved
+    by the words of the units before it (source: its subwords' word starts; target: its best
+    translation's words), or None where a unit has none."""
+    pairs, source_at, target_at = [], 0, 0
+    for part in layout.parts:
+        if not isinstance(part, int):
+            continue
+        if part >= len(alignments) or alignments[part] is None:
+            return None
+        pairs.extend((s + source_at, t + target_at) for s, t in alignments[part])
+        source_at += sum(sp.id_to_piece(i).startswith("\u2581") for i in pieces[part])
+        target_at += len(found[part][0].split())
+    return pairs
 
 
 class Server:
