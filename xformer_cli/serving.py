@@ -344,6 +344,8 @@ class Translation:
         client disconnects. Whatever ends the wait (those, or a cancel at shutdown), the lines not
         yet decoded leave the queue."""
         self.units = self._units()
+        if self.documents is not None and not self.units.pieces:  # a page without text: nothing to queue
+            return self._answer([], [])
         job = Job(self.direction, self.units.pieces, align=self.documents is not None)
         try:
             self.server.queue.submit(job)
