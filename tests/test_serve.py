@@ -201,7 +201,7 @@ def test_bad_input_is_an_answer(server, ckpt, lines, tmp_path):
     refused(400, "en-fr is not served; served: en-de", body={"q": "a", "source": "en", "target": "fr"})
     refused(400, "source 'auto': the text has no letters", body={"q": "12 345 !", "source": "auto", "target": "de"})
     refused(400, "language codes", body={"q": "a", "source": 1, "target": "de"})
-    refused(400, "format 'html' is not supported yet", body={"q": "a", "source": "en", "target": "de", "format": "html"})
+    refused(400, "'format' must be 'text' or 'html'", body={"q": "a", "source": "en", "target": "de", "format": "xml"})
     refused(400, "at most 1 (it runs with --nbest 2)", body={"q": "a", "source": "en", "target": "de", "alternatives": 2})
     refused(400, "'alternatives' must be a number", body={"q": "a", "source": "en", "target": "de", "alternatives": "2"})
     refused(413, "9 lines are over the limit of 8", body={"q": ["a"] * 9, "source": "en", "target": "de"})
