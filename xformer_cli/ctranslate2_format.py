@@ -217,7 +217,10 @@ class CTranslate2Engine(Engine):
     - empty outputs are allowed (min_decoding_length 0), as in xf;
     - the length limit a*|X|+b is one per CTranslate2 call: a batch runs at its longest
       sentence's limit, and a sentence with a hypothesis beyond its own limit runs again alone;
-    - pad and bos are suppressed, as in xf. Sampling and ensembles are xf-engine only.
+    - pad and bos are suppressed, as in xf. Sampling and ensembles are xf-engine only;
+    - target prefixes are its target_prefix; --alternatives its return_alternatives, which
+      completes each alternative with its one best hypothesis by log-probability (length_penalty
+      0), where xf's is the best by --lenpen: the two agree at --lenpen 0 or beam 1.
     """
 
     def __init__(self, translator, sp, max_positions: int, vocabulary_map=None):
