@@ -168,6 +168,32 @@ def test_ctranslate2_engine_formats(tmp_path, trained, pairs):
         assert h["score"] == pytest.approx(sum(h["positional_scores"]) / ((5 + len(ids)) / 6) ** 0.6, abs=1e-5)
 
 
+@pytest.mark.slow
+def test_prefix_continuations_and_alternatives_equal_ctranslate2s(tmp_path, trained, pairs):
+    """Target prefixes (the reference's first words, so the forced tokens differ from the model's
+    own choice) and alternatives after them: xf's continuations are CTranslate2's (target_prefix,
+    return_alternatives), greedy and beam 4, mixed prefix lengths (none included) in one batch."""
+    ckpt, model_dir = trained
+    count = 20
+    steered = [json.dumps({"source": src, "prefix": " ".join(tgt.split()[: i % 4])})
+               for i, (src, tgt) in enumerate(zip(pairs[0][:count], pairs[1][:count]))]
+    for beam in (1, 4):
+        # CTranslate2 completes each alternative with its best hypothesis alone, ranked with the
+        # length_penalty the engine gives it (0): xf's lenpen 0 ranks as it does
+        for extra in ({}, {"alternatives": 3, "lenpen": 0.0}):
+            options = dict(input_format="jsonl", beam_size=beam, **extra)
+            # texts, not scores: text output carries CTranslate2's own sums, a few 1e-2 from xf's
+            text = (lambda line: line.rsplit(" ||| ", 1)[0]) if extra else (lambda line: line)
+            mine = list(map(text, translate_file(tmp_path, ckpt, steered, "xf", **options).splitlines()))
+            theirs = list(map(text, translate_file(tmp_path, model_dir, steered, "ct2", engine="ctranslate2",
+                                                   **options).splitlines()))
+            assert len(mine) == len(theirs) == count * (3 if extra else 1)
+            # a tie in the last float bits may pick another word: at most one line in twenty
+            assert sum(a == b for a, b in zip(mine, theirs)) >= len(mine) - 1, (beam, extra)
+            for line, prefix in zip(mine[:: 3 if extra else 1], steered):
+                assert line.split(" ||| ")[-1].startswith(json.loads(prefix)["prefix"].split(" ")[0])
+
+
 # -- errors --------------------------------------------------------------------------------------
 def fails(args, message):
     result = runner.invoke(app, [str(a) for a in args])

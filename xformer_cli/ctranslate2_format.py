@@ -217,7 +217,10 @@ class CTranslate2Engine(Engine):
     - empty outputs are allowed (min_decoding_length 0), as in xf;
     - the length limit a*|X|+b is one per CTranslate2 call: a batch runs at its longest
       sentence's limit, and a sentence with a hypothesis beyond its own limit runs again alone;
-    - pad and bos are suppressed, as in xf. Sampling and ensembles are xf-engine only.
+    - pad and bos are suppressed, as in xf. Sampling and ensembles are xf-engine only;
+    - target prefixes are its target_prefix; --alternatives its return_alternatives, which
+      completes each alternative with its one best hypothesis by log-probability (length_penalty
+      0), where xf's is the best by --lenpen: the two agree at --lenpen 0 or beam 1.
     """
 
     def __init__(self, translator, sp, max_positions: int, vocabulary_map=None):
@@ -266,32 +269,42 @@ class CTranslate2Engine(Engine):
         engine.device = torch.device(device)
         return engine, sp
 
-    def search(self, sentences: Sequence[Sequence[int]], options: TranslateOptions, generator=None) -> list[list[Hypothesis]]:
+    def search(self, sentences: Sequence[Sequence[int]], options: TranslateOptions, generator=None,
+               prefixes: Optional[Sequence[Sequence[int]]] = None) -> list[list[Hypothesis]]:
+        """As ``Engine.search``; a target prefix is CTranslate2's target_prefix, alternatives its
+        return_alternatives (the prefix raises a sentence's length limit to its length, as xf)."""
         if options.sampling:
             raise ConfigError("--engine ctranslate2 does not sample: use the xf engine for --sampling")
         lengths = torch.tensor([len(s) for s in sentences])
         limits = max_output_lengths(lengths, options.max_len_a, options.max_len_b, self.max_positions).tolist()
         sources = [[self.pieces[t] for t in s] for s in sentences]
-        results = self._search(sources, max(limits), options)
+        targets = [[self.pieces[t] for t in p] for p in prefixes] if prefixes else [[] for _ in sentences]
+        limits = [max(limit, len(p)) for limit, p in zip(limits, targets)]
+        results = self._search(sources, targets, max(limits), options)
         again: dict[int, list[int]] = {}  # limit -> sentences with a hypothesis beyond their own limit
         for i, limit in enumerate(limits):
             if limit < max(limits) and any(len(tokens) > limit for tokens, _ in results[i]):
                 again.setdefault(limit, []).append(i)
         for limit, idx in again.items():
-            for i, hyps in zip(idx, self._search([sources[i] for i in idx], limit, options)):
+            for i, hyps in zip(idx, self._search([sources[i] for i in idx], [targets[i] for i in idx], limit, options)):
                 results[i] = hyps
         return self._rank(sources, results, options)
 
-    def _search(self, sources: list[list[str]], limit: int, options: TranslateOptions) -> list[list[tuple]]:
+    def _search(self, sources: list[list[str]], targets: list[list[str]], limit: int,
+                options: TranslateOptions) -> list[list[tuple]]:
         """(tokens without eos, log-probability with eos or None) of the beam_size hypotheses
-        CTranslate2 finishes per sentence; None where it stopped at the limit without eos."""
+        CTranslate2 finishes per sentence (with alternatives: one per alternative); None where it
+        stopped at the limit without eos. targets: each sentence's target prefix (pieces)."""
         if limit == 0:
             return [[((), None)] for _ in sources]  # only eos may follow bos
         eos = self.pieces[EOS_ID]
+        steer = dict(target_prefix=targets) if any(targets) or options.alternatives else {}
         out = self.translator.translate_batch(
-            sources, beam_size=options.beam_size, num_hypotheses=options.beam_size, length_penalty=0.0,
-            max_decoding_length=limit, min_decoding_length=0, return_end_token=True, return_scores=True,
+            sources, beam_size=options.beam_size, num_hypotheses=options.alternatives or options.beam_size,
+            length_penalty=0.0, max_decoding_length=limit, min_decoding_length=0, return_end_token=True,
+            return_scores=True, return_alternatives=bool(options.alternatives),
             suppress_sequences=[[self.pieces[PAD_ID]], [self.pieces[BOS_ID]]], use_vmap=self.vocabulary_map is not None,
+            **steer,
         )
         return [[(tuple(h[:-1]), score) if h and h[-1] == eos else (tuple(h), None)
                  for h, score in zip(r.hypotheses, r.scores)] for r in out]
@@ -299,7 +312,8 @@ class CTranslate2Engine(Engine):
     def _rank(self, sources: list[list[str]], results: list[list[tuple]], options: TranslateOptions) -> list[list[Hypothesis]]:
         """Rank each sentence's hypotheses by xf's length penalty. score_batch (one call) scores
         the hypotheses cut at the limit (with a forced eos) and, for jsonl, every hypothesis, for
-        its per-token log-probabilities; text output leaves positional_scores empty."""
+        its per-token log-probabilities; text output leaves positional_scores empty. Alternatives
+        stay in CTranslate2's order (most likely first token first), one each."""
         per_token = options.output_format == "jsonl"
         todo = [(i, j) for i, hyps in enumerate(results) for j, (_, score) in enumerate(hyps) if per_token or score is None]
         scored = self.translator.score_batch([sources[i] for i, _ in todo], [list(results[i][j][0]) for i, j in todo]) if todo else []
@@ -308,13 +322,16 @@ class CTranslate2Engine(Engine):
         for i, hyps in enumerate(results):
             ranked, seen = [], set()
             for j, (tokens, score) in enumerate(hyps):
-                if tokens in seen:
+                if tokens in seen and not options.alternatives:
                     continue
                 seen.add(tokens)
                 pos = positional.get((i, j), [])
                 total = sum(pos) if pos else score  # score_batch's sum where there is one (closer to xf's)
                 ids = [self.ids[p] for p in tokens] + [EOS_ID]
                 ranked.append(Hypothesis(ids, total / length_penalty(len(ids), options.lenpen, options.lenpen_style), pos))
+            if options.alternatives:
+                out.append(ranked)
+                continue
             ranked.sort(key=lambda h: -h.score)
             out.append(ranked[: options.nbest])
         return out

@@ -9,6 +9,7 @@ can be asked for. ``XfEngine`` is xf's search (``search.py``); the CTranslate2 e
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 from typing import Optional, Sequence
 
@@ -23,9 +24,9 @@ from .memory import bound_native_memory
 from .model import Transformer
 from .options import TranslateOptions
 from .precision import precision_warning, resolve_precision
-from .search import CompiledStep, Hypothesis, search
+from .search import CompiledStep, Hypothesis, next_token_alternatives, search, with_prefix_candidates
 from .shortlist import Shortlist
-from .vocab import MappedVocabulary
+from .vocab import PAD_ID, MappedVocabulary
 
 
 class Engine:
@@ -36,8 +37,12 @@ class Engine:
     supports_alignments: bool = False
 
     def search(self, sentences: Sequence[Sequence[int]], options: TranslateOptions,
-               generator: Optional[torch.Generator] = None) -> list[list[Hypothesis]]:
-        """Hypotheses of each sentence (subword ids without eos), best first."""
+               generator: Optional[torch.Generator] = None,
+               prefixes: Optional[Sequence[Sequence[int]]] = None) -> list[list[Hypothesis]]:
+        """Hypotheses of each sentence (subword ids without eos), best first; prefixes: each
+        sentence's target prefix (subword ids, forced; [] or None: none), which every hypothesis
+        starts with. With options.alternatives N: the N most likely ids at the position after the
+        prefix, each completed by the search, in that order (CTranslate2's return_alternatives)."""
         raise NotImplementedError
 
     def alignments(self, sentences: Sequence[Sequence[int]], found: list[list[Hypothesis]], layer: int):
@@ -119,11 +124,32 @@ class XfEngine(Engine):
             models = [quantize_int8(m, int8_engine) for m in models]
         return cls(models, device, loaded, CompiledStep() if compile_step else None), sp
 
-    def search(self, sentences: Sequence[Sequence[int]], options: TranslateOptions, generator=None) -> list[list[Hypothesis]]:
-        """Hypotheses of each sentence (subword ids without eos), best first."""
+    def search(self, sentences: Sequence[Sequence[int]], options: TranslateOptions, generator=None,
+               prefixes: Optional[Sequence[Sequence[int]]] = None) -> list[list[Hypothesis]]:
         src = collate_source(sentences).to(self.device)
         candidates = self.shortlist.candidates(src) if self.shortlist is not None else None
-        return search(self.models, src, options, generator, candidates, self.compiled)
+        if options.alternatives:
+            return self._alternatives(src, options, generator, candidates, prefixes or [[] for _ in sentences])
+        prefix = collate_prefix(prefixes, self.device)
+        return search(self.models, src, options, generator, with_prefix_candidates(candidates, prefix), self.compiled,
+                      prefix)
+
+    def _alternatives(self, src, options, generator, candidates, prefixes) -> list[list[Hypothesis]]:
+        """Each sentence's options.alternatives ids after its prefix, each as the prefix's next
+        forced token and completed by one search of all of them (the best hypothesis of each)."""
+        prefix = collate_prefix(prefixes, self.device, keep_empty=True)
+        firsts = next_token_alternatives(self.models, src, prefix, options.alternatives,
+                                         with_prefix_candidates(candidates, prefix))
+        rows = [i for i, ids in enumerate(firsts) for _ in ids]
+        longer = collate_prefix([list(prefixes[i]) + [t] for i, ids in enumerate(firsts) for t in ids], self.device)
+        every = src.index_select(0, torch.tensor(rows, dtype=torch.long, device=self.device))
+        one = dataclasses.replace(options, nbest=1, alternatives=0)
+        found = search(self.models, every, one, generator, with_prefix_candidates(candidates, longer), self.compiled,
+                       longer)
+        out: list[list[Hypothesis]] = [[] for _ in firsts]
+        for i, hyps in zip(rows, found):
+            out[i].append(hyps[0])
+        return out
 
     def alignments(self, sentences, found, layer):
         return hard_alignments(self.models, collate_source(sentences).to(self.device), found, layer)
@@ -131,6 +157,17 @@ class XfEngine(Engine):
     def check_alignment_layer(self, layer: int) -> None:
         for model in self.models:
             resolve_layer(layer, len(model.decoder_layers))
+
+
+def collate_prefix(prefixes: Optional[Sequence[Sequence[int]]], device: torch.device,
+                   keep_empty: bool = False) -> Optional[torch.Tensor]:
+    """Target prefixes (lists of ids) as one (B, P) LongTensor, PAD_ID after each one's end;
+    None when there are none or all are empty (then the search is exactly the one without),
+    unless ``keep_empty``."""
+    if prefixes is None or not (keep_empty or any(prefixes)):
+        return None
+    width = max(1, max(len(p) for p in prefixes))
+    return torch.tensor([list(p) + [PAD_ID] * (width - len(p)) for p in prefixes], dtype=torch.long, device=device)
 
 
 def check_shortlist(shortlist: Shortlist, path: str, sp) -> None:

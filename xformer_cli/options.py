@@ -346,6 +346,15 @@ class TranslateOptions(DecodingOptions):
     output_format: Literal["text", "jsonl"] = option(
         "text", "text lines, or JSON lines with source, hypotheses, scores and positional scores"
     )
+    input_format: Literal["text", "jsonl"] = option(
+        "text", "text lines, or JSON lines {\"source\": ..., \"prefix\": ...}: each translation starts with its "
+        "target prefix (forced, cut by the model's sentencepiece; empty or absent: none), the rest searched"
+    )
+    alternatives: int = option(
+        0, "N: the N most likely subwords at the first position after the target prefix, each completed by the "
+        "search (CTranslate2's return_alternatives), written as an N-best list in that order (0: off; --nbest 1)",
+        range=Range(0, 1000),
+    )
     device: Literal["auto", "cpu", "cuda"] = option("auto", "device")
     precision: Literal["auto", "fp32", "bf16", "fp16"] = option(
         "fp32", "inference precision, for either engine from what it computes in on the device; auto: bf16 where "
@@ -413,6 +422,11 @@ class TranslateOptions(DecodingOptions):
                              "output with --nbest 1 and no --print-alignment")
         if self.split_sentences is not None and not self.split_sentences.isalpha():
             raise ValueError(f"--split-sentences {self.split_sentences!r}: expected a language code, e.g. en")
+        if self.alternatives and self.nbest > 1:
+            raise ValueError(f"--alternatives {self.alternatives} gives one completion per alternative: use --nbest 1")
+        if self.split_sentences is not None and (self.input_format != "text" or self.alternatives):
+            raise ValueError("--split-sentences translates the sentences of text lines: it takes --input-format text "
+                             "and no --alternatives (a prefix belongs to one sentence)")
         if self.compile and self.workers > 1:
             raise ValueError(f"--compile with --workers {self.workers}: compiled decoding runs one batch at a time "
                              "(use --workers 1)")

@@ -237,12 +237,15 @@ def _max_output_lengths(models: Sequence[Transformer], src: torch.Tensor, option
 
 
 def _open_search(models: Sequence[Transformer], src: torch.Tensor, options: DecodingOptions, use_cache: bool,
-                 candidates: Optional[torch.Tensor], compiled: Optional[CompiledStep]
-                 ) -> tuple[DecoderState, torch.Tensor]:
+                 candidates: Optional[torch.Tensor], compiled: Optional[CompiledStep],
+                 prefix: Optional[torch.Tensor] = None) -> tuple[DecoderState, torch.Tensor]:
     """A search's decoder state over src and the most output tokens of each sentence (sents,):
     the caches preallocated for the longest output, the shortlist's candidates as the state's
-    vocabulary, the steps after the first through ``compiled`` (None: eager)."""
+    vocabulary, the steps after the first through ``compiled`` (None: eager). A sentence's
+    target prefix (``prefix``) longer than its limit raises the limit to the prefix's length."""
     max_len = _max_output_lengths(models, src, options)
+    if prefix is not None:
+        max_len = torch.maximum(max_len, prefix.ne(PAD_ID).sum(dim=1))
     return DecoderState(models, src, use_cache, int(max_len.max()) + 1, candidates, compiled), max_len
 
 
@@ -255,6 +258,28 @@ def _forbid_specials(lprobs: torch.Tensor, at_max: Optional[torch.Tensor]) -> to
         lprobs.masked_fill_(at_max[:, None], LOG_ZERO)
         lprobs[:, EOS_ID] = eos
     return lprobs
+
+
+def _force_prefix(lprobs: torch.Tensor, prefix: Optional[torch.Tensor], step: int, rows_per_sentence: int,
+                  candidates: Optional[torch.Tensor]) -> torch.Tensor:
+    """lprobs (rows, V) with every row whose sentence's target prefix (``prefix`` (sents, P) of
+    ids, PAD_ID after each prefix's end; None: none) still runs at this step allowed only the
+    prefix's token, at its own log-probability; other rows unchanged. candidates: the ids of
+    lprobs' columns (a shortlist, which holds every prefix token: ``with_prefix_candidates``)."""
+    if prefix is None or step >= prefix.size(1):
+        return lprobs
+    forced = prefix[:, step].repeat_interleave(rows_per_sentence)  # (rows,)
+    cols = (forced if candidates is None else torch.searchsorted(candidates, forced))[:, None]
+    only = torch.full_like(lprobs, LOG_ZERO).scatter_(1, cols, lprobs.gather(1, cols))
+    return torch.where(forced.ne(PAD_ID)[:, None], only, lprobs)
+
+
+def with_prefix_candidates(candidates: Optional[torch.Tensor], prefix: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
+    """A shortlist's candidates (sorted ids) with every token of the target prefixes added: a
+    forced token is always one the search may emit."""
+    if candidates is None or prefix is None:
+        return candidates
+    return torch.unique(torch.cat([candidates, prefix[prefix.ne(PAD_ID)]]))  # sorted
 
 
 def _rows_at_max(max_len: torch.Tensor, step: int, shortest: int, rows_per_sentence: int) -> Optional[torch.Tensor]:
@@ -288,12 +313,15 @@ def _best_extensions(scores: torch.Tensor, lprobs: torch.Tensor, k: int, candida
 def beam_search(
     models: Sequence[Transformer], src: torch.Tensor, options: DecodingOptions = DecodingOptions(), use_cache: bool = True,
     candidates: Optional[torch.Tensor] = None, all_finished: bool = False, compiled: Optional[CompiledStep] = None,
+    prefix: Optional[torch.Tensor] = None,
 ) -> list[list[Hypothesis]]:
     """Beam search over a batch src (B, S); returns the nbest hypotheses of each sentence (with
     ``all_finished``: every finished one, in the order found, by fairseq's stopping rule alone;
     searched with lenpen 0, ``rescore`` ranks them as a search with any other lenpen would).
     candidates: the ids the search may emit (a shortlist's ``vocab``; None: all).
     compiled: run the steps after the first through it (``CompiledStep``; None: eager).
+    prefix (B, P): each sentence's forced first output ids, PAD_ID-filled (None: none); while
+    it runs, a sentence has one live hypothesis (the others score -inf, as at step 0).
 
     At each step the 2k best extensions (k = beam_size) of a sentence's k live hypotheses are
     ranked; those ending in eos among the first k are finished, and the first k others are the
@@ -302,12 +330,10 @@ def beam_search(
     hypothesis: log-probabilities only fall, so score / max lp(any length still reachable)
     bounds every continuation. That last rule (not fairseq's) never changes the result.
     """
-    # One function on purpose: a step reads as one story (score, rank, finish, next beam, drop
-    # done sentences) over about ten tensors that change together; helpers hold no loop state.
-    k, nbest, device = options.beam_size, options.nbest, src.device
+    # One function on purpose: a step is one story over about ten tensors that change together.
+    k, nbest, device, nsent = options.beam_size, options.nbest, src.device, src.size(0)
     lp = lambda length: length_penalty(length, options.lenpen, options.lenpen_style)  # noqa: E731
-    nsent = src.size(0)
-    state, max_len = _open_search(models, src, options, use_cache, candidates, compiled)
+    state, max_len = _open_search(models, src, options, use_cache, candidates, compiled, prefix)
     finished: list[list[Hypothesis]] = [[] for _ in range(nsent)]
 
     sent_ids = torch.arange(nsent, device=device)  # original index of each active sentence
@@ -318,21 +344,19 @@ def beam_search(
     fin_best = torch.full((nsent, nbest), LOG_ZERO, device=device)  # best finished scores, sorted
     max_lp = lp(max_len.double() + 1).float()  # penalty of the longest output each sentence may have
     shortest = int(max_len.min())  # host copy: which step first forces eos, without a device sync
-    beam_offsets = torch.arange(k, device=device)
-    two_k = torch.arange(2 * k, device=device)
+    beam_offsets, two_k = torch.arange(k, device=device), torch.arange(2 * k, device=device)
 
     for step in range(int(max_len.max()) + 1):
-        at_max = _rows_at_max(max_len, step, shortest, k if step > 0 else 1)  # (rows,) or None
-        lprobs = state.next_log_probs(tokens, at_max)  # (rows, V), specials forbidden
+        per_sentence = k if step > 0 else 1
+        lprobs = state.next_log_probs(tokens, _rows_at_max(max_len, step, shortest, per_sentence))  # (rows, V)
+        lprobs = _force_prefix(lprobs, prefix, step, per_sentence, candidates)
         if step == 0:
             # All beams of a sentence start identical: decode one row per sentence, then copy it
             # k times with only the first copy live, so the top-k picks k different tokens.
             expand = torch.arange(nsent, device=device).repeat_interleave(k)  # (sents k,)
             state.expand_beams(k)
             lprobs, tokens, pos_scores = lprobs[expand], tokens[expand], pos_scores[expand]
-            scores = torch.zeros(nsent, k, device=device)
-            scores[:, 1:] = LOG_ZERO
-            scores = scores.view(-1)
+            scores = torch.zeros(nsent, k, device=device).index_fill_(1, beam_offsets[1:], LOG_ZERO).view(-1)
 
         top_scores, top_beam, top_token, top_lprobs = _best_extensions(scores, lprobs, k, candidates)  # (sents, 2k)
         base_rows = torch.arange(top_scores.size(0), device=device)[:, None] * k  # (sents, 1)
@@ -378,13 +402,13 @@ def beam_search(
             keep_rows = (keep[:, None] * k + beam_offsets).view(-1)  # (kept sents k,)
             state.select_sentences(keep, keep_rows)
             sent_ids, max_len, max_lp = sent_ids[keep], max_len[keep], max_lp[keep]
+            prefix = prefix[keep] if prefix is not None else None
             fin_count, fin_best = fin_count[keep], fin_best[keep]
             tokens, pos_scores, scores = tokens[keep_rows], pos_scores[keep_rows], scores[keep_rows]
             shortest = int(max_len.min())
 
-    if all_finished:
-        return finished  # in the order found: rescore's stable sort then breaks ties as this one does
-    return [sorted(hyps, key=lambda h: -h.score)[:nbest] for hyps in finished]
+    # all_finished: in the order found, so that rescore's stable sort breaks ties as this one does
+    return finished if all_finished else [sorted(hyps, key=lambda h: -h.score)[:nbest] for hyps in finished]
 
 
 def rescore(hyps: Sequence[Hypothesis], alpha: float, style: str = "gnmt") -> list[Hypothesis]:
@@ -410,15 +434,18 @@ def _single_path_search(
     use_cache: bool,
     candidates: Optional[torch.Tensor] = None,
     compiled: Optional[CompiledStep] = None,
+    prefix: Optional[torch.Tensor] = None,
 ) -> list[list[Hypothesis]]:
     """``paths`` independent left-to-right paths per sentence; ``choose(lprobs (N, V)) -> (N,)``
-    picks each row's next token. Rows leave the batch as soon as they emit eos."""
+    picks each row's next token. Rows leave the batch as soon as they emit eos. prefix: as
+    beam_search's (the forced tokens leave ``choose`` one finite choice)."""
     device, nsent = src.device, src.size(0)
-    state, max_len = _open_search(models, src, options, use_cache, candidates, compiled)
+    state, max_len = _open_search(models, src, options, use_cache, candidates, compiled, prefix)
     row_ids = torch.arange(nsent, device=device).repeat_interleave(paths)  # sentence of each row
     if paths > 1:
         state.select(row_ids)
     max_len = max_len[row_ids]
+    prefix = prefix[row_ids] if prefix is not None else None
     tokens = torch.full((row_ids.numel(), 1), BOS_ID, dtype=torch.long, device=device)
     pos_scores = torch.zeros(row_ids.numel(), 0, device=device)
     finished: list[list[Hypothesis]] = [[] for _ in range(nsent)]
@@ -426,6 +453,7 @@ def _single_path_search(
     shortest = int(max_len.min())
     for step in range(int(max_len.max()) + 1):
         lprobs = state.next_log_probs(tokens, _rows_at_max(max_len, step, shortest, 1))
+        lprobs = _force_prefix(lprobs, prefix, step, 1, candidates)
         next_token = choose(lprobs)  # (rows,)
         pos_scores = torch.cat([pos_scores, lprobs.gather(1, next_token[:, None])], dim=1)
         if candidates is not None:  # columns to token ids
@@ -445,6 +473,7 @@ def _single_path_search(
             keep = (~ended).nonzero().view(-1)
             state.select(keep)
             row_ids, max_len, tokens, pos_scores = row_ids[keep], max_len[keep], tokens[keep], pos_scores[keep]
+            prefix = prefix[keep] if prefix is not None else None
             shortest = int(max_len.min())
     return [sorted(hyps, key=lambda h: -h.score) for hyps in finished]
 
@@ -453,11 +482,12 @@ def _single_path_search(
 def greedy_search(
     models: Sequence[Transformer], src: torch.Tensor, options: DecodingOptions = DecodingOptions(), use_cache: bool = True,
     candidates: Optional[torch.Tensor] = None, compiled: Optional[CompiledStep] = None,
+    prefix: Optional[torch.Tensor] = None,
 ) -> list[list[Hypothesis]]:
     """The most likely next token at every step (the result of beam search with beam 1);
     options.beam_size is not used."""
     return _single_path_search(models, src, 1, lambda lprobs: lprobs.argmax(dim=-1), options, use_cache, candidates,
-                               compiled)
+                               compiled, prefix)
 
 
 @torch.inference_mode()
@@ -468,6 +498,7 @@ def sample(
     generator: Optional[torch.Generator] = None,
     candidates: Optional[torch.Tensor] = None,
     compiled: Optional[CompiledStep] = None,
+    prefix: Optional[torch.Tensor] = None,
 ) -> list[list[Hypothesis]]:
     """options.nbest independent samples per sentence from softmax(log p / temperature),
     restricted to the top_k tokens and the top_p nucleus. Scores are the model's own
@@ -478,7 +509,28 @@ def sample(
         logits = top_k_top_p_filter(lprobs / options.temperature, options.top_k, options.top_p)
         return torch.multinomial(logits.softmax(dim=-1), 1, generator=generator).view(-1)
 
-    return _single_path_search(models, src, options.nbest, choose, options, True, candidates, compiled)
+    return _single_path_search(models, src, options.nbest, choose, options, True, candidates, compiled, prefix)
+
+
+@torch.inference_mode()
+def next_token_alternatives(models: Sequence[Transformer], src: torch.Tensor, prefix: torch.Tensor, count: int,
+                            candidates: Optional[torch.Tensor] = None) -> list[list[int]]:
+    """The ``count`` most likely ids at the first position after each sentence's target prefix
+    (prefix (B, P), PAD_ID-filled; an empty one: the first position), most likely first, pad and
+    bos never among them (eos may be). Sentences with prefixes of one length are decoded together."""
+    lengths = prefix.ne(PAD_ID).sum(dim=1)
+    out: list[list[int]] = [[] for _ in range(src.size(0))]
+    for length in lengths.unique().tolist():
+        rows = lengths.eq(length).nonzero().view(-1)
+        tokens = torch.cat([torch.full((rows.numel(), 1), BOS_ID, dtype=torch.long, device=src.device),
+                            prefix[rows, :length]], dim=1)
+        state = DecoderState(models, src.index_select(0, rows), use_cache=False, vocab=candidates)
+        lprobs = _forbid_specials(state.log_probs(tokens), None)
+        top = lprobs.topk(min(count, lprobs.size(1)), dim=1)
+        for row, ids, scores in zip(rows.tolist(), top.indices.tolist(), top.values.tolist()):
+            ids = [i for i, s in zip(ids, scores) if math.isfinite(s)]
+            out[row] = candidates[ids].tolist() if candidates is not None else ids
+    return out
 
 
 def search(
@@ -488,12 +540,14 @@ def search(
     generator: Optional[torch.Generator] = None,
     candidates: Optional[torch.Tensor] = None,
     compiled: Optional[CompiledStep] = None,
+    prefix: Optional[torch.Tensor] = None,
 ) -> list[list[Hypothesis]]:
     """The search the options ask for: sampling, greedy (beam 1) or beam search; candidates:
     the ids it may emit (a shortlist's ``vocab``), None: all; compiled: the compiled decoder
-    step (``CompiledStep``, xf translate --compile), None: eager."""
+    step (``CompiledStep``, xf translate --compile), None: eager; prefix (B, P): each
+    sentence's forced first output ids, PAD_ID-filled (``collate_prefix``; None: none)."""
     if options.sampling:
-        return sample(models, src, options, generator, candidates, compiled)
+        return sample(models, src, options, generator, candidates, compiled, prefix)
     if options.beam_size == 1:
-        return greedy_search(models, src, options, candidates=candidates, compiled=compiled)
-    return beam_search(models, src, options, candidates=candidates, compiled=compiled)
+        return greedy_search(models, src, options, candidates=candidates, compiled=compiled, prefix=prefix)
+    return beam_search(models, src, options, candidates=candidates, compiled=compiled, prefix=prefix)

@@ -90,16 +90,79 @@ def encode_lines(sp, lines: list[str], max_source: int, stats: Stats, first_inde
     return pieces
 
 
+def listed(options: TranslateOptions) -> int:
+    """Hypotheses written per line: --nbest, or --alternatives where it is on."""
+    return options.alternatives or options.nbest
+
+
 def empty_hypotheses(options: TranslateOptions) -> list[Hypothesis]:
-    count = 1 if options.output_format == "text" and options.nbest == 1 else options.nbest
+    count = 1 if options.output_format == "text" and listed(options) == 1 else listed(options)
     return [Hypothesis([], 0.0, []) for _ in range(count)]
 
 
+@dataclass
+class SteeredLine:
+    """One line of ``--input-format jsonl``: the source text and its target prefix ("" : none)."""
+
+    source: str
+    prefix: str = ""
+
+
+def read_steered_line(text: str, line_no: int, where: str) -> SteeredLine:
+    """One ``--input-format jsonl`` line, {"source": ..., "prefix": ..., "constraints": [...]}
+    (prefix and constraints optional); a ConfigError naming ``where`` and the line otherwise.
+    A blank line is an empty source (an empty translation, as in text input)."""
+    if not text.strip():
+        return SteeredLine("")
+    try:
+        record = json.loads(text)
+    except ValueError as e:
+        raise ConfigError(f"{where}: line {line_no}: not JSON ({e.msg}); --input-format jsonl takes one object a line, "
+                          '{"source": ..., "prefix": ...}') from None
+    if not isinstance(record, dict):
+        raise ConfigError(f"{where}: line {line_no}: expected a JSON object {{\"source\": ...}}, "
+                          f"got {type(record).__name__}")
+    unknown = sorted(set(record) - {"source", "prefix", "constraints"})
+    if unknown:
+        raise ConfigError(f"{where}: line {line_no}: unknown key {unknown[0]!r} (source, prefix, constraints)")
+    if "constraints" in record:
+        raise ConfigError(f"{where}: line {line_no}: lexical constraints are not supported yet: give 'source' "
+                          "and 'prefix' only")
+    fields = []
+    for key in ("source", "prefix"):
+        value = record.get(key, "")
+        if key == "source" and key not in record:
+            raise ConfigError(f"{where}: line {line_no}: no 'source' (the text to translate)")
+        if not isinstance(value, str):
+            raise ConfigError(f"{where}: line {line_no}: '{key}' must be a string, got {type(value).__name__}")
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:  # a lone surrogate such as "\ud800": JSON, but not text
+            raise ConfigError(f"{where}: line {line_no}: '{key}' is not valid text (a lone surrogate escape)") from None
+        if "\n" in value or "\r" in value:
+            raise ConfigError(f"{where}: line {line_no}: '{key}' holds a line break: one sentence a line")
+        fields.append(value)
+    return SteeredLine(*fields)
+
+
+def encode_prefixes(sp, prefixes: list[str], max_prefix: int, where: str, first_line: int) -> list[list[int]]:
+    """The subword ids of each target prefix ([] for an empty or whitespace-only one: no prefix);
+    a prefix over ``max_prefix`` subwords (the model's positions) is a ConfigError naming its line."""
+    pieces = sp.encode([p if p.strip() else "" for p in prefixes], out_type=int)
+    for i, ids in enumerate(pieces):
+        if len(ids) > max_prefix:
+            raise ConfigError(f"{where}: line {first_line + i + 1}: the prefix has {len(ids)} subwords, more than "
+                              f"the model's {max_prefix} output positions")
+    return pieces
+
+
 def search_lines(engine: Engine, pieces: list[list[int]], options: TranslateOptions, stats: Stats,
-                 max_tokens: Optional[int], max_sentences: Optional[int], generator=None, on_batch=None):
+                 max_tokens: Optional[int], max_sentences: Optional[int], generator=None, on_batch=None,
+                 prefixes: Optional[list[list[int]]] = None):
     """(hypotheses, alignments) of each non-empty entry of ``pieces`` (None for the empty ones),
     searched in batches sorted by length, longest first (``batch_by_size``). alignments: with
-    options.print_alignment, per hypothesis, else None. on_batch(sentences) is told each batch's size."""
+    options.print_alignment, per hypothesis, else None. on_batch(sentences) is told each batch's
+    size. prefixes: each entry's target prefix (ids; [] or None: none)."""
     results: list[Optional[list[Hypothesis]]] = [None] * len(pieces)
     alignments: list[Optional[list[list[int]]]] = [None] * len(pieces)
     todo = [i for i, ids in enumerate(pieces) if ids]
@@ -107,7 +170,9 @@ def search_lines(engine: Engine, pieces: list[list[int]], options: TranslateOpti
         [len(pieces[i]) for i in todo], max_tokens=max_tokens, max_sentences=max_sentences, longest_first=True)]
 
     def run(idx: list[int]):
-        return engine.search([pieces[i] for i in idx], options, generator)
+        if prefixes is None:
+            return engine.search([pieces[i] for i in idx], options, generator)
+        return engine.search([pieces[i] for i in idx], options, generator, [prefixes[i] for i in idx])
 
     workers = min(getattr(options, "workers", 1), len(batches))
     with contextlib.ExitStack() as stack:
@@ -163,19 +228,21 @@ def format_result(line_index: int, source: str, hyps: list[Hypothesis], texts: l
         return json.dumps(record, ensure_ascii=False) + "\n"
     # --print-alignment adds a last field " ||| 0-0 1-2" (Pharaoh pairs), as Marian and Moses do.
     links = [f" ||| {format_alignment(pairs)}" for pairs in alignments] if alignments is not None else [""] * len(hyps)
-    if options.nbest == 1:
+    if listed(options) == 1:
         return (texts[0] if texts else "") + (links[0] if links else "") + "\n"
     # Moses n-best format: "SENTENCE_ID ||| hypothesis ||| score", ids counting from 0.
     return "".join(f"{line_index} ||| {text} ||| {h.score:.6f}{link}\n" for h, text, link in zip(hyps, texts, links))
 
 
 def translate_buffer(engine: Engine, sp, lines: list[str], first_index: int, options: TranslateOptions, stats: Stats,
-                     generator=None) -> list[str]:
-    """Outputs (one string per input line, in input order) for a buffer of input lines."""
+                     generator=None, prefixes: Optional[list[list[int]]] = None) -> list[str]:
+    """Outputs (one string per input line, in input order) for a buffer of input lines;
+    prefixes: each line's target prefix (ids, ``encode_prefixes``; None: none). An empty line
+    gives an empty translation whatever its prefix (there is nothing to translate)."""
     pieces = encode_lines(sp, lines, engine.max_source, stats, first_index)
     results, alignments = search_lines(engine, pieces, options, stats, max_tokens=options.max_tokens or None,
                                        max_sentences=None if options.max_tokens else options.batch_size,
-                                       generator=generator)
+                                       generator=generator, prefixes=prefixes)
     out = []
     for i, hyps in enumerate(results):
         if hyps is None:

@@ -22,7 +22,8 @@ from ..console import print_summary, stderr_console
 from ..errors import XfError
 from ..fileio import atomic_write
 from ..options import TranslateOptions
-from ..translation import Stats, decode_input_line, open_engine, translate_buffer, translate_sentences
+from ..translation import (Stats, decode_input_line, encode_prefixes, open_engine, read_steered_line, translate_buffer,
+                           translate_sentences)
 
 
 # -- reading and writing -------------------------------------------------------------------------
@@ -105,6 +106,11 @@ def translate(options: TranslateOptions) -> None:
                 lines = [decode_input_line(raw, stats.lines + i + 1, stats, where) for i, raw in enumerate(raw_lines)]
                 if options.split_sentences is not None:
                     outputs = translate_sentences(engine, sp, lines, options, stats, generator)
+                elif options.input_format == "jsonl":
+                    steered = [read_steered_line(text, stats.lines + i + 1, where) for i, text in enumerate(lines)]
+                    prefixes = encode_prefixes(sp, [s.prefix for s in steered], engine.max_source, where, stats.lines)
+                    outputs = translate_buffer(engine, sp, [s.source for s in steered], stats.lines, options, stats,
+                                               generator, prefixes)
                 else:
                     outputs = translate_buffer(engine, sp, lines, stats.lines, options, stats, generator)
                 sink.write("".join(outputs).encode("utf-8"))

@@ -1,0 +1,165 @@
+"""Steering a translation: target prefixes (forced, then searched) and alternatives at the position
+after the prefix, in the searches (against exhaustive search and the unsteered search) and in
+xf translate --input-format jsonl (the reader's errors name the file and line)."""
+
+import json
+
+import pytest
+import torch
+
+from xformer_cli.engines import XfEngine, collate_prefix
+from xformer_cli.errors import ConfigError
+from xformer_cli.options import TranslateOptions
+from xformer_cli.search import (DecoderState, beam_search, greedy_search, next_token_alternatives, sample,
+                                with_prefix_candidates)
+from xformer_cli.translation import read_steered_line
+from xformer_cli.vocab import BOS_ID, EOS_ID, PAD_ID
+
+from test_search import D, SOURCES, assert_same, batch, exhaustive, tiny
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+def prefixes(*rows):
+    return collate_prefix([list(r) for r in rows], torch.device("cpu"))
+
+
+# -- the searches ----------------------------------------------------------------------------------
+@pytest.mark.parametrize("alpha", [0.6, 0.0])
+def test_wide_beam_with_a_prefix_equals_exhaustive_search_over_outputs_that_start_with_it(alpha):
+    model = tiny(vocab_size=6, seed=3)
+    src = batch([4, 5, 4], [5])
+    prefix = [[5], [4, 4]]
+    found = beam_search([model], src, D(beam_size=12, nbest=3, lenpen=alpha, max_len_a=0, max_len_b=3),
+                        prefix=prefixes(*prefix))
+    for i in range(src.size(0)):
+        every = exhaustive(model, src[i, : (src[i] != PAD_ID).sum()], 3, alpha, "gnmt", nbest=10**6)
+        best = [(s, out) for s, out in every if out[: len(prefix[i])] == prefix[i]][:3]
+        assert [h.tokens for h in found[i]] == [out for _, out in best]
+        assert [h.score for h in found[i]] == pytest.approx([s for s, _ in best], abs=1e-5)
+
+
+@torch.no_grad()
+def test_greedy_with_a_prefix_forces_it_then_takes_the_most_likely_token():
+    model = tiny()
+    src = batch(*SOURCES)
+    prefix = [[20, 21], [], [22], [23, 24, 25]]
+    found = greedy_search([model], src, D(max_len_b=6), prefix=prefixes(*prefix))
+    for i, hyps in enumerate(found):
+        tokens = hyps[0].tokens
+        assert tokens[: len(prefix[i])] == prefix[i]
+        state = DecoderState([model], src[i : i + 1], use_cache=False)  # the slow reference: full decoding
+        for t in range(len(prefix[i]), len(tokens)):
+            lprobs = state.log_probs(torch.tensor([[BOS_ID] + tokens[:t]]))[0]
+            lprobs[PAD_ID] = lprobs[BOS_ID] = float("-inf")
+            if t < max(len(SOURCES[i]) + 6, len(prefix[i])):  # at the limit only eos may follow
+                assert int(lprobs.argmax()) == tokens[t]
+            assert hyps[0].positional_scores[t] == pytest.approx(float(lprobs[tokens[t]]), abs=1e-4)
+
+
+def test_batched_prefixes_equal_one_by_one_and_no_prefix_is_the_unsteered_search():
+    model = tiny()
+    src = batch(*SOURCES)
+    prefix = [[20, 21], [], [22], [23, 24, 25]]
+    for search, options in ((beam_search, D(beam_size=4, nbest=3, max_len_b=6)), (greedy_search, D(max_len_b=6))):
+        together = search([model], src, options, prefix=prefixes(*prefix))
+        alone = [search([model], batch(s), options, prefix=prefixes(p) if p else None)[0]
+                 for s, p in zip(SOURCES, prefix)]
+        assert_same(together, alone)
+        assert_same([together[1]], search([model], batch(SOURCES[1]), options))  # the one without a prefix
+        for hyps, p in zip(together, prefix):
+            assert all(h.tokens[: len(p)] == p for h in hyps)
+
+
+def test_a_prefix_longer_than_the_limit_raises_the_limit():
+    model = tiny()
+    found = beam_search([model], batch([5]), D(beam_size=2, nbest=2, max_len_a=0, max_len_b=1),
+                        prefix=prefixes([20, 21, 22]))
+    for h in found[0]:
+        assert h.tokens[:3] == [20, 21, 22] and h.tokens[-1] == EOS_ID and len(h.tokens) <= 4
+
+
+def test_prefix_with_sampling_ensembles_and_a_shortlist():
+    model = tiny()
+    src = batch(*SOURCES[:2])
+    prefix = prefixes([20, 21], [22])
+    gen = torch.Generator().manual_seed(0)
+    for hyps, p in zip(sample([model], src, D(sampling=True, nbest=3, max_len_b=5), gen, prefix=prefix), ([20, 21], [22])):
+        assert all(h.tokens[: len(p)] == p for h in hyps)
+    single = beam_search([model], src, D(beam_size=3, nbest=2, max_len_b=5), prefix=prefix)
+    assert_same(beam_search([model, model], src, D(beam_size=3, nbest=2, max_len_b=5), prefix=prefix), single)
+    # a shortlist without the prefix tokens: with_prefix_candidates adds them, so they can be forced
+    candidates = with_prefix_candidates(torch.tensor([0, 1, 2, 3, 5, 6, 7, 30]), prefix)
+    assert candidates.tolist() == [0, 1, 2, 3, 5, 6, 7, 20, 21, 22, 30]
+    for hyps, p in zip(beam_search([model], src, D(beam_size=3, max_len_b=5), candidates=candidates, prefix=prefix),
+                       ([20, 21], [22])):
+        assert hyps[0].tokens[: len(p)] == p and set(hyps[0].tokens) <= set(candidates.tolist())
+
+
+@torch.no_grad()
+def test_alternatives_are_the_most_likely_next_tokens_each_completed():
+    model = tiny()
+    src = batch(*SOURCES[:3])
+    prefix = [[20, 21], [], [22]]
+    firsts = next_token_alternatives([model], src, collate_prefix(prefix, torch.device("cpu"), keep_empty=True), 3)
+    for i, p in enumerate(prefix):
+        state = DecoderState([model], src[i : i + 1], use_cache=False)
+        lprobs = state.log_probs(torch.tensor([[BOS_ID] + p]))[0]
+        lprobs[PAD_ID] = lprobs[BOS_ID] = float("-inf")
+        assert firsts[i] == lprobs.topk(3).indices.tolist()
+    engine = XfEngine([model], torch.device("cpu"))
+    options = TranslateOptions(path=("x",), beam_size=4, alternatives=3, max_len_b=6)
+    found = engine.search([s for s in SOURCES[:3]], options, prefixes=prefix)
+    for i, p in enumerate(prefix):
+        assert [h.tokens[len(p)] for h in found[i]] == firsts[i]
+        for h, first in zip(found[i], firsts[i]):  # each: the search's best with prefix + that token forced
+            alone = beam_search([model], batch(SOURCES[i]), D(beam_size=4, max_len_b=6), prefix=prefixes(p + [first]))
+            assert_same([[h]], [alone[0][:1]])
+
+
+# -- the jsonl reader ------------------------------------------------------------------------------
+def test_steered_lines():
+    assert read_steered_line('{"source": "a dog", "prefix": "ein"}', 1, "in.jsonl").prefix == "ein"
+    assert read_steered_line('{"source": "a dog"}', 1, "in.jsonl").prefix == ""
+    assert read_steered_line("  ", 3, "in.jsonl").source == ""
+    for line, message in [
+        ('["a dog"]', "in.jsonl: line 4: expected a JSON object"),
+        ('{"source": "a dog", "prefix": 3}', "in.jsonl: line 4: 'prefix' must be a string"),
+        ('{"source": "a dog", "prefix": "\\ud800"}', "in.jsonl: line 4: 'prefix' is not valid text"),
+        ('{"prefix": "ein"}', "in.jsonl: line 4: no 'source'"),
+        ('{"source": "a", "prefx": "ein"}', "in.jsonl: line 4: unknown key 'prefx'"),
+        ('{"source": "a", "constraints": ["Hund"]}', "in.jsonl: line 4: lexical constraints are not supported yet"),
+        ('{"source": "a"', "in.jsonl: line 4: not JSON"),
+    ]:
+        with pytest.raises(ConfigError, match="^" + message.replace("(", r"\(")):
+            read_steered_line(line, 4, "in.jsonl")
+
+
+def test_translate_jsonl_input_with_prefixes(tmp_path, ckpt):
+    from xformer_cli.commands.translate import translate
+    from xformer_cli.checkpoint import load_ensemble
+
+    _, sp = load_ensemble([ckpt], torch.device("cpu"))
+    lines = [{"source": "a man sleeps", "prefix": "ein Hund"}, {"source": "two dogs"}, {"source": "", "prefix": "x"},
+             {"source": "a cat", "prefix": ""}]
+    (tmp_path / "in.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines), encoding="utf-8")
+    (tmp_path / "in.txt").write_text("two dogs\na cat\n", encoding="utf-8")
+
+    def run(name, path, **kw):
+        translate(TranslateOptions(path=(str(ckpt),), input=str(tmp_path / path), output=str(tmp_path / name),
+                                   quiet=True, device="cpu", max_len_b=8, **kw))
+        return (tmp_path / name).read_text(encoding="utf-8").splitlines()
+
+    out = run("out.txt", "in.jsonl", input_format="jsonl")
+    plain = run("plain.txt", "in.txt")
+    assert len(out) == 4 and out[2] == ""
+    assert [out[1], out[3]] == plain  # no prefix: the unsteered translation
+    first = json.loads(run("out.jsonl", "in.jsonl", input_format="jsonl", output_format="jsonl")[0])
+    pieces = sp.encode("ein Hund", out_type=str)
+    assert first["hypotheses"][0]["tokens"][: len(pieces)] == pieces
+    alts = run("alts.txt", "in.jsonl", input_format="jsonl", alternatives=2, beam_size=2)
+    assert [line.split(" ||| ")[0] for line in alts] == ["0", "0", "1", "1", "2", "2", "3", "3"]
+    (tmp_path / "bad.jsonl").write_text('{"source": "a"}\n[1]\n', encoding="utf-8")
+    with pytest.raises(ConfigError, match="bad.jsonl: line 2: expected a JSON object"):
+        run("bad.txt", "bad.jsonl", input_format="jsonl")
+    assert not (tmp_path / "bad.txt").exists()  # nothing half-written
