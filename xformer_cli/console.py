@@ -54,3 +54,17 @@ def print_summary(console: Console, title: str, rows: list[tuple[str, str]], val
     for name, value in rows:
         table.add_row(name, value)
     print_table(console, table)
+
+
+def warn(message: str) -> None:
+    """A warning on stderr, one line, whatever the console: ``xf: warning: ...``."""
+    import sys
+
+    print(f"xf: warning: {' '.join(message.split())}", file=sys.stderr, flush=True)
+
+
+def invalid_utf8_warning(where: str, count: int, first: int) -> None:
+    """The warning of a reader that replaced invalid UTF-8 with U+FFFD (``vocab.decode_line``)."""
+    if count:
+        warn(f"{where}: {count} line(s) had invalid UTF-8, replaced with U+FFFD (first: line {first})")
+

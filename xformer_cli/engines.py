@@ -10,11 +10,11 @@ can be asked for. ``XfEngine`` is xf's search (``search.py``); the CTranslate2 e
 from __future__ import annotations
 
 import dataclasses
-import sys
 from typing import Optional, Sequence
 
 import torch
 
+from .console import warn
 from . import distributed
 from .attention_maps import hard_alignments, resolve_layer
 from .batching import collate_source
@@ -113,7 +113,7 @@ class XfEngine(Engine):
         device, precision = resolve_device(device, precision, quantize)
         warning = precision_warning(device, precision)
         if warning:
-            print(f"xf: warning: {warning}", file=sys.stderr, flush=True)
+            warn(warning)
         if threads > 0 or workers > 1:  # each worker thread gets its share of the threads
             torch.set_num_threads(max(1, (threads or torch.get_num_threads()) // workers))
         loaded = Shortlist.load(shortlist) if shortlist is not None else None  # fails before loading

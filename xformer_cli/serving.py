@@ -560,20 +560,27 @@ class Server:
             await asyncio.sleep(0.05)
         self.past_grace.set()
 
-    async def translate(self, request):
+    async def _translated(self, request, payload_of):
+        """The answer of a translation request, or the JSON error response: the fields of the
+        request, ``payload_of(fields, info)`` the translation's fields, the latency observed."""
         from starlette.responses import JSONResponse
 
         info = request.scope.setdefault("xf", {})
         arrived = time.perf_counter()
         try:
-            payload = await request_fields(request, self.options.max_body_bytes, info)
-            answer = await Translation(self, payload, info).run(arrived, request.receive)
+            fields = await request_fields(request, self.options.max_body_bytes, info)
+            return await Translation(self, payload_of(fields, info), info).run(arrived, request.receive)
         except HttpError as e:
             info["error"] = str(e)
             return JSONResponse({"error": str(e)}, status_code=e.status, headers=e.headers)
         finally:
             self.metrics.latency.observe(time.perf_counter() - arrived)
-        return JSONResponse(answer)
+
+    async def translate(self, request):
+        from starlette.responses import JSONResponse
+
+        answer = await self._translated(request, lambda fields, info: fields)
+        return answer if not isinstance(answer, dict) else JSONResponse(answer)
 
     async def translate_file(self, request):
         """LibreTranslate's POST /translate_file: a multipart ``file`` (.txt, UTF-8) translated as one
@@ -583,10 +590,7 @@ class Server:
 
         from starlette.responses import JSONResponse
 
-        info = request.scope.setdefault("xf", {})
-        arrived = time.perf_counter()
-        try:
-            fields = await request_fields(request, self.options.max_body_bytes, info)
+        def payload_of(fields: dict, info: dict) -> dict:
             upload = fields.get("file")
             if not isinstance(upload, dict):
                 raise HttpError(400, "send the file as the multipart field 'file' (a .txt file)")
@@ -596,13 +600,11 @@ class Server:
             text = upload["data"].decode("utf-8", errors="replace")
             if upload["data"] and text.encode("utf-8") != upload["data"]:
                 info["invalid_utf8_body"] = True
-            fields = {**{k: v for k, v in fields.items() if k != "file"}, "q": text, "format": "text"}
-            answer = await Translation(self, fields, info).run(arrived, request.receive)
-        except HttpError as e:
-            info["error"] = str(e)
-            return JSONResponse({"error": str(e)}, status_code=e.status, headers=e.headers)
-        finally:
-            self.metrics.latency.observe(time.perf_counter() - arrived)
+            return {**{k: v for k, v in fields.items() if k != "file"}, "q": text, "format": "text"}
+
+        answer = await self._translated(request, payload_of)
+        if not isinstance(answer, dict):
+            return answer
         data = base64.b64encode(answer["translatedText"].encode("utf-8")).decode("ascii")
         result = {"translatedFileUrl": f"data:text/plain;charset=utf-8;base64,{data}"}
         return JSONResponse({**result, **{k: v for k, v in answer.items() if k in ("truncated", "detectedLanguage")}})

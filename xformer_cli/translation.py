@@ -14,11 +14,11 @@ from __future__ import annotations
 
 import contextlib
 import json
-import sys
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Optional
 
+from .console import warn
 from . import distributed
 from .attention_maps import alignment_pairs, format_alignment, line_word_ids, word_ids
 from .batching import batch_by_size
@@ -36,7 +36,7 @@ def open_engine(options: TranslateOptions):
     one model or an ensemble) or CTranslate2 over a directory of xf export (``CTranslate2Engine``)."""
     warning = distributed.threads_warning(options.threads)
     if warning:
-        print(f"xf: warning: {warning}", file=sys.stderr, flush=True)
+        warn(warning)
     if options.engine == "ctranslate2":
         if len(options.path) != 1:
             raise ConfigError("--engine ctranslate2 takes one --path (ensembles are xf-engine only)")

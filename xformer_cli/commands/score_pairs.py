@@ -23,7 +23,7 @@ import time
 from dataclasses import dataclass
 from typing import IO, Iterator, Optional
 
-from ..console import print_summary, stderr_console
+from ..console import invalid_utf8_warning, print_summary, stderr_console, warn
 from ..engines import XfEngine
 from ..errors import XfError
 from ..fileio import atomic_write
@@ -111,10 +111,6 @@ def format_pair(line: int, forward: PairScore, reverse: Optional[PairScore], opt
     return json.dumps(record) + "\n"
 
 
-def _warn(message: str) -> None:
-    print(f"xf: warning: {message}", file=sys.stderr, flush=True)
-
-
 # -- the command ---------------------------------------------------------------------------------
 def score_pairs(options: ScorePairsOptions) -> None:
     """Score the pairs of --source and --target, written to the output (stdout or --output)."""
@@ -172,11 +168,9 @@ def score_pairs(options: ScorePairsOptions) -> None:
     elapsed = time.perf_counter() - start
 
     for side in (src_side, tgt_side):
-        if side.invalid_utf8:
-            _warn(f"{side.path}: {side.invalid_utf8} line(s) had invalid UTF-8, replaced with U+FFFD "
-                  f"(first: line {side.first_invalid})")
+        invalid_utf8_warning(str(side.path), side.invalid_utf8, side.first_invalid)
         if side.empty:
-            _warn(f"{side.path}: {side.empty} empty line(s), scored as the empty sentence (first: line "
+            warn(f"{side.path}: {side.empty} empty line(s), scored as the empty sentence (first: line "
                   f"{side.first_empty})")
     if not options.quiet:
         _summary(console, options, lines, src_side, tgt_side, elapsed, sums, tokens, dual_sum)

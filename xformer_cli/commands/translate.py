@@ -18,7 +18,7 @@ from typing import IO, Iterator, Optional
 
 import torch
 
-from ..console import print_summary, stderr_console
+from ..console import invalid_utf8_warning, print_summary, stderr_console, warn
 from ..errors import XfError
 from ..fileio import atomic_write
 from ..options import TranslateOptions
@@ -71,10 +71,6 @@ def _input_size(stream: IO[bytes]) -> Optional[int]:
     return st.st_size if stat.S_ISREG(st.st_mode) else None
 
 
-def _warn(message: str) -> None:
-    print(f"xf: warning: {message}", file=sys.stderr, flush=True)
-
-
 # -- the command ---------------------------------------------------------------------------------
 def translate(options: TranslateOptions) -> None:
     """Translate the input (stdin or --input) to the output (stdout or --output)."""
@@ -120,17 +116,15 @@ def translate(options: TranslateOptions) -> None:
                 progress.update(task, advance=sum(map(len, raw_lines)), lines=stats.lines, rate=rate)
     elapsed = time.perf_counter() - start
 
-    if stats.invalid_utf8:
-        _warn(f"{where}: {stats.invalid_utf8} line(s) had invalid UTF-8, replaced with U+FFFD "
-              f"(first: line {stats.first_invalid})")
+    invalid_utf8_warning(where, stats.invalid_utf8, stats.first_invalid)
     if stats.truncated:
-        _warn(f"{where}: {stats.truncated} line(s) longer than the model's {engine.max_source} source subwords "
+        warn(f"{where}: {stats.truncated} line(s) longer than the model's {engine.max_source} source subwords "
               f"were truncated (first: line {stats.first_truncated})")
     if stats.split_long:
-        _warn(f"{where}: {stats.split_long} sentence(s) longer than the model's {engine.max_source} source subwords "
+        warn(f"{where}: {stats.split_long} sentence(s) longer than the model's {engine.max_source} source subwords "
               "were split to fit (at clause or word boundaries) and their pieces translated")
     if stats.empty_outputs:
-        _warn(f"{stats.empty_outputs:,} of {stats.lines - stats.empty:,} non-empty line(s) got an empty translation "
+        warn(f"{stats.empty_outputs:,} of {stats.lines - stats.empty:,} non-empty line(s) got an empty translation "
               "(a model that ends every sentence at once: an untrained or broken checkpoint?)")
     if not options.quiet and not interactive:
         _summary(console, stats, elapsed, options, getattr(engine, "compiled", None))
