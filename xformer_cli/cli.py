@@ -16,7 +16,7 @@ import sys
 import traceback
 import typing
 from pathlib import Path
-from typing import Annotated, Any, Callable, Optional
+from typing import Annotated, Any, Optional
 
 import click
 import typer

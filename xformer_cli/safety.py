@@ -13,7 +13,7 @@ import errno
 import os
 import socket
 from pathlib import Path
-from typing import Iterable, Optional
+from typing import Optional
 
 from .errors import ConfigError, XfError
 

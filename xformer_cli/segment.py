@@ -18,7 +18,7 @@ A ``Layout`` is how one text is put back: verbatim strings and the indices of it
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Callable, Optional, Union
+from typing import Callable, Union
 
 # A cut after a piece ending in one of these is a clause boundary (the best place to split a
 # sentence too long for the model, short of a sentence boundary).

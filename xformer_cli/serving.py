@@ -37,9 +37,7 @@ once the batch it decodes is done.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import hmac
-import json
 import signal
 import socket
 import sys
@@ -55,7 +53,9 @@ from .options import ServeOptions, direction_and_path
 from .language_id import LanguageId, UnknownLanguage
 from .segment import Units, line_texts, split_texts
 from .serve_queue import BatchQueue, Direction, Job, QueueFull
-from .translation import Stats, decode_input_line, encode_lines, open_engine
+from .serve_log import ANSWER_SECONDS, CLIENT_GONE, AccessLog
+from .serve_requests import HttpError, disconnected, request_fields, shown, text_lines
+from .translation import Stats, encode_lines, open_engine
 
 # ISO 639-1 names for /languages; a code not listed is shown as itself.
 LANGUAGE_NAMES = {
@@ -64,23 +64,11 @@ LANGUAGE_NAMES = {
     "pl": "Polish", "pt": "Portuguese", "ro": "Romanian", "ru": "Russian", "tr": "Turkish", "uk": "Ukrainian",
     "zh": "Chinese",
 }
-KNOWN_PATHS = ("/", "/translate", "/translate_file", "/detect", "/languages", "/frontend/settings", "/health",
-               "/metrics")
-CLIENT_GONE = 499  # nginx's "client closed request": logged, never sent (there is no one to send it to)
-ANSWER_SECONDS = 2.0  # after the grace period: time for the 503s to be written before the loop ends
 BACKSTOP_SECONDS = 5.0  # uvicorn cancels what is still running this long after the grace period
 
 
 def language_name(code: str) -> str:
     return LANGUAGE_NAMES.get(code, code)
-
-
-class HttpError(Exception):
-    """An answer other than 200: its status, its one-line message and extra headers."""
-
-    def __init__(self, status: int, message: str, headers: Optional[dict[str, str]] = None):
-        super().__init__(message)
-        self.status, self.headers = status, headers or {}
 
 
 # -- start-up ------------------------------------------------------------------------------------
@@ -155,126 +143,6 @@ class Metrics:
         from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
         return generate_latest(self.registry), CONTENT_TYPE_LATEST
-
-
-# -- requests ------------------------------------------------------------------------------------
-async def read_body(request, limit: int) -> bytes:
-    """The request body, refused (413) as soon as it is known to be over ``limit`` bytes."""
-    length = request.headers.get("content-length")
-    if length is not None:
-        if not length.strip().isdigit():
-            raise HttpError(400, f"Content-Length {length!r} is not a number")
-        if int(length) > limit:
-            raise HttpError(413, f"request body of {int(length):,} bytes is over the limit of {limit:,} (--max-body-bytes)")
-    chunks, size = [], 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:
-            raise HttpError(413, f"request body is over the limit of {limit:,} bytes (--max-body-bytes)")
-        chunks.append(chunk)
-    return b"".join(chunks)
-
-
-def text_lines(text: str, stats: Stats) -> list[str]:
-    """A text's lines as ``xf translate`` reads a file's: split at LF, a CR before it dropped,
-    invalid UTF-8 (and lone surrogates) replaced by U+FFFD and counted."""
-    raw = text.encode("utf-8", "surrogatepass")  # a lone surrogate becomes invalid UTF-8, then U+FFFD
-    return [decode_input_line(line, i + 1, stats, "request") for i, line in enumerate(raw.split(b"\n"))]
-
-
-def parse_json(text: str):
-    """A JSON body, or a 400 naming why not (nested too deeply, a number too long: hostile bodies)."""
-    try:
-        return json.loads(text)
-    except json.JSONDecodeError as e:
-        raise HttpError(400, f"the body is not JSON: {e.msg} (line {e.lineno}, column {e.colno})") from None
-    except RecursionError:
-        raise HttpError(400, "the body is not JSON xf reads: it nests arrays or objects too deeply") from None
-    except ValueError as e:  # e.g. an integer of more digits than Python converts
-        raise HttpError(400, f"the body is not JSON xf reads: {e}") from None
-
-
-def shown(value) -> str:
-    """A field's value for an error message: a scalar as JSON (cut at 40 characters), else its kind."""
-    if isinstance(value, dict):
-        return "an object"
-    if isinstance(value, list):
-        return "an array"
-    text = json.dumps(value)
-    return text if len(text) <= 40 else f"{text[:37]}..."
-
-
-async def disconnected(receive) -> None:
-    """Returns once the client has closed the connection (the body is read: nothing else comes)."""
-    while (await receive())["type"] != "http.disconnect":
-        pass
-
-
-def form_fields(text: str) -> dict:
-    """A form-encoded body (or a query string) as LibreTranslate reads one: a repeated q is a list,
-    alternatives a number."""
-    from urllib.parse import parse_qs
-
-    fields = {k: v if k == "q" and len(v) > 1 else v[0] for k, v in parse_qs(text, keep_blank_values=True).items()}
-    return numbers(fields)
-
-
-def numbers(fields: dict) -> dict:
-    """Form fields are strings: alternatives as the number it names (LibreTranslate's int())."""
-    if isinstance(fields.get("alternatives"), str) and fields["alternatives"].isdigit():
-        fields["alternatives"] = int(fields["alternatives"])
-    return fields
-
-
-async def request_fields(request, limit: int, info: dict) -> dict:
-    """The fields of a POST as LibreTranslate takes them: the query string's, then the body's over
-    them (JSON, form-encoded or multipart; an empty body: the query string's alone)."""
-    query = form_fields(request.url.query) if request.url.query else {}
-    kind = request.headers.get("content-type", "")
-    if kind.startswith("multipart/form-data"):
-        return {**query, **await multipart_fields(request, limit)}
-    body = await read_body(request, limit)
-    try:
-        text = body.decode("utf-8")
-    except UnicodeDecodeError:  # as xf translate reads a line: the bad bytes become U+FFFD
-        text = body.decode("utf-8", errors="replace")
-        info["invalid_utf8_body"] = True
-    if kind.startswith("application/x-www-form-urlencoded"):
-        return {**query, **form_fields(text)}
-    if not text.strip() and query:
-        return query
-    payload = parse_json(text)
-    if not isinstance(payload, dict):
-        raise HttpError(400, "the body must be a JSON object with q, source and target")
-    return {**query, **payload}
-
-
-async def multipart_fields(request, limit: int) -> dict:
-    """A multipart/form-data body's fields; a file's as {"filename": ..., "data": bytes} (the
-    body's size checked as it is read; Starlette parses it with python-multipart)."""
-    length = request.headers.get("content-length", "")
-    if length.strip().isdigit() and int(length) > limit:
-        raise HttpError(413, f"request body of {int(length):,} bytes is over the limit of {limit:,} (--max-body-bytes)")
-    try:
-        form = await request.form(max_part_size=limit)
-    except AssertionError:  # Starlette's way of saying python-multipart is not installed
-        raise HttpError(400, "multipart bodies need python-multipart on the server: send JSON or form-encoded") from None
-    except Exception as e:  # noqa: BLE001 - Starlette's MultiPartException and HTTPException(400) for a bad body
-        raise HttpError(400, f"the multipart body cannot be read: {getattr(e, 'detail', e)}") from None
-    fields: dict = {}
-    size = 0
-    for key, value in form.multi_items():
-        if hasattr(value, "read"):  # an UploadFile
-            data = await value.read()
-            size += len(data)
-            value = {"filename": value.filename or "", "data": data}
-        else:
-            size += len(value)
-        if size > limit:
-            raise HttpError(413, f"request body is over the limit of {limit:,} bytes (--max-body-bytes)")
-        fields[key] = [*fields[key], value] if key == "q" and key in fields else value
-    await form.close()
-    return numbers(fields)
 
 
 def check_api_key(server: "Server", fields: dict) -> None:
@@ -676,103 +544,3 @@ class Server:
         from starlette.responses import Response
 
         return Response(self.page, media_type="text/html; charset=utf-8")
-
-
-class AccessLog:
-    """ASGI middleware: one line on stderr per request, the metrics by status and outcome, a 500
-    (its one-line cause in the log, never a traceback) for anything a handler did not answer, and
-    a 503 for a request still unanswered when the grace period of a shutdown is over."""
-
-    def __init__(self, app, server: Server):
-        self.app, self.server = app, server
-
-    async def __call__(self, scope, receive, send):
-        if scope["type"] != "http":
-            return await self.app(scope, receive, send)
-        start, status = time.perf_counter(), [0]
-
-        async def send_status(message):
-            if message["type"] == "http.response.start":
-                status[0] = message["status"]
-            await send(message)
-
-        info = scope.setdefault("xf", {})
-        handler = asyncio.ensure_future(self.app(scope, receive, send_status))
-        past_grace = asyncio.ensure_future(self.server.past_grace.wait())
-        self.server.in_flight.add(asyncio.current_task())
-        try:
-            # cancelled from outside only as a last resort (uvicorn's limit, the loop's end): answered as at the grace
-            with contextlib.suppress(asyncio.CancelledError):
-                await asyncio.wait({handler, past_grace}, return_when=asyncio.FIRST_COMPLETED)
-            past_grace.cancel()
-            if not handler.done():  # the shutdown's grace period is over: the handler drops its lines
-                handler.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await asyncio.wait({handler}, timeout=ANSWER_SECONDS)
-            if handler.cancelled() or not handler.done():
-                info.update(shutdown=True, error=f"shutting down: not answered within {self.server.options.grace_seconds:g} s "
-                                                 "(--grace-seconds)")
-                if not status[0]:
-                    await json_answer(503, info["error"], scope, receive, send_status)
-            elif handler.exception() is not None:  # a request must never take the server down
-                e = handler.exception()
-                info["error"] = f"internal error: {type(e).__name__}: {e}"
-                if not status[0]:
-                    await json_answer(500, "internal error", scope, receive, send_status)
-        finally:
-            self.server.in_flight.discard(asyncio.current_task())
-        path = scope["path"]
-        self.server.metrics.requests.labels(path if path in KNOWN_PATHS else "other", str(status[0])).inc()
-        self.server.statuses[status[0]] = self.server.statuses.get(status[0], 0) + 1
-        ended = outcome(status[0], info)
-        self.server.outcomes[ended] = self.server.outcomes.get(ended, 0) + 1
-        print(access_line(scope["method"], path, status[0], info, time.perf_counter() - start), file=sys.stderr, flush=True)
-
-
-async def json_answer(status: int, message: str, scope, receive, send) -> None:
-    from starlette.responses import JSONResponse
-
-    with contextlib.suppress(OSError):  # the client may be gone by now
-        await JSONResponse({"error": message}, status_code=status)(scope, receive, send)
-
-
-OUTCOMES = ("answered", "bad request", "refused (API key)", "too large", "busy (503)", "timed out (504)",
-            "503 at shutdown", "client gone", "internal error")  # the summary's order
-
-
-def outcome(status: int, info: dict) -> str:
-    """How a request ended, one of OUTCOMES."""
-    if info.get("shutdown"):
-        return "503 at shutdown"
-    named = {403: "refused (API key)", 413: "too large", 503: "busy (503)", 504: "timed out (504)",
-             CLIENT_GONE: "client gone"}
-    if status in named:
-        return named[status]
-    if 200 <= status < 400:
-        return "answered"
-    return "bad request" if 400 <= status < 500 else "internal error"
-
-
-def access_line(method: str, path: str, status: int, info: dict, seconds: float) -> str:
-    """``xf serve | POST /translate 200 | direction en-de | lines 2 | ...``: one line, as xf's tables
-    are one line each in a log (console.table_line)."""
-    parts = [f"xf serve | {method} {path} {status}"]
-    for key, name in (("direction", "direction"), ("lines", "lines"), ("sentences", "sentences"),
-                      ("characters", "characters")):
-        if key in info:
-            parts.append(f"{name} {info[key]}")
-    for key, name in (("queue_ms", "queue wait"), ("decode_ms", "decode")):
-        if key in info:
-            parts.append(f"{name} {info[key]:.1f} ms")
-    parts.append(f"total {seconds * 1000:.1f} ms")
-    for key, name in (("invalid_utf8", "invalid UTF-8 lines"), ("truncated", "truncated lines"),
-                      ("split_long", "sentences split to fit")):
-        if info.get(key):
-            parts.append(f"{name} {info[key]}")
-    if info.get("invalid_utf8_body"):
-        parts.append("invalid UTF-8 in the body replaced")
-    if info.get("dropped_lines"):
-        parts.append(f"lines dropped undecoded {info['dropped_lines']}")
-    if "error" in info:
-        parts.append(f"error {' '.join(str(info['error']).split())}")
-    return " | ".join(parts)

@@ -16,7 +16,8 @@ import time
 from ..console import print_summary, stderr_console
 from ..errors import XfError
 from ..options import ServeOptions
-from ..serving import OUTCOMES, Server, bind, load_directions, read_api_keys
+from ..serve_log import OUTCOMES
+from ..serving import Server, bind, load_directions, read_api_keys
 
 
 def serve(options: ServeOptions) -> None:
