@@ -1,12 +1,14 @@
-"""Steering a translation: target prefixes (forced, then searched) and alternatives at the position
-after the prefix, in the searches (against exhaustive search and the unsteered search) and in
-xf translate --input-format jsonl (the reader's errors name the file and line)."""
+"""Steering a translation: target prefixes (forced, then searched), alternatives at the position
+after the prefix and hard lexical constraints, in the searches (against exhaustive search and the
+unsteered search) and in xf translate --input-format jsonl (the reader's errors name the file and
+line)."""
 
 import json
 
 import pytest
 import torch
 
+from xformer_cli.constraints import BatchConstraints
 from xformer_cli.engines import XfEngine, collate_prefix
 from xformer_cli.errors import ConfigError
 from xformer_cli.options import TranslateOptions
@@ -115,6 +117,80 @@ def test_alternatives_are_the_most_likely_next_tokens_each_completed():
         for h, first in zip(found[i], firsts[i]):  # each: the search's best with prefix + that token forced
             alone = beam_search([model], batch(SOURCES[i]), D(beam_size=4, max_len_b=6), prefix=prefixes(p + [first]))
             assert_same([[h]], [alone[0][:1]])
+
+
+def contains(out, phrase):
+    return any(out[i : i + len(phrase)] == list(phrase) for i in range(len(out)))
+
+
+def meets(out, constraints):
+    return all(any(contains(out, form) for form in forms) for forms in constraints)
+
+
+@pytest.mark.parametrize("alpha", [0.6, 0.0])
+@pytest.mark.parametrize("constraints", [
+    ([[[5, 5]]], [[[4]], [[1]]]),  # a two-token phrase; two constraints
+    ([[[4, 1], [5]]], []),  # a disjunctive one (either form); a sentence without, in the same batch
+    ([[[1, 4]], [[4, 5]]], [[[5]]]),  # two that may overlap ("1 4 5" meets both)
+])
+def test_wide_beam_with_constraints_equals_exhaustive_search_over_outputs_that_meet_them(alpha, constraints):
+    model = tiny(vocab_size=6, seed=3)
+    src = batch([4, 5, 4], [5])
+    options = D(beam_size=36, nbest=3, lenpen=alpha, max_len_a=0, max_len_b=3)
+    given = BatchConstraints(list(constraints))
+    found = beam_search([model], src, options, constraints=given)
+    assert given.unmet == []
+    for i in range(src.size(0)):
+        every = exhaustive(model, src[i, : (src[i] != PAD_ID).sum()], 3, alpha, "gnmt", nbest=10**6)
+        best = [(s, out) for s, out in every if meets(out[:-1], constraints[i])][:3]
+        assert [h.tokens for h in found[i]] == [out for _, out in best]
+        assert [h.score for h in found[i]] == pytest.approx([s for s, _ in best], abs=1e-5)
+
+
+def test_constraints_are_met_and_sentences_without_keep_their_unconstrained_output():
+    model = tiny()
+    src = batch(*SOURCES)
+    constraints = [[[[20, 21]]], [], [[[22], [23, 24]], [[25]]], []]
+    for options in (D(beam_size=4, nbest=3, max_len_b=6), D(beam_size=1, max_len_b=6)):
+        found = beam_search([model], src, options, constraints=BatchConstraints(constraints))
+        plain = beam_search([model], src, options)
+        for i, c in enumerate(constraints):
+            if c:
+                assert all(meets(h.tokens, c) and h.tokens[-1] == EOS_ID for h in found[i])
+            else:
+                assert found[i] == plain[i]  # bit for bit, scores included
+    # one by one, with an ensemble, with a prefix
+    opts = D(beam_size=4, nbest=2, max_len_b=6)
+    together = beam_search([model], src, opts, constraints=BatchConstraints(constraints))
+    alone = [beam_search([model], batch(s), opts, constraints=BatchConstraints([c]))[0] for s, c in zip(SOURCES, constraints)]
+    assert_same(together, alone)
+    assert_same(beam_search([model, model], src, opts, constraints=BatchConstraints(constraints)), together)
+    steered = beam_search([model], src, opts, prefix=prefixes([20], [], [], [21]), constraints=BatchConstraints(constraints))
+    assert all(h.tokens[0] == 20 and meets(h.tokens, constraints[0]) for h in steered[0])
+    assert all(h.tokens[0] == 21 for h in steered[3])
+
+
+def test_constraint_tokens_are_candidates_even_outside_a_shortlist():
+    model = tiny()
+    src = batch(*SOURCES[:2])
+    given = BatchConstraints([[[[25, 26]]], []])
+    candidates = torch.unique(torch.cat([torch.tensor([0, 1, 2, 3, 5, 6, 7, 30]), torch.tensor(given.tokens())]))
+    found = beam_search([model], src, D(beam_size=3, max_len_b=5), candidates=candidates, constraints=given)
+    assert contains(found[0][0].tokens, [25, 26]) and set(found[0][0].tokens) <= set(candidates.tolist())
+    assert found[1] == beam_search([model], src, D(beam_size=3, max_len_b=5), candidates=candidates)[1]
+
+
+def test_a_constraint_that_cannot_fit_gives_the_unconstrained_output_and_is_reported():
+    model = tiny()
+    src = batch(*SOURCES[:2])
+    options = D(beam_size=3, nbest=2, max_len_a=0, max_len_b=2)
+    given = BatchConstraints([[[[20, 21, 22]]], [[[20]], [[21]]]])  # 3 tokens in 2; 2 in 2: fits
+    found = beam_search([model], src, options, constraints=given)
+    assert given.unmet == [0]
+    assert found[0] == beam_search([model], src, options)[0]
+    assert all(meets(h.tokens, [[[20]], [[21]]]) for h in found[1])
+    with pytest.raises(ValueError, match="at least one token"):
+        BatchConstraints([[[[]]]])
 
 
 # -- the jsonl reader ------------------------------------------------------------------------------
