@@ -198,13 +198,18 @@ def test_steered_lines():
     assert read_steered_line('{"source": "a dog", "prefix": "ein"}', 1, "in.jsonl").prefix == "ein"
     assert read_steered_line('{"source": "a dog"}', 1, "in.jsonl").prefix == ""
     assert read_steered_line("  ", 3, "in.jsonl").source == ""
+    assert read_steered_line('{"source": "a", "constraints": ["Hund", ["Katze", "Katzen"]]}', 1, "x").constraints == [
+        ["Hund"], ["Katze", "Katzen"]]
     for line, message in [
         ('["a dog"]', "in.jsonl: line 4: expected a JSON object"),
         ('{"source": "a dog", "prefix": 3}', "in.jsonl: line 4: 'prefix' must be a string"),
         ('{"source": "a dog", "prefix": "\\ud800"}', "in.jsonl: line 4: 'prefix' is not valid text"),
         ('{"prefix": "ein"}', "in.jsonl: line 4: no 'source'"),
         ('{"source": "a", "prefx": "ein"}', "in.jsonl: line 4: unknown key 'prefx'"),
-        ('{"source": "a", "constraints": ["Hund"]}', "in.jsonl: line 4: lexical constraints are not supported yet"),
+        ('{"source": "a", "constraints": "Hund"}', "in.jsonl: line 4: 'constraints' must be a list"),
+        ('{"source": "a", "constraints": [""]}', "in.jsonl: line 4: an empty constraint"),
+        ('{"source": "a", "constraints": [[]]}', "in.jsonl: line 4: an empty constraint"),
+        ('{"source": "a", "constraints": [["Hund", 3]]}', "in.jsonl: line 4: 'constraints' must be a string"),
         ('{"source": "a"', "in.jsonl: line 4: not JSON"),
     ]:
         with pytest.raises(ConfigError, match="^" + message.replace("(", r"\(")):
@@ -239,3 +244,33 @@ def test_translate_jsonl_input_with_prefixes(tmp_path, ckpt):
     with pytest.raises(ConfigError, match="bad.jsonl: line 2: expected a JSON object"):
         run("bad.txt", "bad.jsonl", input_format="jsonl")
     assert not (tmp_path / "bad.txt").exists()  # nothing half-written
+
+
+def test_translate_jsonl_input_with_constraints(tmp_path, ckpt):
+    from xformer_cli.commands.translate import translate
+
+    lines = [{"source": "a man sleeps", "constraints": ["Hund", ["Katze", "Katzen"]]}, {"source": "two dogs"},
+             {"source": "a cat", "prefix": "ein", "constraints": ["Fahrrad"]}]
+    (tmp_path / "in.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines), encoding="utf-8")
+    (tmp_path / "in.txt").write_text("two dogs\n", encoding="utf-8")
+
+    def run(name, path, **kw):
+        kw.setdefault("max_len_b", 8)
+        translate(TranslateOptions(path=(str(ckpt),), input=str(tmp_path / path), output=str(tmp_path / name),
+                                   quiet=True, device="cpu", **kw))
+        return (tmp_path / name).read_text(encoding="utf-8").splitlines()
+
+    out = run("out.txt", "in.jsonl", input_format="jsonl", beam_size=4)
+    assert "Hund" in out[0] and ("Katze" in out[0] or "Katzen" in out[0])
+    assert out[2].startswith("ein") and "Fahrrad" in out[2]
+    assert out[1] == run("plain.txt", "in.txt", beam_size=4)[0]  # no constraints: the unconstrained translation
+    alts = run("alts.txt", "in.jsonl", input_format="jsonl", alternatives=2, beam_size=2)
+    assert len(alts) == 6 and all("Hund" in line for line in alts if line.startswith("0 |||"))
+    with pytest.raises(ConfigError, match="in.jsonl: line 1: lexical constraints need beam search"):
+        run("bad.txt", "in.jsonl", input_format="jsonl", sampling=True)
+    # a constraint longer than a sentence's length limit: translated without it (counted, warned)
+    (tmp_path / "long.jsonl").write_text(json.dumps({"source": "a", "constraints": ["Hund " * 5]}) + "\n",
+                                         encoding="utf-8")
+    (tmp_path / "a.txt").write_text("a\n", encoding="utf-8")
+    short = dict(max_len_a=0.0, max_len_b=3)
+    assert run("long.txt", "long.jsonl", input_format="jsonl", **short) == run("a.out", "a.txt", **short)
