@@ -274,3 +274,46 @@ def test_translate_jsonl_input_with_constraints(tmp_path, ckpt):
     (tmp_path / "a.txt").write_text("a\n", encoding="utf-8")
     short = dict(max_len_a=0.0, max_len_b=3)
     assert run("long.txt", "long.jsonl", input_format="jsonl", **short) == run("a.out", "a.txt", **short)
+
+
+# -- xf serve --------------------------------------------------------------------------------------
+def test_serve_steering_fields():
+    from xformer_cli.serve_requests import HttpError
+    from xformer_cli.serving import steering_fields
+
+    options = TranslateOptions(path=("x",))
+    assert steering_fields({"q": "a"}, 1, False, "text", options) is None
+    assert steering_fields({"prefix": "ein", "constraints": ["Hund", ["Katze", "Katzen"]]}, 1, False, "text",
+                           options) == [("ein", [["Hund"], ["Katze", "Katzen"]])]
+    assert steering_fields({"prefix": ["ein", ""]}, 2, True, "text", options) == [("ein", []), ("", [])]
+    for payload, count, as_list, fmt, opts, message in [
+        ({"prefix": "ein"}, 2, True, "text", options, "one entry per item"),
+        ({"constraints": [["Hund"]]}, 2, True, "text", options, "one entry per item"),
+        ({"constraints": [""]}, 1, False, "text", options, "q item 1: an empty constraint"),
+        ({"prefix": 3}, 1, False, "text", options, "q item 1: 'prefix' must be a string"),
+        ({"prefix": "ein"}, 1, False, "html", options, "format 'text' only"),
+        ({"constraints": ["Hund"]}, 1, False, "text", TranslateOptions(path=("x",), sampling=True), "sampling"),
+    ]:
+        with pytest.raises(HttpError, match=message):
+            steering_fields(payload, count, as_list, fmt, opts)
+
+
+@pytest.mark.slow
+def test_serve_prefix_and_constraints(ckpt, tmp_path):
+    pytest.importorskip("starlette", reason="the serve extra is not installed")
+    from test_serve import DECODING, Served
+
+    server = Served("--model", f"en-de={ckpt}", *DECODING)
+    try:
+        status, _, answer = server.translate(["a man sleeps", "two dogs"], prefix=["ein", ""],
+                                             constraints=[["Hund"], []])
+        assert status == 200, answer
+        first, second = answer["translatedText"]
+        assert first.startswith("ein") and "Hund" in first
+        assert second == server.translate("two dogs")[2]["translatedText"]  # unsteered
+        status, _, answer = server.translate("A man sleeps. A dog runs.", constraints=["Hund"])
+        assert status == 400 and "constraints apply to one sentence" in answer["error"]
+        status, _, answer = server.translate("A man sleeps. A dog runs.", prefix="ein")
+        assert status == 200 and answer["translatedText"].startswith("ein")
+    finally:
+        server.stop()

@@ -113,7 +113,7 @@ class SteeredLine:
     constraints: list = field(default_factory=list)
 
 
-def _text_field(value, key: str, line_no: int, where: str) -> str:
+def text_field(value, key: str, line_no: int, where: str) -> str:
     if not isinstance(value, str):
         raise ConfigError(f"{where}: line {line_no}: '{key}' must be a string, got {type(value).__name__}")
     try:
@@ -135,7 +135,7 @@ def read_constraints(value, line_no: int, where: str) -> list[list[str]]:
         forms = item if isinstance(item, list) else [item]
         if not forms:
             raise ConfigError(f"{where}: line {line_no}: an empty constraint (a list with no form)")
-        forms = [_text_field(form, "constraints", line_no, where) for form in forms]
+        forms = [text_field(form, "constraints", line_no, where) for form in forms]
         if not all(form.strip() for form in forms):
             raise ConfigError(f"{where}: line {line_no}: an empty constraint (a form with no text)")
         out.append(forms)
@@ -161,7 +161,7 @@ def read_steered_line(text: str, line_no: int, where: str) -> SteeredLine:
         raise ConfigError(f"{where}: line {line_no}: unknown key {unknown[0]!r} (source, prefix, constraints)")
     if "source" not in record:
         raise ConfigError(f"{where}: line {line_no}: no 'source' (the text to translate)")
-    fields = [_text_field(record.get(key, ""), key, line_no, where) for key in ("source", "prefix")]
+    fields = [text_field(record.get(key, ""), key, line_no, where) for key in ("source", "prefix")]
     return SteeredLine(*fields, read_constraints(record.get("constraints", []), line_no, where))
 
 
