@@ -317,3 +317,25 @@ def test_serve_prefix_and_constraints(ckpt, tmp_path):
         assert status == 200 and answer["translatedText"].startswith("ein")
     finally:
         server.stop()
+
+
+def test_translate_with_a_glossary(tmp_path, ckpt):
+    from xformer_cli.commands.translate import translate
+
+    (tmp_path / "terms.tsv").write_text("man\tHund\nsleeps\tKatze|Katzen\n", encoding="utf-8")
+    (tmp_path / "in.txt").write_text("a man sleeps\ntwo dogs\n", encoding="utf-8")
+    (tmp_path / "in.jsonl").write_text(json.dumps({"source": "a man runs", "constraints": ["Fahrrad"]}) + "\n",
+                                       encoding="utf-8")
+
+    def run(name, path, **kw):
+        translate(TranslateOptions(path=(str(ckpt),), input=str(tmp_path / path), output=str(tmp_path / name),
+                                   quiet=True, device="cpu", max_len_b=8, beam_size=4, **kw))
+        return (tmp_path / name).read_text(encoding="utf-8").splitlines()
+
+    out = run("out.txt", "in.txt", glossary=str(tmp_path / "terms.tsv"))
+    assert "Hund" in out[0] and "Katze" in out[0]
+    assert out[1] == run("plain.txt", "in.txt")[1]  # no term found: the unconstrained translation
+    steered = run("out2.txt", "in.jsonl", input_format="jsonl", glossary=str(tmp_path / "terms.tsv"))
+    assert "Hund" in steered[0] and "Fahrrad" in steered[0]  # the line's own and the glossary's
+    with pytest.raises(ValueError, match="--glossary gives lexical constraints"):
+        TranslateOptions(path=("x",), glossary="terms.tsv", sampling=True)

@@ -21,6 +21,7 @@ import torch
 from ..console import invalid_utf8_warning, print_summary, stderr_console, warn
 from ..errors import ConfigError, XfError
 from ..fileio import atomic_write
+from ..glossary import Glossary
 from ..options import TranslateOptions
 from ..translation import (Stats, decode_input_line, encode_constraints, encode_prefixes, open_engine,
                            read_steered_line, translate_buffer, translate_sentences)
@@ -78,6 +79,7 @@ def translate(options: TranslateOptions) -> None:
 
     if options.input is not None and not Path(options.input).is_file():
         raise XfError(f"{options.input}: input file not found")
+    glossary = Glossary.load(options.glossary) if options.glossary is not None else None  # fails before loading
     engine, sp, device = open_engine(options)
     if options.print_alignment:  # a layer the models lack fails now, not at the first batch
         engine.check_alignment_layer(options.alignment_layer)
@@ -105,9 +107,15 @@ def translate(options: TranslateOptions) -> None:
                 elif options.input_format == "jsonl":
                     steered = [read_steered_line(text, stats.lines + i + 1, where) for i, text in enumerate(lines)]
                     prefixes = encode_prefixes(sp, [s.prefix for s in steered], engine.max_source, where, stats.lines)
-                    constraints = _constraints(sp, steered, engine.max_source, options, where, stats.lines)
+                    wanted = [s.constraints + (glossary.constraints(s.source) if glossary else []) for s in steered]
+                    constraints = _constraints(sp, wanted, engine.max_source, options, where, stats.lines)
                     outputs = translate_buffer(engine, sp, [s.source for s in steered], stats.lines, options, stats,
                                                generator, prefixes, constraints)
+                elif glossary is not None:
+                    constraints = _constraints(sp, [glossary.constraints(line) for line in lines], engine.max_source,
+                                               options, where, stats.lines)
+                    outputs = translate_buffer(engine, sp, lines, stats.lines, options, stats, generator, None,
+                                               constraints)
                 else:
                     outputs = translate_buffer(engine, sp, lines, stats.lines, options, stats, generator)
                 sink.write("".join(outputs).encode("utf-8"))
@@ -134,17 +142,18 @@ def translate(options: TranslateOptions) -> None:
         _summary(console, stats, elapsed, options, getattr(engine, "compiled", None))
 
 
-def _constraints(sp, steered: list, max_target: int, options: TranslateOptions, where: str, first_line: int):
-    """The buffer's lexical constraints as subword ids (None when no line has any); refused where
-    the search cannot meet them (CTranslate2, sampling), naming the first line that has them."""
-    if not any(s.constraints for s in steered):
+def _constraints(sp, wanted: list, max_target: int, options: TranslateOptions, where: str, first_line: int):
+    """The buffer's lexical constraints (per line, ``read_constraints``'s form) as subword ids
+    (None when no line has any); refused where the search cannot meet them (CTranslate2,
+    sampling), naming the first line that has them."""
+    if not any(wanted):
         return None
-    line = first_line + 1 + next(i for i, s in enumerate(steered) if s.constraints)
+    line = first_line + 1 + next(i for i, c in enumerate(wanted) if c)
     if options.engine == "ctranslate2":
         raise ConfigError(f"{where}: line {line}: lexical constraints need the xf engine (CTranslate2 has none)")
     if options.sampling:
         raise ConfigError(f"{where}: line {line}: lexical constraints need beam search, not --sampling")
-    return encode_constraints(sp, [s.constraints for s in steered], max_target, where, first_line)
+    return encode_constraints(sp, wanted, max_target, where, first_line)
 
 
 def _summary(console, stats: Stats, elapsed: float, options: TranslateOptions, compiled=None) -> None:
