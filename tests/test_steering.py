@@ -339,3 +339,16 @@ def test_translate_with_a_glossary(tmp_path, ckpt):
     assert "Hund" in steered[0] and "Fahrrad" in steered[0]  # the line's own and the glossary's
     with pytest.raises(ValueError, match="--glossary gives lexical constraints"):
         TranslateOptions(path=("x",), glossary="terms.tsv", sampling=True)
+
+
+@pytest.mark.slow
+@pytest.mark.kernels
+def test_constraints_through_the_compiled_step_equal_eager():
+    from xformer_cli.search import CompiledStep
+
+    model = tiny()
+    src = batch(*SOURCES)
+    constraints = [[[[20, 21]]], [], [[[22], [23, 24]], [[25]]], []]
+    options = D(beam_size=4, nbest=2, max_len_b=6)
+    compiled = beam_search([model], src, options, compiled=CompiledStep(), constraints=BatchConstraints(constraints))
+    assert_same(compiled, beam_search([model], src, options, constraints=BatchConstraints(constraints)))

@@ -347,8 +347,9 @@ class TranslateOptions(DecodingOptions):
         "text", "text lines, or JSON lines with source, hypotheses, scores and positional scores"
     )
     input_format: Literal["text", "jsonl"] = option(
-        "text", "text lines, or JSON lines {\"source\": ..., \"prefix\": ...}: each translation starts with its "
-        "target prefix (forced, cut by the model's sentencepiece; empty or absent: none), the rest searched"
+        "text", "text lines, or JSON lines {\"source\": ..., \"prefix\": ..., \"constraints\": [...]}: each "
+        "translation starts with its target prefix (forced, cut by the model's sentencepiece; empty or absent: none), "
+        "the rest searched; constraints: phrases it must contain (a string, or a list of alternative forms)"
     )
     glossary: Optional[str] = option(
         None, "a UTF-8 TSV glossary (source term, a tab, the target term or its forms separated by |): the target "
