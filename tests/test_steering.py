@@ -1,12 +1,14 @@
-"""Steering a translation: target prefixes (forced, then searched) and alternatives at the position
-after the prefix, in the searches (against exhaustive search and the unsteered search) and in
-xf translate --input-format jsonl (the reader's errors name the file and line)."""
+"""Steering a translation: target prefixes (forced, then searched), alternatives at the position
+after the prefix and hard lexical constraints, in the searches (against exhaustive search and the
+unsteered search) and in xf translate --input-format jsonl (the reader's errors name the file and
+line)."""
 
 import json
 
 import pytest
 import torch
 
+from xformer_cli.constraints import BatchConstraints
 from xformer_cli.engines import XfEngine, collate_prefix
 from xformer_cli.errors import ConfigError
 from xformer_cli.options import TranslateOptions
@@ -117,18 +119,97 @@ def test_alternatives_are_the_most_likely_next_tokens_each_completed():
             assert_same([[h]], [alone[0][:1]])
 
 
+def contains(out, phrase):
+    return any(out[i : i + len(phrase)] == list(phrase) for i in range(len(out)))
+
+
+def meets(out, constraints):
+    return all(any(contains(out, form) for form in forms) for forms in constraints)
+
+
+@pytest.mark.parametrize("alpha", [0.6, 0.0])
+@pytest.mark.parametrize("constraints", [
+    ([[[5, 5]]], [[[4]], [[1]]]),  # a two-token phrase; two constraints
+    ([[[4, 1], [5]]], []),  # a disjunctive one (either form); a sentence without, in the same batch
+    ([[[1, 4]], [[4, 5]]], [[[5]]]),  # two that may overlap ("1 4 5" meets both)
+])
+def test_wide_beam_with_constraints_equals_exhaustive_search_over_outputs_that_meet_them(alpha, constraints):
+    model = tiny(vocab_size=6, seed=3)
+    src = batch([4, 5, 4], [5])
+    options = D(beam_size=36, nbest=3, lenpen=alpha, max_len_a=0, max_len_b=3)
+    given = BatchConstraints(list(constraints))
+    found = beam_search([model], src, options, constraints=given)
+    assert given.unmet == []
+    for i in range(src.size(0)):
+        every = exhaustive(model, src[i, : (src[i] != PAD_ID).sum()], 3, alpha, "gnmt", nbest=10**6)
+        best = [(s, out) for s, out in every if meets(out[:-1], constraints[i])][:3]
+        assert [h.tokens for h in found[i]] == [out for _, out in best]
+        assert [h.score for h in found[i]] == pytest.approx([s for s, _ in best], abs=1e-5)
+
+
+def test_constraints_are_met_and_sentences_without_keep_their_unconstrained_output():
+    model = tiny()
+    src = batch(*SOURCES)
+    constraints = [[[[20, 21]]], [], [[[22], [23, 24]], [[25]]], []]
+    for options in (D(beam_size=4, nbest=3, max_len_b=6), D(beam_size=1, max_len_b=6)):
+        found = beam_search([model], src, options, constraints=BatchConstraints(constraints))
+        plain = beam_search([model], src, options)
+        for i, c in enumerate(constraints):
+            if c:
+                assert all(meets(h.tokens, c) and h.tokens[-1] == EOS_ID for h in found[i])
+            else:
+                assert found[i] == plain[i]  # bit for bit, scores included
+    # one by one, with an ensemble, with a prefix
+    opts = D(beam_size=4, nbest=2, max_len_b=6)
+    together = beam_search([model], src, opts, constraints=BatchConstraints(constraints))
+    alone = [beam_search([model], batch(s), opts, constraints=BatchConstraints([c]))[0] for s, c in zip(SOURCES, constraints)]
+    assert_same(together, alone)
+    assert_same(beam_search([model, model], src, opts, constraints=BatchConstraints(constraints)), together)
+    steered = beam_search([model], src, opts, prefix=prefixes([20], [], [], [21]), constraints=BatchConstraints(constraints))
+    assert all(h.tokens[0] == 20 and meets(h.tokens, constraints[0]) for h in steered[0])
+    assert all(h.tokens[0] == 21 for h in steered[3])
+
+
+def test_constraint_tokens_are_candidates_even_outside_a_shortlist():
+    model = tiny()
+    src = batch(*SOURCES[:2])
+    given = BatchConstraints([[[[25, 26]]], []])
+    candidates = torch.unique(torch.cat([torch.tensor([0, 1, 2, 3, 5, 6, 7, 30]), torch.tensor(given.tokens())]))
+    found = beam_search([model], src, D(beam_size=3, max_len_b=5), candidates=candidates, constraints=given)
+    assert contains(found[0][0].tokens, [25, 26]) and set(found[0][0].tokens) <= set(candidates.tolist())
+    assert found[1] == beam_search([model], src, D(beam_size=3, max_len_b=5), candidates=candidates)[1]
+
+
+def test_a_constraint_that_cannot_fit_gives_the_unconstrained_output_and_is_reported():
+    model = tiny()
+    src = batch(*SOURCES[:2])
+    options = D(beam_size=3, nbest=2, max_len_a=0, max_len_b=2)
+    given = BatchConstraints([[[[20, 21, 22]]], [[[20]], [[21]]]])  # 3 tokens in 2; 2 in 2: fits
+    found = beam_search([model], src, options, constraints=given)
+    assert given.unmet == [0]
+    assert found[0] == beam_search([model], src, options)[0]
+    assert all(meets(h.tokens, [[[20]], [[21]]]) for h in found[1])
+    with pytest.raises(ValueError, match="at least one token"):
+        BatchConstraints([[[[]]]])
+
+
 # -- the jsonl reader ------------------------------------------------------------------------------
 def test_steered_lines():
     assert read_steered_line('{"source": "a dog", "prefix": "ein"}', 1, "in.jsonl").prefix == "ein"
     assert read_steered_line('{"source": "a dog"}', 1, "in.jsonl").prefix == ""
     assert read_steered_line("  ", 3, "in.jsonl").source == ""
+    assert read_steered_line('{"source": "a", "constraints": ["Hund", ["Katze", "Katzen"]]}', 1, "x").constraints == [
+        ["Hund"], ["Katze", "Katzen"]]
     for line, message in [
         ('["a dog"]', "in.jsonl: line 4: expected a JSON object"),
         ('{"source": "a dog", "prefix": 3}', "in.jsonl: line 4: 'prefix' must be a string"),
         ('{"source": "a dog", "prefix": "\\ud800"}', "in.jsonl: line 4: 'prefix' is not valid text"),
         ('{"prefix": "ein"}', "in.jsonl: line 4: no 'source'"),
         ('{"source": "a", "prefx": "ein"}', "in.jsonl: line 4: unknown key 'prefx'"),
-        ('{"source": "a", "constraints": ["Hund"]}', "in.jsonl: line 4: lexical constraints are not supported yet"),
+        ('{"source": "a", "constraints": "Hund"}', "in.jsonl: line 4: 'constraints' must be a list"),
+        ('{"source": "a", "constraints": [""]}', "in.jsonl: line 4: an empty constraint"),
+        ('{"source": "a", "constraints": [[]]}', "in.jsonl: line 4: an empty constraint"),
+        ('{"source": "a", "constraints": [["Hund", 3]]}', "in.jsonl: line 4: 'constraints' must be a string"),
         ('{"source": "a"', "in.jsonl: line 4: not JSON"),
     ]:
         with pytest.raises(ConfigError, match="^" + message.replace("(", r"\(")):
@@ -163,3 +244,111 @@ def test_translate_jsonl_input_with_prefixes(tmp_path, ckpt):
     with pytest.raises(ConfigError, match="bad.jsonl: line 2: expected a JSON object"):
         run("bad.txt", "bad.jsonl", input_format="jsonl")
     assert not (tmp_path / "bad.txt").exists()  # nothing half-written
+
+
+def test_translate_jsonl_input_with_constraints(tmp_path, ckpt):
+    from xformer_cli.commands.translate import translate
+
+    lines = [{"source": "a man sleeps", "constraints": ["Hund", ["Katze", "Katzen"]]}, {"source": "two dogs"},
+             {"source": "a cat", "prefix": "ein", "constraints": ["Fahrrad"]}]
+    (tmp_path / "in.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines), encoding="utf-8")
+    (tmp_path / "in.txt").write_text("two dogs\n", encoding="utf-8")
+
+    def run(name, path, **kw):
+        kw.setdefault("max_len_b", 8)
+        translate(TranslateOptions(path=(str(ckpt),), input=str(tmp_path / path), output=str(tmp_path / name),
+                                   quiet=True, device="cpu", **kw))
+        return (tmp_path / name).read_text(encoding="utf-8").splitlines()
+
+    out = run("out.txt", "in.jsonl", input_format="jsonl", beam_size=4)
+    assert "Hund" in out[0] and ("Katze" in out[0] or "Katzen" in out[0])
+    assert out[2].startswith("ein") and "Fahrrad" in out[2]
+    assert out[1] == run("plain.txt", "in.txt", beam_size=4)[0]  # no constraints: the unconstrained translation
+    alts = run("alts.txt", "in.jsonl", input_format="jsonl", alternatives=2, beam_size=2)
+    assert len(alts) == 6 and all("Hund" in line for line in alts if line.startswith("0 |||"))
+    with pytest.raises(ConfigError, match="in.jsonl: line 1: lexical constraints need beam search"):
+        run("bad.txt", "in.jsonl", input_format="jsonl", sampling=True)
+    # a constraint longer than a sentence's length limit: translated without it (counted, warned)
+    (tmp_path / "long.jsonl").write_text(json.dumps({"source": "a", "constraints": ["Hund " * 5]}) + "\n",
+                                         encoding="utf-8")
+    (tmp_path / "a.txt").write_text("a\n", encoding="utf-8")
+    short = dict(max_len_a=0.0, max_len_b=3)
+    assert run("long.txt", "long.jsonl", input_format="jsonl", **short) == run("a.out", "a.txt", **short)
+
+
+# -- xf serve --------------------------------------------------------------------------------------
+def test_serve_steering_fields():
+    from xformer_cli.serve_requests import HttpError
+    from xformer_cli.serving import steering_fields
+
+    options = TranslateOptions(path=("x",))
+    assert steering_fields({"q": "a"}, 1, False, "text", options) is None
+    assert steering_fields({"prefix": "ein", "constraints": ["Hund", ["Katze", "Katzen"]]}, 1, False, "text",
+                           options) == [("ein", [["Hund"], ["Katze", "Katzen"]])]
+    assert steering_fields({"prefix": ["ein", ""]}, 2, True, "text", options) == [("ein", []), ("", [])]
+    for payload, count, as_list, fmt, opts, message in [
+        ({"prefix": "ein"}, 2, True, "text", options, "one entry per item"),
+        ({"constraints": [["Hund"]]}, 2, True, "text", options, "one entry per item"),
+        ({"constraints": [""]}, 1, False, "text", options, "q item 1: an empty constraint"),
+        ({"prefix": 3}, 1, False, "text", options, "q item 1: 'prefix' must be a string"),
+        ({"prefix": "ein"}, 1, False, "html", options, "format 'text' only"),
+        ({"constraints": ["Hund"]}, 1, False, "text", TranslateOptions(path=("x",), sampling=True), "sampling"),
+    ]:
+        with pytest.raises(HttpError, match=message):
+            steering_fields(payload, count, as_list, fmt, opts)
+
+
+@pytest.mark.slow
+def test_serve_prefix_and_constraints(ckpt, tmp_path):
+    pytest.importorskip("starlette", reason="the serve extra is not installed")
+    from test_serve import DECODING, Served
+
+    server = Served("--model", f"en-de={ckpt}", *DECODING)
+    try:
+        status, _, answer = server.translate(["a man sleeps", "two dogs"], prefix=["ein", ""],
+                                             constraints=[["Hund"], []])
+        assert status == 200, answer
+        first, second = answer["translatedText"]
+        assert first.startswith("ein") and "Hund" in first
+        assert second == server.translate("two dogs")[2]["translatedText"]  # unsteered
+        status, _, answer = server.translate("A man sleeps. A dog runs.", constraints=["Hund"])
+        assert status == 400 and "constraints apply to one sentence" in answer["error"]
+        status, _, answer = server.translate("A man sleeps. A dog runs.", prefix="ein")
+        assert status == 200 and answer["translatedText"].startswith("ein")
+    finally:
+        server.stop()
+
+
+def test_translate_with_a_glossary(tmp_path, ckpt):
+    from xformer_cli.commands.translate import translate
+
+    (tmp_path / "terms.tsv").write_text("man\tHund\nsleeps\tKatze|Katzen\n", encoding="utf-8")
+    (tmp_path / "in.txt").write_text("a man sleeps\ntwo dogs\n", encoding="utf-8")
+    (tmp_path / "in.jsonl").write_text(json.dumps({"source": "a man runs", "constraints": ["Fahrrad"]}) + "\n",
+                                       encoding="utf-8")
+
+    def run(name, path, **kw):
+        translate(TranslateOptions(path=(str(ckpt),), input=str(tmp_path / path), output=str(tmp_path / name),
+                                   quiet=True, device="cpu", max_len_b=8, beam_size=4, **kw))
+        return (tmp_path / name).read_text(encoding="utf-8").splitlines()
+
+    out = run("out.txt", "in.txt", glossary=str(tmp_path / "terms.tsv"))
+    assert "Hund" in out[0] and "Katze" in out[0]
+    assert out[1] == run("plain.txt", "in.txt")[1]  # no term found: the unconstrained translation
+    steered = run("out2.txt", "in.jsonl", input_format="jsonl", glossary=str(tmp_path / "terms.tsv"))
+    assert "Hund" in steered[0] and "Fahrrad" in steered[0]  # the line's own and the glossary's
+    with pytest.raises(ValueError, match="--glossary gives lexical constraints"):
+        TranslateOptions(path=("x",), glossary="terms.tsv", sampling=True)
+
+
+@pytest.mark.slow
+@pytest.mark.kernels
+def test_constraints_through_the_compiled_step_equal_eager():
+    from xformer_cli.search import CompiledStep
+
+    model = tiny()
+    src = batch(*SOURCES)
+    constraints = [[[[20, 21]]], [], [[[22], [23, 24]], [[25]]], []]
+    options = D(beam_size=4, nbest=2, max_len_b=6)
+    compiled = beam_search([model], src, options, compiled=CompiledStep(), constraints=BatchConstraints(constraints))
+    assert_same(compiled, beam_search([model], src, options, constraints=BatchConstraints(constraints)))

@@ -270,9 +270,12 @@ class CTranslate2Engine(Engine):
         return engine, sp
 
     def search(self, sentences: Sequence[Sequence[int]], options: TranslateOptions, generator=None,
-               prefixes: Optional[Sequence[Sequence[int]]] = None) -> list[list[Hypothesis]]:
+               prefixes: Optional[Sequence[Sequence[int]]] = None, constraints=None) -> list[list[Hypothesis]]:
         """As ``Engine.search``; a target prefix is CTranslate2's target_prefix, alternatives its
-        return_alternatives (the prefix raises a sentence's length limit to its length, as xf)."""
+        return_alternatives (the prefix raises a sentence's length limit to its length, as xf).
+        CTranslate2 has no lexical constraints."""
+        if constraints:
+            raise ConfigError("--engine ctranslate2 has no lexical constraints: use the xf engine (--engine xf)")
         if options.sampling:
             raise ConfigError("--engine ctranslate2 does not sample: use the xf engine for --sampling")
         lengths = torch.tensor([len(s) for s in sentences])

@@ -19,6 +19,7 @@ from . import distributed
 from .attention_maps import hard_alignments, resolve_layer
 from .batching import collate_source
 from .checkpoint import load_ensemble, vocab_digest
+from .constraints import BatchConstraints
 from .errors import ConfigError
 from .memory import bound_native_memory
 from .model import Transformer
@@ -38,10 +39,12 @@ class Engine:
 
     def search(self, sentences: Sequence[Sequence[int]], options: TranslateOptions,
                generator: Optional[torch.Generator] = None,
-               prefixes: Optional[Sequence[Sequence[int]]] = None) -> list[list[Hypothesis]]:
+               prefixes: Optional[Sequence[Sequence[int]]] = None,
+               constraints: Optional[BatchConstraints] = None) -> list[list[Hypothesis]]:
         """Hypotheses of each sentence (subword ids without eos), best first; prefixes: each
         sentence's target prefix (subword ids, forced; [] or None: none), which every hypothesis
-        starts with. With options.alternatives N: the N most likely ids at the position after the
+        starts with; constraints: each sentence's lexical constraints, which every hypothesis
+        meets (those no hypothesis met are listed in constraints.unmet and searched without). With options.alternatives N: the N most likely ids at the position after the
         prefix, each completed by the search, in that order (CTranslate2's return_alternatives)."""
         raise NotImplementedError
 
@@ -125,18 +128,23 @@ class XfEngine(Engine):
         return cls(models, device, loaded, CompiledStep() if compile_step else None), sp
 
     def search(self, sentences: Sequence[Sequence[int]], options: TranslateOptions, generator=None,
-               prefixes: Optional[Sequence[Sequence[int]]] = None) -> list[list[Hypothesis]]:
+               prefixes: Optional[Sequence[Sequence[int]]] = None,
+               constraints: Optional[BatchConstraints] = None) -> list[list[Hypothesis]]:
         src = collate_source(sentences).to(self.device)
         candidates = self.shortlist.candidates(src) if self.shortlist is not None else None
+        if candidates is not None and constraints:  # constraint tokens are always candidates
+            candidates = torch.unique(torch.cat([candidates, torch.tensor(constraints.tokens(), device=self.device)]))
         if options.alternatives:
-            return self._alternatives(src, options, generator, candidates, prefixes or [[] for _ in sentences])
+            return self._alternatives(src, options, generator, candidates, prefixes or [[] for _ in sentences],
+                                      constraints)
         prefix = collate_prefix(prefixes, self.device)
         return search(self.models, src, options, generator, with_prefix_candidates(candidates, prefix), self.compiled,
-                      prefix)
+                      prefix, constraints)
 
-    def _alternatives(self, src, options, generator, candidates, prefixes) -> list[list[Hypothesis]]:
+    def _alternatives(self, src, options, generator, candidates, prefixes, constraints=None) -> list[list[Hypothesis]]:
         """Each sentence's options.alternatives ids after its prefix, each as the prefix's next
-        forced token and completed by one search of all of them (the best hypothesis of each)."""
+        forced token and completed by one search of all of them (the best hypothesis of each;
+        the alternatives are the model's, the completions meet the constraints)."""
         prefix = collate_prefix(prefixes, self.device, keep_empty=True)
         firsts = next_token_alternatives(self.models, src, prefix, options.alternatives,
                                          with_prefix_candidates(candidates, prefix))
@@ -144,8 +152,11 @@ class XfEngine(Engine):
         longer = collate_prefix([list(prefixes[i]) + [t] for i, ids in enumerate(firsts) for t in ids], self.device)
         every = src.index_select(0, torch.tensor(rows, dtype=torch.long, device=self.device))
         one = dataclasses.replace(options, nbest=1, alternatives=0)
+        given = constraints.rows(rows) if constraints else None
         found = search(self.models, every, one, generator, with_prefix_candidates(candidates, longer), self.compiled,
-                       longer)
+                       longer, given)
+        if given is not None:
+            constraints.unmet = sorted({rows[j] for j in given.unmet})
         out: list[list[Hypothesis]] = [[] for _ in firsts]
         for i, hyps in zip(rows, found):
             out[i].append(hyps[0])

@@ -347,8 +347,14 @@ class TranslateOptions(DecodingOptions):
         "text", "text lines, or JSON lines with source, hypotheses, scores and positional scores"
     )
     input_format: Literal["text", "jsonl"] = option(
-        "text", "text lines, or JSON lines {\"source\": ..., \"prefix\": ...}: each translation starts with its "
-        "target prefix (forced, cut by the model's sentencepiece; empty or absent: none), the rest searched"
+        "text", "text lines, or JSON lines {\"source\": ..., \"prefix\": ..., \"constraints\": [...]}: each "
+        "translation starts with its target prefix (forced, cut by the model's sentencepiece; empty or absent: none), "
+        "the rest searched; constraints: phrases it must contain (a string, or a list of alternative forms)"
+    )
+    glossary: Optional[str] = option(
+        None, "a UTF-8 TSV glossary (source term, a tab, the target term or its forms separated by |): the target "
+        "terms of the source terms found in a line (whole words, case-insensitive, longest first) become its "
+        "lexical constraints (xf engine, beam search)"
     )
     alternatives: int = option(
         0, "N: the N most likely subwords at the first position after the target prefix, each completed by the "
@@ -427,6 +433,9 @@ class TranslateOptions(DecodingOptions):
         if self.split_sentences is not None and (self.input_format != "text" or self.alternatives):
             raise ValueError("--split-sentences translates the sentences of text lines: it takes --input-format text "
                              "and no --alternatives (a prefix belongs to one sentence)")
+        if self.glossary is not None and (self.sampling or self.engine == "ctranslate2" or self.split_sentences):
+            raise ValueError("--glossary gives lexical constraints: they need the xf engine's beam search (no "
+                             "--sampling, no --engine ctranslate2) and whole lines (no --split-sentences)")
         if self.compile and self.workers > 1:
             raise ValueError(f"--compile with --workers {self.workers}: compiled decoding runs one batch at a time "
                              "(use --workers 1)")

@@ -30,6 +30,7 @@ import torch
 import torch.nn.functional as F
 
 from . import compiling
+from .constraints import BatchConstraints
 from .model import DecoderCache, Transformer
 from .options import DecodingOptions
 from .shortlist import RestrictedProjection
@@ -313,7 +314,7 @@ def _best_extensions(scores: torch.Tensor, lprobs: torch.Tensor, k: int, candida
 def beam_search(
     models: Sequence[Transformer], src: torch.Tensor, options: DecodingOptions = DecodingOptions(), use_cache: bool = True,
     candidates: Optional[torch.Tensor] = None, all_finished: bool = False, compiled: Optional[CompiledStep] = None,
-    prefix: Optional[torch.Tensor] = None,
+    prefix: Optional[torch.Tensor] = None, constraints: Optional[BatchConstraints] = None,
 ) -> list[list[Hypothesis]]:
     """Beam search over a batch src (B, S); returns the nbest hypotheses of each sentence (with
     ``all_finished``: every finished one, in the order found, by fairseq's stopping rule alone;
@@ -322,6 +323,9 @@ def beam_search(
     compiled: run the steps after the first through it (``CompiledStep``; None: eager).
     prefix (B, P): each sentence's forced first output ids, PAD_ID-filled (None: none); while
     it runs, a sentence has one live hypothesis (the others score -inf, as at step 0).
+    constraints: each sentence's hard lexical constraints (``constraints.py``: dynamic beam
+    allocation; None: none); a sentence without, or whose constraints no hypothesis met (listed
+    in constraints.unmet), gets its unconstrained output.
 
     At each step the 2k best extensions (k = beam_size) of a sentence's k live hypotheses are
     ranked; those ending in eos among the first k are finished, and the first k others are the
@@ -330,6 +334,22 @@ def beam_search(
     hypothesis: log-probabilities only fall, so score / max lp(any length still reachable)
     bounds every continuation. That last rule (not fairseq's) never changes the result.
     """
+    found = _beam_search(models, src, options, use_cache, candidates, all_finished, compiled, prefix, constraints)
+    missing = constraints.count_unmet(found) if constraints else []
+    if missing:  # no hypothesis met them (they cannot all fit, or the beam lost them): none at all
+        rows = torch.tensor(missing, device=src.device)
+        again = _beam_search(models, src[rows], options, use_cache, candidates, all_finished, compiled,
+                             prefix[rows] if prefix is not None else None)
+        for i, hyps in zip(missing, again):
+            found[i] = hyps
+    return found
+
+
+def _beam_search(models: Sequence[Transformer], src: torch.Tensor, options: DecodingOptions, use_cache: bool,
+                 candidates: Optional[torch.Tensor], all_finished: bool, compiled: Optional[CompiledStep],
+                 prefix: Optional[torch.Tensor], constraints: Optional[BatchConstraints] = None,
+                 ) -> list[list[Hypothesis]]:
+    """``beam_search`` itself; with constraints, a sentence none of whose hypotheses met them has none."""
     # One function on purpose: a step is one story over about ten tensors that change together.
     k, nbest, device, nsent = options.beam_size, options.nbest, src.device, src.size(0)
     lp = lambda length: length_penalty(length, options.lenpen, options.lenpen_style)  # noqa: E731
@@ -344,7 +364,10 @@ def beam_search(
     fin_best = torch.full((nsent, nbest), LOG_ZERO, device=device)  # best finished scores, sorted
     max_lp = lp(max_len.double() + 1).float()  # penalty of the longest output each sentence may have
     shortest = int(max_len.min())  # host copy: which step first forces eos, without a device sync
-    beam_offsets, two_k = torch.arange(k, device=device), torch.arange(2 * k, device=device)
+    beam_offsets = torch.arange(k, device=device)
+    tracker = constraints if constraints else None  # one with no constraint at all: the plain search
+    if tracker is not None:
+        tracker.start(max_len, k)
 
     for step in range(int(max_len.max()) + 1):
         per_sentence = k if step > 0 else 1
@@ -357,8 +380,11 @@ def beam_search(
             state.expand_beams(k)
             lprobs, tokens, pos_scores = lprobs[expand], tokens[expand], pos_scores[expand]
             scores = torch.zeros(nsent, k, device=device).index_fill_(1, beam_offsets[1:], LOG_ZERO).view(-1)
-
-        top_scores, top_beam, top_token, top_lprobs = _best_extensions(scores, lprobs, k, candidates)  # (sents, 2k)
+        if tracker is None:
+            top_scores, top_beam, top_token, top_lprobs = _best_extensions(scores, lprobs, k, candidates)  # (sents, 2k)
+        else:  # (sents, W >= 2k), in dynamic beam allocation's order
+            top_scores, top_beam, top_token, top_lprobs = tracker.extensions(scores, tracker.mask_eos(lprobs, step),
+                                                                             candidates)
         base_rows = torch.arange(top_scores.size(0), device=device)[:, None] * k  # (sents, 1)
 
         # Finished: eos among the first k candidates, with a finite score.
@@ -370,13 +396,16 @@ def beam_search(
 
         # The next beam: the first k candidates that do not end in eos (there are at least k,
         # since each live hypothesis contributes at most one eos).
-        order = (is_eos.long() * 2 * k + two_k).topk(k, dim=1, largest=False).indices  # (sents, k)
+        width = top_scores.size(1)
+        order = (is_eos.long() * width + torch.arange(width, device=device)).topk(k, dim=1, largest=False).indices
         rows = (base_rows + top_beam.gather(1, order)).view(-1)  # (rows,): the row each new row continues
         prev_tokens, prev_pos_scores = tokens, pos_scores
         scores = top_scores.gather(1, order).view(-1)  # (rows,)
         tokens = torch.cat([tokens[rows], top_token.gather(1, order).view(-1, 1)], dim=1)
         pos_scores = torch.cat([pos_scores[rows], top_lprobs.gather(1, order).view(-1, 1)], dim=1)
         state.reorder_beams(rows)
+        if tracker is not None:
+            tracker.follow(rows, tokens[:, -1])
 
         # A sentence is done with k finished, when no live hypothesis can beat its nbest-th
         # finished one, or at its maximum length.
@@ -390,11 +419,12 @@ def beam_search(
         if any_final:
             sent, rank = final.nonzero(as_tuple=True)
             done_rows = base_rows[:, 0][sent] + top_beam[sent, rank]
-            for i, row_tokens, row_pos, s, last in zip(
-                sent_ids[sent].tolist(), prev_tokens[done_rows, 1:].tolist(), prev_pos_scores[done_rows].tolist(),
-                norm[sent, rank].tolist(), top_lprobs[sent, rank].tolist(),
+            for i, row, row_tokens, row_pos, s, last in zip(
+                sent_ids[sent].tolist(), done_rows.tolist(), prev_tokens[done_rows, 1:].tolist(),
+                prev_pos_scores[done_rows].tolist(), norm[sent, rank].tolist(), top_lprobs[sent, rank].tolist(),
             ):
-                finished[i].append(Hypothesis(row_tokens + [EOS_ID], s, row_pos + [last]))
+                if tracker is None or tracker.met(row):  # not one that ended at the limit without them
+                    finished[i].append(Hypothesis(row_tokens + [EOS_ID], s, row_pos + [last]))
         if all_done:
             break
         if any_done:  # done sentences leave the batch
@@ -406,6 +436,8 @@ def beam_search(
             fin_count, fin_best = fin_count[keep], fin_best[keep]
             tokens, pos_scores, scores = tokens[keep_rows], pos_scores[keep_rows], scores[keep_rows]
             shortest = int(max_len.min())
+            if tracker is not None:
+                tracker.keep(keep, keep_rows)
 
     # all_finished: in the order found, so that rescore's stable sort breaks ties as this one does
     return finished if all_finished else [sorted(hyps, key=lambda h: -h.score)[:nbest] for hyps in finished]
@@ -541,11 +573,18 @@ def search(
     candidates: Optional[torch.Tensor] = None,
     compiled: Optional[CompiledStep] = None,
     prefix: Optional[torch.Tensor] = None,
+    constraints: Optional[BatchConstraints] = None,
 ) -> list[list[Hypothesis]]:
     """The search the options ask for: sampling, greedy (beam 1) or beam search; candidates:
     the ids it may emit (a shortlist's ``vocab``), None: all; compiled: the compiled decoder
     step (``CompiledStep``, xf translate --compile), None: eager; prefix (B, P): each
-    sentence's forced first output ids, PAD_ID-filled (``collate_prefix``; None: none)."""
+    sentence's forced first output ids, PAD_ID-filled (``collate_prefix``; None: none);
+    constraints: hard lexical constraints (beam search only, beam 1 included; None: none)."""
+    if constraints:
+        if options.sampling:
+            raise ValueError("lexical constraints need beam search, not sampling")
+        return beam_search(models, src, options, candidates=candidates, compiled=compiled, prefix=prefix,
+                           constraints=constraints)
     if options.sampling:
         return sample(models, src, options, generator, candidates, compiled, prefix)
     if options.beam_size == 1:

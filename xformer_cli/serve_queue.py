@@ -57,6 +57,8 @@ class Job:
     dropped: bool = False  # its request is gone: the lines not taken are not decoded, the rest not kept
     queue_wait: float = 0.0  # seconds from submit to the start of its first batch's search
     decode_time: float = 0.0  # seconds its batches' searches took
+    prefixes: Optional[list[list[int]]] = None  # per line: its target prefix (ids; None: no line has one)
+    constraints: Optional[list] = None  # per line: its lexical constraints (encode_constraints; None: none)
 
     def line_tokens(self, i: int) -> int:
         """Source subwords of line i with eos, as a batch counts them (an empty line: none)."""
@@ -215,10 +217,15 @@ class BatchQueue:
         for job, start, _ in batch:
             if start == 0:
                 job.queue_wait = started - job.enqueued
+        steer = {}
+        for key in ("prefixes", "constraints"):  # per line, where a job of the batch has them
+            if any(getattr(job, key) for job, _, _ in batch):
+                steer[key] = [x for job, start, end in batch
+                              for x in (getattr(job, key) or [[]] * len(job.pieces))[start:end]]
         try:
             found, _ = search_lines(direction.engine, pieces, direction.options, self.stats,
                                     max_tokens=self.max_batch_tokens, max_sentences=None,
-                                    on_batch=lambda n: self._batch_done(n, started))
+                                    on_batch=lambda n: self._batch_done(n, started), **steer)
         except Exception as e:  # noqa: BLE001 - the request gets the error, the worker goes on
             for job, _, _ in batch:
                 self.drop(job)  # its lines not yet taken are not decoded

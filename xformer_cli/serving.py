@@ -48,14 +48,15 @@ from pathlib import Path
 from typing import Optional
 
 from . import html_text
-from .errors import XfError
+from .errors import ConfigError, XfError
 from .options import ServeOptions, direction_and_path
 from .language_id import LanguageId, UnknownLanguage
 from .segment import Units, line_texts, split_texts
 from .serve_queue import BatchQueue, Direction, Job, QueueFull
 from .serve_log import ANSWER_SECONDS, CLIENT_GONE, AccessLog
 from .serve_requests import HttpError, disconnected, request_fields, shown, text_lines
-from .translation import Stats, encode_lines, open_engine
+from .translation import (Stats, encode_constraints, encode_lines, encode_prefixes, open_engine, read_constraints,
+                          text_field)
 
 # ISO 639-1 names for /languages; a code not listed is shown as itself.
 LANGUAGE_NAMES = {
@@ -153,6 +154,53 @@ def check_api_key(server: "Server", fields: dict) -> None:
             raise HttpError(403, "Invalid API key" if key else "an API key is needed: send it as 'api_key'")
 
 
+def steering_fields(payload: dict, count: int, as_list: bool, fmt: str, options) -> Optional[tuple[list, list]]:
+    """The request's ``prefix`` and ``constraints`` as (prefix text, constraints) per q item
+    (``read_constraints``'s form), or None when it has neither: beside a q string, a string and
+    a list; beside a q list, a list of as many of each (one per item). A 400 otherwise, with
+    format html, and with constraints where the direction's engine or sampling cannot meet them."""
+    if "prefix" not in payload and "constraints" not in payload:
+        return None
+    if fmt != "text":
+        raise HttpError(400, "'prefix' and 'constraints' take format 'text' only")
+    prefix, constraints = payload.get("prefix", [""] * count if as_list else ""), payload.get("constraints")
+    if constraints is None:
+        constraints = [[]] * count if as_list else []
+    prefixes, per_item = (prefix, constraints) if as_list else ([prefix], [constraints])
+    if not isinstance(prefixes, list) or len(prefixes) != count or not isinstance(per_item, list) or len(per_item) != count:
+        raise HttpError(400, "beside a list 'q', 'prefix' and 'constraints' are lists with one entry per item")
+    try:
+        items = [(text_field(p, "prefix", i + 1, "q item"), read_constraints(c, i + 1, "q item"))
+                 for i, (p, c) in enumerate(zip(prefixes, per_item))]
+    except ConfigError as e:
+        raise HttpError(400, str(e).replace("q item: line", "q item")) from None
+    if any(c for _, c in items) and (options.engine == "ctranslate2" or options.sampling):
+        raise HttpError(400, "lexical constraints need xf's beam search: this direction runs "
+                        + ("CTranslate2" if options.engine == "ctranslate2" else "sampling"))
+    return items
+
+
+def unit_steering(items: list, units, direction) -> tuple[list, list]:
+    """Each unit's target prefix and constraints (ids): a text's prefix goes to its first unit
+    (its first sentence), its constraints to its only unit; a 400 for constraints on a text that
+    is more than one unit (sentences or lines: a constraint belongs to one search)."""
+    prefixes, constraints = [[] for _ in units.pieces], [[] for _ in units.pieces]
+    for i, ((prefix, wanted), layout) in enumerate(zip(items, units.layouts)):
+        parts = [p for p in layout.parts if isinstance(p, int)]
+        if not parts:
+            continue
+        if wanted and len(parts) > 1:
+            raise HttpError(400, f"q item {i + 1}: constraints apply to one sentence, and this text is {len(parts)} "
+                            "(sentences or lines): send each in its own q item")
+        try:
+            prefixes[parts[0]] = encode_prefixes(direction.sp, [prefix], direction.engine.max_source, "q item", i)[0]
+            constraints[parts[0]] = encode_constraints(direction.sp, [wanted], direction.engine.max_source, "q item",
+                                                       i)[0]
+        except ConfigError as e:
+            raise HttpError(400, str(e).replace("q item: line", "q item")) from None
+    return prefixes, constraints
+
+
 class Translation:
     """One POST /translate: its checked fields (``parse``), then its lines translated (``run``)."""
 
@@ -180,6 +228,7 @@ class Translation:
             raise HttpError(400, f"'alternatives' {alternatives}: this server gives at most {most} "
                             f"(it runs with --nbest {most + 1})")
         self.alternatives = alternatives
+        self.steer = steering_fields(payload, len(texts), self.as_list, fmt, self.direction.options)
         self.stats = Stats()
         count, chars = sum(t.count("\n") + 1 for t in texts), sum(map(len, texts))
         self.documents = None  # format html: each text's Document; its blocks are the texts translated
@@ -215,6 +264,8 @@ class Translation:
         if self.documents is not None and not self.units.pieces:  # a page without text: nothing to queue
             return self._answer([], [])
         job = Job(self.direction, self.units.pieces, align=self.documents is not None)
+        if self.steer is not None:
+            job.prefixes, job.constraints = unit_steering(self.steer, self.units, self.direction)
         try:
             self.server.queue.submit(job)
         except QueueFull as e:

@@ -15,13 +15,14 @@ from __future__ import annotations
 import contextlib
 import json
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Optional
 
 from .console import warn
 from . import distributed
 from .attention_maps import alignment_pairs, format_alignment, line_word_ids, word_ids
 from .batching import batch_by_size
+from .constraints import BatchConstraints
 from .ctranslate2_format import CTranslate2Engine
 from .engines import Engine, XfEngine
 from .errors import ConfigError
@@ -64,6 +65,8 @@ class Stats:
     first_truncated: int = 0
     sentences: int = 0  # sentences translated (--split-sentences, xf serve: lines otherwise)
     split_long: int = 0  # sentences over the model's positions, split to fit (segment.fit)
+    unmet: int = 0  # lines whose lexical constraints no hypothesis met: translated without them
+    first_unmet: int = 0
 
 
 def decode_input_line(raw: bytes, line_no: int, stats: Stats, where: str) -> str:
@@ -102,10 +105,41 @@ def empty_hypotheses(options: TranslateOptions) -> list[Hypothesis]:
 
 @dataclass
 class SteeredLine:
-    """One line of ``--input-format jsonl``: the source text and its target prefix ("" : none)."""
+    """One line of ``--input-format jsonl``: the source text, its target prefix ("" : none) and
+    its lexical constraints (each a list of alternative forms; [] : none)."""
 
     source: str
     prefix: str = ""
+    constraints: list = field(default_factory=list)
+
+
+def text_field(value, key: str, line_no: int, where: str) -> str:
+    if not isinstance(value, str):
+        raise ConfigError(f"{where}: line {line_no}: '{key}' must be a string, got {type(value).__name__}")
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:  # a lone surrogate such as "\ud800": JSON, but not text
+        raise ConfigError(f"{where}: line {line_no}: '{key}' is not valid text (a lone surrogate escape)") from None
+    if "\n" in value or "\r" in value:
+        raise ConfigError(f"{where}: line {line_no}: '{key}' holds a line break: one sentence a line")
+    return value
+
+
+def read_constraints(value, line_no: int, where: str) -> list[list[str]]:
+    """A 'constraints' field: a list whose items are a string (a phrase that must appear) or a
+    list of strings (alternative forms, any one of which must appear); each form non-empty text."""
+    if not isinstance(value, list):
+        raise ConfigError(f"{where}: line {line_no}: 'constraints' must be a list of strings or of lists of strings")
+    out = []
+    for item in value:
+        forms = item if isinstance(item, list) else [item]
+        if not forms:
+            raise ConfigError(f"{where}: line {line_no}: an empty constraint (a list with no form)")
+        forms = [text_field(form, "constraints", line_no, where) for form in forms]
+        if not all(form.strip() for form in forms):
+            raise ConfigError(f"{where}: line {line_no}: an empty constraint (a form with no text)")
+        out.append(forms)
+    return out
 
 
 def read_steered_line(text: str, line_no: int, where: str) -> SteeredLine:
@@ -125,24 +159,10 @@ def read_steered_line(text: str, line_no: int, where: str) -> SteeredLine:
     unknown = sorted(set(record) - {"source", "prefix", "constraints"})
     if unknown:
         raise ConfigError(f"{where}: line {line_no}: unknown key {unknown[0]!r} (source, prefix, constraints)")
-    if "constraints" in record:
-        raise ConfigError(f"{where}: line {line_no}: lexical constraints are not supported yet: give 'source' "
-                          "and 'prefix' only")
-    fields = []
-    for key in ("source", "prefix"):
-        value = record.get(key, "")
-        if key == "source" and key not in record:
-            raise ConfigError(f"{where}: line {line_no}: no 'source' (the text to translate)")
-        if not isinstance(value, str):
-            raise ConfigError(f"{where}: line {line_no}: '{key}' must be a string, got {type(value).__name__}")
-        try:
-            value.encode("utf-8")
-        except UnicodeEncodeError:  # a lone surrogate such as "\ud800": JSON, but not text
-            raise ConfigError(f"{where}: line {line_no}: '{key}' is not valid text (a lone surrogate escape)") from None
-        if "\n" in value or "\r" in value:
-            raise ConfigError(f"{where}: line {line_no}: '{key}' holds a line break: one sentence a line")
-        fields.append(value)
-    return SteeredLine(*fields)
+    if "source" not in record:
+        raise ConfigError(f"{where}: line {line_no}: no 'source' (the text to translate)")
+    fields = [text_field(record.get(key, ""), key, line_no, where) for key in ("source", "prefix")]
+    return SteeredLine(*fields, read_constraints(record.get("constraints", []), line_no, where))
 
 
 def encode_prefixes(sp, prefixes: list[str], max_prefix: int, where: str, first_line: int) -> list[list[int]]:
@@ -156,13 +176,37 @@ def encode_prefixes(sp, prefixes: list[str], max_prefix: int, where: str, first_
     return pieces
 
 
+def encode_constraints(sp, constraints: list[list[list[str]]], max_target: int, where: str,
+                       first_line: int) -> list[list[list[list[int]]]]:
+    """The subword ids of every form of each line's constraints (``read_constraints``); a form
+    that cuts into no subword, or into more than ``max_target`` (the model's output positions),
+    is a ConfigError naming its line. A form longer than a sentence's own length limit
+    (--max-len-a/b) is no error: that line is translated without its constraints and counted."""
+    out = []
+    for i, line in enumerate(constraints):
+        encoded = []
+        for forms in line:
+            ids = sp.encode(forms, out_type=int)
+            for form, form_ids in zip(forms, ids):
+                if not form_ids or len(form_ids) > max_target:
+                    raise ConfigError(f"{where}: line {first_line + i + 1}: the constraint {form!r} has "
+                                      f"{len(form_ids)} subwords (1 to the model's {max_target} output positions)")
+            encoded.append(ids)
+        out.append(encoded)
+    return out
+
+
 def search_lines(engine: Engine, pieces: list[list[int]], options: TranslateOptions, stats: Stats,
                  max_tokens: Optional[int], max_sentences: Optional[int], generator=None, on_batch=None,
-                 prefixes: Optional[list[list[int]]] = None):
+                 prefixes: Optional[list[list[int]]] = None, constraints: Optional[list] = None,
+                 first_index: int = 0):
     """(hypotheses, alignments) of each non-empty entry of ``pieces`` (None for the empty ones),
     searched in batches sorted by length, longest first (``batch_by_size``). alignments: with
     options.print_alignment, per hypothesis, else None. on_batch(sentences) is told each batch's
-    size. prefixes: each entry's target prefix (ids; [] or None: none)."""
+    size. prefixes: each entry's target prefix (ids; [] or None: none); constraints: each entry's
+    lexical constraints (``encode_constraints``; None: none); entries whose constraints no
+    hypothesis met are counted in stats.unmet (their translation: the unconstrained one;
+    first_index: the line number - 1 of entry 0, for stats.first_unmet)."""
     results: list[Optional[list[Hypothesis]]] = [None] * len(pieces)
     alignments: list[Optional[list[list[int]]]] = [None] * len(pieces)
     todo = [i for i, ids in enumerate(pieces) if ids]
@@ -170,9 +214,13 @@ def search_lines(engine: Engine, pieces: list[list[int]], options: TranslateOpti
         [len(pieces[i]) for i in todo], max_tokens=max_tokens, max_sentences=max_sentences, longest_first=True)]
 
     def run(idx: list[int]):
+        if constraints is not None and any(constraints[i] for i in idx):
+            given = BatchConstraints([constraints[i] for i in idx])
+            steer = [prefixes[i] for i in idx] if prefixes is not None else None
+            return engine.search([pieces[i] for i in idx], options, generator, steer, given), given.unmet
         if prefixes is None:
-            return engine.search([pieces[i] for i in idx], options, generator)
-        return engine.search([pieces[i] for i in idx], options, generator, [prefixes[i] for i in idx])
+            return engine.search([pieces[i] for i in idx], options, generator), []
+        return engine.search([pieces[i] for i in idx], options, generator, [prefixes[i] for i in idx]), []
 
     workers = min(getattr(options, "workers", 1), len(batches))
     with contextlib.ExitStack() as stack:
@@ -181,9 +229,13 @@ def search_lines(engine: Engine, pieces: list[list[int]], options: TranslateOpti
             done = pool.map(run, batches)  # in batch order
         else:
             done = map(run, batches)
-        for idx, found in zip(batches, done):
+        for idx, (found, unmet) in zip(batches, done):
             if on_batch is not None:
                 on_batch(len(idx))
+            for j in unmet:
+                stats.unmet += 1
+                line = first_index + idx[j] + 1
+                stats.first_unmet = min(stats.first_unmet or line, line)
             for i, hyps in zip(idx, found):
                 results[i] = hyps
                 stats.src_tokens += len(pieces[i]) + 1
@@ -235,14 +287,17 @@ def format_result(line_index: int, source: str, hyps: list[Hypothesis], texts: l
 
 
 def translate_buffer(engine: Engine, sp, lines: list[str], first_index: int, options: TranslateOptions, stats: Stats,
-                     generator=None, prefixes: Optional[list[list[int]]] = None) -> list[str]:
+                     generator=None, prefixes: Optional[list[list[int]]] = None,
+                     constraints: Optional[list] = None) -> list[str]:
     """Outputs (one string per input line, in input order) for a buffer of input lines;
-    prefixes: each line's target prefix (ids, ``encode_prefixes``; None: none). An empty line
+    prefixes: each line's target prefix (ids, ``encode_prefixes``; None: none); constraints:
+    each line's lexical constraints (``encode_constraints``; None: none). An empty line
     gives an empty translation whatever its prefix (there is nothing to translate)."""
     pieces = encode_lines(sp, lines, engine.max_source, stats, first_index)
     results, alignments = search_lines(engine, pieces, options, stats, max_tokens=options.max_tokens or None,
                                        max_sentences=None if options.max_tokens else options.batch_size,
-                                       generator=generator, prefixes=prefixes)
+                                       generator=generator, prefixes=prefixes, constraints=constraints,
+                                       first_index=first_index)
     out = []
     for i, hyps in enumerate(results):
         if hyps is None:

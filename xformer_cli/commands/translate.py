@@ -19,11 +19,12 @@ from typing import IO, Iterator, Optional
 import torch
 
 from ..console import invalid_utf8_warning, print_summary, stderr_console, warn
-from ..errors import XfError
+from ..errors import ConfigError, XfError
 from ..fileio import atomic_write
+from ..glossary import Glossary
 from ..options import TranslateOptions
-from ..translation import (Stats, decode_input_line, encode_prefixes, open_engine, read_steered_line, translate_buffer,
-                           translate_sentences)
+from ..translation import (Stats, decode_input_line, encode_constraints, encode_prefixes, open_engine,
+                           read_steered_line, translate_buffer, translate_sentences)
 
 
 # -- reading and writing -------------------------------------------------------------------------
@@ -78,6 +79,7 @@ def translate(options: TranslateOptions) -> None:
 
     if options.input is not None and not Path(options.input).is_file():
         raise XfError(f"{options.input}: input file not found")
+    glossary = Glossary.load(options.glossary) if options.glossary is not None else None  # fails before loading
     engine, sp, device = open_engine(options)
     if options.print_alignment:  # a layer the models lack fails now, not at the first batch
         engine.check_alignment_layer(options.alignment_layer)
@@ -105,8 +107,15 @@ def translate(options: TranslateOptions) -> None:
                 elif options.input_format == "jsonl":
                     steered = [read_steered_line(text, stats.lines + i + 1, where) for i, text in enumerate(lines)]
                     prefixes = encode_prefixes(sp, [s.prefix for s in steered], engine.max_source, where, stats.lines)
+                    wanted = [s.constraints + (glossary.constraints(s.source) if glossary else []) for s in steered]
+                    constraints = _constraints(sp, wanted, engine.max_source, options, where, stats.lines)
                     outputs = translate_buffer(engine, sp, [s.source for s in steered], stats.lines, options, stats,
-                                               generator, prefixes)
+                                               generator, prefixes, constraints)
+                elif glossary is not None:
+                    constraints = _constraints(sp, [glossary.constraints(line) for line in lines], engine.max_source,
+                                               options, where, stats.lines)
+                    outputs = translate_buffer(engine, sp, lines, stats.lines, options, stats, generator, None,
+                                               constraints)
                 else:
                     outputs = translate_buffer(engine, sp, lines, stats.lines, options, stats, generator)
                 sink.write("".join(outputs).encode("utf-8"))
@@ -123,11 +132,28 @@ def translate(options: TranslateOptions) -> None:
     if stats.split_long:
         warn(f"{where}: {stats.split_long} sentence(s) longer than the model's {engine.max_source} source subwords "
               "were split to fit (at clause or word boundaries) and their pieces translated")
+    if stats.unmet:
+        warn(f"{where}: {stats.unmet} line(s) whose lexical constraints no hypothesis met within the length limit "
+             f"(--max-len-a/b) were translated without them (first: line {stats.first_unmet})")
     if stats.empty_outputs:
         warn(f"{stats.empty_outputs:,} of {stats.lines - stats.empty:,} non-empty line(s) got an empty translation "
               "(a model that ends every sentence at once: an untrained or broken checkpoint?)")
     if not options.quiet and not interactive:
         _summary(console, stats, elapsed, options, getattr(engine, "compiled", None))
+
+
+def _constraints(sp, wanted: list, max_target: int, options: TranslateOptions, where: str, first_line: int):
+    """The buffer's lexical constraints (per line, ``read_constraints``'s form) as subword ids
+    (None when no line has any); refused where the search cannot meet them (CTranslate2,
+    sampling), naming the first line that has them."""
+    if not any(wanted):
+        return None
+    line = first_line + 1 + next(i for i, c in enumerate(wanted) if c)
+    if options.engine == "ctranslate2":
+        raise ConfigError(f"{where}: line {line}: lexical constraints need the xf engine (CTranslate2 has none)")
+    if options.sampling:
+        raise ConfigError(f"{where}: line {line}: lexical constraints need beam search, not --sampling")
+    return encode_constraints(sp, wanted, max_target, where, first_line)
 
 
 def _summary(console, stats: Stats, elapsed: float, options: TranslateOptions, compiled=None) -> None:
@@ -149,6 +175,8 @@ def _summary(console, stats: Stats, elapsed: float, options: TranslateOptions, c
         ("sentences/s", f"{translated / decoding:,.1f}"),
         ("target subwords/s", f"{stats.tgt_tokens / decoding:,.0f}"),
     ]
+    if stats.unmet:
+        rows.append(("lines translated without their constraints", f"{stats.unmet:,}"))
     if stats.invalid_utf8 or stats.truncated:
         rows.append(("invalid UTF-8 / truncated lines", f"{stats.invalid_utf8:,} / {stats.truncated:,}"))
     print_summary(console, f"xf translate ({mode}, {len(options.path)} model(s))", rows, values="right")
