@@ -134,7 +134,7 @@ COMMANDS: list[Command] = [
             outputs=(Output("output"), Output("choose_report"))),
     Command("translate", TranslateOptions, "translate:translate",
             "Translate stdin to stdout with batched beam search: one output line per input line.",
-            inputs=(Input("path", "path"), Input("input"), Input("shortlist")),
+            inputs=(Input("path", "path"), Input("input"), Input("shortlist"), Input("glossary")),
             outputs=(Output("output"),)),
     Command("shortlist", ShortlistOptions, "shortlist:shortlist",
             "Build a vocabulary shortlist for xf translate --shortlist from a data directory's training pairs.",
