@@ -343,12 +343,15 @@ def test_translate_with_a_glossary(tmp_path, ckpt):
 
 @pytest.mark.slow
 @pytest.mark.kernels
-def test_constraints_through_the_compiled_step_equal_eager():
+def test_constrained_batches_run_the_eager_step_under_compile():
     from xformer_cli.search import CompiledStep
 
     model = tiny()
     src = batch(*SOURCES)
     constraints = [[[[20, 21]]], [], [[[22], [23, 24]], [[25]]], []]
     options = D(beam_size=4, nbest=2, max_len_b=6)
-    compiled = beam_search([model], src, options, compiled=CompiledStep(), constraints=BatchConstraints(constraints))
+    step = CompiledStep()
+    compiled = beam_search([model], src, options, compiled=step, constraints=BatchConstraints(constraints))
     assert_same(compiled, beam_search([model], src, options, constraints=BatchConstraints(constraints)))
+    assert step.graphs == 0  # a constrained batch runs the eager step (--compile serves the others)
+    assert all(compiled), "every sentence has a translation"

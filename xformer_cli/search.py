@@ -333,7 +333,11 @@ def beam_search(
     length, or, earlier, when its nbest-th best finished score cannot be beaten by any live
     hypothesis: log-probabilities only fall, so score / max lp(any length still reachable)
     bounds every continuation. That last rule (not fairseq's) never changes the result.
+    A batch with constraints runs the eager step: through the compiled one, a sentence capped at
+    AVX2 came back with no hypothesis at all (tests/test_steering.py).
     """
+    if constraints:
+        compiled = None
     found = _beam_search(models, src, options, use_cache, candidates, all_finished, compiled, prefix, constraints)
     missing = constraints.count_unmet(found) if constraints else []
     if missing:  # no hypothesis met them (they cannot all fit, or the beam lost them): none at all
