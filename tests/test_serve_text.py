@@ -21,7 +21,6 @@ from xformer_cli.segment import fit, line_texts, sentence_spans, split_texts  # 
 
 from test_serve import DECODING, FakeSp, Served, until, xf_translate  # noqa: E402
 
-DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
 
 
 # -- the segmenter and the fitting ----------------------------------------------------------------
@@ -43,10 +42,8 @@ def boundaries(language: str, path: Path, per_paragraph: int = 5, paragraphs: in
 
 
 @pytest.mark.parametrize("language", ["en", "de"])
-def test_sentence_boundaries_of_newstest_paragraphs(language):
-    path = DATA / "wmt14" / f"newstest2013.en-de.{language}"
-    if not path.exists():
-        pytest.skip(f"{path} is not there")
+def test_sentence_boundaries_of_newstest_paragraphs(language, shared_data):
+    path = shared_data / "wmt14" / f"newstest2013.en-de.{language}"  # ../shared/data's, or generated
     found, wrong, missed = boundaries(language, path)
     # docs/serve.md: P 0.98, R 0.93-0.94 over 1,200 paragraphs; a headline without a full stop is
     # no boundary to any segmenter, and a line of two sentences counts as a wrong one
