@@ -109,13 +109,12 @@ def refuse_unsafe_outputs(outputs: list[tuple[str, str, str]], inputs: list[tupl
             if relation:
                 raise ConfigError(f"{flag} {output} {relation} the input {in_flag} {source}; writing it could "
                                   "destroy the input (choose another output)")
-        for save_dir in _save_dirs_around(out, walk=kind != "into"):
-            if kind == "into" and save_dir == out:
-                continue  # xf train's own save dir: its lock says who holds it (SaveDirLock)
-            holder = save_dir_holder(save_dir)
-            if holder:
-                raise ConfigError(f"{flag} {output} {_relation(out, save_dir)} the save dir {save_dir} of a running "
-                                  f"xf train ({holder}); choose another output")
+        # xf train's own save dir ("into") is not checked here: its lock says who holds it (SaveDirLock)
+        running = _running_training(out, walk=kind != "into", itself=kind != "into")
+        if running:
+            save_dir, holder = running
+            raise ConfigError(f"{flag} {output} {_relation(out, save_dir)} the save dir {save_dir} of a running "
+                              f"xf train ({holder}); choose another output")
         if kind == "into":
             continue
         checkpoint = _training_checkpoint_at(out)
@@ -155,12 +154,17 @@ def _relation_to_input(path: Path, out: Path, source: Path, directory: bool) -> 
     return None
 
 
-def _save_dirs_around(out: Path, walk: bool) -> list[Path]:
-    """``out``, its parents and (``walk``: a directory to replace whole) every save dir inside it."""
-    candidates = [out, *out.parents]
+def _running_training(out: Path, walk: bool, itself: bool = True) -> Optional[tuple[Path, str]]:
+    """(save dir, holder) of a running xf train whose save dir is ``out`` (``itself``), one of its
+    parents or (``walk``: a directory to replace whole) inside it; None when there is none."""
+    candidates = [out, *out.parents] if itself else list(out.parents)
     if walk and out.is_dir():
         candidates += [Path(root) for root, _, files in os.walk(out) if LOCK_NAME in files]
-    return candidates
+    for save_dir in candidates:
+        holder = save_dir_holder(save_dir)
+        if holder:
+            return save_dir, holder
+    return None
 
 
 def _training_checkpoint_at(out: Path) -> Optional[Path]:
@@ -184,11 +188,11 @@ def refuse_running_training(output: str | Path) -> None:
     before a directory is swapped into place (the guard checked the same before the command
     started; a training may have started since)."""
     out = Path(output).resolve()
-    for save_dir in _save_dirs_around(out, walk=True):
-        holder = save_dir_holder(save_dir)
-        if holder:
-            raise XfError(f"{output} {_relation(out, save_dir)} the save dir {save_dir} of an xf train that started "
-                          f"meanwhile ({holder}); nothing was replaced")
+    running = _running_training(out, walk=True)
+    if running:
+        save_dir, holder = running
+        raise XfError(f"{output} {_relation(out, save_dir)} the save dir {save_dir} of an xf train that started "
+                      f"meanwhile ({holder}); nothing was replaced")
 
 
 def _relation(out: Path, other: Path) -> str:
