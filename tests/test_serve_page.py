@@ -46,6 +46,7 @@ def test_settings_say_what_the_server_offers():
         "apiKeys": True, "keyRequired": True,
         "language": {"source": {"code": "en", "name": "English"}, "target": {"code": "de", "name": "German"}},
         "names": {"de": "German", "en": "English", "fr": "French"},
+        "glossaries": [], "glossaryLimit": 500,
         "suggestions": False, "filesTranslation": True, "supportedFilesFormat": [".txt"],
     }
     # the defaults: --nbest 1 gives no alternative, no key is asked for; a code without a name is itself

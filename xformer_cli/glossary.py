@@ -10,12 +10,17 @@ insensitive on the source (Python's re.IGNORECASE with str.lower: "Cat" and "CAT
 term wins, and matches do not overlap (scanned left to right). The target forms are used as
 given (case-sensitive), cut by the model's sentencepiece like any constraint. A term found twice
 gives one constraint.
+
+xf serve also takes a glossary in a request (``Glossary.from_pairs``: [source, target] pairs, read
+by the file's rules) and applies it together with its direction's (``find_terms``: the two read as
+one glossary, the request's entry winning on the same source term).
 """
 
 from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from typing import Sequence
 
 from .errors import ConfigError
 
@@ -58,6 +63,37 @@ class Glossary:
             raise ConfigError(f"{path}: the glossary has no entries")
         return cls(entries, term_pattern(entries))
 
+    @classmethod
+    def from_pairs(cls, pairs: list, where: str) -> "Glossary":
+        """A glossary from ``[source, target]`` pairs (xf serve's ``glossary`` field), by the file's
+        rules: the target a string (its forms separated by ``|``, as in the file) or a list of
+        alternative forms; a ConfigError naming ``where`` and the pair (counted from 1) otherwise.
+        ``pairs`` holds at least one pair."""
+        entries: dict[str, list[str]] = {}
+        for n, pair in enumerate(pairs, 1):
+            at = f"{where} item {n}"
+            if not isinstance(pair, list) or len(pair) != 2:
+                raise ConfigError(f"{at}: expected a [source, target] pair (target: a string, or a list of "
+                                  "alternative forms)")
+            source, target = pair
+            forms = target.split("|") if isinstance(target, str) else target
+            if not isinstance(source, str) or not isinstance(forms, list) or not forms \
+                    or not all(isinstance(form, str) for form in forms):
+                raise ConfigError(f"{at}: the source term must be a string, the target a string or a non-empty list "
+                                  "of strings")
+            if any(not is_text(term) for term in [source, *forms]):
+                raise ConfigError(f"{at}: a term holds a line break or a lone surrogate escape: one term, one line")
+            source, forms = source.strip(), [form.strip() for form in forms]
+            if not source:
+                raise ConfigError(f"{at}: an empty source term")
+            if not all(forms):
+                raise ConfigError(f"{at}: an empty target term (a form between | is empty)")
+            key = source.lower()
+            if key in entries:
+                raise ConfigError(f"{at}: the source term {source!r} is given twice (case-insensitive)")
+            entries[key] = forms
+        return cls(entries, term_pattern(entries))
+
     def constraints(self, line: str) -> list[list[str]]:
         """The target forms of every term found in ``line``, one constraint per term, in order."""
         found: list[str] = []
@@ -73,3 +109,39 @@ def term_pattern(entries) -> "re.Pattern":
     boundaries: no word character just before or after."""
     terms = sorted(entries, key=lambda t: (-len(t), t))
     return re.compile(r"(?<!\w)(" + "|".join(re.escape(t) for t in terms) + r")(?!\w)", re.IGNORECASE)
+
+
+def is_text(term: str) -> bool:
+    """No line break (a term is matched inside one line) and no lone surrogate (JSON, not text)."""
+    if "\n" in term or "\r" in term:
+        return False
+    try:
+        term.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def find_terms(line: str, glossaries: Sequence[Glossary]) -> list[tuple[str, list[str], int]]:
+    """(source term, its target forms, which glossary) of every term found in ``line``, with
+    ``glossaries`` read as one: at each position, left to right, the longest term of any of them
+    (on the same source term the first glossary's entry wins), matches not overlapping, a term
+    found twice given once. With one glossary: the terms of ``Glossary.constraints``, in order.
+    Each glossary keeps its own compiled pattern (a large one compiles in a second: it is not
+    compiled again to be merged with a small one)."""
+    found: dict[str, tuple[list[str], int]] = {}
+    at = 0
+    while at < len(line):
+        best = None  # (matched text, glossary index)
+        for g, glossary in enumerate(glossaries):
+            match = glossary.pattern.match(line, at)  # the lookbehind sees the text before ``at``
+            if match and (best is None or len(match.group(1)) > len(best[0])):
+                best = (match.group(1), g)
+        if best is None:
+            at += 1
+            continue
+        key = best[0].lower()
+        if key in glossaries[best[1]].entries and key not in found:
+            found[key] = (glossaries[best[1]].entries[key], best[1])
+        at += len(best[0])
+    return [(key, forms, g) for key, (forms, g) in found.items()]

@@ -490,6 +490,12 @@ class ServeOptions(DecodingOptions):
         "them with the text's own spacing and line breaks; off: each line is one sentence, and a line over the "
         "model's positions is truncated (counted in the answer's 'truncated')"
     )
+    glossary: tuple[str, ...] = option(
+        (), "DIRECTION=FILE, e.g. en-de=terms.tsv: a glossary for that --model's direction (xf translate --glossary's "
+        "TSV): the target terms of the source terms found in each sentence become its lexical constraints; repeat "
+        "for more directions (xf engine)"
+    )
+    max_glossary_terms: int = option(500, "entries of a request's own 'glossary' at most (more: 413)", range=COUNT1)
 
     def __post_init__(self) -> None:
         super().__post_init__()  # check_ranges(self) included
@@ -499,22 +505,34 @@ class ServeOptions(DecodingOptions):
         for direction in directions:
             if directions.count(direction) > 1:
                 raise ValueError(f"--model: direction {'-'.join(direction)} is given more than once")
+        glossaries = [direction_and_path(spec, "--glossary", "FILE", "en-de=terms.tsv")[:2] for spec in self.glossary]
+        for direction in glossaries:
+            name = "-".join(direction)
+            if glossaries.count(direction) > 1:
+                raise ValueError(f"--glossary: direction {name} is given more than once (one glossary a direction)")
+            if direction not in directions:
+                raise ValueError(f"--glossary {name}=...: no --model serves {name}")
+        if self.glossary and self.engine == "ctranslate2":
+            raise ValueError("--glossary gives lexical constraints: they need the xf engine's beam search, not "
+                             "--engine ctranslate2")
         self.translate_options("check")  # TranslateOptions' own checks (the length limit)
 
     def translate_options(self, path: str) -> "TranslateOptions":
         """The options of ``xf translate --path PATH`` with this server's decoding and engine options."""
         shared = {f.name for f in dataclasses.fields(TranslateOptions)} & {f.name for f in dataclasses.fields(self)}
-        # split_sentences: the server's switch (a bool), not xf translate's language (each direction has its own)
+        # split_sentences: the server's switch (a bool), not xf translate's language (each direction has its own);
+        # glossary: the server's, per direction (DIRECTION=FILE), applied to each sentence by xf serve itself
         return TranslateOptions(path=(path,), **{name: getattr(self, name) for name in shared
-                                                 if name not in ("path", "split_sentences")})
+                                                 if name not in ("path", "split_sentences", "glossary")})
 
 
-def direction_and_path(spec: str) -> tuple[str, str, str]:
-    """``en-de=avg.pt`` -> ("en", "de", "avg.pt"); a ValueError naming the --model value otherwise."""
+def direction_and_path(spec: str, flag: str = "--model", what: str = "CHECKPOINT",
+                       example: str = "en-de=avg.pt") -> tuple[str, str, str]:
+    """``en-de=avg.pt`` -> ("en", "de", "avg.pt"); a ValueError naming the ``flag`` value otherwise."""
     direction, sep, path = spec.partition("=")
     source, dash, target = direction.partition("-")
     if not sep or not dash or not path or not source or not target or "-" in target or source == target:
-        raise ValueError(f"--model {spec!r}: expected SOURCE-TARGET=CHECKPOINT, e.g. en-de=avg.pt")
+        raise ValueError(f"{flag} {spec!r}: expected SOURCE-TARGET={what}, e.g. {example}")
     return source, target, path
 
 

@@ -23,6 +23,7 @@ from typing import Callable, Optional
 
 from .attention_maps import alignment_pairs, word_ids
 from .engines import Engine
+from .glossary import Glossary
 from .options import TranslateOptions
 from .translation import Stats, hypothesis_texts, search_lines
 
@@ -36,6 +37,7 @@ class Direction:
     engine: Engine
     sp: object
     options: TranslateOptions
+    glossary: Optional[Glossary] = None  # --glossary DIRECTION=FILE (xf serve applies it to each sentence)
 
     @property
     def code(self) -> str:

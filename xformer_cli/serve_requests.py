@@ -82,9 +82,12 @@ def form_fields(text: str) -> dict:
 
 
 def numbers(fields: dict) -> dict:
-    """Form fields are strings: alternatives as the number it names (LibreTranslate's int())."""
+    """Form fields are strings: alternatives as the number it names (LibreTranslate's int()),
+    glossary "false" or "true" as the boolean (a form cannot hold a list of pairs)."""
     if isinstance(fields.get("alternatives"), str) and fields["alternatives"].isdigit():
         fields["alternatives"] = int(fields["alternatives"])
+    if fields.get("glossary") in ("false", "true"):
+        fields["glossary"] = fields["glossary"] == "true"
     return fields
 
 

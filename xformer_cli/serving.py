@@ -11,7 +11,9 @@ Endpoints (the shape LibreTranslate's clients already speak):
   in the answer's ``truncated``. The fields may also come in the query string, form-encoded or
   multipart. ``source: "auto"`` detects the language (``language_id``). ``format: "html"``: the
   text of a document translated and its markup kept as written (``html_text``), inline tags placed
-  by the word alignment of the best translation.
+  by the word alignment of the best translation. ``glossary``: the request's own terms as
+  [source, target] pairs, applied with the direction's --glossary (``false``: none); the answer's
+  ``glossaryTerms`` says which terms each item's text held and whether its translation has them.
 - ``POST /detect`` ``{"q": ...}`` -> ``[{"language": "en", "confidence": 0.97}]`` (served languages only)
 - ``POST /translate_file`` (multipart ``file``, .txt) -> ``{"translatedFileUrl": "data:..."}``
 - ``GET /languages`` -> ``[{"code": "en", "name": "English", "targets": ["de"]}]``
@@ -49,6 +51,7 @@ from typing import Optional
 
 from . import html_text
 from .errors import ConfigError, XfError
+from .glossary import Glossary, find_terms
 from .options import ServeOptions, direction_and_path
 from .language_id import LanguageId, UnknownLanguage
 from .segment import Units, line_texts, split_texts
@@ -73,8 +76,22 @@ def language_name(code: str) -> str:
 
 
 # -- start-up ------------------------------------------------------------------------------------
-def load_directions(options: ServeOptions) -> list[Direction]:
-    """One engine per --model, each loaded once (errors name the --model value)."""
+def load_glossaries(options: ServeOptions) -> dict[str, Glossary]:
+    """Each --glossary DIRECTION=FILE read, by direction code; a bad file is a one-line error naming
+    the direction, the file and its line (read before the port is bound and the models load)."""
+    glossaries = {}
+    for spec in options.glossary:
+        source, target, path = direction_and_path(spec, "--glossary", "FILE", "en-de=terms.tsv")
+        try:
+            glossaries[f"{source}-{target}"] = Glossary.load(path)
+        except ConfigError as e:
+            raise XfError(f"--glossary {source}-{target}: {e}") from None
+    return glossaries
+
+
+def load_directions(options: ServeOptions, glossaries: Optional[dict[str, Glossary]] = None) -> list[Direction]:
+    """One engine per --model, each loaded once (errors name the --model value), with its
+    direction's glossary (``load_glossaries``), whose target terms must fit the model."""
     directions = []
     for spec in options.model:
         source, target, path = direction_and_path(spec)
@@ -82,8 +99,25 @@ def load_directions(options: ServeOptions) -> list[Direction]:
             raise XfError(f"--model {spec}: {path} does not exist")
         translate_options = options.translate_options(path)
         engine, sp, _device = open_engine(translate_options)
-        directions.append(Direction(source, target, engine, sp, translate_options))
+        glossary = (glossaries or {}).get(f"{source}-{target}")
+        unfit = glossary is not None and unfit_term(glossary, sp, engine.max_source)
+        if unfit:
+            where = next(g for g in options.glossary if g.startswith(f"{source}-{target}="))
+            raise XfError(f"--glossary {where}: entry {unfit[0]}: {unfit[1]}")
+        directions.append(Direction(source, target, engine, sp, translate_options, glossary))
     return directions
+
+
+def unfit_term(glossary: Glossary, sp, most: int) -> Optional[tuple[int, str]]:
+    """(entry number from 1, why) of the first target form that cuts into no subword or into more
+    than ``most`` (the model's output positions), as ``encode_constraints`` refuses them; None if
+    every form fits."""
+    for n, (source, forms) in enumerate(glossary.entries.items(), 1):
+        for form, ids in zip(forms, sp.encode(forms, out_type=int)):
+            if not ids or len(ids) > most:
+                return n, (f"the target term {form!r} of {source!r} has {len(ids)} subwords (1 to the model's {most} "
+                           "output positions)")
+    return None
 
 
 def read_api_keys(path: Optional[str]) -> list[str]:
@@ -180,6 +214,35 @@ def steering_fields(payload: dict, count: int, as_list: bool, fmt: str, options)
     return items
 
 
+def request_glossaries(value, direction: Direction, most: int) -> tuple[list[Glossary], bool]:
+    """(the glossaries a request's sentences are matched against, the one that wins first; whether
+    the first is the request's own): its ``glossary`` field ([source, target] pairs, read as a
+    glossary file's lines) over its direction's --glossary; ``false``: none at all; absent, null or
+    true: the direction's alone. A 400 naming the field for a bad value, a 413 over ``most`` pairs."""
+    server = [direction.glossary] if direction.glossary is not None else []
+    if value is False:
+        return [], False
+    if value is None or value is True or value == []:
+        return server, False
+    if not isinstance(value, list):
+        raise HttpError(400, f"'glossary' must be a list of [source, target] pairs (target: a string, or a list of "
+                        f"alternative forms), or false for none; got {shown(value)}")
+    if len(value) > most:
+        raise HttpError(413, f"'glossary' has {len(value):,} pairs, over the limit of {most:,} a request "
+                        "(--max-glossary-terms)")
+    if direction.options.engine == "ctranslate2":
+        raise HttpError(400, "'glossary' gives lexical constraints, which need xf's beam search: this direction "
+                        "runs CTranslate2")
+    try:
+        own = Glossary.from_pairs(value, "'glossary'")
+    except ConfigError as e:
+        raise HttpError(400, str(e)) from None
+    unfit = unfit_term(own, direction.sp, direction.engine.max_source)
+    if unfit:
+        raise HttpError(400, f"'glossary' item {unfit[0]}: {unfit[1]}")
+    return [own, *server], True
+
+
 def unit_steering(items: list, units, direction) -> tuple[list, list]:
     """Each unit's target prefix and constraints (ids): a text's prefix goes to its first unit
     (its first sentence), its constraints to its only unit; a 400 for constraints on a text that
@@ -229,6 +292,9 @@ class Translation:
                             f"(it runs with --nbest {most + 1})")
         self.alternatives = alternatives
         self.steer = steering_fields(payload, len(texts), self.as_list, fmt, self.direction.options)
+        self.glossaries, self.own_glossary = request_glossaries(payload.get("glossary"), self.direction,
+                                                                server.options.max_glossary_terms)
+        self.terms: list = []  # per unit: its glossary terms (find_terms), once the units are known
         self.stats = Stats()
         count, chars = sum(t.count("\n") + 1 for t in texts), sum(map(len, texts))
         self.documents = None  # format html: each text's Document; its blocks are the texts translated
@@ -266,6 +332,8 @@ class Translation:
         job = Job(self.direction, self.units.pieces, align=self.documents is not None)
         if self.steer is not None:
             job.prefixes, job.constraints = unit_steering(self.steer, self.units, self.direction)
+        if self.glossaries:
+            job.constraints = self._glossary_constraints(job.constraints)
         try:
             self.server.queue.submit(job)
         except QueueFull as e:
@@ -304,6 +372,47 @@ class Translation:
                             f"length), over the {most:,} the queue holds (--max-queue-lines)")
         return units
 
+    def _glossary_constraints(self, own: Optional[list]) -> Optional[list]:
+        """Each unit's constraints (ids) with its glossary terms' added after its own; the terms are
+        found in each unit as the model reads it (its subwords decoded: sentencepiece's
+        normalization applied, a line's truncated end gone), so a sentence of a paragraph gets
+        the terms of that sentence only."""
+        sp, pieces = self.direction.sp, self.units.pieces
+        self.terms = [find_terms(sp.decode(ids), self.glossaries) if ids else [] for ids in pieces]
+        if not any(self.terms):
+            return own
+        wanted = encode_constraints(sp, [[forms for _, forms, _ in terms] for terms in self.terms],
+                                    self.direction.engine.max_source, "glossary", 0)  # checked: every form fits
+        return [mine + theirs for mine, theirs in zip(own or [[] for _ in pieces], wanted)]
+
+    def _glossary_report(self, found: list[list[str]]) -> list[list[dict]]:
+        """Per q item, the glossary terms found in its text (first found first): {"source": the term
+        lowercased, "target": its forms, "from": "request" or "server", "inTranslation": whether
+        every sentence it was found in has one of its forms in its best translation, as the model
+        writes the form}. A sentence whose constraints no hypothesis met has its unconstrained
+        translation (no error): there the term is usually not in it."""
+        sp, layouts = self.direction.sp, self.units.layouts
+        if self.documents is None:
+            items = [[layout] for layout in layouts]
+        else:  # a document's blocks are consecutive layouts
+            sizes = [len(document.blocks) for document in self.documents]
+            items = [layouts[sum(sizes[:k]):sum(sizes[:k + 1])] for k in range(len(sizes))]
+        written: dict[str, list[str]] = {}
+        report = []
+        for item in items:
+            terms: dict[str, dict] = {}
+            for unit in (part for layout in item for part in layout.parts if isinstance(part, int)):
+                for source, forms, g in self.terms[unit]:
+                    if source not in written:
+                        written[source] = [sp.decode(ids) for ids in sp.encode(forms, out_type=int)]
+                    hit = any(form in found[unit][0] for form in written[source])
+                    entry = terms.setdefault(source, {"source": source, "target": forms, "from": "request"
+                                                      if self.own_glossary and g == 0 else "server",
+                                                      "inTranslation": True})
+                    entry["inTranslation"] = entry["inTranslation"] and hit
+            report.append(list(terms.values()))
+        return report
+
     def _answer(self, found: list[list[str]], alignments: list) -> dict:
         def text(layout, k):  # the k-th hypothesis of each unit (its last where it has fewer)
             return layout.render(lambda i: found[i][min(k, len(found[i]) - 1)])
@@ -322,6 +431,9 @@ class Translation:
             answer["alternatives"] = alts if self.as_list else alts[0]
         if self.detected is not None:
             answer["detectedLanguage"] = self.detected
+        if self.glossaries:
+            report = self._glossary_report(found)
+            answer["glossaryTerms"] = report if self.as_list else report[0]
         truncated, split_long = self.stats.truncated, self.units.split_long
         if truncated:  # never silent: the answer says how many lines lost their end
             answer["truncated"] = truncated
@@ -564,7 +676,8 @@ class Server:
         """What a client may offer, in the shape of LibreTranslate's ``/frontend/settings`` where it
         fits (charLimit, apiKeys, keyRequired, language, suggestions, filesTranslation) and xf's own
         keys beside: lineLimit, alternativesLimit (the most ``alternatives`` a request may ask for),
-        detection (whether source ``auto`` is taken) and names (every served code's name)."""
+        detection (whether source ``auto`` is taken), names (every served code's name), glossaries
+        (the directions with a --glossary) and glossaryLimit (the most pairs of a request's own)."""
         from starlette.responses import JSONResponse
 
         first = next(iter(self.directions.values()))
@@ -576,6 +689,8 @@ class Server:
             "language": {"source": {"code": first.source, "name": language_name(first.source)},
                          "target": {"code": first.target, "name": language_name(first.target)}},
             "names": {code: language_name(code) for code in codes},
+            "glossaries": [code for code, d in self.directions.items() if d.glossary is not None],
+            "glossaryLimit": self.options.max_glossary_terms,
             "suggestions": False, "filesTranslation": True, "supportedFilesFormat": [".txt"],
         })
 

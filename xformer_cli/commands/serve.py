@@ -1,10 +1,11 @@
 """xf serve: the models of --model as a translation service, LibreTranslate's API over HTTP.
 
-Thin: the socket is bound first (a port taken or a host that does not resolve fails before any
-model loads), the models are loaded once (``serving.load_directions``), and ``Server.run`` serves
-until SIGTERM or Ctrl-C; then it stops accepting, answers the requests in flight (those still
-waiting after --grace-seconds get a 503), ends the worker between batches, and a summary table
-counts every request by how it ended. Exit 0 after SIGTERM or Ctrl-C.
+Thin: the --api-keys and --glossary files are read, then the socket is bound (a bad file, a port
+taken or a host that does not resolve fails before any model loads), the models are loaded once
+(``serving.load_directions``), and ``Server.run`` serves until SIGTERM or Ctrl-C; then it stops
+accepting, answers the requests in flight (those still waiting after --grace-seconds get a 503),
+ends the worker between batches, and a summary table counts every request by how it ended.
+Exit 0 after SIGTERM or Ctrl-C.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from ..console import print_summary, stderr_console
 from ..errors import XfError
 from ..options import ServeOptions
 from ..serve_log import OUTCOMES
-from ..serving import Server, bind, load_directions, read_api_keys
+from ..serving import Server, bind, load_directions, load_glossaries, read_api_keys
 
 
 def serve(options: ServeOptions) -> None:
@@ -36,11 +37,12 @@ def serve(options: ServeOptions) -> None:
                           "(or --no-split-sentences)") from None
 
     api_keys = read_api_keys(options.api_keys)
+    glossaries = load_glossaries(options)  # a bad file fails before the port is bound
     sock = bind(options.host, options.port)
     console = stderr_console()
     with contextlib.closing(sock):
         with console.status("loading the models", spinner="dots") if console.is_terminal else contextlib.nullcontext():
-            directions = load_directions(options)
+            directions = load_directions(options, glossaries)
         server = Server(directions, options, api_keys)
         sock.listen(2048)
         host, port = sock.getsockname()[:2]
@@ -48,6 +50,7 @@ def serve(options: ServeOptions) -> None:
         print(f"xf serve | listening on http://{shown}:{port} | directions {', '.join(server.directions)} | "
               f"engine {options.engine} | api keys {'on' if api_keys else 'off'} | "
               f"sentence splitting {'on' if options.split_sentences else 'off'} | "
+              f"glossaries {', '.join(glossaries) or 'none'} | "
               f"language detection {'on' if server.language_id else 'off (no py3langid)'}", file=sys.stderr, flush=True)
         start = time.perf_counter()
         server.run(sock)

@@ -1,0 +1,256 @@
+"""xf serve's glossaries: --glossary DIRECTION=FILE per direction and a request's own ``glossary``
+field, applied to each sentence as lexical constraints with the item's own; the answer's
+``glossaryTerms``. A glossary's effect is checked against what it stands for: a sentence served with
+a glossary term gets the translation that the same sentence gets with the term's forms as its
+``constraints``, and a sentence without a term the plain one. In-process over the ASGI interface
+with the tests' tiny checkpoint (sentence splitting on, the default), and once through a real
+``xf serve`` process (start-up errors, the YAML key)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+import sys
+
+import pytest
+
+pytest.importorskip("starlette", reason="the serve extra is not installed")
+
+from xformer_cli.config import build_options, load_options  # noqa: E402
+from xformer_cli.errors import ConfigError, XfError  # noqa: E402
+from xformer_cli.glossary import Glossary, find_terms  # noqa: E402
+from xformer_cli.options import ServeOptions  # noqa: E402
+from xformer_cli.serve_queue import Direction  # noqa: E402
+from xformer_cli.serve_requests import form_fields  # noqa: E402
+from xformer_cli.serving import Server, load_directions, load_glossaries  # noqa: E402
+
+from test_serve import REPO, Served, call  # noqa: E402
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+DECODING = {"max_len_a": 0.5, "max_len_b": 3, "beam_size": 4, "threads": 1, "max_wait_ms": 0}
+
+
+def glossary_file(tmp_path, text: str, name: str = "terms.tsv") -> str:
+    path = tmp_path / name
+    path.write_text(text, encoding="utf-8")
+    return str(path)
+
+
+# -- matching over two glossaries, by hand ---------------------------------------------------------
+def test_two_glossaries_are_matched_as_one_the_first_winning_a_term(tmp_path):
+    server = Glossary.load(glossary_file(tmp_path, "cat\tKatze|Katzen\nmountain bike\tMountainbike\ndog\tHund\n"))
+    request = Glossary.from_pairs([["bike", "Rad"], ["Dog", ["Köter", "Töle"]], ["a cat sat", "Sitzkatze"]], "'glossary'")
+    line = "A dog and a cat on a Mountain Bike; a cat sat, a bike, a dog."
+    # the longest term at a position, whichever glossary has it; the first glossary's entry on a tie
+    assert find_terms(line, [request, server]) == [
+        ("dog", ["Köter", "Töle"], 0), ("cat", ["Katze", "Katzen"], 1), ("mountain bike", ["Mountainbike"], 1),
+        ("a cat sat", ["Sitzkatze"], 0), ("bike", ["Rad"], 0)]
+    # the same as one glossary holding both, the request's entries over the server's
+    merged = Glossary.from_pairs([[k, v] for k, v in {**server.entries, **request.entries}.items()], "merged")
+    for text in (line, "catalogue of bikes", "DOG dog cat", "a cat sat", "bike mountain bike", ""):
+        assert [forms for _, forms, _ in find_terms(text, [request, server])] == merged.constraints(text)
+        assert [forms for _, forms, _ in find_terms(text, [server])] == server.constraints(text)
+
+
+def test_a_request_glossary_is_read_by_the_files_rules():
+    glossary = Glossary.from_pairs([["cat", "Katze|Katzen"], [" Mountain bike ", ["Mountainbike", "MTB"]]], "'glossary'")
+    assert glossary.entries == {"cat": ["Katze", "Katzen"], "mountain bike": ["Mountainbike", "MTB"]}
+    for pairs, message in [
+        ([["cat"]], "'glossary' item 1: expected a \\[source, target\\] pair"),
+        (["cat\tKatze"], "item 1: expected a \\[source, target\\] pair"),
+        ([["cat", "Katze"], ["dog", 3]], "item 2: the source term must be a string"),
+        ([["cat", []]], "item 1: the source term must be a string, the target a string or a non-empty list"),
+        ([[" ", "Katze"]], "item 1: an empty source term"),
+        ([["cat", "Katze|"]], "item 1: an empty target term"),
+        ([["cat", "Katze"], ["CAT", "Mieze"]], "item 2: the source term 'CAT' is given twice"),
+        ([["a\nb", "x"]], "item 1: a term holds a line break"),
+    ]:
+        with pytest.raises(ConfigError, match=message):
+            Glossary.from_pairs(pairs, "'glossary'")
+
+
+# -- the options and the start-up ------------------------------------------------------------------
+def test_glossary_options(tmp_path):
+    (tmp_path / "xf.yaml").write_text("serve: {model: [en-de=a.pt, de-en=b.pt], glossary: [en-de=terms.tsv]}\n")
+    options = load_options(ServeOptions, tmp_path / "xf.yaml", {}, section="serve")
+    assert options.glossary == ("en-de=terms.tsv",) and options.max_glossary_terms == 500
+    assert options.translate_options("a.pt").glossary is None  # the server applies it, not xf translate's reader
+    for values, message in (({"glossary": ["en-fr=t.tsv"]}, "no --model serves en-fr"),
+                            ({"glossary": ["en-de=t.tsv", "en-de=u.tsv"]}, "direction en-de is given more than once"),
+                            ({"glossary": ["t.tsv"]}, "--glossary 't.tsv': expected SOURCE-TARGET=FILE"),
+                            ({"glossary": ["en-de=t.tsv"], "engine": "ctranslate2"}, "need the xf engine")):
+        with pytest.raises(ConfigError, match=message):
+            build_options(ServeOptions, {"model": ["en-de=a.pt"], **values}, "test")
+
+
+def test_a_bad_glossary_file_names_the_direction_file_and_line(tmp_path):
+    bad = glossary_file(tmp_path, "cat\tKatze\n\ndog\n")
+    options = build_options(ServeOptions, {"model": ["en-de=a.pt"], "glossary": [f"en-de={bad}"]}, "test")
+    with pytest.raises(XfError, match=f"--glossary en-de: {bad}: line 3: expected two tab-separated fields"):
+        load_glossaries(options)
+
+
+# -- the server in-process, with the tiny checkpoint -----------------------------------------------
+@pytest.fixture(scope="module")
+def served(ckpt, tmp_path_factory):
+    """An en-de server whose direction's glossary holds 'man' -> Hund and 'girl' -> Katze|Katzen."""
+    terms = glossary_file(tmp_path_factory.mktemp("glossary"), "man\tHund\ngirl\tKatze|Katzen\n")
+    options = build_options(ServeOptions, {"model": [f"en-de={ckpt}"], "glossary": [f"en-de={terms}"],
+                                           "max_glossary_terms": 3, **DECODING}, "test")
+    server = Server(load_directions(options, load_glossaries(options)), options, [])
+    server.loop = asyncio.new_event_loop()  # one loop for the server's requests, as uvicorn runs it
+    server.queue.start()
+    yield server
+    server.queue.stop()
+    server.loop.close()
+
+
+def ask(server, path="/translate", method="POST", **fields):
+    body = json.dumps({"source": "en", "target": "de", **fields}).encode()
+    return server.loop.run_until_complete(call(server.app(), path, body, method=method))
+
+
+def translated(server, q, **fields):
+    status, answer = ask(server, q=q, **fields)
+    assert status == 200, answer
+    return answer
+
+
+def test_the_directions_glossary_forces_its_term(served):
+    answer = translated(served, "A man sleeps.")
+    assert "Hund" in answer["translatedText"]
+    assert answer["glossaryTerms"] == [{"source": "man", "target": ["Hund"], "from": "server", "inTranslation": True}]
+    # the same as the term's form given as the sentence's constraint, without the glossary
+    steered = translated(served, "A man sleeps.", constraints=["Hund"], glossary=False)
+    assert answer["translatedText"] == steered["translatedText"] and "glossaryTerms" not in steered
+    plain = translated(served, "A man sleeps.", glossary=False)
+    assert "Hund" not in plain["translatedText"] and plain != answer  # the tiny model never says Hund unasked
+    # a text without a term: the plain translation, and an empty report
+    assert translated(served, "Two dogs play.") == {**translated(served, "Two dogs play.", glossary=False),
+                                                    "glossaryTerms": []}
+
+
+def test_a_request_glossary_forces_its_term_and_wins_over_the_directions(served):
+    answer = translated(served, ["A man sleeps.", "A boy runs."], glossary=[["man", "Fahrrad"], ["boy", "Baum"]])
+    first, second = answer["translatedText"]
+    assert "Fahrrad" in first and "Hund" not in first and "Baum" in second
+    assert answer["glossaryTerms"] == [
+        [{"source": "man", "target": ["Fahrrad"], "from": "request", "inTranslation": True}],
+        [{"source": "boy", "target": ["Baum"], "from": "request", "inTranslation": True}]]
+    # with the item's own constraints: its own first, then the glossary's, both met
+    text = "A man sleeps on a bench in the park."
+    both = translated(served, text, glossary=[["man", "Fahrrad"]], constraints=["Baum"])
+    assert "Fahrrad" in both["translatedText"] and "Baum" in both["translatedText"]
+    assert both["translatedText"] == translated(served, text, constraints=["Baum", "Fahrrad"],
+                                                glossary=False)["translatedText"]
+    # the direction's terms still apply beside the request's
+    mixed = translated(served, "A girl and a man.", glossary=[["man", "Fahrrad"]])
+    assert [(t["source"], t["from"]) for t in mixed["glossaryTerms"]] == [("girl", "server"), ("man", "request")]
+
+
+def test_a_term_in_the_second_sentence_is_applied_to_that_sentence_only(served):
+    paragraph = "Two dogs play.  A boy runs.\nA dog sleeps."
+    answer = translated(served, paragraph, glossary=[["boy", "Baum"]])
+    first, second, third = (translated(served, s, glossary=False)["translatedText"]
+                            for s in ("Two dogs play.", "A boy runs.", "A dog sleeps."))
+    steered = translated(served, "A boy runs.", constraints=["Baum"], glossary=False)["translatedText"]
+    assert "Baum" in steered and steered != second
+    assert answer["translatedText"] == f"{first}  {steered}\n{third}"  # its spacing kept, the others plain
+    assert answer["glossaryTerms"] == [{"source": "boy", "target": ["Baum"], "from": "request", "inTranslation": True}]
+
+
+def test_format_html_with_a_glossary(served):
+    page = '<p class="a">A boy in a <b>red</b> shirt.</p><p>Two dogs play.</p>'
+    answer = translated(served, page, format="html", glossary=[["boy", "Baum"]])
+    out = answer["translatedText"]
+    assert out.startswith('<p class="a">') and out.count("<b>") == out.count("</b>") == 1 and "Baum" in out
+    plain = translated(served, page, format="html", glossary=False)["translatedText"]
+    assert out.split("</p>")[1] == plain.split("</p>")[1]  # the block without the term: as without a glossary
+    assert answer["glossaryTerms"] == [{"source": "boy", "target": ["Baum"], "from": "request", "inTranslation": True}]
+
+
+def test_a_term_that_cannot_be_met_is_reported_not_refused(served):
+    long_form = " ".join(["Fahrradweg"] * 12)  # more subwords than the sentence's length limit (|X|/2 + 3)
+    answer = translated(served, "A boy runs.", glossary=[["boy", long_form]])
+    assert answer["translatedText"] == translated(served, "A boy runs.", glossary=False)["translatedText"]
+    assert answer["glossaryTerms"] == [{"source": "boy", "target": [long_form], "from": "request",
+                                        "inTranslation": False}]
+
+
+@pytest.mark.parametrize("glossary,status,message", [
+    ("boy\tBaum", 400, "'glossary' must be a list of [source, target] pairs"),
+    ({"boy": "Baum"}, 400, "'glossary' must be a list of [source, target] pairs"),
+    ([["boy"]], 400, "'glossary' item 1: expected a [source, target] pair"),
+    ([["boy", "Baum"], ["Boy", "Busch"]], 400, "'glossary' item 2: the source term 'Boy' is given twice"),
+    ([["boy", "Baum|"]], 400, "'glossary' item 1: an empty target term"),
+    ([["a", "b"], ["c", "d"], ["e", "f"], ["g", "h"]], 413, "'glossary' has 4 pairs, over the limit of 3"),
+])
+def test_a_bad_request_glossary_is_an_error_naming_the_field(served, glossary, status, message):
+    got, answer = ask(served, q="A boy runs.", glossary=glossary)
+    assert (got, answer["error"][:len(message)]) == (status, message), answer
+
+
+def test_settings_say_which_directions_have_a_glossary(served):
+    status, settings = ask(served, "/frontend/settings", "GET")
+    assert status == 200 and (settings["glossaries"], settings["glossaryLimit"]) == (["en-de"], 3)
+
+
+def test_a_form_can_turn_the_glossary_off():
+    assert form_fields("q=a&glossary=false")["glossary"] is False
+    assert form_fields("q=a&glossary=true")["glossary"] is True
+    assert form_fields("q=a&glossary=x")["glossary"] == "x"  # then a 400 names the field
+
+
+def test_no_glossary_no_report(ckpt):
+    options = build_options(ServeOptions, {"model": [f"en-de={ckpt}"], **DECODING}, "test")
+    server = Server(load_directions(options), options, [])
+    server.loop = asyncio.new_event_loop()
+    server.queue.start()
+    try:
+        assert "glossaryTerms" not in translated(server, "A man sleeps.")
+        assert "glossaryTerms" not in translated(server, "A man sleeps.", glossary=[])
+    finally:
+        server.queue.stop()
+        server.loop.close()
+
+
+def test_a_glossary_needs_xfs_beam_search(served):
+    ct2 = Direction("en", "de", served.directions["en-de"].engine, served.directions["en-de"].sp,
+                    served.directions["en-de"].options.__class__(path=("x",), engine="ctranslate2"))
+    server = Server([ct2], served.options, [])
+    status, answer = asyncio.run(call(server.app(), "/translate", json.dumps(
+        {"q": "A boy.", "source": "en", "target": "de", "glossary": [["boy", "Baum"]]}).encode()))
+    assert status == 400 and "need xf's beam search" in answer["error"]
+
+
+# -- a real server process -------------------------------------------------------------------------
+@pytest.mark.slow
+def test_start_up_with_a_glossary_and_its_errors(ckpt, tmp_path):
+    def fails(args, message):
+        proc = subprocess.run([sys.executable, "-m", "xformer_cli", "serve", "--port", "0", *args], capture_output=True,
+                              text=True, cwd=REPO, timeout=120)
+        assert proc.returncode != 0 and message in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
+        assert len(proc.stderr.strip().splitlines()) == 1 and proc.stderr.startswith("xf: error: "), proc.stderr
+
+    bad = glossary_file(tmp_path, "man\tHund\nboy Baum\n", "bad.tsv")
+    # the file before the port and the models: a missing model is not what is reported
+    fails(["--model", f"en-de={tmp_path / 'missing.pt'}", "--glossary", f"en-de={bad}"],
+          f"--glossary en-de: {bad}: line 2: expected two tab-separated fields")
+    fails(["--model", f"en-de={ckpt}", "--glossary", f"en-de={tmp_path / 'none.tsv'}"], "cannot read the glossary")
+    fails(["--model", f"en-de={ckpt}", "--glossary", f"de-en={bad}"], "no --model serves de-en")
+    unfit = glossary_file(tmp_path, "man\tHund\nboy\t" + "Baum " * 600 + "\n", "unfit.tsv")
+    fails(["--model", f"en-de={ckpt}", "--glossary", f"en-de={unfit}"], "entry 2: the target term")
+
+    good = glossary_file(tmp_path, "man\tHund\n", "good.tsv")
+    (tmp_path / "xf.yaml").write_text(json.dumps({"serve": {"glossary": [f"en-de={good}"]}}), encoding="utf-8")
+    server = Served("--config", str(tmp_path / "xf.yaml"), "--model", f"en-de={ckpt}", "--max-len-a", "0.5",
+                    "--max-len-b", "3", "--threads", "1")
+    try:
+        assert "glossaries en-de" in server.log
+        status, _, answer = server.translate("A man sleeps.")
+        assert status == 200 and "Hund" in answer["translatedText"], answer
+        status, _, answer = server.translate("A man sleeps.", glossary=[["man", 3]])
+        assert status == 400 and answer["error"].startswith("'glossary' item 1:")
+    finally:
+        assert server.stop() == 0
