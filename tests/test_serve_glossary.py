@@ -144,9 +144,13 @@ def test_a_request_glossary_forces_its_term_and_wins_over_the_directions(served)
     assert "Fahrrad" in both["translatedText"] and "Baum" in both["translatedText"]
     assert both["translatedText"] == translated(served, text, constraints=["Baum", "Fahrrad"],
                                                 glossary=False)["translatedText"]
-    # the direction's terms still apply beside the request's
+    # the direction's terms still apply beside the request's, unless server_glossary is false
     mixed = translated(served, "A girl and a man.", glossary=[["man", "Fahrrad"]])
     assert [(t["source"], t["from"]) for t in mixed["glossaryTerms"]] == [("girl", "server"), ("man", "request")]
+    own = translated(served, "A girl and a man.", glossary=[["man", "Fahrrad"]], server_glossary=False)
+    assert [(t["source"], t["from"]) for t in own["glossaryTerms"]] == [("man", "request")]
+    assert own["translatedText"] == translated(served, "A girl and a man.", constraints=["Fahrrad"],
+                                               glossary=False)["translatedText"]
 
 
 def test_a_term_in_the_second_sentence_is_applied_to_that_sentence_only(served):
@@ -191,6 +195,11 @@ def test_a_bad_request_glossary_is_an_error_naming_the_field(served, glossary, s
     assert (got, answer["error"][:len(message)]) == (status, message), answer
 
 
+def test_server_glossary_is_a_boolean(served):
+    got, answer = ask(served, q="A boy runs.", server_glossary="no")
+    assert (got, answer["error"]) == (400, "'server_glossary' must be true or false, got \"no\"")
+
+
 def test_settings_say_which_directions_have_a_glossary(served):
     status, settings = ask(served, "/frontend/settings", "GET")
     assert status == 200 and (settings["glossaries"], settings["glossaryLimit"]) == (["en-de"], 3)
@@ -200,6 +209,7 @@ def test_a_form_can_turn_the_glossary_off():
     assert form_fields("q=a&glossary=false")["glossary"] is False
     assert form_fields("q=a&glossary=true")["glossary"] is True
     assert form_fields("q=a&glossary=x")["glossary"] == "x"  # then a 400 names the field
+    assert form_fields("q=a&server_glossary=false")["server_glossary"] is False
 
 
 def test_no_glossary_no_report(ckpt):

@@ -83,11 +83,12 @@ def form_fields(text: str) -> dict:
 
 def numbers(fields: dict) -> dict:
     """Form fields are strings: alternatives as the number it names (LibreTranslate's int()),
-    glossary "false" or "true" as the boolean (a form cannot hold a list of pairs)."""
+    glossary and server_glossary "false" or "true" as the boolean (a form cannot hold a list of pairs)."""
     if isinstance(fields.get("alternatives"), str) and fields["alternatives"].isdigit():
         fields["alternatives"] = int(fields["alternatives"])
-    if fields.get("glossary") in ("false", "true"):
-        fields["glossary"] = fields["glossary"] == "true"
+    for key in ("glossary", "server_glossary"):
+        if fields.get(key) in ("false", "true"):
+            fields[key] = fields[key] == "true"
     return fields
 
 

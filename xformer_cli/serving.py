@@ -12,8 +12,9 @@ Endpoints (the shape LibreTranslate's clients already speak):
   multipart. ``source: "auto"`` detects the language (``language_id``). ``format: "html"``: the
   text of a document translated and its markup kept as written (``html_text``), inline tags placed
   by the word alignment of the best translation. ``glossary``: the request's own terms as
-  [source, target] pairs, applied with the direction's --glossary (``false``: none); the answer's
-  ``glossaryTerms`` says which terms each item's text held and whether its translation has them.
+  [source, target] pairs, applied with the direction's --glossary (``server_glossary: false``:
+  without it; ``glossary: false``: no glossary at all); the answer's ``glossaryTerms`` says which
+  terms each item's text held and whether its translation has them.
 - ``POST /detect`` ``{"q": ...}`` -> ``[{"language": "en", "confidence": 0.97}]`` (served languages only)
 - ``POST /translate_file`` (multipart ``file``, .txt) -> ``{"translatedFileUrl": "data:..."}``
 - ``GET /languages`` -> ``[{"code": "en", "name": "English", "targets": ["de"]}]``
@@ -214,12 +215,17 @@ def steering_fields(payload: dict, count: int, as_list: bool, fmt: str, options)
     return items
 
 
-def request_glossaries(value, direction: Direction, most: int) -> tuple[list[Glossary], bool]:
+def request_glossaries(value, use_server, direction: Direction, most: int) -> tuple[list[Glossary], bool]:
     """(the glossaries a request's sentences are matched against, the one that wins first; whether
     the first is the request's own): its ``glossary`` field ([source, target] pairs, read as a
-    glossary file's lines) over its direction's --glossary; ``false``: none at all; absent, null or
-    true: the direction's alone. A 400 naming the field for a bad value, a 413 over ``most`` pairs."""
-    server = [direction.glossary] if direction.glossary is not None else []
+    glossary file's lines) over its direction's --glossary unless ``server_glossary`` is false;
+    ``glossary: false``: none at all; absent, null or true: the direction's alone. A 400 naming the
+    field for a bad value, a 413 over ``most`` pairs."""
+    if use_server is None:
+        use_server = True
+    if not isinstance(use_server, bool):
+        raise HttpError(400, f"'server_glossary' must be true or false, got {shown(use_server)}")
+    server = [direction.glossary] if direction.glossary is not None and use_server else []
     if value is False:
         return [], False
     if value is None or value is True or value == []:
@@ -292,8 +298,8 @@ class Translation:
                             f"(it runs with --nbest {most + 1})")
         self.alternatives = alternatives
         self.steer = steering_fields(payload, len(texts), self.as_list, fmt, self.direction.options)
-        self.glossaries, self.own_glossary = request_glossaries(payload.get("glossary"), self.direction,
-                                                                server.options.max_glossary_terms)
+        self.glossaries, self.own_glossary = request_glossaries(payload.get("glossary"), payload.get("server_glossary"),
+                                                                self.direction, server.options.max_glossary_terms)
         self.terms: list = []  # per unit: its glossary terms (find_terms), once the units are known
         self.stats = Stats()
         count, chars = sum(t.count("\n") + 1 for t in texts), sum(map(len, texts))
