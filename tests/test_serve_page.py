@@ -1,6 +1,7 @@
 """xf serve's page (GET /), used as a person uses it, in a real headless chromium: typing, translating
 (Ctrl+Enter too), a paragraph of several lines all back beside it, an alternative picked, the swap,
-copy, the character count against --max-chars, the busy state, an error in place; and on a server
+copy, the character count against --max-chars, the busy state, an error in place, a glossary typed
+(its bad lines marked, kept over a reload, the server's own glossary turned off); and on a server
 with the defaults, nothing offered that it refuses. What the page shows is compared with what the
 API answers for the same text: the page adds nothing and loses nothing. Screenshots at desktop and
 phone widths are saved for a person to look at (their directory is printed), not compared.
@@ -110,6 +111,16 @@ def two_way(ckpt, tmp_path_factory):
 def plain(ckpt):
     """The defaults: one direction, --nbest 1, no key, --max-chars 5000."""
     served = Served("--model", f"en-de={ckpt}", *DECODING)
+    yield served
+    served.stop()
+
+
+@pytest.fixture(scope="module")
+def glossed(ckpt, tmp_path_factory):
+    """One direction with a server glossary: 'man' -> Hund."""
+    terms = tmp_path_factory.mktemp("glossary") / "terms.tsv"
+    terms.write_text("man\tHund\n", encoding="utf-8")
+    served = Served("--model", f"en-de={ckpt}", "--glossary", f"en-de={terms}", *DECODING)
     yield served
     served.stop()
 
@@ -350,3 +361,50 @@ def test_keyboard_only(two_way, browser):
     for element_id in ("source-language", "target-language", "source", "api-key"):
         assert browser.execute_script("return arguments[0].labels.length", by_id(browser, element_id)) == 1
     assert by_id(browser, "swap").get_attribute("aria-label") == "Swap languages"
+
+
+@pytest.mark.slow
+@needs_browser
+def test_a_glossary_typed_is_sent_kept_over_a_reload_and_its_bad_lines_marked(glossed, browser, screenshots):
+    from selenium.webdriver.common.by import By
+
+    def problems():
+        return [item.get_property("textContent") for item in browser.find_elements(By.CSS_SELECTOR, "#glossary-problems li")]
+
+    open_page(browser, glossed)
+    server_row = by_id(browser, "server-glossary-row")
+    assert server_row.is_displayed() and by_id(browser, "server-glossary").is_selected()
+    glossary = by_id(browser, "glossary")
+    glossary.clear()
+    glossary.send_keys("boy = Baum\nnothing to read here\nBOY = Busch\n")  # typed, as a person does
+    browser.execute_script("const g = arguments[0]; g.value += 'girl\\tKatze|Katzen\\n';"  # pasted TSV
+                           "g.dispatchEvent(new Event('input'));", glossary)
+    assert problems() == ['Line 2 is not used: no "=" (or tab) between the term and its translation',
+                          'Line 3 is not used: "BOY" is already on line 1']
+    assert glossary.get_attribute("aria-invalid") == "true"
+
+    text = "A man and a boy sleep."
+    type_text(browser, text)
+    sent = [["boy", ["Baum"]], ["girl", ["Katze", "Katzen"]]]
+    status, _, expected = glossed.translate(text, glossary=sent)
+    assert status == 200 and [t["source"] for t in expected["glossaryTerms"]] == ["man", "boy"]
+    shown = translate_and_wait(browser)
+    assert shown == expected["translatedText"] and "Baum" in shown and "Hund" in shown
+    assert text_of(browser, "glossary-report").startswith("Glossary terms found: man \u2192 Hund")
+    shoot(browser, screenshots, "glossary-desktop", DESKTOP, mobile=False)
+    shoot(browser, screenshots, "glossary-phone", PHONE, mobile=True)
+
+    # unticked, the server's own glossary is not applied: the request's terms alone
+    by_id(browser, "server-glossary").click()
+    status, _, own = glossed.translate(text, glossary=sent, server_glossary=False)
+    assert status == 200 and own["translatedText"] != expected["translatedText"]
+    assert translate_and_wait(browser) == own["translatedText"]
+
+    # a reload keeps the glossary, its marks and the choice
+    browser.refresh()
+    open_page(browser, glossed)
+    assert by_id(browser, "glossary").get_property("value") == "boy = Baum\nnothing to read here\nBOY = Busch\ngirl\tKatze|Katzen\n"
+    assert len(problems()) == 2 and not by_id(browser, "server-glossary").is_selected()
+    type_text(browser, text)
+    assert translate_and_wait(browser) == own["translatedText"]
+    browser.execute_script("localStorage.clear()")  # the other tests' page has no glossary
