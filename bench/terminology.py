@@ -56,8 +56,9 @@ def bleu(hyps: list[str], refs: list[str]) -> float:
     return sacrebleu.corpus_bleu(hyps, [refs]).score
 
 
-def terminology(a, work: Path) -> list[str]:
-    root = a.data / "terminology"
+def wiktionary(root: Path) -> tuple[list[str], list[str], list[list[tuple[str, str]]]]:
+    """The Wiktionary set in ``root`` (terminology/): its sources, references and, per sentence,
+    its (source term, target term) pairs."""
     src = (root / "newstest2017.en-de.en").read_text(encoding="utf-8").splitlines()
     ref = (root / "newstest2017.en-de.de").read_text(encoding="utf-8").splitlines()
     lines, terms = [], []
@@ -67,18 +68,25 @@ def terminology(a, work: Path) -> list[str]:
         pairs = [(cells[i], cells[i + 1]) for i in range(2, len(cells) - 1, 2) if cells[i] and cells[i + 1]]
         lines.append(number - 1)
         terms.append(pairs)
-    sources = [src[i] for i in lines]
-    refs = [ref[i] for i in lines]
-    (work / "t.en").write_text("\n".join(sources) + "\n", encoding="utf-8")
-    with open(work / "t.jsonl", "w", encoding="utf-8") as f:
-        for s, pairs in zip(sources, terms):
-            f.write(json.dumps({"source": s, "constraints": sorted({t for _, t in pairs})}, ensure_ascii=False) + "\n")
+    return [src[i] for i in lines], [ref[i] for i in lines], terms
+
+
+def glossary_text(terms: list[list[tuple[str, str]]]) -> str:
+    """Every pair as one glossary file (xf translate --glossary): a source term's targets its forms."""
     glossary = {}
     for pairs in terms:
         for s, t in pairs:
             glossary.setdefault(s.lower(), (s, set()))[1].add(t)
-    (work / "glossary.tsv").write_text("".join(f"{s}\t{'|'.join(sorted(ts))}\n" for s, ts in glossary.values()),
-                                      encoding="utf-8")
+    return "".join(f"{s}\t{'|'.join(sorted(ts))}\n" for s, ts in glossary.values())
+
+
+def terminology(a, work: Path) -> list[str]:
+    sources, refs, terms = wiktionary(a.data / "terminology")
+    (work / "t.en").write_text("\n".join(sources) + "\n", encoding="utf-8")
+    with open(work / "t.jsonl", "w", encoding="utf-8") as f:
+        for s, pairs in zip(sources, terms):
+            f.write(json.dumps({"source": s, "constraints": sorted({t for _, t in pairs})}, ensure_ascii=False) + "\n")
+    (work / "glossary.tsv").write_text(glossary_text(terms), encoding="utf-8")
     common = ["translate", "--path", a.path, "--beam-size", 4, "--threads", a.threads, "--quiet"]
     runs = {
         "no constraints": [*common, "--input", work / "t.en", "--output", work / "plain.de"],

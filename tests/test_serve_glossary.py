@@ -53,6 +53,23 @@ def test_two_glossaries_are_matched_as_one_the_first_winning_a_term(tmp_path):
         assert [forms for _, forms, _ in find_terms(text, [server])] == server.constraints(text)
 
 
+def test_two_glossaries_match_as_their_merged_glossary_on_random_texts():
+    import random
+
+    rng = random.Random(0)
+    words = ["a", "cat", "Cat", "sat", "mountain", "bike", "dog", "food", "catalogue", "x-ray"]
+    phrase = lambda n: " ".join(rng.choice(words) for _ in range(n))  # noqa: E731
+    for _ in range(300):
+        first, second = ({phrase(rng.randint(1, 3)).lower(): [f"T{rng.randint(0, 99)}"] for _ in range(rng.randint(1, 5))}
+                         for _ in range(2))
+        glossaries = [Glossary.from_pairs([[k, v] for k, v in g.items()], "g") for g in (first, second)]
+        merged = Glossary.from_pairs([[k, v] for k, v in {**second, **first}.items()], "merged")
+        text = phrase(rng.randint(0, 12)) + rng.choice(["", ".", "s"])
+        found = find_terms(text, glossaries)
+        assert [forms for _, forms, _ in found] == merged.constraints(text), (text, first, second)
+        assert all((first if g == 0 else second)[key] == forms for key, forms, g in found)
+
+
 def test_a_request_glossary_is_read_by_the_files_rules():
     glossary = Glossary.from_pairs([["cat", "Katze|Katzen"], [" Mountain bike ", ["Mountainbike", "MTB"]]], "'glossary'")
     assert glossary.entries == {"cat": ["Katze", "Katzen"], "mountain bike": ["Mountainbike", "MTB"]}

@@ -131,17 +131,19 @@ def find_terms(line: str, glossaries: Sequence[Glossary]) -> list[tuple[str, lis
     compiled again to be merged with a small one)."""
     found: dict[str, tuple[list[str], int]] = {}
     at = 0
-    while at < len(line):
-        best = None  # (matched text, glossary index)
+    while True:
+        # each glossary's next match (its longest term at its leftmost position: the regex's
+        # alternation is longest first); the earliest of them, then the longest, then the first glossary
+        best = None  # (start, -length, glossary index, match)
         for g, glossary in enumerate(glossaries):
-            match = glossary.pattern.match(line, at)  # the lookbehind sees the text before ``at``
-            if match and (best is None or len(match.group(1)) > len(best[0])):
-                best = (match.group(1), g)
+            match = glossary.pattern.search(line, at)  # the lookbehind sees the text before ``at``
+            if match and (best is None or (match.start(), -len(match.group(1))) < best[:2]):
+                best = (match.start(), -len(match.group(1)), g, match)
         if best is None:
-            at += 1
-            continue
-        key = best[0].lower()
-        if key in glossaries[best[1]].entries and key not in found:
-            found[key] = (glossaries[best[1]].entries[key], best[1])
-        at += len(best[0])
+            break
+        _, _, g, match = best
+        key = match.group(1).lower()
+        if key in glossaries[g].entries and key not in found:
+            found[key] = (glossaries[g].entries[key], g)
+        at = match.end()
     return [(key, forms, g) for key, (forms, g) in found.items()]
