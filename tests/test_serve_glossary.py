@@ -40,7 +40,8 @@ def glossary_file(tmp_path, text: str, name: str = "terms.tsv") -> str:
 # -- matching over two glossaries, by hand ---------------------------------------------------------
 def test_two_glossaries_are_matched_as_one_the_first_winning_a_term(tmp_path):
     server = Glossary.load(glossary_file(tmp_path, "cat\tKatze|Katzen\nmountain bike\tMountainbike\ndog\tHund\n"))
-    request = Glossary.from_pairs([["bike", "Rad"], ["Dog", ["Köter", "Töle"]], ["a cat sat", "Sitzkatze"]], "'glossary'")
+    request = Glossary.from_pairs([["bike", "Rad"], ["Dog", ["Köter", "Töle"]], ["a cat sat", "Sitzkatze"]],
+                                  "'glossary'")
     line = "A dog and a cat on a Mountain Bike; a cat sat, a bike, a dog."
     # the longest term at a position, whichever glossary has it; the first glossary's entry on a tie
     assert find_terms(line, [request, server]) == [
@@ -60,8 +61,8 @@ def test_two_glossaries_match_as_their_merged_glossary_on_random_texts():
     words = ["a", "cat", "Cat", "sat", "mountain", "bike", "dog", "food", "catalogue", "x-ray"]
     phrase = lambda n: " ".join(rng.choice(words) for _ in range(n))  # noqa: E731
     for _ in range(300):
-        first, second = ({phrase(rng.randint(1, 3)).lower(): [f"T{rng.randint(0, 99)}"] for _ in range(rng.randint(1, 5))}
-                         for _ in range(2))
+        first, second = ({phrase(rng.randint(1, 3)).lower(): [f"T{rng.randint(0, 99)}"]
+                          for _ in range(rng.randint(1, 5))} for _ in range(2))
         glossaries = [Glossary.from_pairs([[k, v] for k, v in g.items()], "g") for g in (first, second)]
         merged = Glossary.from_pairs([[k, v] for k, v in {**second, **first}.items()], "merged")
         text = phrase(rng.randint(0, 12)) + rng.choice(["", ".", "s"])
@@ -71,7 +72,8 @@ def test_two_glossaries_match_as_their_merged_glossary_on_random_texts():
 
 
 def test_a_request_glossary_is_read_by_the_files_rules():
-    glossary = Glossary.from_pairs([["cat", "Katze|Katzen"], [" Mountain bike ", ["Mountainbike", "MTB"]]], "'glossary'")
+    glossary = Glossary.from_pairs([["cat", "Katze|Katzen"], [" Mountain bike ", ["Mountainbike", "MTB"]]],
+                                   "'glossary'")
     assert glossary.entries == {"cat": ["Katze", "Katzen"], "mountain bike": ["Mountainbike", "MTB"]}
     for pairs, message in [
         ([["cat"]], "'glossary' item 1: expected a \\[source, target\\] pair"),

@@ -369,7 +369,8 @@ def test_a_glossary_typed_is_sent_kept_over_a_reload_and_its_bad_lines_marked(gl
     from selenium.webdriver.common.by import By
 
     def problems():
-        return [item.get_property("textContent") for item in browser.find_elements(By.CSS_SELECTOR, "#glossary-problems li")]
+        items = browser.find_elements(By.CSS_SELECTOR, "#glossary-problems li")
+        return [item.get_property("textContent") for item in items]
 
     open_page(browser, glossed)
     server_row = by_id(browser, "server-glossary-row")
@@ -403,7 +404,8 @@ def test_a_glossary_typed_is_sent_kept_over_a_reload_and_its_bad_lines_marked(gl
     # a reload keeps the glossary, its marks and the choice
     browser.refresh()
     open_page(browser, glossed)
-    assert by_id(browser, "glossary").get_property("value") == "boy = Baum\nnothing to read here\nBOY = Busch\ngirl\tKatze|Katzen\n"
+    typed = "boy = Baum\nnothing to read here\nBOY = Busch\ngirl\tKatze|Katzen\n"
+    assert by_id(browser, "glossary").get_property("value") == typed
     assert len(problems()) == 2 and not by_id(browser, "server-glossary").is_selected()
     type_text(browser, text)
     assert translate_and_wait(browser) == own["translatedText"]
