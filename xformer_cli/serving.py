@@ -24,9 +24,9 @@ Endpoints (the shape LibreTranslate's clients already speak):
 - ``GET /health`` (ready: the models are loaded), ``GET /metrics`` (Prometheus), ``GET /`` (a page).
 
 Every answer other than 200 is ``{"error": "..."}``: 400 (malformed or too deeply nested JSON,
-wrong types, empty q, a direction not served, no language for auto, a format not text or html), 403 (API key), 404 and 405 (no such
-path or method), 413 (body, lines or characters over the limits; the body's size is checked
-before it is parsed), 503 with Retry-After (queue full), 503 at shutdown (unanswered when
+wrong types, empty q, a direction not served, no language for auto, a format not text or html,
+a bad glossary), 403 (API key), 404 and 405 (no such path or method), 413 (body, lines,
+characters or glossary pairs over the limits; the body's size is checked before it is parsed), 503 with Retry-After (queue full), 503 at shutdown (unanswered when
 --grace-seconds ran out), 504 (waited longer than --timeout). A client that disconnects is
 logged as 499 and its lines not yet decoded leave the queue. Every request is one access-log
 line on stderr and one outcome in the summary at exit; no traceback reaches a response or the log.
