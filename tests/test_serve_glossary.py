@@ -144,7 +144,7 @@ def test_the_directions_glossary_forces_its_term(served):
     steered = translated(served, "A man sleeps.", constraints=["Hund"], glossary=False)
     assert answer["translatedText"] == steered["translatedText"] and "glossaryTerms" not in steered
     plain = translated(served, "A man sleeps.", glossary=False)
-    assert "Hund" not in plain["translatedText"] and plain != answer  # the tiny model never says Hund unasked
+    assert plain["translatedText"] != answer["translatedText"] and "glossaryTerms" not in plain
     # a text without a term: the plain translation, and an empty report
     assert translated(served, "Two dogs play.") == {**translated(served, "Two dogs play.", glossary=False),
                                                     "glossaryTerms": []}
