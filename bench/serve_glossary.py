@@ -57,7 +57,7 @@ def served(checkpoint: str, requests: list[list[str]], args: list[str], concurre
     from concurrent.futures import ThreadPoolExecutor
 
     server = bench_module("bench_serve").Server(checkpoint, ["--no-split-sentences", "--threads", str(threads),
-                                                             "--max-len-a", "1", "--max-len-b", "0", *args])
+                                                             "--max-len-a", "1", "--max-len-b", "0", "--timeout", "3600", *args])
     local = threading.local()
 
     def ask(lines):
