@@ -56,8 +56,9 @@ def served(checkpoint: str, requests: list[list[str]], args: list[str], concurre
     import threading
     from concurrent.futures import ThreadPoolExecutor
 
-    server = bench_module("bench_serve").Server(checkpoint, ["--no-split-sentences", "--threads", str(threads),
-                                                             "--max-len-a", "1", "--max-len-b", "0", "--timeout", "3600", *args])
+    flags = ["--no-split-sentences", "--threads", str(threads), "--max-len-a", "1", "--max-len-b", "0",
+             "--timeout", "3600", *args]  # a loaded machine's queue waits past the default 30 s
+    server = bench_module("bench_serve").Server(checkpoint, flags)
     local = threading.local()
 
     def ask(lines):
