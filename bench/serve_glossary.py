@@ -100,10 +100,14 @@ def matching(sources: list[str], glossary_file: Path, pairs: list) -> list[str]:
                 way(s)
             best = min(best, time.perf_counter() - start)
         out.append(f"| {name} | {best / len(sources) * 1e6:.0f} |")
+    re.purge()  # a glossary not seen before: its regex compiled (re caches the last 512 patterns)
     start = time.perf_counter()
     Glossary.from_pairs(pairs, "glossary")
-    out.append(f"| reading a request's 884 pairs (Glossary.from_pairs, once a request) | "
-               f"{(time.perf_counter() - start) * 1e6:.0f} (a request) |")
+    compiled = time.perf_counter() - start
+    start = time.perf_counter()
+    Glossary.from_pairs(pairs, "glossary")
+    out.append(f"| reading a request's 884 pairs (Glossary.from_pairs, once a request): new / seen before | "
+               f"{compiled * 1e6:.0f} / {(time.perf_counter() - start) * 1e6:.0f} (a request) |")
     return out
 
 

@@ -140,6 +140,8 @@ def test_the_directions_glossary_forces_its_term(served):
     answer = translated(served, "A man sleeps.")
     assert "Hund" in answer["translatedText"]
     assert answer["glossaryTerms"] == [{"source": "man", "target": ["Hund"], "from": "server", "inTranslation": True}]
+    assert translated(served, "A man sleeps.", glossary=True) == answer == translated(served, "A man sleeps.",
+                                                                                       glossary=None)
     # the same as the term's form given as the sentence's constraint, without the glossary
     steered = translated(served, "A man sleeps.", constraints=["Hund"], glossary=False)
     assert answer["translatedText"] == steered["translatedText"] and "glossaryTerms" not in steered
