@@ -115,8 +115,8 @@ class BatchConstraints:
                     lengths[i, f], member[i, f, c] = len(form), True
                     f += 1
         self.beams, self.max_len = k, max_len
-        self.forms, self.lengths, self.member, self.shortest = (t.to(device) for t in (forms, lengths, member, shortest))
         self.most_tokens = int(shortest.sum(dim=1).max())  # the highest bank
+        self.forms, self.lengths, self.member, self.shortest = (t.to(device) for t in (forms, lengths, member, shortest))
         self.constrained = torch.tensor([bool(s) for s in self.constraints], device=device)  # (sents,)
         self.any_constrained = bool(self)
         rows = len(self.constraints) * k
@@ -135,10 +135,10 @@ class BatchConstraints:
         grown = torch.zeros_like(partial)
         grown[:, :, 1:] = forms.eq(tokens[:, None, None])
         grown[:, :, 2:] &= partial[:, :, 1:-1]  # n + 1 tokens matched: n were, and the next is this one
-        # A complete form (it waited at its length) meets its constraint if this token may follow a word.
-        boundary = (torch.ones_like(tokens, dtype=torch.bool) if self.word_starts is None
-                    else self.word_starts.to(tokens.device)[tokens.clamp(min=0)])
-        done = self._complete(partial, sents) & boundary[:, None]  # (N, F)
+        if self.word_starts is None:  # a form is met by its tokens
+            done = self._complete(grown, sents)  # (N, F)
+        else:  # a complete form (it waited at its length) is met if this token may follow a word
+            done = self._complete(partial, sents) & self.word_starts.to(tokens.device)[tokens][:, None]
         met = met | (done[:, :, None] & self.member[sents]).any(dim=1)
         return grown, met
 
@@ -146,13 +146,19 @@ class BatchConstraints:
         """(N, F): each form matched whole at the end of the hypothesis."""
         return partial.gather(2, self.lengths[sents][:, :, None]).squeeze(2)  # padding forms: n = 0, never set
 
+    def _waiting(self, partial: torch.Tensor, sents: torch.Tensor) -> torch.Tensor:
+        """(N, C): a form of the constraint is complete and waits for a word boundary."""
+        return (self._complete(partial, sents)[:, :, None] & self.member[sents]).any(dim=1)
+
     def _ready(self, partial: torch.Tensor, met: torch.Tensor, sents: torch.Tensor) -> torch.Tensor:
-        """(N, C): met, or met by ending here (a complete form, and eos may follow a word)."""
-        return met | (self._complete(partial, sents)[:, :, None] & self.member[sents]).any(dim=1)
+        """(N, C): met, or met by ending here (eos ends a word)."""
+        return met | self._waiting(partial, sents)
 
     def _progress(self, partial: torch.Tensor, met: torch.Tensor, sents: torch.Tensor) -> torch.Tensor:
-        """(N,): constraint tokens met, the bank: a met (or complete) constraint counts its shortest
-        form's length, an unmet one its longest partial match (at most that length - 1)."""
+        """(N,): constraint tokens met, the bank: a met constraint (or a complete form waiting for
+        the word's end) counts its shortest form's length, an unmet one its longest partial match
+        (at most that length - 1). The word's end is no bank of its own: with one more bank per
+        constraint the banks outnumber a beam of 4 and those that have begun none get no place."""
         matched = (partial * self.steps).amax(dim=2)  # (N, F): the longest partial match of each form
         member = self.member[sents]
         longest = (matched[:, :, None] * member).amax(dim=1)  # (N, C)
@@ -180,9 +186,11 @@ class BatchConstraints:
         rows = torch.arange(sents * k, device=cand.device)
         row_sent = self._sentence_of(rows)
         offset = (rows % k) * vocab  # (rows,): where each row's columns start in its sentence's k V
-        # Each hypothesis' own best next token (Post & Vilar's third source of candidates): a
-        # hypothesis that has met its constraints can go on, or end, as an unconstrained one would.
-        best = offset + lprobs.argmax(dim=1)  # (rows,)
+        # Each hypothesis' own k best next tokens (Post & Vilar add the best one): hypotheses that
+        # have met their constraints score below those that have not paid for them yet, so the 2k
+        # best rarely hold their extensions; with their own they go on, or end, as in a beam
+        # search among them alone.
+        own = offset[:, None] + lprobs.topk(min(k, vocab), dim=1).indices  # (rows, k)
         # The next token of each unmet constraint's forms: the first of each, the one after each partial match.
         forms = self.forms[row_sent]  # (rows, F, L)
         open_ = ~self._ready(self.partial, self.satisfied, row_sent)  # (rows, C)
@@ -193,9 +201,15 @@ class BatchConstraints:
         cols = forms.clamp(min=0) if candidates is None else torch.searchsorted(candidates, forms.clamp(min=0))
         steered = offset[:, None, None] + cols  # (rows, F, L)
         constrained = self.constrained[row_sent]
-        pool = torch.cat([top_idx, best.view(sents, k), steered.view(sents, -1)], dim=1)  # (sents, W)
-        valid = torch.cat([torch.ones_like(top_idx, dtype=torch.bool), constrained.view(sents, k),
-                           (wanted & constrained[:, None, None]).view(sents, -1)], dim=1)
+        parts = [top_idx, own.view(sents, -1), steered.view(sents, -1)]
+        valid = [torch.ones_like(top_idx, dtype=torch.bool), constrained[:, None].expand_as(own).reshape(sents, -1),
+                 (wanted & constrained[:, None, None]).view(sents, -1)]
+        if self.word_starts is not None:  # a form that waits for a word boundary: the best token that ends the word
+            starts = self.word_starts.to(lprobs.device)
+            starts = starts if candidates is None else starts[candidates]
+            parts.append((offset + lprobs.masked_fill(~starts, LOG_ZERO).argmax(dim=1)).view(sents, k))
+            valid.append((self._waiting(self.partial, row_sent).any(dim=1) & constrained).view(sents, k))
+        pool, valid = torch.cat(parts, dim=1), torch.cat(valid, dim=1)  # (sents, W)
         # Each candidate once: drop one that an earlier valid one repeats.
         same = pool[:, :, None].eq(pool[:, None, :]) & valid[:, None, :]  # (sents, W, W): [j, i] j equals a valid i
         earlier = torch.ones(pool.size(1), pool.size(1), dtype=torch.bool, device=pool.device).tril(-1)
@@ -210,8 +224,9 @@ class BatchConstraints:
 
     def _allocate(self, idx: torch.Tensor, values: torch.Tensor, vocab: int,
                   candidates: Optional[torch.Tensor]) -> torch.Tensor:
-        """Each constrained sentence's pool idx (sents, W) reordered: finite candidates by (rank
-        in its bank, most tokens met first), then the rest as they were; the others unchanged."""
+        """Each constrained sentence's pool idx (sents, W) reordered (the others unchanged): the
+        finite candidates round-robin across banks (rank 0 of every bank, most met first, then
+        rank 1, ...), then those that the k best of the top bank beat, then the -inf ones."""
         k, (sents, width) = self.beams, idx.shape
         beam, col = idx // vocab, idx % vocab
         token = col if candidates is None else candidates[col]
@@ -221,7 +236,7 @@ class BatchConstraints:
         bank = self._progress(partial, met, who).view(sents, width)
         finite = torch.isfinite(values)
         bank = torch.where(finite, bank, torch.full_like(bank, -1))
-        # Sorted by bank (most met first), then score, then place in the pool: two stable sorts.
+        # Sorted by bank, then score, then place in the pool (two stable sorts): the rank in its bank.
         by_score = values.sort(dim=1, descending=True, stable=True).indices
         by_bank = bank.gather(1, by_score).sort(dim=1, descending=True, stable=True).indices
         ranked = by_score.gather(1, by_bank)  # (sents, W): pool positions
@@ -230,9 +245,21 @@ class BatchConstraints:
         starts = torch.ones_like(ranked_bank, dtype=torch.bool)
         starts[:, 1:] = ranked_bank[:, 1:].ne(ranked_bank[:, :-1])
         rank_sorted = place - torch.where(starts, place, torch.zeros_like(place)).cummax(dim=1).values
-        rank = torch.empty_like(rank_sorted).scatter_(1, ranked, rank_sorted)  # (sents, W): rank in its bank
-        top = self.most_tokens + 2
-        key = torch.where(finite, rank * top + (top - 1 - bank), top * (width + 1) + place)
+        rank = torch.empty_like(rank_sorted).scatter_(1, ranked, rank_sorted)  # (sents, W)
+        # Within a round, most met first (Post & Vilar): at beam 1 the constraint is placed first.
+        full = self.shortest.sum(dim=1)[:, None]  # (sents, 1): the top bank, every constraint met
+        span = self.most_tokens + 2
+        key = rank * span + (full - bank)
+        # A candidate that has not met them all and scores below the k best that have is pruned
+        # as a beam search prunes one that k others beat: its continuations only score lower. It
+        # keeps a place after the others (the beam takes it if nothing else is left). Without
+        # this, the partial matches of a long constraint (a bank per subword) take the beam's
+        # places from the continuations of those that met it, which then go on as a greedy search
+        # (one that, in a weak model, never ends) and ramble to the length limit.
+        top_values = torch.where(bank.eq(full), values, torch.full_like(values, LOG_ZERO))
+        beaten = bank.lt(full) & values.lt(top_values.topk(min(k, width), dim=1).values[:, -1:])
+        rounds = span * (width + 1)  # more than any rank * span + (full - bank)
+        key = key + rounds * beaten + 2 * rounds * ~finite
         key = torch.where(self.constrained[:, None], key, place)  # unconstrained sentences: as they were
         return idx.gather(1, key.sort(dim=1, stable=True).indices)
 
