@@ -79,6 +79,31 @@ def test_banks_are_taken_round_robin_most_met_first_and_constraint_tokens_are_ca
     assert len(set(got)) == len(got)  # each candidate once
 
 
+def pool(row0_score, row1_score):
+    """(beam, token) of the finite candidates of a beam of 2, constraint 5: row 0 has met it
+    (emitted 5), row 1 has not; row 0 prefers 6 then 7, row 1 4, 6, 7, 1 and 5 at -3."""
+    given = BatchConstraints([[[(5,)]]])
+    given.start(torch.tensor([10]), beams=2)
+    given.follow(torch.tensor([0, 1]), torch.tensor([5, 4]))
+    lprobs = torch.full((2, 8), -6.0)
+    lprobs[:, [PAD_ID, BOS_ID, EOS_ID]] = float("-inf")
+    lprobs[0, [6, 7]] = torch.tensor([-0.5, -0.7])
+    lprobs[1, [4, 6, 7, 1, 5]] = torch.tensor([-0.1, -0.2, -0.3, -0.4, -3.0])
+    scores, beams, tokens, _ = given.extensions(torch.tensor([row0_score, row1_score]), lprobs, None)
+    finite = scores[0].isfinite()
+    return list(zip(beams[0][finite].tolist(), tokens[0][finite].tolist()))
+
+
+def test_each_hypothesis_own_best_are_candidates_and_the_top_bank_prunes_what_it_beats():
+    # Row 0 met 5 but scores 10 below row 1: the 4 best of the beam are all row 1's; its own are there too.
+    got = pool(-10.0, 0.0)
+    assert {(0, 6), (0, 7)} <= set(got) and got[:4] == [(1, 5), (1, 4), (0, 6), (1, 6)]
+    # Row 1 (5 unmet) scores 10 below: its extensions other than 5 are below the 2 best that met 5.
+    got = pool(0.0, -10.0)
+    met = [i for i, (b, t) in enumerate(got) if b == 0 or t == 5]
+    assert got[:2] == [(0, 6), (0, 7)] and met == list(range(len(met)))  # all before the pruned
+
+
 def test_a_sentence_without_constraints_keeps_the_plain_top_2k_in_order():
     given = BatchConstraints([[], [[(5,)]]])
     given.start(torch.tensor([10, 10]), beams=2)

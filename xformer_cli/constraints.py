@@ -6,12 +6,13 @@ a plain constraint, several: a disjunctive one, any form satisfies it). The sear
 - ``mask_eos``: a hypothesis may end only when all its sentence's constraints are met (at the
   sentence's maximum length every hypothesis must end: one that has not met them is dropped);
 - ``extensions``: the candidates, the beam's usual 2k best extensions plus, for every live
-  hypothesis, its own best next token and the next token of every unmet constraint (the first
-  token of each form, and the token after each partial match), ordered by dynamic beam
-  allocation (Post & Vilar 2018, as vectorized by Hu et al. 2019): candidates fall into banks by
-  the constraint tokens they have met, and are taken round-robin across banks (the best of each
-  bank, most tokens met first, then the second best of each, ...), so the beam always holds
-  hypotheses at every stage of progress;
+  hypothesis, its own k best next tokens, the next token of every unmet constraint (the first
+  token of each form, and the token after each partial match) and, where a form waits for its
+  word's end, its best token that ends the word; ordered by dynamic beam allocation (Post &
+  Vilar 2018, as vectorized by Hu et al. 2019): candidates fall into banks by the constraint
+  tokens they have met, and are taken round-robin across banks (the best of each bank, most
+  tokens met first, then the second best of each, ...), so the beam holds hypotheses at every
+  stage of progress, except those that the k best of the top bank (every constraint met) beat;
 - ``follow``: the new beam's hypotheses, to advance each one's match state by its new token.
 
 A form is matched anywhere in the output as a contiguous phrase (overlapping partial matches are
