@@ -1,45 +1,119 @@
-"""The bookkeeping of lexical constraints: match states (overlaps, disjunctions), banks and the
-tokens that advance an unmet constraint, by hand."""
+"""The bookkeeping of lexical constraints (``constraints.BatchConstraints``, in tensors): match
+states (overlaps, disjunctions, word ends), banks and the order of dynamic beam allocation, by hand."""
 
 import pytest
+import torch
 
-from xformer_cli.constraints import BatchConstraints, advance, all_met, next_tokens, progress, start_state
+from xformer_cli.constraints import BatchConstraints, word_boundaries
+from xformer_cli.vocab import BOS_ID, EOS_ID, PAD_ID
 
 PHRASE = [(7, 8)]  # one constraint, one form: the phrase "7 8"
 EITHER = [(5,), (7, 9)]  # one constraint, two forms
+NOT_A_WORD_START = 9  # in WORDS, token 9 continues a word (as "e" after "▁Hund")
+WORDS = torch.tensor([t != NOT_A_WORD_START for t in range(12)])
 
 
-def run(constraints, tokens):
-    state = start_state(constraints)
-    for t in tokens:
-        state = advance(constraints, state, t)
-    return state
+def could_end(constraints, tokens, word_starts=None):
+    """Whether a hypothesis of ``tokens`` meets ``constraints`` if it ends there (eos next)."""
+    given = BatchConstraints([constraints], word_starts)
+    given.start(torch.tensor([20]), beams=1)
+    for t in [*tokens, EOS_ID]:
+        given.follow(torch.tensor([0]), torch.tensor([t]))
+    return given.met(0)
 
 
 def test_a_phrase_is_met_only_contiguously_and_overlapping_starts_are_followed():
-    assert all_met(run([PHRASE], [7, 8]))
-    assert not all_met(run([PHRASE], [7, 5, 8]))
-    assert all_met(run([PHRASE], [7, 7, 8]))  # the second 7 starts a new match
-    assert all_met(run([[(1, 1, 2)]], [1, 1, 1, 2]))
-    assert all_met(run([PHRASE], [7, 8, 5]))  # met stays met
+    assert could_end([PHRASE], [7, 8])
+    assert not could_end([PHRASE], [7, 5, 8])
+    assert could_end([PHRASE], [7, 7, 8])  # the second 7 starts a new match
+    assert could_end([[(1, 1, 2)]], [1, 1, 1, 2])
+    assert could_end([PHRASE], [7, 8, 5])  # met stays met
+    assert not could_end([PHRASE, [(4,)]], [7, 8])
 
 
 def test_any_form_of_a_disjunctive_constraint_meets_it():
-    assert all_met(run([EITHER], [5]))
-    assert all_met(run([EITHER], [7, 9]))
-    assert not all_met(run([EITHER], [7]))
-    assert not all_met(run([EITHER, PHRASE], [5]))
+    assert could_end([EITHER], [5])
+    assert could_end([EITHER], [7, 9])
+    assert not could_end([EITHER], [7])
+    assert not could_end([EITHER, PHRASE], [5])
 
 
-def test_progress_counts_met_tokens_and_next_tokens_start_or_continue_a_form():
-    constraints = [PHRASE, EITHER]
-    assert progress(constraints, start_state(constraints)) == 0
-    assert next_tokens(constraints, start_state(constraints)) == {7, 5}
-    state = run(constraints, [7])
-    assert progress(constraints, state) == 1  # half of 7 8; 7 of 7 9 counts at most 0 (the shortest form is 1 long)
-    assert next_tokens(constraints, state) == {7, 8, 5, 9}
-    state = run(constraints, [7, 8, 5])
-    assert progress(constraints, state) == 3 and next_tokens(constraints, state) == set()
+def test_with_word_starts_a_form_must_end_a_word():
+    assert could_end([PHRASE], [7, 8, NOT_A_WORD_START])  # subwords alone
+    assert not could_end([PHRASE], [7, 8, NOT_A_WORD_START], WORDS)  # "Hund" inside "Hunde"
+    assert could_end([PHRASE], [7, 8], WORDS)  # eos ends the word
+    assert could_end([PHRASE], [7, 8, 5], WORDS)  # so does a word start
+    assert could_end([PHRASE], [7, 8, NOT_A_WORD_START, 7, 8, 4], WORDS)  # met later
+    assert could_end([EITHER], [5, NOT_A_WORD_START, 7, 9], WORDS)  # the other form
+
+
+def test_word_boundaries_start_a_word_or_are_not_word_characters():
+    class Pieces:  # a sentencepiece model's two calls
+        pieces = ["<pad>", "<unk>", "<s>", "</s>", "\u2581Hund", "e", ".", "\u2581", "n", "-"]
+
+        def get_piece_size(self):
+            return len(self.pieces)
+
+        def id_to_piece(self, i):
+            return self.pieces[i]
+
+    table = word_boundaries(Pieces())
+    assert table.tolist() == [True, True, True, True, True, False, True, True, False, True]
+    assert table[EOS_ID]
+
+
+def test_banks_are_taken_round_robin_most_met_first_and_constraint_tokens_are_candidates():
+    given = BatchConstraints([[[(5,)]]])
+    given.start(torch.tensor([10]), beams=2)
+    lprobs = torch.full((2, 6), -5.0)
+    lprobs[:, [PAD_ID, BOS_ID]] = float("-inf")
+    lprobs[0, [4, 1, 5]] = torch.tensor([-0.1, -0.5, -3.0])
+    lprobs[1, [4, 1, 5]] = torch.tensor([-0.2, -0.3, -3.0])
+    lprobs = given.mask_eos(lprobs, step=0)
+    assert lprobs[:, EOS_ID].eq(float("-inf")).all()  # the constraint is unmet: no eos
+    scores, beams, tokens, _ = given.extensions(torch.tensor([0.0, -1.0]), lprobs, None)
+    finite = scores[0].isfinite()
+    got = list(zip(beams[0][finite].tolist(), tokens[0][finite].tolist()))
+    # bank 1 (5 met): (0, 5) -3, (1, 5) -4; bank 0: (0, 4) -0.1, (0, 1) -0.5, (1, 4) -1.2, (1, 1) -1.3
+    assert got[:6] == [(0, 5), (0, 4), (1, 5), (0, 1), (1, 4), (1, 1)]
+    assert len(set(got)) == len(got)  # each candidate once
+
+
+def pool(row0_score, row1_score):
+    """(beam, token) of the finite candidates of a beam of 2, constraint 5: row 0 has met it
+    (emitted 5), row 1 has not; row 0 prefers 6 then 7, row 1 4, 6, 7, 1 and 5 at -3."""
+    given = BatchConstraints([[[(5,)]]])
+    given.start(torch.tensor([10]), beams=2)
+    given.follow(torch.tensor([0, 1]), torch.tensor([5, 4]))
+    lprobs = torch.full((2, 8), -6.0)
+    lprobs[:, [PAD_ID, BOS_ID, EOS_ID]] = float("-inf")
+    lprobs[0, [6, 7]] = torch.tensor([-0.5, -0.7])
+    lprobs[1, [4, 6, 7, 1, 5]] = torch.tensor([-0.1, -0.2, -0.3, -0.4, -3.0])
+    scores, beams, tokens, _ = given.extensions(torch.tensor([row0_score, row1_score]), lprobs, None)
+    finite = scores[0].isfinite()
+    return list(zip(beams[0][finite].tolist(), tokens[0][finite].tolist()))
+
+
+def test_each_hypothesis_own_best_are_candidates_and_the_top_bank_prunes_what_it_beats():
+    # Row 0 met 5 but scores 10 below row 1: the 4 best of the beam are all row 1's; its own are there too.
+    got = pool(-10.0, 0.0)
+    assert {(0, 6), (0, 7)} <= set(got) and got[:4] == [(1, 5), (1, 4), (0, 6), (1, 6)]
+    # Row 1 (5 unmet) scores 10 below: its extensions other than 5 are below the 2 best that met 5.
+    got = pool(0.0, -10.0)
+    met = [i for i, (b, t) in enumerate(got) if b == 0 or t == 5]
+    assert got[:2] == [(0, 6), (0, 7)] and met == list(range(len(met)))  # all before the pruned
+
+
+def test_a_sentence_without_constraints_keeps_the_plain_top_2k_in_order():
+    given = BatchConstraints([[], [[(5,)]]])
+    given.start(torch.tensor([10, 10]), beams=2)
+    lprobs = torch.randn(4, 8, generator=torch.Generator().manual_seed(0)).log_softmax(dim=1)
+    lprobs[:, [PAD_ID, BOS_ID]] = float("-inf")  # as the search forbids them (a padding candidate is pad)
+    scores = torch.tensor([0.0, -1.0, 0.0, -2.0])
+    got, beams, tokens, _ = given.extensions(scores, lprobs.clone(), None)
+    plain = (scores[:, None] + lprobs).view(2, -1).topk(4, dim=1)
+    assert torch.equal(got[0, :4], plain.values[0]) and got[0, 4:].eq(float("-inf")).all()
+    assert torch.equal(beams[0, :4] * 8 + tokens[0, :4], plain.indices[0])
 
 
 def test_batch_constraints_refuse_empty_forms_and_list_their_tokens():

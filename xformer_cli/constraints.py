@@ -1,4 +1,4 @@
-"""Hard lexical constraints for beam search: the bookkeeping of dynamic beam allocation.
+"""Hard lexical constraints for beam search: the bookkeeping of dynamic beam allocation, in tensors.
 
 Each sentence may carry constraints, each a list of alternative forms (token-id phrases; one form:
 a plain constraint, several: a disjunctive one, any form satisfies it). The search
@@ -6,16 +6,27 @@ a plain constraint, several: a disjunctive one, any form satisfies it). The sear
 - ``mask_eos``: a hypothesis may end only when all its sentence's constraints are met (at the
   sentence's maximum length every hypothesis must end: one that has not met them is dropped);
 - ``extensions``: the candidates, the beam's usual 2k best extensions plus, for every live
-  hypothesis, the next token of every unmet constraint (the first token of each form, and the
-  token after each partial match), ordered by dynamic beam allocation (Post & Vilar 2018, as
-  vectorized by Hu et al. 2019): candidates fall into banks by the constraint tokens they have met,
-  and are taken round-robin across banks (the best of each bank, most tokens met first, then the
-  second best of each, ...), so the beam always holds hypotheses at every stage of progress;
+  hypothesis, its own k best next tokens, the next token of every unmet constraint (the first
+  token of each form, and the token after each partial match) and, where a form waits for its
+  word's end, its best token that ends the word; ordered by dynamic beam allocation (Post &
+  Vilar 2018, as vectorized by Hu et al. 2019): candidates fall into banks by the constraint
+  tokens they have met, and are taken round-robin across banks (the best of each bank, most
+  tokens met first, then the second best of each, ...), so the beam holds hypotheses at every
+  stage of progress, except those that the k best of the top bank (every constraint met) beat;
 - ``follow``: the new beam's hypotheses, to advance each one's match state by its new token.
 
 A form is matched anywhere in the output as a contiguous phrase (overlapping partial matches are
-all followed, so "a a b" meets "a b"). Sentences without constraints keep the search's own
+all followed, so "a a b" meets "a b"). Given ``word_starts`` (``word_boundaries``), a form is met
+only where its last token ends a word: the token after it starts a word, is punctuation or is
+eos (``Hund`` is met by ``Hund .`` and ``Hund bellt``, not inside ``Hunde``), as a whole-word
+term-hit count reads the output. Sentences without constraints keep the search's own
 candidates in its own order: their outputs are exactly the unconstrained ones.
+
+The match state of a batch's hypotheses is two tensors: ``partial`` (rows, F, L + 1) bool, where
+[r, f, n] says that row r's last n tokens are form f's first n (n = the form's length: the form
+is complete and waits for a word boundary), and ``met`` (rows, C) bool. F: the most forms, C: the
+most constraints, L: the longest form of a sentence of the batch (padding forms have no tokens,
+padding constraints are met).
 
 A sentence with a constraint whose shortest form is longer than its length limit is searched
 without its constraints; one whose search ends with no hypothesis meeting them all (they cannot
@@ -25,6 +36,8 @@ constraints, so each gets its unconstrained output. Both are listed in ``unmet``
 
 from __future__ import annotations
 
+import functools
+import re
 from typing import Optional, Sequence
 
 import torch
@@ -32,51 +45,17 @@ import torch
 from .vocab import EOS_ID, PAD_ID
 
 LOG_ZERO = float("-inf")
-
-# A hypothesis' match state: per constraint, None when met, else the set of (form, matched length)
-# partial matches in progress (a frozenset, so states can be shared between beams).
-State = tuple
+NO_TOKEN = -1  # the token of a padding position of ``forms``: no output token equals it
 
 
-def start_state(constraints: Sequence[Sequence[tuple[int, ...]]]) -> State:
-    return tuple(frozenset() for _ in constraints)
-
-
-def advance(constraints: Sequence[Sequence[tuple[int, ...]]], state: State, token: int) -> State:
-    """The state after emitting ``token``."""
-    out = []
-    for forms, partial in zip(constraints, state):
-        if partial is None:
-            out.append(None)
-            continue
-        grown = {(f, n + 1) for f, n in partial if forms[f][n] == token}
-        grown |= {(f, 1) for f, form in enumerate(forms) if form[0] == token}
-        out.append(None if any(n == len(forms[f]) for f, n in grown) else frozenset(grown))
-    return tuple(out)
-
-
-def all_met(state: State) -> bool:
-    return all(partial is None for partial in state)
-
-
-def progress(constraints: Sequence[Sequence[tuple[int, ...]]], state: State) -> int:
-    """Constraint tokens met: a met constraint counts its shortest form's length, an unmet one its
-    longest partial match (at most that length - 1). The bank of a hypothesis."""
-    total = 0
-    for forms, partial in zip(constraints, state):
-        shortest = min(len(f) for f in forms)
-        total += shortest if partial is None else min(max((n for _, n in partial), default=0), shortest - 1)
-    return total
-
-
-def next_tokens(constraints: Sequence[Sequence[tuple[int, ...]]], state: State) -> set[int]:
-    """The tokens that start or continue a form of an unmet constraint."""
-    out = set()
-    for forms, partial in zip(constraints, state):
-        if partial is not None:
-            out.update(form[0] for form in forms)
-            out.update(forms[f][n] for f, n in partial)
-    return out
+@functools.lru_cache(maxsize=8)  # one table per model, not per buffer
+def word_boundaries(sp) -> torch.Tensor:
+    """bool (V,) over a sentencepiece model's ids: whether the piece may follow the end of a word
+    (it starts a new word with ``▁``, or starts with a character that is not a word character,
+    as a regex's ``(?!\\w)`` after a term; eos and the other specials do too)."""
+    pieces = [sp.id_to_piece(i) for i in range(sp.get_piece_size())]
+    return torch.tensor([i == EOS_ID or not p or p[0] == "\u2581" or re.match(r"\w", p[0]) is None
+                         for i, p in enumerate(pieces)])
 
 
 def longest_needed(constraints: Sequence[Sequence[tuple[int, ...]]]) -> int:
@@ -88,13 +67,17 @@ def longest_needed(constraints: Sequence[Sequence[tuple[int, ...]]]) -> int:
 class BatchConstraints:
     """The constraints of one batch's sentences, given as ``per_sentence[i]``: a list of
     constraints, each a list of forms (lists of token ids, none empty); [] for a sentence without.
-    ``unmet``: after a search, the batch indices of the sentences whose constraints were not met."""
+    word_starts: ``word_boundaries`` of the vocabulary (a form must end a word), None: a form is
+    met by its tokens alone. ``unmet``: after a search, the batch indices of the sentences whose
+    constraints were not met."""
 
-    def __init__(self, per_sentence: Sequence[Sequence[Sequence[Sequence[int]]]]):
+    def __init__(self, per_sentence: Sequence[Sequence[Sequence[Sequence[int]]]],
+                 word_starts: Optional[torch.Tensor] = None):
         self.constraints = [[[tuple(form) for form in forms] for forms in sentence] for sentence in per_sentence]
         for sentence in self.constraints:
             if any(not forms or not all(forms) for forms in sentence):
                 raise ValueError("a constraint must have at least one form, each of at least one token")
+        self.word_starts = word_starts
         self.unmet: list[int] = []
 
     def __bool__(self) -> bool:
@@ -102,7 +85,7 @@ class BatchConstraints:
 
     def rows(self, rows: Sequence[int]) -> "BatchConstraints":
         """The constraints of a batch whose sentence j is this batch's ``rows[j]``."""
-        return BatchConstraints([self.constraints[i] for i in rows])
+        return BatchConstraints([self.constraints[i] for i in rows], self.word_starts)
 
     def tokens(self) -> list[int]:
         """Every token of every form (a shortlist must hold them: they are always candidates)."""
@@ -112,23 +95,85 @@ class BatchConstraints:
     def start(self, max_len: torch.Tensor, beams: int) -> None:
         """Open a search of this batch with ``beams`` rows per sentence and each sentence's most
         output tokens ``max_len``; sentences whose constraints cannot fit are searched without."""
-        self.beams, self.max_len = beams, max_len.tolist()
-        self.active = list(range(len(self.constraints)))  # batch index of each sentence still searched
-        for i, (sentence, limit) in enumerate(zip(self.constraints, self.max_len)):
+        for i, (sentence, limit) in enumerate(zip(self.constraints, max_len.tolist())):
             if sentence and longest_needed(sentence) > limit:
                 self.constraints[i] = []
                 self.unmet.append(i)
-        self.states = [start_state(self.constraints[i]) if self.constraints[i] else None
-                       for i in self.active for _ in range(beams)]
-        self.prev_states = self.states
+        device, k = max_len.device, beams
+        nforms = max([sum(len(forms) for forms in s) for s in self.constraints] + [1])
+        ncons = max([len(s) for s in self.constraints] + [1])
+        width = max([len(f) for s in self.constraints for forms in s for f in forms] + [1])
+        forms = torch.full((len(self.constraints), nforms, width), NO_TOKEN, dtype=torch.long)
+        lengths = torch.zeros(len(self.constraints), nforms, dtype=torch.long)
+        member = torch.zeros(len(self.constraints), nforms, ncons, dtype=torch.bool)  # form f is of constraint c
+        shortest = torch.zeros(len(self.constraints), ncons, dtype=torch.long)
+        for i, sentence in enumerate(self.constraints):
+            f = 0
+            for c, alternatives in enumerate(sentence):
+                shortest[i, c] = min(len(form) for form in alternatives)
+                for form in alternatives:
+                    forms[i, f, : len(form)] = torch.tensor(form)
+                    lengths[i, f], member[i, f, c] = len(form), True
+                    f += 1
+        self.beams, self.max_len = k, max_len
+        self.most_tokens = int(shortest.sum(dim=1).max())  # the highest bank
+        self.forms, self.lengths, self.member, self.shortest = (t.to(device) for t in (forms, lengths, member, shortest))
+        self.constrained = torch.tensor([bool(s) for s in self.constraints], device=device)  # (sents,)
+        self.any_constrained = bool(self)
+        rows = len(self.constraints) * k
+        self.partial = torch.zeros(rows, nforms, width + 1, dtype=torch.bool, device=device)
+        self.satisfied = (~member.any(dim=1)).to(device).repeat_interleave(k, dim=0)  # padding constraints: met
+        self.prev_partial, self.prev_satisfied = self.partial, self.satisfied
+        self.steps = torch.arange(width + 1, device=device)
+
+    def _sentence_of(self, rows: torch.Tensor) -> torch.Tensor:
+        return torch.div(rows, self.beams, rounding_mode="floor")
+
+    def _advance(self, partial: torch.Tensor, met: torch.Tensor, tokens: torch.Tensor, sents: torch.Tensor):
+        """The states (partial (N, F, L + 1), met (N, C)) of N hypotheses of sentences ``sents``
+        (N,) after emitting ``tokens`` (N,)."""
+        forms = self.forms[sents]  # (N, F, L)
+        grown = torch.zeros_like(partial)
+        grown[:, :, 1:] = forms.eq(tokens[:, None, None])
+        grown[:, :, 2:] &= partial[:, :, 1:-1]  # n + 1 tokens matched: n were, and the next is this one
+        if self.word_starts is None:  # a form is met by its tokens
+            done = self._complete(grown, sents)  # (N, F)
+        else:  # a complete form (it waited at its length) is met if this token may follow a word
+            done = self._complete(partial, sents) & self.word_starts.to(tokens.device)[tokens][:, None]
+        met = met | (done[:, :, None] & self.member[sents]).any(dim=1)
+        return grown, met
+
+    def _complete(self, partial: torch.Tensor, sents: torch.Tensor) -> torch.Tensor:
+        """(N, F): each form matched whole at the end of the hypothesis."""
+        return partial.gather(2, self.lengths[sents][:, :, None]).squeeze(2)  # padding forms: n = 0, never set
+
+    def _waiting(self, partial: torch.Tensor, sents: torch.Tensor) -> torch.Tensor:
+        """(N, C): a form of the constraint is complete and waits for a word boundary."""
+        return (self._complete(partial, sents)[:, :, None] & self.member[sents]).any(dim=1)
+
+    def _ready(self, partial: torch.Tensor, met: torch.Tensor, sents: torch.Tensor) -> torch.Tensor:
+        """(N, C): met, or met by ending here (eos ends a word)."""
+        return met | self._waiting(partial, sents)
+
+    def _progress(self, partial: torch.Tensor, met: torch.Tensor, sents: torch.Tensor) -> torch.Tensor:
+        """(N,): constraint tokens met, the bank: a met constraint (or a complete form waiting for
+        the word's end) counts its shortest form's length, an unmet one its longest partial match
+        (at most that length - 1). The word's end is no bank of its own: with one more bank per
+        constraint the banks outnumber a beam of 4 and those that have begun none get no place."""
+        matched = (partial * self.steps).amax(dim=2)  # (N, F): the longest partial match of each form
+        member = self.member[sents]
+        longest = (matched[:, :, None] * member).amax(dim=1)  # (N, C)
+        shortest = self.shortest[sents]
+        per = torch.where(self._ready(partial, met, sents), shortest, torch.minimum(longest, shortest - 1))
+        return per.sum(dim=1)
 
     def mask_eos(self, lprobs: torch.Tensor, step: int) -> torch.Tensor:
         """lprobs (rows, V) with eos forbidden to every row with an unmet constraint before its
         sentence's maximum length (there the search makes every row end)."""
-        rows = [r for r, s in enumerate(self.states)
-                if s is not None and not all_met(s) and self.max_len[self.active[r // self.beams]] > step]
-        if rows:
-            lprobs[torch.tensor(rows, device=lprobs.device), EOS_ID] = LOG_ZERO  # column EOS_ID: a shortlist holds 0-3
+        rows = torch.arange(lprobs.size(0), device=lprobs.device)
+        sents = self._sentence_of(rows)
+        forbid = ~self._ready(self.partial, self.satisfied, sents).all(dim=1) & self.max_len[sents].gt(step)
+        lprobs[:, EOS_ID].masked_fill_(forbid, LOG_ZERO)  # column EOS_ID: a shortlist holds 0-3
         return lprobs
 
     def extensions(self, scores: torch.Tensor, lprobs: torch.Tensor, candidates: Optional[torch.Tensor]):
@@ -136,72 +181,112 @@ class BatchConstraints:
         a constrained sentence's candidates in dynamic beam allocation's order, the others' 2k best
         in their own order, each padded with -inf candidates of the token pad (never chosen)."""
         k, vocab = self.beams, lprobs.size(1)
+        sents = scores.size(0) // k
         cand = (scores[:, None] + lprobs).view(-1, k * vocab)  # (sents, k V)
-        top_idx = cand.topk(2 * k, dim=1).indices
-        pools = top_idx.tolist()
-        cols = {}  # token id -> column
-        for s, pool in enumerate(pools):
-            if self.constraints[self.active[s]]:
-                seen = set(pool)
-                for b in range(k):
-                    for t in sorted(next_tokens(self.constraints[self.active[s]], self.states[s * k + b])):
-                        col = cols.setdefault(t, t if candidates is None else int(torch.searchsorted(candidates, t)))
-                        if b * vocab + col not in seen:
-                            seen.add(b * vocab + col)
-                            pool.append(b * vocab + col)
-        width = max(len(pool) for pool in pools)
-        idx = torch.tensor([pool + [PAD_ID] * (width - len(pool)) for pool in pools], device=cand.device)
-        if any(self.constraints[i] for i in self.active):
-            idx = self._allocate(idx, cand.gather(1, idx).tolist(), vocab, candidates)
+        top_idx = cand.topk(2 * k, dim=1).indices  # (sents, 2k)
+        rows = torch.arange(sents * k, device=cand.device)
+        row_sent = self._sentence_of(rows)
+        offset = (rows % k) * vocab  # (rows,): where each row's columns start in its sentence's k V
+        # Each hypothesis' own k best next tokens (Post & Vilar add the best one): hypotheses that
+        # have met their constraints score below those that have not paid for them yet, so the 2k
+        # best rarely hold their extensions; with their own they go on, or end, as in a beam
+        # search among them alone.
+        own = offset[:, None] + lprobs.topk(min(k, vocab), dim=1).indices  # (rows, k)
+        # The next token of each unmet constraint's forms: the first of each, the one after each partial match.
+        forms = self.forms[row_sent]  # (rows, F, L)
+        open_ = ~self._ready(self.partial, self.satisfied, row_sent)  # (rows, C)
+        form_open = (self.member[row_sent] & open_[:, None, :]).any(dim=2)  # (rows, F)
+        wanted = self.partial[:, :, :-1].clone()
+        wanted[:, :, 0] = True
+        wanted &= form_open[:, :, None] & forms.ne(NO_TOKEN)
+        cols = forms.clamp(min=0) if candidates is None else torch.searchsorted(candidates, forms.clamp(min=0))
+        steered = offset[:, None, None] + cols  # (rows, F, L)
+        constrained = self.constrained[row_sent]
+        parts = [top_idx, own.view(sents, -1), steered.view(sents, -1)]
+        valid = [torch.ones_like(top_idx, dtype=torch.bool), constrained[:, None].expand_as(own).reshape(sents, -1),
+                 (wanted & constrained[:, None, None]).view(sents, -1)]
+        if self.word_starts is not None:  # a form that waits for a word boundary: the best token that ends the word
+            starts = self.word_starts.to(lprobs.device)
+            starts = starts if candidates is None else starts[candidates]
+            parts.append((offset + lprobs.masked_fill(~starts, LOG_ZERO).argmax(dim=1)).view(sents, k))
+            valid.append((self._waiting(self.partial, row_sent).any(dim=1) & constrained).view(sents, k))
+        pool, valid = torch.cat(parts, dim=1), torch.cat(valid, dim=1)  # (sents, W)
+        # Each candidate once: drop one that an earlier valid one repeats.
+        same = pool[:, :, None].eq(pool[:, None, :]) & valid[:, None, :]  # (sents, W, W): [j, i] j equals a valid i
+        earlier = torch.ones(pool.size(1), pool.size(1), dtype=torch.bool, device=pool.device).tril(-1)
+        valid &= ~(same & earlier).any(dim=2)
+        idx = torch.where(valid, pool, torch.full_like(pool, PAD_ID))  # pad: -inf, never chosen
+        if self.any_constrained:
+            idx = self._allocate(idx, cand.gather(1, idx), vocab, candidates)
         top_beam, top_token = idx // vocab, idx % vocab
         if candidates is not None:
             top_token = candidates[top_token]
         return cand.gather(1, idx), top_beam, top_token, lprobs.view(-1, k * vocab).gather(1, idx)
 
-    def _allocate(self, idx: torch.Tensor, pool_scores: list[list[float]], vocab: int,
+    def _allocate(self, idx: torch.Tensor, values: torch.Tensor, vocab: int,
                   candidates: Optional[torch.Tensor]) -> torch.Tensor:
-        """Each constrained sentence's pool reordered: finite candidates by (rank in its bank,
-        most tokens met first), then the rest as they were."""
-        k, rows = self.beams, idx.tolist()
-        ids = (candidates.tolist() if candidates is not None else None)
-        for s, (pool, values) in enumerate(zip(rows, pool_scores)):
-            constraints = self.constraints[self.active[s]]
-            if not constraints:
-                continue
-            banks = []
-            for flat, value in zip(pool, values):
-                beam, token = divmod(flat, vocab)
-                token = ids[token] if ids is not None else token
-                state = self.states[s * k + beam]
-                banks.append(progress(constraints, state if token == EOS_ID else advance(constraints, state, token)))
-            finite = sorted((p for p, v in enumerate(values) if v != LOG_ZERO), key=lambda p: (-banks[p], -values[p]))
-            rank, seen = {}, {}
-            for p in finite:
-                rank[p] = seen.get(banks[p], 0)
-                seen[banks[p]] = rank[p] + 1
-            order = sorted(finite, key=lambda p: (rank[p], -banks[p])) + [p for p, v in enumerate(values) if v == LOG_ZERO]
-            rows[s] = [pool[p] for p in order]
-        return torch.tensor(rows, device=idx.device)
+        """Each constrained sentence's pool idx (sents, W) reordered (the others unchanged): the
+        finite candidates round-robin across banks (rank 0 of every bank, most met first, then
+        rank 1, ...), then those that the k best of the top bank beat, then the -inf ones."""
+        k, (sents, width) = self.beams, idx.shape
+        beam, col = idx // vocab, idx % vocab
+        token = col if candidates is None else candidates[col]
+        parents = (torch.arange(sents, device=idx.device)[:, None] * k + beam).view(-1)
+        who = self._sentence_of(parents)
+        partial, met = self._advance(self.partial[parents], self.satisfied[parents], token.view(-1), who)
+        bank = self._progress(partial, met, who).view(sents, width)
+        finite = torch.isfinite(values)
+        bank = torch.where(finite, bank, torch.full_like(bank, -1))
+        # Sorted by bank, then score, then place in the pool (two stable sorts): the rank in its bank.
+        by_score = values.sort(dim=1, descending=True, stable=True).indices
+        by_bank = bank.gather(1, by_score).sort(dim=1, descending=True, stable=True).indices
+        ranked = by_score.gather(1, by_bank)  # (sents, W): pool positions
+        ranked_bank = bank.gather(1, ranked)
+        place = torch.arange(width, device=idx.device).expand(sents, width)
+        starts = torch.ones_like(ranked_bank, dtype=torch.bool)
+        starts[:, 1:] = ranked_bank[:, 1:].ne(ranked_bank[:, :-1])
+        rank_sorted = place - torch.where(starts, place, torch.zeros_like(place)).cummax(dim=1).values
+        rank = torch.empty_like(rank_sorted).scatter_(1, ranked, rank_sorted)  # (sents, W)
+        # Within a round, most met first (Post & Vilar): at beam 1 the constraint is placed first.
+        full = self.shortest.sum(dim=1)[:, None]  # (sents, 1): the top bank, every constraint met
+        span = self.most_tokens + 2
+        key = rank * span + (full - bank)
+        # A candidate that has not met them all and scores below the k best that have is pruned
+        # as a beam search prunes one that k others beat: its continuations only score lower. It
+        # keeps a place after the others (the beam takes it if nothing else is left). Without
+        # this, the partial matches of a long constraint (a bank per subword) take the beam's
+        # places from the continuations of those that met it, which then go on as a greedy search
+        # (one that, in a weak model, never ends) and ramble to the length limit.
+        top_values = torch.where(bank.eq(full), values, torch.full_like(values, LOG_ZERO))
+        beaten = bank.lt(full) & values.lt(top_values.topk(min(k, width), dim=1).values[:, -1:])
+        rounds = span * (width + 1)  # more than any rank * span + (full - bank)
+        key = key + rounds * beaten + 2 * rounds * ~finite
+        key = torch.where(self.constrained[:, None], key, place)  # unconstrained sentences: as they were
+        return idx.gather(1, key.sort(dim=1, stable=True).indices)
 
     def follow(self, rows: torch.Tensor, tokens: torch.Tensor) -> None:
         """The new beam: row r continues row ``rows[r]`` with ``tokens[r]``."""
-        self.prev_states = self.states
-        new = []
-        for parent, token in zip(rows.tolist(), tokens.tolist()):
-            state = self.prev_states[parent]
-            new.append(None if state is None else advance(self.constraints[self.active[parent // self.beams]],
-                                                          state, token))
-        self.states = new
+        self.prev_partial, self.prev_satisfied = self.partial, self.satisfied
+        self.partial, self.satisfied = self._advance(self.partial[rows], self.satisfied[rows], tokens,
+                                                     self._sentence_of(rows))
+
+    def met_rows(self, rows: torch.Tensor) -> torch.Tensor:
+        """bool (N,): whether the hypotheses that rows ``rows`` held before the last ``follow``
+        met their constraints (ending there: eos may follow a word)."""
+        sents = self._sentence_of(rows)
+        return self._ready(self.prev_partial[rows], self.prev_satisfied[rows], sents).all(dim=1)
 
     def met(self, row: int) -> bool:
         """Whether the hypothesis that row ``row`` held before the last ``follow`` met its constraints."""
-        state = self.prev_states[row]
-        return state is None or all_met(state)
+        return bool(self.met_rows(torch.tensor([row], device=self.partial.device))[0])
 
     def keep(self, keep: torch.Tensor, keep_rows: torch.Tensor) -> None:
         """Only sentences ``keep`` (positions among the active ones) and rows ``keep_rows`` stay."""
-        self.active = [self.active[s] for s in keep.tolist()]
-        self.states = [self.states[r] for r in keep_rows.tolist()]
+        self.forms, self.lengths, self.member, self.shortest = (
+            t[keep] for t in (self.forms, self.lengths, self.member, self.shortest))
+        self.constrained, self.max_len = self.constrained[keep], self.max_len[keep]
+        self.partial, self.satisfied = self.partial[keep_rows], self.satisfied[keep_rows]
+        self.any_constrained = bool(self.constrained.any())
 
     def count_unmet(self, finished: list[list]) -> list[int]:
         """The sentences (batch indices) with no finished hypothesis meeting their constraints,

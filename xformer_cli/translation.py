@@ -18,11 +18,13 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Optional
 
+import torch
+
 from .console import warn
 from . import distributed
 from .attention_maps import alignment_pairs, format_alignment, line_word_ids, word_ids
 from .batching import batch_by_size
-from .constraints import BatchConstraints
+from .constraints import BatchConstraints, word_boundaries
 from .ctranslate2_format import CTranslate2Engine
 from .engines import Engine, XfEngine
 from .errors import ConfigError
@@ -199,14 +201,16 @@ def encode_constraints(sp, constraints: list[list[list[str]]], max_target: int, 
 def search_lines(engine: Engine, pieces: list[list[int]], options: TranslateOptions, stats: Stats,
                  max_tokens: Optional[int], max_sentences: Optional[int], generator=None, on_batch=None,
                  prefixes: Optional[list[list[int]]] = None, constraints: Optional[list] = None,
-                 first_index: int = 0):
+                 first_index: int = 0, word_starts: Optional[torch.Tensor] = None):
     """(hypotheses, alignments) of each non-empty entry of ``pieces`` (None for the empty ones),
     searched in batches sorted by length, longest first (``batch_by_size``). alignments: with
     options.print_alignment, per hypothesis, else None. on_batch(sentences) is told each batch's
     size. prefixes: each entry's target prefix (ids; [] or None: none); constraints: each entry's
     lexical constraints (``encode_constraints``; None: none); entries whose constraints no
     hypothesis met are counted in stats.unmet (their translation: the unconstrained one;
-    first_index: the line number - 1 of entry 0, for stats.first_unmet)."""
+    first_index: the line number - 1 of entry 0, for stats.first_unmet); word_starts: the
+    vocabulary's ``constraints.word_boundaries`` (a constraint must end a word), None: a
+    constraint is met by its subwords alone."""
     results: list[Optional[list[Hypothesis]]] = [None] * len(pieces)
     alignments: list[Optional[list[list[int]]]] = [None] * len(pieces)
     todo = [i for i, ids in enumerate(pieces) if ids]
@@ -215,7 +219,7 @@ def search_lines(engine: Engine, pieces: list[list[int]], options: TranslateOpti
 
     def run(idx: list[int]):
         if constraints is not None and any(constraints[i] for i in idx):
-            given = BatchConstraints([constraints[i] for i in idx])
+            given = BatchConstraints([constraints[i] for i in idx], word_starts)
             steer = [prefixes[i] for i in idx] if prefixes is not None else None
             return engine.search([pieces[i] for i in idx], options, generator, steer, given), given.unmet
         if prefixes is None:
@@ -297,7 +301,8 @@ def translate_buffer(engine: Engine, sp, lines: list[str], first_index: int, opt
     results, alignments = search_lines(engine, pieces, options, stats, max_tokens=options.max_tokens or None,
                                        max_sentences=None if options.max_tokens else options.batch_size,
                                        generator=generator, prefixes=prefixes, constraints=constraints,
-                                       first_index=first_index)
+                                       first_index=first_index,
+                                       word_starts=word_boundaries(sp) if constraints is not None else None)
     out = []
     for i, hyps in enumerate(results):
         if hyps is None:
