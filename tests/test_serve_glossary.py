@@ -285,3 +285,23 @@ def test_start_up_with_a_glossary_and_its_errors(ckpt, tmp_path):
         assert status == 400 and answer["error"].startswith("'glossary' item 1:")
     finally:
         assert server.stop() == 0
+
+
+def test_a_served_constraint_must_end_a_word_as_in_xf_translate(served, monkeypatch):
+    """The queue gives the search the vocabulary's word boundaries when a batch has constraints
+    (``Hund`` is not met inside ``Hunde``), as xf translate does, and none without."""
+    import xformer_cli.serve_queue as serve_queue
+    from xformer_cli.constraints import word_boundaries
+
+    seen = []
+    search = serve_queue.search_lines
+
+    def recording(*args, **kwargs):
+        seen.append(kwargs.get("word_starts"))
+        return search(*args, **kwargs)
+
+    monkeypatch.setattr(serve_queue, "search_lines", recording)
+    translated(served, "A man sleeps.", constraints=["Hund"], glossary=False)
+    translated(served, "A man sleeps.", glossary=False)
+    assert len(seen) == 2 and seen[1] is None
+    assert seen[0] is not None and seen[0].equal(word_boundaries(served.directions["en-de"].sp))

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Optional
 
 from .attention_maps import alignment_pairs, word_ids
+from .constraints import word_boundaries
 from .engines import Engine
 from .glossary import Glossary
 from .options import TranslateOptions
@@ -227,7 +228,9 @@ class BatchQueue:
         try:
             found, _ = search_lines(direction.engine, pieces, direction.options, self.stats,
                                     max_tokens=self.max_batch_tokens, max_sentences=None,
-                                    on_batch=lambda n: self._batch_done(n, started), **steer)
+                                    on_batch=lambda n: self._batch_done(n, started), **steer,
+                                    # a constraint ends a word, as in xf translate (not Hund in Hunde)
+                                    word_starts=word_boundaries(direction.sp) if "constraints" in steer else None)
         except Exception as e:  # noqa: BLE001 - the request gets the error, the worker goes on
             for job, _, _ in batch:
                 self.drop(job)  # its lines not yet taken are not decoded
