@@ -164,7 +164,7 @@ def test_translate_compile_reports_its_compile_time_apart(tmp_path, ckpt, senten
 
 @pytest.mark.parametrize("kw, message", [
     (dict(engine="ctranslate2"), "--engine ctranslate2 runs CTranslate2's"),
-    (dict(quantize="int8"), "--compile does not work with --quantize int8"),
+    (dict(quantize="int8", int8_engine="fbgemm"), "--compile --quantize int8 runs oneDNN"),
     (dict(workers=2), "--compile with --workers 2"),
 ])
 def test_translate_compile_refuses(kw, message):
