@@ -227,11 +227,11 @@ class CompiledStep:
                  cache: Optional[compiling.CompileCache] = None):
         # freeze: each model's weights become constants of its own graphs, as inductor needs for
         # the int8 layers (quantization.Int8Linear) it lowers to oneDNN's prepacked products
+        # (torch.compile's options={"freezing": True} does not reach the lowering: the config is
+        # patched around the calls instead)
         self.freeze, self.frozen = freeze, {}
-        compile_options = dict(backend=backend or compiling.COMPILE_BACKEND, dynamic=True, fullgraph=True, mode=mode)
-        if freeze and compile_options["backend"] == "inductor":
-            compile_options["options"] = {"freezing": True}
-        self.compile = functools.partial(torch.compile, **compile_options)
+        self.compile = functools.partial(torch.compile, backend=backend or compiling.COMPILE_BACKEND, dynamic=True,
+                                         fullgraph=True, mode=mode)
         self.compiled = self.compile(_decoder_step)
         self.compile_seconds, self.graphs = 0.0, 0
         self.cache = cache  # kept between runs: loaded now, saved after each call that compiled
@@ -249,7 +249,10 @@ class CompiledStep:
         if self.freeze:
             if id(model) not in self.frozen:
                 self.frozen[id(model)] = self.compile(_FrozenStep(model))
-            out = self.frozen[id(model)](*args)
+            from torch._inductor import config as inductor_config
+
+            with inductor_config.patch(freezing=True):
+                out = self.frozen[id(model)](*args)
         else:
             out = self.compiled(model, *args)
         if compiling.compiled_graphs() > graphs:  # compiling, not decoding: kept apart from the speed
