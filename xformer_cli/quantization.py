@@ -142,14 +142,15 @@ def time_engines(engines: list[str], shapes: list[tuple[int, int]], rows: int, r
 
 
 def engine_cache_key(shapes: list[tuple[int, int]], rows: int) -> str:
-    return f"torch {torch.__version__}; {compiling.machine_key()}; rows {rows}; shapes {shapes}"
+    """What a timing holds for: the machine (torch, CPU flags), the threads, the rows, the shapes."""
+    return f"{compiling.machine_key()}; {torch.get_num_threads()} threads; rows {rows}; shapes {shapes}"
 
 
 def choose_int8_engine(model: Transformer, rows: int, cache: Optional[Path] = None) -> tuple[str, str]:
     """(engine, how it was chosen) for --int8-engine auto: the fastest of the engines this torch
     has on this model's decoder-step shapes with ``rows`` rows (batch x beam), from the cache file
     (``cache``: compiling.cache_dir() / "int8-engines.json") where this CPU, torch and shape were
-    timed before, else timed now (a second or two) and recorded there. An unreadable cache is
+    timed before with as many threads, else timed now (a second or two) and recorded there. An unreadable cache is
     warned about and replaced."""
     cache = compiling.cache_dir() / "int8-engines.json" if cache is None else cache
     shapes = linear_shapes(model)
