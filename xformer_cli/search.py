@@ -22,7 +22,6 @@ Scores: ``positional_scores`` are the log-probabilities of each output token (eo
 from __future__ import annotations
 
 import functools
-
 import math
 import time
 from dataclasses import dataclass
