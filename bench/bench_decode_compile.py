@@ -1,13 +1,18 @@
 """xf translate --compile against eager decoding on one checkpoint: speed after compilation,
-compile time from an empty and from a warm inductor cache, BLEU and identical outputs.
+compile time from an empty and from a warm cache, BLEU and identical outputs.
 
     python bench/bench_decode_compile.py CHECKPOINT SOURCE REFERENCE [--lines 1000] [--beam 4]
                                          [--batch 64] [--threads 0] [--rounds 3]
+                                         [--precision fp32|bf16] [--quantize none|int8]
 
-Two processes share one fresh inductor cache directory (TORCHINDUCTOR_CACHE_DIR): the first
-compiles from an empty cache ("cold"), then times eager and compiled decoding of the same lines
-alternately, --rounds times each, in one process (the figures a busy machine can compare); the
-second opens the model again and compiles from the cache the first left ("warm"). A pass over
+Two processes share one fresh xf cache (XDG_CACHE_HOME: the compiled step's file,
+compiling.CompileCache), each with an inductor cache directory of its own
+(TORCHINDUCTOR_CACHE_DIR), so that the second finds only what xf kept: the first compiles from
+nothing ("cold"), then times eager and compiled decoding of the same lines alternately, --rounds
+times each, in one process (the figures a busy machine can compare); the second opens the model
+again and compiles from xf's cache file ("warm"). With --quantize int8 the eager engine is
+torch.ao's (--int8-engine auto) and the compiled one xf's oneDNN int8 layers, so outputs are
+compared by BLEU, not expected identical. A pass over
 the lines with the compiled engine first compiles every graph the test set needs; its calls that
 compiled a graph are its compile seconds (``search.CompiledStep``). Speeds are sentences per
 second of ``translation.translate_buffer`` (sentencepiece, sorting and search, as xf translate
@@ -34,16 +39,16 @@ def run(args, rounds: int) -> dict:
     timed passes of eager and compiled decoding."""
     import torch
 
-    from xformer_cli.engines import XfEngine
+    import dataclasses
+
     from xformer_cli.options import TranslateOptions
-    from xformer_cli.search import CompiledStep
     from xformer_cli.translation import Stats, open_engine, translate_buffer
 
     lines = Path(args.source).read_text(encoding="utf-8").splitlines()[: args.lines]
     options = TranslateOptions(path=(args.checkpoint,), beam_size=args.beam, batch_size=args.batch, device="cpu",
-                               threads=args.threads)
-    eager, sp, device = open_engine(options)
-    compiled = XfEngine(eager.models, device, compiled=CompiledStep())
+                               threads=args.threads, precision=args.precision, quantize=args.quantize)
+    eager, sp, _ = open_engine(options)
+    compiled, _, _ = open_engine(dataclasses.replace(options, compile=True))
 
     def translate(engine) -> tuple[list[str], float]:
         start = time.perf_counter()
@@ -51,8 +56,9 @@ def run(args, rounds: int) -> dict:
         return [o.rstrip("\n") for o in out], time.perf_counter() - start
 
     outputs, first = translate(compiled)
-    result = dict(threads=torch.get_num_threads(), first_pass_seconds=first,
-                  compile_seconds=compiled.compiled.compile_seconds, graphs=compiled.compiled.graphs, rounds=[])
+    result = dict(threads=torch.get_num_threads(), first_pass_seconds=first, cache_loaded=compiled.compiled.cache.loaded,
+                  compile_seconds=compiled.compiled.compile_seconds, graphs=compiled.compiled.graphs, rounds=[],
+                  int8_engine=eager.int8_engine)
     for _ in range(rounds):
         eager_out, eager_s = translate(eager)
         compiled_out, compiled_s = translate(compiled)
@@ -73,6 +79,8 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=64)
     parser.add_argument("--threads", type=int, default=0)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--precision", default="fp32", choices=("fp32", "bf16"))
+    parser.add_argument("--quantize", default="none", choices=("none", "int8"))
     parser.add_argument("--child", type=int, default=None, help=argparse.SUPPRESS)  # rounds, in a child process
     args = parser.parse_args()
     if args.child is not None:
@@ -82,11 +90,12 @@ def main() -> None:
     import sacrebleu
 
     base = [sys.executable, __file__, args.checkpoint, args.source, args.reference, "--lines", str(args.lines),
-            "--beam", str(args.beam), "--batch", str(args.batch), "--threads", str(args.threads)]
-    with tempfile.TemporaryDirectory(prefix="xf-inductor-") as cache:
-        env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": cache}
+            "--beam", str(args.beam), "--batch", str(args.batch), "--threads", str(args.threads),
+            "--precision", args.precision, "--quantize", args.quantize]
+    with tempfile.TemporaryDirectory(prefix="xf-compile-cache-") as cache:
         found = {}
         for name, rounds in (("cold", args.rounds), ("warm", 0)):
+            env = {**os.environ, "XDG_CACHE_HOME": f"{cache}/xdg", "TORCHINDUCTOR_CACHE_DIR": f"{cache}/inductor-{name}"}
             proc = subprocess.run([*base, "--child", str(rounds)], env=env, capture_output=True, text=True)
             if proc.returncode:
                 sys.exit(f"bench_decode_compile ({name} cache) failed:\n{proc.stderr[-4000:]}")
@@ -101,12 +110,14 @@ def main() -> None:
     load = os.getloadavg()[0]
     print(json.dumps(dict(cold=cold, warm=warm, bleu=bleu, identical=same, lines=len(refs), load=load)))
     print(f"{args.checkpoint}, {len(refs)} lines, beam {args.beam}, batch {args.batch}, {cold['threads']} thread(s), "
+          f"{args.precision}{', int8 (eager: ' + str(cold['int8_engine']) + ')' if args.quantize == 'int8' else ''}, "
           f"load average {load:.1f} at the end")
     for i, r in enumerate(cold["rounds"], 1):
         print(f"round {i}: eager {r['eager']:.1f} sent/s, compiled {r['compiled']:.1f} sent/s "
               f"(ratio {r['compiled'] / r['eager']:.2f})")
     print(f"compile: cold {cold['compile_seconds']:.1f} s ({cold['graphs']} graphs; {cold['graphs_after']} after the "
-          f"rounds), warm {warm['compile_seconds']:.1f} s ({warm['graphs']} graphs)")
+          f"rounds), warm {warm['compile_seconds']:.1f} s ({warm['graphs']} graphs, xf's cache file "
+          f"{'loaded' if warm['cache_loaded'] else 'NOT loaded'})")
     print(f"BLEU eager {bleu['eager']:.2f}, compiled {bleu['compiled']:.2f}; {same}/{len(refs)} outputs identical")
 
 

@@ -12,12 +12,25 @@ on a subset, measured in the same run (the ratio is device over CPU).
 Environment: XF_BENCH_DECODE_SENTENCES (2000), XF_BENCH_DECODE_CPU_SENTENCES (100),
 XF_BENCH_DRY_RUN=1 (tiny model, vocabulary 1000, 40 sentences, CPU only).
 ``python bench/decode_speed.py OUT.json`` writes the rows to OUT.json after every measurement.
+
+Every CPU kind at its best (``--cpu``): one trained checkpoint on real sources, each engine and
+setting in a fresh process, run one after another, best of --rounds passes each::
+
+    python bench/decode_speed.py --cpu CHECKPOINT SOURCE [--lines 500] [--threads 0] [--rounds 2] [OUT.json]
+
+xf fp32, bf16 (where native), int8 with each of torch's quantized engines (fbgemm, x86, onednn)
+and with --int8-engine auto (which one it picked); CTranslate2 float32 and int8 (xf's own
+export of the checkpoint, its own beam search) each with CT2_USE_MKL=0 and =1, since CTranslate2
+uses MKL only on GenuineIntel CPUs by default: its best setting is the reference of the ratios.
+Prints the CPU flags, torch's and CTranslate2's backends (CT2_VERBOSE=1's log), one JSON row a
+case and a table. Same machine, same run: on a loaded machine only the ratios mean much.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -61,7 +74,141 @@ def sentences_per_second(model, sents: list[list[int]], device: torch.device) ->
     return len(sents) / (time.perf_counter() - start), out_tokens
 
 
+# -- --cpu: every engine of this CPU, each in its own process -------------------------------------
+CPU_CASES = {  # name -> (engine, TranslateOptions fields or CTranslate2 compute_type, environment)
+    "xf fp32": ("xf", {}, {}),
+    "xf bf16": ("xf", {"precision": "bf16"}, {}),
+    "xf int8 fbgemm": ("xf", {"quantize": "int8", "int8_engine": "fbgemm"}, {}),
+    "xf int8 x86": ("xf", {"quantize": "int8", "int8_engine": "x86"}, {}),
+    "xf int8 onednn": ("xf", {"quantize": "int8", "int8_engine": "onednn"}, {}),
+    "xf int8 auto": ("xf", {"quantize": "int8"}, {}),
+    # CTranslate2 picks MKL and AVX-512 only on GenuineIntel CPUs unless told: each combination
+    **{f"CTranslate2 {ct}{' MKL' * mkl}{' AVX512' * avx512}": (
+        "ct2", ct, {"CT2_USE_MKL": str(mkl), **({"CT2_FORCE_CPU_ISA": "AVX512"} if avx512 else {})})
+       for ct in ("float32", "int8") for mkl in (0, 1) for avx512 in (0, 1)},
+}
+FLAGS = ("avx2", "avx512f", "avx512bw", "avx512vl", "avx512_vnni", "avx_vnni", "avx512_bf16", "amx_tile",
+         "amx_int8", "amx_bf16")  # the instruction sets the engines' kernels choose between
+
+
+def cpu_case(name: str, checkpoint: str, source: str, lines: int, threads: int, rounds: int, ct2_dir: str) -> dict:
+    """In this process: the best of ``rounds`` passes of case ``name`` over the first ``lines``
+    lines, beam 4, batches of 64 (loading and, for int8 auto, the engine's timing excluded)."""
+    from xformer_cli.options import TranslateOptions
+    from xformer_cli.translation import Stats, open_engine, translate_buffer
+
+    if threads:
+        torch.set_num_threads(threads)
+    text = Path(source).read_text(encoding="utf-8").splitlines()[:lines]
+    engine_kind, setting, _ = CPU_CASES[name]
+    row = dict(case=name, threads=torch.get_num_threads())
+    if engine_kind == "xf":
+        options = TranslateOptions(path=(checkpoint,), beam_size=4, batch_size=64, device="cpu", **setting)
+        engine, sp, _ = open_engine(options)
+        row["backend"] = (f"torch {torch.__version__}, quantized engine {engine.int8_engine}" if engine.int8_engine
+                          else f"torch {torch.__version__}, {setting.get('precision', 'fp32')} (oneDNN/MKL via aten)")
+
+        def one_pass():
+            return translate_buffer(engine, sp, text, 0, options, Stats())
+    else:
+        import ctranslate2
+        import sentencepiece as spm
+
+        sp = spm.SentencePieceProcessor(model_file=f"{ct2_dir}/spm.model")
+        translator = ctranslate2.Translator(ct2_dir, device="cpu", compute_type=setting,
+                                            intra_threads=torch.get_num_threads())
+        pieces = sp.encode(text, out_type=str)
+        row["backend"] = f"ctranslate2 {ctranslate2.__version__}, " + ", ".join(
+            f"{k}={os.environ[k]}" for k in ("CT2_USE_MKL", "CT2_FORCE_CPU_ISA") if k in os.environ)
+
+        def one_pass():
+            found = translator.translate_batch(pieces, beam_size=4, max_batch_size=64)
+            return [sp.decode_pieces(r.hypotheses[0]) for r in found]
+    one_pass()  # warm-up: kernels, allocator, oneDNN's primitives
+    best = float("inf")
+    for _ in range(rounds):
+        start = time.perf_counter()
+        one_pass()
+        best = min(best, time.perf_counter() - start)
+    row["sentences/s"] = len(text) / best
+    return row
+
+
+def ct2_backends(ct2_dir: str, env: dict) -> list[str]:
+    """CTranslate2's log of its CPU backends under ``env`` (CT2_VERBOSE=1: the ISA, MKL or not,
+    each GEMM's library)."""
+    code = f"import ctranslate2; ctranslate2.Translator({ct2_dir!r}, device='cpu', compute_type='int8')"
+    proc = subprocess.run([sys.executable, "-c", code], env={**os.environ, "CT2_VERBOSE": "1", **env},
+                          capture_output=True, text=True)
+    return [line.split("[info]", 1)[-1].strip(" -") for line in proc.stderr.splitlines()
+            if any(k in line for k in ("CPU:", "ISA", "MKL", "backend"))]
+
+
+def cpu_main(argv: list[str]) -> None:
+    import argparse
+    import tempfile
+
+    parser = argparse.ArgumentParser(description="decode_speed.py --cpu: every engine of this CPU")
+    parser.add_argument("checkpoint")
+    parser.add_argument("source")
+    parser.add_argument("out", nargs="?")
+    parser.add_argument("--lines", type=int, default=500)
+    parser.add_argument("--threads", type=int, default=0)
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--cases", default=",".join(CPU_CASES), help="comma-separated case names")
+    parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--ct2-dir", default=None, help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.child:
+        print(json.dumps(cpu_case(args.child, args.checkpoint, args.source, args.lines, args.threads, args.rounds,
+                                  args.ct2_dir)))
+        return
+    from xformer_cli.checkpoint import load_checkpoint, load_ensemble
+    from xformer_cli.ctranslate2_format import write_model_directory
+    from xformer_cli.precision import cpu_bf16_instructions
+
+    from xformer_cli.precision import cpu_flags as all_cpu_flags
+
+    found = all_cpu_flags()
+    header = dict(cpu_flags=" ".join(f for f in FLAGS if f in found) or "none of " + " ".join(FLAGS),
+                  torch=torch.__version__, quantized_engines=torch.backends.quantized.supported_engines)
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="xf-ct2-") as ct2_dir:
+        models, _ = load_ensemble([args.checkpoint], torch.device("cpu"))
+        write_model_directory(Path(ct2_dir), models[0], load_checkpoint(args.checkpoint)["spm_model"], "float32",
+                              args.checkpoint)
+        settings = {" ".join(f"{k}={v}" for k, v in case[2].items()): case[2] for case in CPU_CASES.values()
+                    if case[0] == "ct2"}
+        header["ct2_backends"] = {name: ct2_backends(ct2_dir, env) for name, env in settings.items()}
+        print(json.dumps(header), flush=True)
+        for name in args.cases.split(","):
+            if name == "xf bf16" and not cpu_bf16_instructions():
+                continue  # emulated bf16: about 0.03x fp32, not a contender
+            env = {**os.environ, **CPU_CASES[name][2]}
+            proc = subprocess.run([sys.executable, __file__, "--cpu", args.checkpoint, args.source, "--child", name,
+                                   "--ct2-dir", ct2_dir, "--lines", str(args.lines), "--threads", str(args.threads),
+                                   "--rounds", str(args.rounds)], env=env, capture_output=True, text=True)
+            if proc.returncode:
+                print(f"{name}: failed: {proc.stderr.strip().splitlines()[-1:]}", file=sys.stderr)
+                continue
+            rows.append(json.loads(proc.stdout.splitlines()[-1]))
+            print(json.dumps(rows[-1]), flush=True)
+            if args.out:
+                Path(args.out).write_text(json.dumps({**header, "rows": rows}, indent=1))
+    ct2 = [r for r in rows if r["case"].startswith("CTranslate2")]
+    best = max(ct2, key=lambda r: r["sentences/s"]) if ct2 else None
+    print(f"{args.checkpoint}, {args.lines} lines, beam 4, batch 64, load average {os.getloadavg()[0]:.1f}; "
+          f"cpu flags: {header['cpu_flags']}")
+    for setting, lines in header["ct2_backends"].items():
+        print(f"CTranslate2 with {setting}: {'; '.join(lines)}")
+    for r in rows:
+        ratio = f", {r['sentences/s'] / best['sentences/s']:.2f}x {best['case']}" if best else ""
+        print(f"{r['case']:<26} {r['sentences/s']:8.1f} sent/s{ratio}   [{r['backend']}]")
+
+
 def main(argv: list[str]) -> None:
+    if argv[:1] == ["--cpu"]:
+        return cpu_main(argv[1:])
     path = Path(argv[0]) if argv else None
     rows: list[dict] = []
 

@@ -68,6 +68,16 @@ def data_dir(tmp_path_factory, raw_slice) -> Path:
     return make_data(raw_slice, tmp_path_factory.mktemp("m30k") / "bin", 300)
 
 
+@pytest.fixture(autouse=True, scope="session")
+def private_xf_cache(tmp_path_factory):
+    """xf's per-user cache (compiled decoder steps, int8 engine timings: compiling.cache_dir) in a
+    directory of this test run, never the user's own; processes the tests start inherit it."""
+    patch = pytest.MonkeyPatch()
+    patch.setenv("XDG_CACHE_HOME", str(tmp_path_factory.mktemp("xdg-cache")))
+    yield
+    patch.undo()
+
+
 @pytest.fixture(scope="module")
 def one_thread():
     threads = torch.get_num_threads()

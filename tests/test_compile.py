@@ -164,10 +164,83 @@ def test_translate_compile_reports_its_compile_time_apart(tmp_path, ckpt, senten
 
 @pytest.mark.parametrize("kw, message", [
     (dict(engine="ctranslate2"), "--engine ctranslate2 runs CTranslate2's"),
-    (dict(quantize="int8"), "--compile does not work with --quantize int8"),
+    (dict(quantize="int8", int8_engine="fbgemm"), "--compile --quantize int8 runs oneDNN"),
     (dict(workers=2), "--compile with --workers 2"),
 ])
 def test_translate_compile_refuses(kw, message):
     with pytest.raises(ValueError, match=message):
         TranslateOptions(path=("model.pt",), compile=True, **kw)
     TranslateOptions(path=("model.pt",), **kw)  # each is fine without --compile
+
+
+# -- the compiled step kept between runs (compiling.CompileCache) ---------------------------------
+def test_a_corrupt_compile_cache_is_ignored_with_a_warning(tmp_path, capsys):
+    """A cache file torch cannot read (here: bytes that fail its checksum) is warned about in one
+    line, without torch's traceback, and decoding compiles anew; the next save replaces it."""
+    cache = compiling.CompileCache.for_model("tiny; fp32", root=tmp_path)
+    compiling.write_private(cache.path, b"not torch's cache artifacts")
+    assert not cache.load() and not cache.loaded
+    err = capsys.readouterr().err
+    assert "ignoring an unreadable compile cache" in err and str(cache.path) in err
+    assert "Traceback" not in err and len(err.strip().splitlines()) == 1
+
+
+def test_a_compile_cache_others_can_write_is_not_loaded(tmp_path, capsys, monkeypatch):
+    """Loading a cache runs its code: a file writable by others is refused, untouched by torch."""
+    cache = compiling.CompileCache.for_model("tiny; fp32", root=tmp_path)
+    compiling.write_private(cache.path, b"artifacts")
+    cache.path.chmod(0o666)
+    monkeypatch.setattr(torch.compiler, "load_cache_artifacts", lambda data: pytest.fail("loaded"))
+    assert not cache.load()
+    assert "not loading this compile cache: writable by others" in capsys.readouterr().err
+
+
+def test_the_compile_cache_is_keyed_and_saved_after_each_compile(tmp_path, monkeypatch):
+    """One file per model key and machine (torch version, CPU flags), in a private directory;
+    CompiledStep loads it when made and saves torch's artifacts after each call that compiled."""
+    a, b = (compiling.CompileCache.for_model(k, root=tmp_path / "c") for k in ("cfg A; fp32", "cfg A; int8"))
+    assert a.path != b.path and a.path.parent == tmp_path / "c"
+    saved = []
+    monkeypatch.setattr(torch.compiler, "save_cache_artifacts", lambda: (b"artifacts", None))
+    monkeypatch.setattr(torch.compiler, "load_cache_artifacts", lambda data: saved.append(data) or object())
+    model = build_model("tiny", vocab_size=40, d_model=16, d_ff=32, heads=2, encoder_layers=1, decoder_layers=1).eval()
+    step = CompiledStep(cache=a)
+    search([model], random_batch(torch.Generator().manual_seed(0), 2, 3), DecodingOptions(beam_size=2, max_len_b=2),
+           compiled=step)
+    assert step.graphs > 0 and a.path.read_bytes() == b"artifacts"
+    assert oct(a.path.stat().st_mode & 0o777) == "0o600" and oct(a.path.parent.stat().st_mode & 0o777) == "0o700"
+    assert CompiledStep(cache=a).cache.loaded and saved == [b"artifacts"]
+
+
+@pytest.mark.slow
+@pytest.mark.kernels
+def test_a_warm_compile_cache_gives_the_outputs_of_a_cold_compile(tmp_path):
+    """inductor itself, two processes: the first compiles from nothing and saves the cache, the
+    second loads it; both decode the same batch to the same tokens."""
+    import subprocess
+    import sys
+
+    code = """
+import json, sys, torch
+from pathlib import Path
+from xformer_cli import compiling
+from xformer_cli.model import build_model
+from xformer_cli.options import DecodingOptions
+from xformer_cli.search import CompiledStep, search
+torch.manual_seed(0)
+model = build_model("tiny", vocab_size=40, d_model=16, d_ff=32, heads=2, encoder_layers=1, decoder_layers=1).eval()
+src = torch.tensor([[5, 6, 7, 2], [8, 9, 2, 1]])
+step = CompiledStep(backend="inductor", cache=compiling.CompileCache.for_model("test", root=Path(sys.argv[1])))
+found = search([model], src, DecodingOptions(beam_size=2, max_len_b=3), compiled=step)
+print(json.dumps(dict(loaded=step.cache.loaded, tokens=[[h.tokens for h in hyps] for hyps in found])))
+"""
+    env = {**__import__("os").environ, "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor")}
+    runs = []
+    for i in range(2):
+        if i:  # the second process has no inductor cache of its own: only xf's file
+            __import__("shutil").rmtree(tmp_path / "inductor")
+        proc = subprocess.run([sys.executable, "-c", code, str(tmp_path / "xf")], env=env, capture_output=True,
+                              text=True, check=True)
+        runs.append(json.loads(proc.stdout.splitlines()[-1]))
+    assert [r["loaded"] for r in runs] == [False, True]
+    assert runs[0]["tokens"] == runs[1]["tokens"]

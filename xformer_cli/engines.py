@@ -18,6 +18,7 @@ from .console import warn
 from . import distributed
 from .attention_maps import hard_alignments, resolve_layer
 from .batching import collate_source
+from .compiling import CompileCache
 from .checkpoint import load_ensemble, vocab_digest
 from .constraints import BatchConstraints
 from .errors import ConfigError
@@ -25,6 +26,7 @@ from .memory import bound_native_memory
 from .model import Transformer
 from .options import TranslateOptions
 from .precision import precision_warning, resolve_precision
+from .quantization import CALIBRATION_ROWS, choose_int8_engine, quantize_int8, quantize_int8_compilable
 from .search import CompiledStep, Hypothesis, next_token_alternatives, search, with_prefix_candidates
 from .shortlist import Shortlist
 from .vocab import PAD_ID, MappedVocabulary
@@ -71,29 +73,6 @@ def resolve_device(device: str, precision: str, quantize: str = "none") -> tuple
     return resolved, resolve_precision(resolved, precision, quantize)
 
 
-def quantize_int8(model: Transformer, engine: str = "fbgemm") -> Transformer:
-    """Dynamic int8 quantization of every linear layer, the output projection included (weights
-    int8 per tensor, activations quantized on the fly): torch.ao's quantize_dynamic, deprecated in
-    favour of torchao but the one that ships with torch. Embeddings and layer norms stay fp32.
-    ``engine`` (--int8-engine) is torch's quantized engine, which packs the weights for its own
-    kernels: fbgemm's pick AVX2, AVX-512 or VNNI at run time, oneDNN's AMX where the CPU has it.
-    It is process-wide (torch.backends.quantized.engine): every model of one process uses one."""
-    import warnings
-
-    from torch import nn
-    from torch.ao.quantization import quantize_dynamic
-
-    from .model import MultiHeadAttention
-
-    for module in model.modules():
-        if isinstance(module, MultiHeadAttention):
-            module.split_projections()
-    torch.backends.quantized.engine = engine
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # the deprecation warnings of torch.ao.quantization
-        return quantize_dynamic(model, {nn.Linear}, dtype=torch.qint8, inplace=True)
-
-
 class XfEngine(Engine):
     """xf's own search (``search.py``) over one model or an ensemble: the default --engine."""
 
@@ -101,17 +80,21 @@ class XfEngine(Engine):
                  compiled: Optional[CompiledStep] = None):
         self.models, self.device, self.shortlist = list(models), device, shortlist
         self.compiled = compiled  # --compile: the compiled decoder step, with its compile time and graph count
+        self.int8_engine: Optional[str] = None  # --quantize int8: the quantized engine and how it was chosen
         self.supports_alignments = True
         self.max_source = min(m.cfg.max_positions for m in models) - 1  # room for the source's eos
 
     @classmethod
     def open(cls, paths: Sequence[str], device: str = "auto", precision: str = "auto", quantize: str = "none",
-             int8_engine: str = "fbgemm", threads: int = 0, workers: int = 1, shortlist: Optional[str] = None,
+             int8_engine: str = "auto", threads: int = 0, workers: int = 1, shortlist: Optional[str] = None,
              compile_step: bool = False):
         """(engine, sentencepiece processor) of the checkpoints ``paths`` (an ensemble when more
         than one): on ``device`` in ``precision`` (resolve_device), int8 with ``quantize``,
         ``workers`` decoding threads sharing ``threads`` (0: torch's), candidates limited to the
-        shortlist file ``shortlist``, the decoder step compiled with ``compile_step``."""
+        shortlist file ``shortlist``, the decoder step compiled with ``compile_step`` (its compiled
+        artifacts kept between runs in ``CompileCache``). int8 with ``int8_engine`` auto: the
+        quantized engine that measures fastest here (``quantization.choose_int8_engine``); int8
+        compiled: oneDNN's products through inductor (``quantization.Int8Linear``)."""
         bound_native_memory()  # decoding makes a new product shape at every step: oneDNN's cache stays bounded
         device, precision = resolve_device(device, precision, quantize)
         warning = precision_warning(device, precision)
@@ -123,9 +106,21 @@ class XfEngine(Engine):
         models, sp = load_ensemble(paths, device, DTYPES[precision])
         if loaded is not None:  # an ensemble shares one vocabulary: the first model's
             check_shortlist(loaded, shortlist, sp)
-        if quantize == "int8":
-            models = [quantize_int8(m, int8_engine) for m in models]
-        return cls(models, device, loaded, CompiledStep() if compile_step else None), sp
+        chosen = None
+        if quantize == "int8" and compile_step:
+            models, chosen = [quantize_int8_compilable(m) for m in models], "onednn (compiled)"
+        elif quantize == "int8":
+            how = "asked for"
+            if int8_engine == "auto":
+                int8_engine, how = choose_int8_engine(models[0], CALIBRATION_ROWS)
+            models, chosen = [quantize_int8(m, int8_engine) for m in models], f"{int8_engine} ({how})"
+        step = None
+        if compile_step:  # one cache file per model config, precision and int8 scheme on this machine
+            key = f"{[m.cfg for m in models]}; {precision}; {quantize}; {device.type}"
+            step = CompiledStep(freeze=quantize == "int8", cache=CompileCache.for_model(key))
+        engine = cls(models, device, loaded, step)
+        engine.int8_engine = chosen
+        return engine, sp
 
     def search(self, sentences: Sequence[Sequence[int]], options: TranslateOptions, generator=None,
                prefixes: Optional[Sequence[Sequence[int]]] = None,

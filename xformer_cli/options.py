@@ -370,10 +370,12 @@ class TranslateOptions(DecodingOptions):
     quantize: Literal["none", "int8"] = option(
         "none", "int8: dynamic int8 linear layers on CPU (faster; outputs may change)"
     )
-    int8_engine: Literal["fbgemm", "onednn"] = option(
-        "fbgemm", "--quantize int8's matrix library: fbgemm (torch's default; its AVX2, AVX-512 and VNNI kernels) or "
-        "onednn (oneDNN, whose int8 kernels use AMX tiles on CPUs with amx_int8); the weights are the same int8, the "
-        "activations' quantization differs, so outputs may change"
+    int8_engine: Literal["auto", "fbgemm", "x86", "onednn"] = option(
+        "auto", "--quantize int8's matrix library: auto (the one that measures fastest on this CPU for this model, "
+        "timed once and cached in $XDG_CACHE_HOME/xf), fbgemm (its AVX2, AVX-512 and VNNI kernels), onednn (oneDNN, "
+        "whose int8 kernels use AMX tiles on CPUs with amx_int8) or x86 (torch's pick of the two by shape); the "
+        "weights are the same int8, the activations' quantization differs, so outputs may change; with --compile: "
+        "oneDNN's, through inductor"
     )
     threads: int = option(0, "CPU threads for torch (0: torch's default)", range=THREADS)
     workers: int = option(
@@ -384,7 +386,8 @@ class TranslateOptions(DecodingOptions):
     compile: bool = option(
         False, "torch.compile (inductor) the decoder step with its output projection, log-softmax and specials mask "
         "(dynamic shapes: a few graphs for all batch shapes; the compile time is reported apart from the speed; "
-        "outputs may differ in the last float bits); xf engine, fp32/bf16/fp16, not with --quantize int8 or --workers"
+        "the compiled code is kept in $XDG_CACHE_HOME/xf/compiled for the next run; outputs may differ in the last "
+        "float bits, with --quantize int8 within int8's tolerance); xf engine, not with --workers"
     )
     quiet: bool = option(False, "no progress bar or summary table on stderr (warnings are still shown)")
     print_alignment: bool = option(
@@ -410,7 +413,7 @@ class TranslateOptions(DecodingOptions):
 
     def __post_init__(self) -> None:
         super().__post_init__()  # check_ranges(self) included
-        if self.int8_engine != "fbgemm" and (self.quantize != "int8" or self.engine != "xf"):
+        if self.int8_engine != "auto" and (self.quantize != "int8" or self.engine != "xf"):
             raise ValueError(f"--int8-engine {self.int8_engine} is the library of xf's --quantize int8 layers"
                              + (": add --quantize int8" if self.engine == "xf" else
                                 ", not of --engine ctranslate2 (which brings its own)"))
@@ -419,10 +422,10 @@ class TranslateOptions(DecodingOptions):
                              "runs through the batches in order: use --workers 1 to sample")
         if self.compile and self.engine == "ctranslate2":
             raise ValueError("--compile compiles xf's own search: --engine ctranslate2 runs CTranslate2's")
-        if self.compile and self.quantize == "int8":
-            # dynamo cannot trace torch.ao's packed int8 weights: a graph break at every linear
-            raise ValueError("--compile does not work with --quantize int8 (torch.compile cannot trace torch.ao's "
-                             "int8 linear layers): use one or the other")
+        if self.compile and self.quantize == "int8" and self.int8_engine not in ("auto", "onednn"):
+            # dynamo cannot trace torch.ao's packed int8 weights: compiled int8 is oneDNN's (quantization.Int8Linear)
+            raise ValueError(f"--compile --quantize int8 runs oneDNN's int8 products through inductor, not "
+                             f"--int8-engine {self.int8_engine}: use auto or onednn, or drop --compile")
         if self.split_sentences is not None and (self.output_format != "text" or self.nbest > 1 or self.print_alignment):
             raise ValueError("--split-sentences writes one line of joined sentences per input line: it takes text "
                              "output with --nbest 1 and no --print-alignment")

@@ -21,19 +21,25 @@ from .errors import ConfigError
 BF16_CPU_FLAGS = ("avx512_bf16", "amx_bf16")
 
 
-def cpu_bf16_instructions(cpuinfo: str | None = None) -> list[str]:
-    """The native bf16 matrix instruction sets of this CPU, by their /proc/cpuinfo flag names;
-    empty where there are none, or where /proc/cpuinfo does not exist (not Linux)."""
+def cpu_flags(cpuinfo: str | None = None) -> set[str]:
+    """This CPU's instruction-set flags (the first "flags" line of /proc/cpuinfo); empty where
+    there is none (not Linux)."""
     if cpuinfo is None:
         try:
             cpuinfo = Path("/proc/cpuinfo").read_text()
         except OSError:
-            return []
+            return set()
     for line in cpuinfo.splitlines():
         if line.startswith("flags"):
-            flags = set(line.split(":", 1)[1].split())
-            return [f for f in BF16_CPU_FLAGS if f in flags]
-    return []
+            return set(line.split(":", 1)[1].split())
+    return set()
+
+
+def cpu_bf16_instructions(cpuinfo: str | None = None) -> list[str]:
+    """The native bf16 matrix instruction sets of this CPU, by their /proc/cpuinfo flag names;
+    empty where there are none, or where /proc/cpuinfo does not exist (not Linux)."""
+    flags = cpu_flags(cpuinfo)
+    return [f for f in BF16_CPU_FLAGS if f in flags]
 
 
 def cuda_has_bf16(device: torch.device) -> bool:

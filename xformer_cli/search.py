@@ -21,6 +21,7 @@ Scores: ``positional_scores`` are the log-probabilities of each output token (eo
 
 from __future__ import annotations
 
+import functools
 import math
 import time
 from dataclasses import dataclass
@@ -194,6 +195,19 @@ def _decoder_step(model: Transformer, token, memory, src_pad, keys, values, cros
     return _forbid_specials(F.log_softmax(out.float(), dim=-1), at_max) if project else out
 
 
+class _FrozenStep(torch.nn.Module):
+    """``_decoder_step`` of one model as a module: torch.compile of a module sees its weights as
+    its own parameters and buffers, which inductor's freezing makes constants (a function of the
+    model gets them as inputs)."""
+
+    def __init__(self, model: Transformer):
+        super().__init__()
+        self.model = model
+
+    def forward(self, *args):
+        return _decoder_step(self.model, *args)
+
+
 class CompiledStep:
     """torch.compile of the per-step decoder work: the incremental decoder step with its output
     projection, log-softmax and specials mask (with a shortlist: the step alone, its projection
@@ -205,12 +219,23 @@ class CompiledStep:
     cross-attention (rows != sentences) is a second branch. A batch's first step, which computes
     the cross-attention keys and values and allocates the cache, runs eagerly.
     compile_seconds: the time of the calls that compiled a graph; graphs: how many they made.
+    cache (``compiling.CompileCache``): torch's compiled artifacts kept in a file between runs.
     """
 
-    def __init__(self, backend: Optional[str] = None, mode: Optional[str] = None):
-        self.compiled = torch.compile(_decoder_step, backend=backend or compiling.COMPILE_BACKEND, dynamic=True,
-                                      fullgraph=True, mode=mode)
+    def __init__(self, backend: Optional[str] = None, mode: Optional[str] = None, freeze: bool = False,
+                 cache: Optional[compiling.CompileCache] = None):
+        # freeze: each model's weights become constants of its own graphs, as inductor needs for
+        # the int8 layers (quantization.Int8Linear) it lowers to oneDNN's prepacked products
+        # (torch.compile's options={"freezing": True} does not reach the lowering: the config is
+        # patched around the calls instead)
+        self.freeze, self.frozen = freeze, {}
+        self.compile = functools.partial(torch.compile, backend=backend or compiling.COMPILE_BACKEND, dynamic=True,
+                                         fullgraph=True, mode=mode)
+        self.compiled = self.compile(_decoder_step)
         self.compile_seconds, self.graphs = 0.0, 0
+        self.cache = cache  # kept between runs: loaded now, saved after each call that compiled
+        if cache is not None:
+            cache.load()
 
     def __call__(self, model: Transformer, token: torch.Tensor, memory: torch.Tensor, src_pad: torch.Tensor,
                  cache: DecoderCache, at_max: Optional[torch.Tensor], project: bool) -> torch.Tensor:
@@ -219,11 +244,21 @@ class CompiledStep:
             at_max = torch.zeros(token.size(0), dtype=torch.bool, device=token.device)
         compiling.mark_dynamic(token, memory, src_pad, at_max, *keys, *values, *cross_keys, *cross_values)
         graphs, start = compiling.compiled_graphs(), time.perf_counter()
-        out = self.compiled(model, token, memory, src_pad, keys, values, cross_keys, cross_values, cache.length, at_max,
-                            project)
+        args = (token, memory, src_pad, keys, values, cross_keys, cross_values, cache.length, at_max, project)
+        if self.freeze:
+            if id(model) not in self.frozen:
+                self.frozen[id(model)] = self.compile(_FrozenStep(model))
+            from torch._inductor import config as inductor_config
+
+            with inductor_config.patch(freezing=True):
+                out = self.frozen[id(model)](*args)
+        else:
+            out = self.compiled(model, *args)
         if compiling.compiled_graphs() > graphs:  # compiling, not decoding: kept apart from the speed
             self.compile_seconds += time.perf_counter() - start
             self.graphs += compiling.compiled_graphs() - graphs
+            if self.cache is not None:
+                self.cache.save()
         cache.advance()  # the step wrote the next position of every buffer
         return out
 

@@ -139,7 +139,7 @@ def translate(options: TranslateOptions) -> None:
         warn(f"{stats.empty_outputs:,} of {stats.lines - stats.empty:,} non-empty line(s) got an empty translation "
               "(a model that ends every sentence at once: an untrained or broken checkpoint?)")
     if not options.quiet and not interactive:
-        _summary(console, stats, elapsed, options, getattr(engine, "compiled", None))
+        _summary(console, stats, elapsed, options, getattr(engine, "compiled", None), getattr(engine, "int8_engine", None))
 
 
 def _constraints(sp, wanted: list, max_target: int, options: TranslateOptions, where: str, first_line: int):
@@ -156,9 +156,11 @@ def _constraints(sp, wanted: list, max_target: int, options: TranslateOptions, w
     return encode_constraints(sp, wanted, max_target, where, first_line)
 
 
-def _summary(console, stats: Stats, elapsed: float, options: TranslateOptions, compiled=None) -> None:
+def _summary(console, stats: Stats, elapsed: float, options: TranslateOptions, compiled=None,
+             int8_engine: Optional[str] = None) -> None:
     """The summary table; with --compile (``compiled``, a search.CompiledStep) the calls that
-    compiled a graph are reported on their own row and left out of the speeds."""
+    compiled a graph are reported on their own row and left out of the speeds; with --quantize
+    int8 the quantized engine and how it was chosen (``int8_engine``)."""
     translated = stats.lines - stats.empty
     mode = "sampling" if options.sampling else "greedy" if options.beam_size == 1 else f"beam {options.beam_size}"
     compiling = compiled.compile_seconds if compiled is not None else 0.0
@@ -172,6 +174,7 @@ def _summary(console, stats: Stats, elapsed: float, options: TranslateOptions, c
         ("source / target subwords", f"{stats.src_tokens:,} / {stats.tgt_tokens:,}"),
         ("time", f"{elapsed:.2f} s"),
         *([("compile (not in the speeds)", f"{compiling:.2f} s, {compiled.graphs} graph(s)")] if compiled else []),
+        *([("int8 engine", int8_engine)] if int8_engine else []),
         ("sentences/s", f"{translated / decoding:,.1f}"),
         ("target subwords/s", f"{stats.tgt_tokens / decoding:,.0f}"),
     ]

@@ -1,0 +1,120 @@
+"""int8 decoding layers (xformer_cli/quantization.py): the compilable int8 linear layer within its
+rounding bound and the compiled int8 search within int8's tolerance of the fp32 model, on every
+CPU kind; --int8-engine auto's choice by measurement, cached, and forced by the option."""
+
+import copy
+import json
+
+import pytest
+import torch
+from torch import nn
+
+from xformer_cli import compiling, quantization
+from xformer_cli.engines import XfEngine
+from xformer_cli.model import build_model
+from xformer_cli.options import DecodingOptions
+from xformer_cli.quantization import ACTIVATION_LEVELS, Int8Linear, choose_int8_engine, quantize_int8_compilable
+from xformer_cli.search import CompiledStep, search
+
+from test_translate import INT8_LOG_PROB_BOUND, teacher_forced_log_probs
+
+
+@pytest.fixture
+def default_quantized_engine():
+    yield
+    torch.backends.quantized.engine = "fbgemm"  # process-wide: the next test gets the default
+
+
+@pytest.mark.kernels
+@pytest.mark.parametrize("inputs, outputs", [(256, 1024), (1024, 256), (64, 40)])
+def test_int8_linear_is_within_its_rounding_bound(inputs, outputs):
+    """Int8Linear against the fp32 layer, per output entry, within the error its quantization
+    allows: half an activation step times the weights' magnitudes, half a weight step times the
+    inputs', and their product (the int32 sums are exact on every CPU kind: 7-bit activations
+    keep AVX2's 16-bit pair sums from saturating; with 8 bits, capped at AVX2, this broke by 6.7x)."""
+    torch.manual_seed(0)
+    linear = nn.Linear(inputs, outputs)
+    x = torch.randn(300, inputs) * 3
+    x[:, 0] = 20  # one large feature: a wide activation range
+    with torch.no_grad():
+        error = (Int8Linear(linear)(x) - linear(x)).abs()
+        x_step = (x.max() - x.min()) / ACTIVATION_LEVELS
+        w_step = linear.weight.abs().amax(dim=1) / 127  # (out,)
+        bound = (linear.weight.abs().sum(dim=1) * x_step / 2 + x.abs().sum(dim=1, keepdim=True) * w_step / 2
+                 + inputs * x_step * w_step / 4)
+    assert error.max() > 0  # quantized: not fp32 under another name
+    assert (error <= bound * 1.001).all(), float((error / bound).max())
+
+
+@pytest.mark.slow
+@pytest.mark.kernels
+def test_compiled_int8_tracks_the_fp32_model_and_the_eager_int8_search(ckpt, sentences, multi30k_dir, monkeypatch):
+    """--compile --quantize int8: the int8 model's teacher-forced log-probabilities within
+    INT8_LOG_PROB_BOUND of fp32's (the bound torch.ao's int8 engines meet), and the compiled int8
+    search agreeing with the eager search of the same int8 layers on at least 90% of the output
+    tokens (the same oneDNN products; the traced graph's float rounding before a quantization
+    step can move an activation to the next level, so not every token). The graphs are
+    aot_eager's (traced as inductor gets them; bench/bench_decode_compile.py --quantize int8 runs
+    inductor). Searched hypotheses are not bounded against fp32 by INT8_LOG_PROB_BOUND: on this
+    random model torch.ao's int8 engines themselves are 0.37 nats from fp32 at one position."""
+    from xformer_cli.translation import open_engine
+    from xformer_cli.options import TranslateOptions
+
+    monkeypatch.setattr(compiling, "COMPILE_BACKEND", "aot_eager")
+    torch._dynamo.reset()
+    fp32, sp, _ = open_engine(TranslateOptions(path=(ckpt,), device="cpu"))
+    (reference,) = fp32.models
+    model = quantize_int8_compilable(copy.deepcopy(reference))
+    assert not [m for m in model.modules() if type(m) is nn.Linear]  # every linear layer is int8
+    targets = (multi30k_dir / "test2016.de").read_text(encoding="utf-8").splitlines()[: len(sentences)]
+    differ = (teacher_forced_log_probs(model, sp, sentences, targets)
+              - teacher_forced_log_probs(reference, sp, sentences, targets)).abs()
+    assert 1e-4 < differ.max() < INT8_LOG_PROB_BOUND
+    src = [sp.encode(s)[:20] + [2] for s in sentences]
+    width = max(map(len, src))
+    src = torch.tensor([s + [1] * (width - len(s)) for s in src])
+    options = DecodingOptions(beam_size=4, max_len_a=1.0, max_len_b=5)
+    step = CompiledStep(freeze=True)
+    compiled = [hyps[0].tokens for hyps in search([model], src, options, compiled=step)]
+    eager = [hyps[0].tokens for hyps in search([model], src, options)]
+    assert step.graphs > 0
+    same = sum(a == b for c, e in zip(compiled, eager) for a, b in zip(c, e))
+    assert same >= 0.9 * sum(max(len(c), len(e)) for c, e in zip(compiled, eager)), (compiled, eager)
+    torch._dynamo.reset()
+
+
+def test_int8_engine_auto_picks_the_fastest_and_caches_it(tmp_path, monkeypatch, capsys):
+    """The fastest engine by measurement, whatever its name; timed once per key, then read from
+    the cache; an unreadable cache is warned about and replaced."""
+    model = build_model("tiny", vocab_size=40, d_model=32, d_ff=64, heads=4, encoder_layers=1, decoder_layers=1)
+    cache = tmp_path / "int8-engines.json"
+    engines = [e for e in quantization.INT8_ENGINES if e in torch.backends.quantized.supported_engines]
+    slowest_first = {e: float(len(engines) - i) for i, e in enumerate(engines)}
+    monkeypatch.setattr(quantization, "time_engines", lambda names, shapes, rows: dict(slowest_first))
+    assert choose_int8_engine(model, 8, cache)[0] == engines[-1]
+    monkeypatch.setattr(quantization, "time_engines", lambda *a: pytest.fail("timed again"))
+    engine, how = choose_int8_engine(model, 8, cache)
+    assert engine == engines[-1] and how == f"cached in {cache}"
+    assert oct(cache.stat().st_mode & 0o777) == "0o600"
+    cache.write_text("{not json")
+    monkeypatch.setattr(quantization, "time_engines", lambda names, shapes, rows: {e: 1.0 for e in names})
+    assert choose_int8_engine(model, 8, cache)[0] == engines[0]
+    assert "ignoring an unreadable int8 engine cache" in capsys.readouterr().err
+    assert list(json.loads(cache.read_text()).values())[0]["engine"] == engines[0]
+
+
+def test_time_engines_times_every_engine(default_quantized_engine):
+    seconds = quantization.time_engines(["fbgemm", "onednn"], [(16, 24), (24, 16)], rows=8, repeats=1)
+    assert set(seconds) == {"fbgemm", "onednn"} and all(0 < s < 60 for s in seconds.values())
+
+
+def test_the_int8_engine_is_forced_by_the_option_or_read_from_the_cache(ckpt, default_quantized_engine):
+    engine, _ = XfEngine.open([ckpt], device="cpu", quantize="int8", int8_engine="x86")
+    assert torch.backends.quantized.engine == "x86" and engine.int8_engine == "x86 (asked for)"
+    # auto, with a cache that says onednn measured fastest here for this model: onednn, untimed
+    model = XfEngine.open([ckpt], device="cpu")[0].models[0]
+    key = quantization.engine_cache_key(quantization.linear_shapes(model), quantization.CALIBRATION_ROWS)
+    cache = compiling.cache_dir() / "int8-engines.json"
+    compiling.write_private(cache, json.dumps({key: {"engine": "onednn"}}).encode())
+    engine, _ = XfEngine.open([ckpt], device="cpu", quantize="int8")
+    assert torch.backends.quantized.engine == "onednn" and engine.int8_engine == f"onednn (cached in {cache})"
