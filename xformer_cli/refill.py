@@ -29,7 +29,8 @@ import torch
 from .batching import collate_source
 from .model import Transformer
 from .options import DecodingOptions
-from .search import LOG_ZERO, DecoderState, Hypothesis, _best_extensions, force_tokens, length_penalty, max_output_lengths
+from .search import (LOG_ZERO, DecoderState, Hypothesis, _best_extensions, force_tokens, length_penalty,
+                     max_output_lengths)
 from .vocab import BOS_ID, EOS_ID, PAD_ID
 
 
@@ -174,7 +175,7 @@ def refill_search(models: Sequence[Transformer], sources: Sequence[Sequence[int]
     tokens = torch.full((len(sent) * k, 1), BOS_ID, dtype=torch.long, device=device)
     pos_scores = torch.zeros(len(sent) * k, 1, device=device)
     scores = fresh_scores.repeat(len(sent))  # (rows,) cumulative log-probability
-    at_max_somewhere = bool(max_len.le(0).any())  # host: whether some sentence may only emit eos at this step
+    limits_host, steps_host = limits.tolist(), [0] * len(sent)  # host copies: which rows are at their limit
 
     while sent:
         if state.length >= capacity and min(start) > 0:
@@ -182,11 +183,13 @@ def refill_search(models: Sequence[Transformer], sources: Sequence[Sequence[int]
             state.drop_slots(drop)
             start = [s - drop for s in start]
             tokens, pos_scores = tokens[:, drop:], pos_scores[:, drop:]
-        at_max = max_len.le(step).repeat_interleave(k) if at_max_somewhere else None
+        at_max_somewhere = any(steps_host[j] >= limits_host[i] for j, i in enumerate(sent))
+        at_max = max_len.le(step).repeat_interleave(k) if at_max_somewhere else None  # None: nothing to mask
         lprobs = state.next_log_probs(tokens, at_max)  # (rows, V)
         if slot_prefix is not None:
             width = slot_prefix.size(1)
-            forced = slot_prefix.gather(1, step.clamp(max=width - 1)[:, None]).view(-1).masked_fill(step.ge(width), PAD_ID)
+            forced = slot_prefix.gather(1, step.clamp(max=width - 1)[:, None]).view(-1)
+            forced = forced.masked_fill(step.ge(width), PAD_ID)  # (slots,): PAD_ID past the prefix
             lprobs = force_tokens(lprobs, forced.repeat_interleave(k), None)
         top_scores, top_beam, top_token, top_lprobs = _best_extensions(scores, lprobs, k, None)  # (slots, 2k)
         base_rows = torch.arange(top_scores.size(0), device=device)[:, None] * k  # (slots, 1)
@@ -213,9 +216,11 @@ def refill_search(models: Sequence[Transformer], sources: Sequence[Sequence[int]
         bound = best_live / torch.maximum(lp(step.float() + 2.0), max_lp)
         done = fin_count.ge(k) | max_len.le(step) | fin_best[:, -1].ge(bound)
         step += 1
-        any_final, done_slots = bool(final.any()), done.nonzero().view(-1).tolist()
+        steps_host = [s + 1 for s in steps_host]
+        done_flags, final_flags = torch.stack((done, final.any(dim=1))).tolist()  # the step's one sync
+        done_slots = [j for j, d in enumerate(done_flags) if d]
 
-        if any_final:
+        if any(final_flags):
             slot, rank = final.nonzero(as_tuple=True)
             done_rows = base_rows[:, 0][slot] + top_beam[slot, rank]
             for j, row_tokens, row_pos, s, last in zip(
@@ -232,7 +237,7 @@ def refill_search(models: Sequence[Transformer], sources: Sequence[Sequence[int]
                 where, new = (torch.tensor(x, device=device) for x in (refill, [i for i, _ in entries]))
                 where_rows = (where[:, None] * k + beam_offsets).view(-1)
                 for j, (i, _) in zip(refill, entries):
-                    sent[j], start[j] = i, state.length
+                    sent[j], start[j], steps_host[j] = i, state.length, 0
                 step[where], max_len[where], fin_count[where] = 0, limits[new], 0
                 max_lp[where] = lp(limits[new].double() + 1).float()
                 fin_best[where] = LOG_ZERO
@@ -241,8 +246,9 @@ def refill_search(models: Sequence[Transformer], sources: Sequence[Sequence[int]
                 scores.view(-1, k)[where] = fresh_scores
                 tokens[where_rows, -1] = BOS_ID
             if leave:  # nothing waits: done sentences leave the batch
-                keep = [j for j in range(len(sent)) if j not in set(leave)]
+                keep = sorted(set(range(len(sent))) - set(leave))
                 sent, start = [sent[j] for j in keep], [start[j] for j in keep]
+                steps_host = [steps_host[j] for j in keep]
                 if not sent:
                     break
                 keep_t = torch.tensor(keep, device=device)
@@ -252,6 +258,5 @@ def refill_search(models: Sequence[Transformer], sources: Sequence[Sequence[int]
                 fin_count, fin_best = fin_count[keep_t], fin_best[keep_t]
                 slot_prefix = slot_prefix[keep_t] if slot_prefix is not None else None
                 tokens, pos_scores, scores = tokens[keep_rows], pos_scores[keep_rows], scores[keep_rows]
-        at_max_somewhere = bool(max_len.le(step).any()) if sent else False
 
     return [sorted(hyps, key=lambda h: -h.score)[:nbest] for hyps in finished]
