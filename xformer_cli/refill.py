@@ -140,7 +140,7 @@ def refill_search(models: Sequence[Transformer], sources: Sequence[Sequence[int]
     returns each sentence's nbest hypotheses, best first, in pool order: those of
     ``search.beam_search`` (and ``greedy_search``) over the same sentences. prefix (len(sources),
     P): each sentence's forced first output ids, PAD_ID-filled (``engines.collate_prefix``; None:
-    none). The rules of a step (the 2k best extensions, finished hypotheses, when a sentence is
+    none); device: the models' (None: the CPU). The rules of a step (the 2k best extensions, finished hypotheses, when a sentence is
     done) are beam_search's, applied to each sentence at its own step."""
     # One function on purpose, as _beam_search: a step is one story over tensors that change together.
     k, nbest = options.beam_size, options.nbest
