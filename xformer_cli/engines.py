@@ -27,6 +27,7 @@ from .model import Transformer
 from .options import TranslateOptions
 from .precision import precision_warning, resolve_precision
 from .quantization import CALIBRATION_ROWS, choose_int8_engine, quantize_int8, quantize_int8_compilable
+from .refill import refill_search
 from .search import CompiledStep, Hypothesis, next_token_alternatives, search, with_prefix_candidates
 from .shortlist import Shortlist
 from .vocab import PAD_ID, MappedVocabulary
@@ -48,6 +49,16 @@ class Engine:
         starts with; constraints: each sentence's lexical constraints, which every hypothesis
         meets (those no hypothesis met are listed in constraints.unmet and searched without). With options.alternatives N: the N most likely ids at the position after the
         prefix, each completed by the search, in that order (CTranslate2's return_alternatives)."""
+        raise NotImplementedError
+
+    def refills(self, options: TranslateOptions) -> bool:
+        """Whether ``refill`` can search with these options (engines without it: never)."""
+        return False
+
+    def refill(self, sentences: Sequence[Sequence[int]], options: TranslateOptions,
+               prefixes: Optional[Sequence[Sequence[int]]] = None) -> list[list[Hypothesis]]:
+        """``search``'s hypotheses of every sentence, options.batch_size of them decoding at once
+        and a finished one replaced by the next at the next step (``refill.py``), in order."""
         raise NotImplementedError
 
     def alignments(self, sentences: Sequence[Sequence[int]], found: list[list[Hypothesis]], layer: int):
@@ -135,6 +146,14 @@ class XfEngine(Engine):
         prefix = collate_prefix(prefixes, self.device)
         return search(self.models, src, options, generator, with_prefix_candidates(candidates, prefix), self.compiled,
                       prefix, constraints)
+
+    def refills(self, options: TranslateOptions) -> bool:
+        # a shortlist's candidates and a compiled graph are a batch's: those search batch by batch
+        return not (options.sampling or options.alternatives or self.shortlist is not None or self.compiled is not None)
+
+    def refill(self, sentences, options, prefixes=None) -> list[list[Hypothesis]]:
+        return refill_search(self.models, sentences, options, options.batch_size, collate_prefix(prefixes, self.device),
+                             self.device)
 
     def _alternatives(self, src, options, generator, candidates, prefixes, constraints=None) -> list[list[Hypothesis]]:
         """Each sentence's options.alternatives ids after its prefix, each as the prefix's next

@@ -343,6 +343,12 @@ class TranslateOptions(DecodingOptions):
     batch_size: int = option(64, "sentences per batch", range=Range(1, 1 << 20))
     max_tokens: int = option(0, "padded source subwords per batch instead of --batch-size (0: use batch_size)", range=COUNT)
     buffer_size: int = option(2000, "lines read ahead and sorted by length into batches", range=Range(1, 1 << 24))
+    refill: bool = option(
+        False, "keep --batch-size sentences decoding: a finished sentence's rows go to the next sentence of the buffer "
+        "at the next step, so no batch runs half-empty (the same outputs, scores within float rounding); xf engine, "
+        "beam search and greedy; batch by batch as without it for --max-tokens, --workers, --sampling, --shortlist, "
+        "--compile, --alternatives and lines with constraints"
+    )
     output_format: Literal["text", "jsonl"] = option(
         "text", "text lines, or JSON lines with source, hypotheses, scores and positional scores"
     )

@@ -304,7 +304,12 @@ def _force_prefix(lprobs: torch.Tensor, prefix: Optional[torch.Tensor], step: in
     lprobs' columns (a shortlist, which holds every prefix token: ``with_prefix_candidates``)."""
     if prefix is None or step >= prefix.size(1):
         return lprobs
-    forced = prefix[:, step].repeat_interleave(rows_per_sentence)  # (rows,)
+    return force_tokens(lprobs, prefix[:, step].repeat_interleave(rows_per_sentence), candidates)
+
+
+def force_tokens(lprobs: torch.Tensor, forced: torch.Tensor, candidates: Optional[torch.Tensor]) -> torch.Tensor:
+    """lprobs (rows, V) with each row where ``forced`` (rows,) is not PAD_ID allowed only that
+    token, at its own log-probability (``_force_prefix`` at one step)."""
     cols = (forced if candidates is None else torch.searchsorted(candidates, forced))[:, None]
     only = torch.full_like(lprobs, LOG_ZERO).scatter_(1, cols, lprobs.gather(1, cols))
     return torch.where(forced.ne(PAD_ID)[:, None], only, lprobs)
