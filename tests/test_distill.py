@@ -2,6 +2,7 @@
 on a tiny slice of Multi30k with a tiny teacher (trained by run.sh) and a tiny student."""
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -87,5 +88,8 @@ def test_distill_end_to_end_and_resume(tmp_path):
     again = run_recipe("multi30k/distill.sh", env, "en-de")
     assert "teacher translates train.en: skipped" in again.stderr and "bench: skipped" in again.stderr
     assert table in again.stdout
+    # `size`: the decoding speed of each shape asked for, on the student's data
+    size = run_recipe("multi30k/distill.sh", {**env, "SIZES": "2x1:32:64"}, "en-de", "size")
+    assert re.search(r"^2x1:32:64 +sentences/s [0-9.,]+$", size.stdout, re.M), size.stdout
     bad = run_recipe("multi30k/distill.sh", {**env, "TEACHER": tmp_path / "none.pt"}, "en-de", check=False)
     assert bad.returncode != 0 and "none.pt not found" in bad.stderr
