@@ -30,6 +30,8 @@
 #   WORK_DIR         outputs (default work-dirs/multi30k-PAIR-distill); a re-run skips finished steps
 #   BENCH_THREADS (2), BENCH_BATCH (64), BENCH_REPEATS (3): the bench's settings; BENCH_SOURCE:
 #                    the text it translates (default test2016.$SRC)
+#   CHUNK_LINES      the teacher translates train in chunks of this many lines (2000), each kept when
+#                    done: an interrupted run resumes at the first chunk missing
 #   SIZES            the shapes `size` measures, ENCxDEC:D_MODEL:D_FF, e.g. "3x3:256:1024 3x1:256:1024"
 set -euo pipefail
 source "$(dirname "$0")/../lib.sh"
@@ -79,6 +81,25 @@ D=$WORK_DIR/distilled
 teacher_translate() {
   xf translate "${teacher_paths[@]}" --input "$DATA/$1.$SRC" --output "$D/$1.$TGT" --beam-size 4 \
     --lenpen "$TEACHER_LENPEN" --batch-size 64 "${teacher_args[@]}"
+}
+# teacher_translate_train: the same for train, in chunks of CHUNK_LINES lines (default 2000), each
+# written when done, so that an interrupted run resumes at the first chunk missing
+teacher_translate_train() {
+  local parts=$D/train-parts part
+  mkdir -p "$parts"
+  if [[ ! -f $parts/split.done ]]; then
+    rm -f "$parts"/src.* "$parts"/hyp.*
+    split -l "${CHUNK_LINES:-2000}" -d -a 4 "$DATA/train.$SRC" "$parts/src." && touch "$parts/split.done" || return
+  fi
+  for part in "$parts"/src.*; do
+    [[ -f $parts/hyp.${part##*.} ]] && continue
+    note "chunk ${part##*.}"
+    xf translate "${teacher_paths[@]}" --input "$part" --output "$parts/hyp.${part##*.}" --beam-size 4 \
+      --lenpen "$TEACHER_LENPEN" --batch-size 64 "${teacher_args[@]}" || return
+  done
+  cat "$parts"/hyp.* >"$D/train.$TGT.tmp" || return
+  [[ $(wc -l <"$D/train.$TGT.tmp") == $(wc -l <"$DATA/train.$SRC") ]] || { echo "the chunks' translations do not add up to $DATA/train.$SRC: delete $parts" >&2; return 1; }
+  mv "$D/train.$TGT.tmp" "$D/train.$TGT" && rm -r "$parts"
 }
 # teacher_scores SPLIT: the teacher's forced-decoding log-probs of its own translations
 teacher_scores() {
@@ -225,7 +246,7 @@ step "teacher translates val.$SRC" "$D/val.$TGT" teacher_translate val
 step "teacher scores its val translations" "$D/val.scores.jsonl" teacher_scores val
 step "filter cuts on val" "$D/filter-val.txt" filter_val "$D/filter-val.txt"
 cat "$D/filter-val.txt" >&2
-step "teacher translates train.$SRC" "$D/train.$TGT" teacher_translate train
+step "teacher translates train.$SRC" "$D/train.$TGT" teacher_translate_train
 step "teacher scores its train translations" "$D/train.scores.jsonl" teacher_scores train
 step "filter (per-token log-prob >= $FILTER_MIN_MEAN)" "$D/kept.json" filter_train
 
