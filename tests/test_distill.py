@@ -13,36 +13,47 @@ from test_recipes import RECIPES, TINY, multi30k_slice, read, run_recipe, write
 FILTER = RECIPES / "multi30k" / "distill_filter.py"
 
 
-def run_filter(tmp_path, means, targets, cut):
+def run_filter(tmp_path, means, targets, *cuts):
     scores = write(tmp_path / "scores.jsonl", [json.dumps({"line": i + 1, "mean": m}) for i, m in enumerate(means)])
     source = write(tmp_path / "src.en", [f"source {i}" for i in range(len(means))])
     target = write(tmp_path / "hyp.de", targets)
     return subprocess.run([sys.executable, str(FILTER), str(scores), str(source), str(target),
-                           str(tmp_path / "kept"), "en", "de", str(cut)], capture_output=True, text=True)
+                           str(tmp_path / "kept"), "en", "de", *map(str, cuts)], capture_output=True, text=True)
 
 
-def test_filter_keeps_the_pairs_at_or_above_the_cut_in_order(tmp_path):
+def test_filter_drops_below_the_cut_and_empty_targets_keeping_the_order(tmp_path):
     means = [-0.5, -2.0, -1.0, -0.1, -1.5]
     targets = ["a", "b", "c", "", "e"]  # the 4th is empty: dropped whatever its score
-    out = run_filter(tmp_path, means, targets, -1.0)
+    out = run_filter(tmp_path, means, targets, 0, -1.0)
     assert out.returncode == 0, out.stderr
     assert read(tmp_path / "kept.en") == ["source 0", "source 2"]
     assert read(tmp_path / "kept.de") == ["a", "c"]
     report = json.loads((tmp_path / "kept.json").read_text())
-    assert report == {"pairs": 5, "kept": 2, "min_mean": -1.0, "dropped_low_log_prob": 2, "dropped_empty": 1}
+    assert report == {"pairs": 5, "kept": 2, "drop": 0.0, "min_mean": -1.0, "dropped_low_log_prob": 2,
+                      "dropped_empty": 1, "lowest_mean_kept": -1.0}
 
 
-def test_filter_minus_inf_keeps_every_nonempty_pair(tmp_path):
-    out = run_filter(tmp_path, [-9.0, -30.0, -0.2], ["x", "y z", "w"], "-inf")
+def test_filter_drops_the_lowest_fraction(tmp_path):
+    means = [-0.3, -4.0, -0.2, -3.0, -0.9, -0.1, -2.5, -0.4, -0.6, -0.7]
+    out = run_filter(tmp_path, means, [f"t{i}" for i in range(10)], 0.2)  # the 2 lowest: lines 1 and 3
+    assert out.returncode == 0, out.stderr
+    assert read(tmp_path / "kept.de") == ["t0", "t2", "t4", "t5", "t6", "t7", "t8", "t9"]
+    assert json.loads((tmp_path / "kept.json").read_text())["lowest_mean_kept"] == -2.5
+
+
+def test_filter_zero_keeps_every_nonempty_pair(tmp_path):
+    out = run_filter(tmp_path, [-9.0, -30.0, -0.2], ["x", "y z", "w"], 0)
     assert out.returncode == 0, out.stderr
     assert read(tmp_path / "kept.de") == ["x", "y z", "w"]
     assert json.loads((tmp_path / "kept.json").read_text())["kept"] == 3
 
 
 def test_filter_refuses_scores_of_another_file_and_writes_nothing(tmp_path):
-    out = run_filter(tmp_path, [-1.0, -2.0], ["only one line"], -5)
+    out = run_filter(tmp_path, [-1.0, -2.0], ["only one line"], 0)
     assert out.returncode != 0 and "scores 2 pairs but" in out.stderr and "has 1 lines" in out.stderr
     assert not list(tmp_path.glob("kept*"))
+    out = run_filter(tmp_path, [-1.0], ["a"], 1.5)
+    assert out.returncode != 0 and "must be in [0, 1]" in out.stderr and not list(tmp_path.glob("kept*"))
 
 
 STUDENT = TINY.replace("  bpe_vocab_size: 300\n", "").replace(
@@ -69,7 +80,11 @@ def test_distill_end_to_end_and_resume(tmp_path):
     scores = [json.loads(line) for line in read(d / "train.scores.jsonl")]
     kept = json.loads((d / "kept.json").read_text())
     assert kept["pairs"] == 400 and kept["kept"] == len(read(d / "kept.de")) == len(read(d / "kept.en"))
-    assert kept["kept"] == sum(1 for s, h in zip(scores, read(d / "train.de")) if h.strip())
+    # the default: the 20 pairs (5%) of lowest per-token log-prob dropped, and any empty translation
+    hyps = read(d / "train.de")
+    lowest = set(sorted(range(400), key=lambda i: (scores[i]["mean"], -i))[:20])
+    expected = [h for i, h in enumerate(hyps) if h.strip() and i not in lowest]
+    assert kept["drop"] == 0.05 and read(d / "kept.de") == expected
     assert "drop" in (d / "filter-val.txt").read_text()
     # the student learned from the teacher's vocabulary and translated test2016
     from xformer_cli.checkpoint import load_checkpoint

@@ -3,7 +3,7 @@
 # student learns from its teacher's translations instead of the references.
 #   teacher translates val and train.$SRC (beam 4)  -> $WORK_DIR/distilled/{val,train}.$TGT
 #   xf score-pairs (teacher's forced decoding)      -> distilled/{val,train}.scores.jsonl
-#   filter: drop pairs by the teacher's per-token log-prob (FILTER_MIN_MEAN)
+#   filter: drop the pairs of lowest per-token log-prob (FILTER_DROP, FILTER_MIN_MEAN)
 #                                                   -> distilled/kept.{$SRC,$TGT}, filter.json
 #     (and on val, filter-val.txt: what each cut would drop, scored against the references)
 #   the pipeline of run.sh on the kept pairs, with the teacher's sentencepiece (--vocab-from):
@@ -23,8 +23,9 @@
 #   TEACHER_LENPEN   the teacher's length penalty (default: the lenpen run.sh chose on val, in
 #                    choice.json beside the teacher, else 0.6)
 #   TEACHER_ARGS     extra flags for the teacher's translations (e.g. "--quantize int8")
-#   FILTER_MIN_MEAN  drop distilled pairs whose per-token log-prob (xf score-pairs' mean) is lower
-#                    (default: -inf, keep all; see docs/recipes.md#distillation for why)
+#   FILTER_DROP      drop this fraction of the distilled pairs, those of lowest per-token log-prob
+#                    (xf score-pairs' mean); default 0.05, chosen on val (docs/recipes.md#distillation)
+#   FILTER_MIN_MEAN  also drop the pairs whose per-token log-prob is lower (default -inf: none)
 #   CONFIG           the student's YAML (default recipes/multi30k/student.yaml); PREPROCESS_ARGS,
 #                    TRAIN_ARGS, ... as in recipes/lib.sh
 #   WORK_DIR         outputs (default work-dirs/multi30k-PAIR-distill); a re-run skips finished steps
@@ -44,7 +45,7 @@ SRC=${PAIR%-*} TGT=${PAIR#*-}
 NAME="Multi30k $PAIR student"
 CONFIG=${CONFIG:-$RECIPES/multi30k/student.yaml}
 WORK_DIR=${WORK_DIR:-$REPO/work-dirs/multi30k-$PAIR-distill}
-FILTER_MIN_MEAN=${FILTER_MIN_MEAN:--inf}
+FILTER_DROP=${FILTER_DROP:-0.05} FILTER_MIN_MEAN=${FILTER_MIN_MEAN:--inf}
 mkdir -p "$WORK_DIR/distilled"
 # the Python that runs xf (its shebang): it has sacrebleu and torch, which the steps below import
 PY=$(sed -n '1s/^#! *//p' "$(command -v xf)")
@@ -127,14 +128,14 @@ for frac in (0.0, 0.02, 0.05, 0.10, 0.20):
     cut = f"{mean[order[n]]:.3f}" if n else "-inf"
     rows.append(f"{frac:>6.0%} {cut:>20} {avg([chrf[i] for i in dropped]):>13.1f} {avg([chrf[i] for i in kept]):>10.1f} {bleu(kept):>10.2f}")
 open(out, "w", encoding="utf-8").write("\n".join(rows) + "\n")
-print("\n".join(rows))
 EOF
 }
 
-# filter_train: keep the distilled pairs whose per-token log-prob is at least FILTER_MIN_MEAN.
+# filter_train: drop the FILTER_DROP of the distilled pairs of lowest per-token log-prob, and those below
+# FILTER_MIN_MEAN.
 filter_train() {
   "$PY" "$RECIPES/multi30k/distill_filter.py" "$D/train.scores.jsonl" "$DATA/train.$SRC" "$D/train.$TGT" \
-    "$D/kept" "$SRC" "$TGT" "$FILTER_MIN_MEAN"
+    "$D/kept" "$SRC" "$TGT" "$FILTER_DROP" "$FILTER_MIN_MEAN"
 }
 
 # export_int8 CKPT DIR: the checkpoint as a CTranslate2 model with int8 weights
@@ -248,7 +249,7 @@ step "filter cuts on val" "$D/filter-val.txt" filter_val "$D/filter-val.txt"
 cat "$D/filter-val.txt" >&2
 step "teacher translates train.$SRC" "$D/train.$TGT" teacher_translate_train
 step "teacher scores its train translations" "$D/train.scores.jsonl" teacher_scores train
-step "filter (per-token log-prob >= $FILTER_MIN_MEAN)" "$D/kept.json" filter_train
+step "filter (drop the lowest $FILTER_DROP, and below $FILTER_MIN_MEAN)" "$D/kept.json" filter_train
 
 PREPROCESS_ARGS="--vocab-from ${teacher[0]} ${PREPROCESS_ARGS:-}"
 TRAINPREF=$D/kept VALIDPREF=$DATA/val TESTPREF=$DATA/test2016
