@@ -215,7 +215,7 @@ for r in rows:
 EOF
 }
 
-# size: decoding speed (xf int8, the bench's settings) of candidate student shapes, each a model
+# size: decoding speed (xf int8 and CTranslate2 int8, the bench's settings) of candidate student shapes, each a model
 # trained for one update on the distilled data (speed hardly depends on the weights): outputs are
 # capped at the source length (max_len_a 1, max_len_b 0), about a real translation's length.
 size() {
@@ -228,9 +228,17 @@ size() {
       xf train "$WORK_DIR/data-bin" --config "$CONFIG" --save-dir "$dir" --max-update 1 --max-epoch 0 \
         --save-interval-updates 0 --encoder-layers "${layers%x*}" --decoder-layers "${layers#*x}" \
         --d-model "${rest%:*}" --d-ff "${rest#*:}" --threads "$threads" >/dev/null 2>&1 || die "xf train for $shape failed"
-    xf translate --path "$dir/checkpoint_last.pt" --quantize int8 --threads "$threads" --beam-size 4 \
-      --batch-size "$batch" --max-len-a 1 --max-len-b 0 --input "$DATA/val.$SRC" 2>"$dir/speed.log" >/dev/null
-    printf '%-14s %s\n' "$shape" "$(grep -o 'sentences/s [0-9.,]*' "$dir/speed.log" | tail -1)"
+    [[ -d $dir/ct2-int8 ]] || export_int8 "$dir/checkpoint_last.pt" "$dir/ct2-int8" || die "xf export for $shape failed"
+    local engine path speeds=()
+    for engine in xf ctranslate2; do
+      path=$dir/checkpoint_last.pt
+      [[ $engine == ctranslate2 ]] && path=$dir/ct2-int8
+      xf translate --engine "$engine" --path "$path" --quantize int8 --threads "$threads" --beam-size 4 \
+        --batch-size "$batch" --max-len-a 1 --max-len-b 0 --input "$DATA/val.$SRC" 2>"$dir/speed.log" >/dev/null ||
+        die "xf translate --engine $engine for $shape failed: $dir/speed.log"
+      speeds+=("$engine int8 $(grep -o 'sentences/s [0-9.,]*' "$dir/speed.log" | tail -1)")
+    done
+    printf '%-14s %s, %s\n' "$shape" "${speeds[@]}"
   done
 }
 
