@@ -68,12 +68,12 @@ def shared(*parts) -> Path:
     return data_root()[0].joinpath(*parts)
 
 
-def run_recipe(script: str, env: dict, *args, check=True) -> subprocess.CompletedProcess:
+def run_recipe(script: str, env: dict, *args, check=True, timeout=600) -> subprocess.CompletedProcess:
     """Run a recipe script with xf from this interpreter's environment first on PATH."""
     full_env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}", "NGPU": "0"}
     full_env.update({k: str(v) for k, v in env.items()})
     out = subprocess.run(
-        ["bash", str(RECIPES / script), *args], env=full_env, capture_output=True, text=True, timeout=600
+        ["bash", str(RECIPES / script), *args], env=full_env, capture_output=True, text=True, timeout=timeout
     )
     if check and out.returncode != 0:
         raise AssertionError(f"{script} failed ({out.returncode}):\n{out.stdout[-3000:]}\n{out.stderr[-5000:]}")

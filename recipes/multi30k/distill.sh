@@ -1,0 +1,277 @@
+#!/usr/bin/env bash
+# Multi30k distillation (sequence-level knowledge distillation, Kim and Rush 2016): a small, fast
+# student learns from its teacher's translations instead of the references.
+#   teacher translates val and train.$SRC (beam 4)  -> $WORK_DIR/distilled/{val,train}.$TGT
+#   xf score-pairs (teacher's forced decoding)      -> distilled/{val,train}.scores.jsonl
+#   filter: drop the pairs of lowest per-token log-prob (FILTER_DROP, FILTER_MIN_MEAN)
+#                                                   -> distilled/kept.{$SRC,$TGT}, filter.json
+#     (and on val, filter-val.txt: what each cut would drop, scored against the references)
+#   the pipeline of run.sh on the kept pairs, with the teacher's sentencepiece (--vocab-from):
+#   preprocess -> train the student (student.yaml) -> average (chosen on val) -> translate
+#   test2016 -> score
+#   the teacher on test2016; both exported to CTranslate2 int8; bench: the table in table.txt
+#
+#   bash recipes/multi30k/distill.sh [en-de|en-fr]         # all steps, then the table
+#   bash recipes/multi30k/distill.sh en-de bench           # the timing step again (alone on the machine)
+#   bash recipes/multi30k/distill.sh en-de size            # decoding speed of candidate student shapes
+#   TEACHER=/path/averaged.pt bash recipes/multi30k/distill.sh en-de
+#
+# Settings (environment, all optional):
+#   TEACHER          the teacher checkpoint (an ensemble: several paths separated by spaces). Default:
+#                    run.sh's averaged model, work-dirs/multi30k-PAIR/averaged.pt (cpu.yaml), trained
+#                    by run.sh when missing.
+#   TEACHER_LENPEN   the teacher's length penalty (default: the lenpen run.sh chose on val, in
+#                    choice.json beside the teacher, else 0.6)
+#   TEACHER_ARGS     extra flags for the teacher's translations (e.g. "--quantize int8")
+#   FILTER_DROP      drop this fraction of the distilled pairs, those of lowest per-token log-prob
+#                    (xf score-pairs' mean); default 0.05, chosen on val (docs/recipes.md#distillation)
+#   FILTER_MIN_MEAN  also drop the pairs whose per-token log-prob is lower (default -inf: none)
+#   CONFIG           the student's YAML (default recipes/multi30k/student.yaml); PREPROCESS_ARGS,
+#                    TRAIN_ARGS, ... as in recipes/lib.sh
+#   WORK_DIR         outputs (default work-dirs/multi30k-PAIR-distill); a re-run skips finished steps
+#   BENCH_THREADS (2), BENCH_BATCH (64), BENCH_REPEATS (3): the bench's settings; BENCH_SOURCE:
+#                    the text it translates (default test2016.$SRC)
+#   CHUNK_LINES      the teacher translates train in chunks of this many lines (2000), each kept when
+#                    done: an interrupted run resumes at the first chunk missing
+#   SIZES            the shapes `size` measures, ENCxDEC:D_MODEL:D_FF, e.g. "3x3:256:1024 3x1:256:1024"
+set -euo pipefail
+source "$(dirname "$0")/../lib.sh"
+
+PAIR=${1:-en-de}
+MODE=${2:-all}
+[[ $PAIR == en-de || $PAIR == en-fr ]] && [[ $MODE == all || $MODE == bench || $MODE == size ]] ||
+  die "usage: $0 [en-de|en-fr] [all|bench|size]"
+SRC=${PAIR%-*} TGT=${PAIR#*-}
+NAME="Multi30k $PAIR student"
+CONFIG=${CONFIG:-$RECIPES/multi30k/student.yaml}
+WORK_DIR=${WORK_DIR:-$REPO/work-dirs/multi30k-$PAIR-distill}
+FILTER_DROP=${FILTER_DROP:-0.05} FILTER_MIN_MEAN=${FILTER_MIN_MEAN:--inf}
+mkdir -p "$WORK_DIR/distilled"
+# the Python that runs xf (its shebang): it has sacrebleu and torch, which the steps below import
+PY=$(sed -n '1s/^#! *//p' "$(command -v xf)")
+[[ $PY != *" "* && -x $PY ]] || PY=python3
+
+source "$RECIPES/multi30k/data.sh"
+multi30k_data  # sets DATA
+
+if [[ -z ${TEACHER:-} ]]; then
+  teacher_dir=$REPO/work-dirs/multi30k-$PAIR
+  TEACHER=$teacher_dir/averaged.pt
+  if [[ ! -f $TEACHER ]]; then
+    log "teacher: $TEACHER missing, training it with run.sh (cpu.yaml)"
+    WORK_DIR=$teacher_dir CONFIG=$RECIPES/multi30k/cpu.yaml bash "$RECIPES/multi30k/run.sh" "$PAIR" >&2 ||
+      die "run.sh $PAIR failed: a re-run resumes it"
+  fi
+fi
+read -r -a teacher <<<"$TEACHER"
+teacher_paths=()
+for t in "${teacher[@]}"; do
+  [[ -f $t ]] || die "teacher checkpoint $t not found"
+  teacher_paths+=(--path "$t")
+done
+if [[ -z ${TEACHER_LENPEN:-} ]]; then
+  choice=$(dirname "${teacher[0]}")/choice.json
+  TEACHER_LENPEN=0.6
+  [[ -f $choice ]] && TEACHER_LENPEN=$(python3 -c 'import json, sys; print(json.load(open(sys.argv[1]))["chosen"]["lenpen"])' "$choice")
+fi
+read -r -a teacher_args <<<"${TEACHER_ARGS:-}"
+note "teacher: ${teacher[*]} (lenpen $TEACHER_LENPEN)"
+
+D=$WORK_DIR/distilled
+# teacher_translate SPLIT: the teacher's beam-4 translation of $DATA/SPLIT.$SRC (written atomically)
+teacher_translate() {
+  xf translate "${teacher_paths[@]}" --input "$DATA/$1.$SRC" --output "$D/$1.$TGT" --beam-size 4 \
+    --lenpen "$TEACHER_LENPEN" --batch-size 64 "${teacher_args[@]}"
+}
+# teacher_translate_train: the same for train, in chunks of CHUNK_LINES lines (default 2000), each
+# written when done, so that an interrupted run resumes at the first chunk missing
+teacher_translate_train() {
+  local parts=$D/train-parts part
+  mkdir -p "$parts"
+  if [[ ! -f $parts/split.done ]]; then
+    rm -f "$parts"/src.* "$parts"/hyp.*
+    split -l "${CHUNK_LINES:-2000}" -d -a 4 "$DATA/train.$SRC" "$parts/src." && touch "$parts/split.done" || return
+  fi
+  for part in "$parts"/src.*; do
+    [[ -f $parts/hyp.${part##*.} ]] && continue
+    note "chunk ${part##*.}"
+    xf translate "${teacher_paths[@]}" --input "$part" --output "$parts/hyp.${part##*.}" --beam-size 4 \
+      --lenpen "$TEACHER_LENPEN" --batch-size 64 "${teacher_args[@]}" || return
+  done
+  cat "$parts"/hyp.* >"$D/train.$TGT.tmp" || return
+  [[ $(wc -l <"$D/train.$TGT.tmp") == $(wc -l <"$DATA/train.$SRC") ]] || { echo "the chunks' translations do not add up to $DATA/train.$SRC: delete $parts" >&2; return 1; }
+  mv "$D/train.$TGT.tmp" "$D/train.$TGT" && rm -r "$parts"
+}
+# teacher_scores SPLIT: the teacher's forced-decoding log-probs of its own translations
+teacher_scores() {
+  xf score-pairs "${teacher_paths[@]}" --source "$DATA/$1.$SRC" --target "$D/$1.$TGT" --output "$D/$1.scores.jsonl"
+}
+
+# filter_val REPORT: on val, what each cut of the teacher's per-token log-prob would drop, and how
+# good the dropped and the kept translations are against the references (sentence chrF, corpus BLEU).
+filter_val() {
+  "$PY" - "$D/val.scores.jsonl" "$D/val.$TGT" "$DATA/val.$TGT" "$1" <<'EOF'
+import json, sys
+import sacrebleu
+scores, hyps, refs, out = sys.argv[1:5]
+mean = [json.loads(l)["mean"] for l in open(scores, encoding="utf-8")]
+hyps = open(hyps, encoding="utf-8").read().splitlines()
+refs = open(refs, encoding="utf-8").read().splitlines()
+chrf = [sacrebleu.sentence_chrf(h, [r]).score for h, r in zip(hyps, refs)]
+order = sorted(range(len(mean)), key=lambda i: mean[i])
+avg = lambda xs: sum(xs) / len(xs) if xs else float("nan")
+bleu = lambda ids: sacrebleu.corpus_bleu([hyps[i] for i in ids], [[refs[i] for i in ids]]).score if ids else float("nan")
+rows = [f"{'drop':>6} {'cut (mean log-prob)':>20} {'chrF dropped':>13} {'chrF kept':>10} {'BLEU kept':>10}"]
+for frac in (0.0, 0.02, 0.05, 0.10, 0.20):
+    n = round(frac * len(order))
+    dropped, kept = order[:n], order[n:]
+    cut = f"{mean[order[n]]:.3f}" if n else "-inf"
+    rows.append(f"{frac:>6.0%} {cut:>20} {avg([chrf[i] for i in dropped]):>13.1f} {avg([chrf[i] for i in kept]):>10.1f} {bleu(kept):>10.2f}")
+open(out, "w", encoding="utf-8").write("\n".join(rows) + "\n")
+EOF
+}
+
+# filter_train: drop the FILTER_DROP of the distilled pairs of lowest per-token log-prob, and those below
+# FILTER_MIN_MEAN.
+filter_train() {
+  "$PY" "$RECIPES/multi30k/distill_filter.py" "$D/train.scores.jsonl" "$DATA/train.$SRC" "$D/train.$TGT" \
+    "$D/kept" "$SRC" "$TGT" "$FILTER_DROP" "$FILTER_MIN_MEAN"
+}
+
+# export_int8 CKPT DIR: the checkpoint as a CTranslate2 model with int8 weights
+export_int8() {
+  xf export ctranslate2 --path "$1" --output "$2" --quantization int8 >/dev/null
+}
+
+# bench: teacher and student, xf int8 and CTranslate2 int8, interleaved in one run; the table.
+bench() {
+  local threads=${BENCH_THREADS:-2} batch=${BENCH_BATCH:-64} repeats=${BENCH_REPEATS:-3}
+  local source=${BENCH_SOURCE:-$DATA/test2016.$SRC} rows=$WORK_DIR/bench.tsv.tmp r who engine
+  local lenpen_student
+  lenpen_student=$(python3 -c 'import json, sys; print(json.load(open(sys.argv[1]))["chosen"]["lenpen"])' "$WORK_DIR/choice.json" 2>/dev/null ||
+    yaml_get "$CONFIG" translate lenpen)
+  : >"$rows"
+  for ((r = 1; r <= repeats; r++)); do
+    for who in teacher student; do
+      for engine in xf ctranslate2; do
+        local path=$WORK_DIR/averaged.pt lenpen=$lenpen_student
+        [[ $who == teacher ]] && path=${teacher[0]} lenpen=$TEACHER_LENPEN
+        [[ $engine == ctranslate2 ]] && path=$WORK_DIR/$who-ct2-int8
+        xf translate --engine "$engine" --path "$path" --quantize int8 --threads "$threads" --beam-size 4 \
+          --batch-size "$batch" --lenpen "$lenpen" --input "$source" --output "$WORK_DIR/bench.$who.$engine.$TGT" \
+          2>"$WORK_DIR/bench.log" || { cat "$WORK_DIR/bench.log" >&2; return 1; }
+        local speed
+        speed=$(grep -o 'sentences/s [0-9.,]*' "$WORK_DIR/bench.log" | tail -1 | tr -d , | cut -d' ' -f2)
+        printf '%s\t%s\t%s\t%s\n' "$who" "$engine" "$r" "$speed" >>"$rows"
+        note "run $r: $who, $engine int8: $speed sentences/s"
+      done
+    done
+  done
+  mv "$rows" "$WORK_DIR/bench.tsv"
+  rm -f "$WORK_DIR/bench.log"
+  BENCH="threads $threads, batch $batch, beam 4, best of $repeats, $(basename "$source")" \
+    distill_table "${teacher[0]}" "$WORK_DIR" "$TGT" "$DATA/test2016.$TGT" | tee "$WORK_DIR/table.txt"
+}
+
+# distill_table TEACHER WORK_DIR TGT REF: teacher vs student (stdout).
+distill_table() {
+  "$PY" - "$@" <<'EOF'
+import json, os, sys
+import sacrebleu
+import torch
+teacher, work, tgt, ref = sys.argv[1:5]
+refs = [open(ref, encoding="utf-8").read().splitlines()]
+speed = {}
+for line in open(os.path.join(work, "bench.tsv"), encoding="utf-8"):
+    who, engine, _, s = line.split("\t")
+    speed[who, engine] = max(speed.get((who, engine), 0.0), float(s))
+def params(path):
+    state = torch.load(path, map_location="cpu", weights_only=True)["model"]
+    return sum(t.numel() for t in {t.data_ptr(): t for t in state.values()}.values())  # tied weights once
+def mb(path):
+    files = [os.path.join(d, f) for d, _, fs in os.walk(path) for f in fs] if os.path.isdir(path) else [path]
+    return sum(os.path.getsize(f) for f in files) / 1e6
+def bleu(path):
+    hyps = open(path, encoding="utf-8").read().splitlines()
+    return sacrebleu.corpus_bleu(hyps, refs).score if len(hyps) == len(refs[0]) else float("nan")
+models = {"teacher": teacher, "student": os.path.join(work, "averaged.pt")}
+tests = {"teacher": os.path.join(work, f"teacher.test.hyp.{tgt}"), "student": os.path.join(work, f"test.hyp.{tgt}")}
+rows = [("", "teacher", "student", "student/teacher")]
+def row(name, f, ratio=True, fmt="{:.2f}"):
+    t, s = f("teacher"), f("student")
+    rows.append((name, fmt.format(t), fmt.format(s), f"{s / t:.2f}x" if ratio else f"{s - t:+.2f}"))
+row("test2016 sacreBLEU (xf fp32)", lambda w: bleu(tests[w]), ratio=False)
+row("test2016 sacreBLEU (xf int8)", lambda w: bleu(os.path.join(work, f"bench.{w}.xf.{tgt}")), ratio=False)
+row("test2016 sacreBLEU (CTranslate2 int8)", lambda w: bleu(os.path.join(work, f"bench.{w}.ctranslate2.{tgt}")), ratio=False)
+row("parameters (M)", lambda w: params(models[w]) / 1e6)
+row("checkpoint on disk (MB, fp32)", lambda w: mb(models[w]), fmt="{:.1f}")
+row("CTranslate2 int8 model (MB)", lambda w: mb(os.path.join(work, f"{w}-ct2-int8")), fmt="{:.1f}")
+row("sent/s, xf int8", lambda w: speed[w, "xf"], fmt="{:.1f}")
+row("sent/s, CTranslate2 int8", lambda w: speed[w, "ctranslate2"], fmt="{:.1f}")
+width = [max(len(r[i]) for r in rows) for i in range(4)]
+print(f"\nteacher vs student ({os.environ.get('BENCH', '')}; speeds measured in the same run, interleaved)")
+for r in rows:
+    print("  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(r, width))))
+EOF
+}
+
+# size: decoding speed (xf int8 and CTranslate2 int8, the bench's settings) of candidate student shapes, each a model
+# trained for one update on the distilled data (speed hardly depends on the weights): outputs are
+# capped at the source length (max_len_a 1, max_len_b 0), about a real translation's length.
+size() {
+  local threads=${BENCH_THREADS:-2} batch=${BENCH_BATCH:-64} shape dir
+  [[ -f $WORK_DIR/data-bin/meta.json ]] || die "size needs the student's data ($WORK_DIR/data-bin): run the recipe first"
+  for shape in ${SIZES:-3x3:256:1024 3x2:256:1024 3x1:256:1024 3x1:192:768 3x1:128:512 2x1:128:512}; do
+    local layers=${shape%%:*} rest=${shape#*:}
+    dir=$WORK_DIR/size/$shape
+    [[ -f $dir/checkpoint_last.pt ]] ||
+      xf train "$WORK_DIR/data-bin" --config "$CONFIG" --save-dir "$dir" --max-update 1 --max-epoch 0 \
+        --save-interval-updates 0 --encoder-layers "${layers%x*}" --decoder-layers "${layers#*x}" \
+        --d-model "${rest%:*}" --d-ff "${rest#*:}" --threads "$threads" >/dev/null 2>&1 || die "xf train for $shape failed"
+    [[ -d $dir/ct2-int8 ]] || export_int8 "$dir/checkpoint_last.pt" "$dir/ct2-int8" || die "xf export for $shape failed"
+    local engine path speeds=()
+    for engine in xf ctranslate2; do
+      path=$dir/checkpoint_last.pt
+      [[ $engine == ctranslate2 ]] && path=$dir/ct2-int8
+      xf translate --engine "$engine" --path "$path" --quantize int8 --threads "$threads" --beam-size 4 \
+        --batch-size "$batch" --max-len-a 1 --max-len-b 0 --input "$DATA/val.$SRC" 2>"$dir/speed.log" >/dev/null ||
+        die "xf translate --engine $engine for $shape failed: $dir/speed.log"
+      speeds+=("$engine int8 $(grep -o 'sentences/s [0-9.,]*' "$dir/speed.log" | tail -1)")
+    done
+    printf '%-14s %s, %s\n' "$shape" "${speeds[@]}"
+  done
+}
+
+if [[ $MODE == bench ]]; then
+  bench
+  exit
+fi
+if [[ $MODE == size ]]; then
+  size
+  exit
+fi
+
+step "teacher translates val.$SRC" "$D/val.$TGT" teacher_translate val
+step "teacher scores its val translations" "$D/val.scores.jsonl" teacher_scores val
+step "filter cuts on val" "$D/filter-val.txt" filter_val "$D/filter-val.txt"
+cat "$D/filter-val.txt" >&2
+step "teacher translates train.$SRC" "$D/train.$TGT" teacher_translate_train
+step "teacher scores its train translations" "$D/train.scores.jsonl" teacher_scores train
+step "filter (drop the lowest $FILTER_DROP, and below $FILTER_MIN_MEAN)" "$D/kept.json" filter_train
+
+PREPROCESS_ARGS="--vocab-from ${teacher[0]} ${PREPROCESS_ARGS:-}"
+TRAINPREF=$D/kept VALIDPREF=$DATA/val TESTPREF=$DATA/test2016
+pipeline
+
+step "teacher translates test2016.$SRC" "$WORK_DIR/teacher.test.hyp.$TGT" \
+  to_file "$WORK_DIR/teacher.test.hyp.$TGT" xf translate "${teacher_paths[@]}" --input "$DATA/test2016.$SRC" \
+  --beam-size 4 --lenpen "$TEACHER_LENPEN" --batch-size 64
+step "export the teacher (CTranslate2 int8)" "$WORK_DIR/teacher-ct2-int8" export_int8 "${teacher[0]}" "$WORK_DIR/teacher-ct2-int8"
+step "export the student (CTranslate2 int8)" "$WORK_DIR/student-ct2-int8" export_int8 "$WORK_DIR/averaged.pt" "$WORK_DIR/student-ct2-int8"
+if [[ -f $WORK_DIR/table.txt ]]; then
+  log "bench: skipped, $WORK_DIR/table.txt exists (run '$0 $PAIR bench' to measure again)"
+  cat "$WORK_DIR/table.txt"
+else
+  log "bench"
+  bench
+fi
