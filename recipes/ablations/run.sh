@@ -39,7 +39,7 @@ TRAIN_LINES=${TRAIN_LINES:-3000}
 JOBS=${JOBS:-1}
 LENPENS=${LENPENS:-0.6 1.0 1.4}
 AVERAGE=${AVERAGE:-5}
-FIRST=${FIRST:-A1-h1 B1-dk4 C1-N1 D1-drop0 D3-ls0 E1-learned big}
+FIRST=${FIRST:-D1-drop0 C1-N1 D3-ls0 A1-h1 B1-dk4 E1-learned big}
 SRC=en TGT=de
 [[ $JOBS =~ ^[1-9][0-9]*$ ]] || die "JOBS=$JOBS: a number of rows side by side (1, 2, ...)"
 [[ $TRAIN_LINES =~ ^[0-9]+$ ]] || die "TRAIN_LINES=$TRAIN_LINES: a number of training pairs (0: all)"
