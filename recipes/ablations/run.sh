@@ -55,6 +55,7 @@ if (($# == 0)); then  # base (2 seeds) first, then one row per claim of the pape
   set -- base base@2 $(for r in $FIRST; do grep -qxF -- "$r" <<<"$all" && echo "$r"; done) \
     $(grep -vxF -f <(printf '%s\n' $FIRST) <<<"$all")
 fi
+[[ $1 == base ]] || set -- base "$@"  # the length penalty of every row is chosen on base
 for spec in "$@"; do
   row=${spec%@*}
   [[ $spec != *@* || ${spec#*@} =~ ^[0-9]+$ ]] || die "row '$spec': NAME@SEED needs a number after @"
@@ -100,8 +101,32 @@ step "preprocess (train: ${TRAIN_LINES/#0/all} pairs)" "$data_bin/meta.json" \
   xf preprocess --config "$CONFIG" --destdir "$data_bin" --source-lang "$SRC" --target-lang "$TGT" \
   --trainpref "$trainpref" --validpref "$DATA/val" --overwrite
 
-# row_job SPEC [translate]: train and average one row (NAME or NAME@SEED); with 'translate', also
-# translate val with the chosen length penalty and score it
+# choose_lenpen: base's averaged model translates val with each of LENPENS; the best BLEU's
+# (ties: the nearer to the paper's 0.6) goes to WORK_DIR/lenpen.txt, for every row
+choose_lenpen() {
+  [[ -f $WORK_DIR/lenpen.txt ]] && return 0
+  mkdir -p "$dir/lenpen"
+  local lp
+  for lp in $LENPENS; do
+    step "base: translate val.$SRC with lenpen $lp (choosing it)" "$dir/lenpen/val.hyp.$lp.score.json" timed lenpen bash -c '
+      set -e; xf translate --config "$1" --path "$2/averaged.pt" --input "$3.'$SRC'" --lenpen "$4" "${@:6}" >"$2/lenpen/hyp.tmp"
+      xf score --ref "$3.'$TGT'" --hyp "$2/lenpen/hyp.tmp" --json --metrics bleu >"$2/lenpen/score.tmp"
+      mv "$2/lenpen/score.tmp" "$5"; rm -f "$2/lenpen/hyp.tmp"' _ "$CONFIG" "$dir" "$DATA/val" "$lp" \
+      "$dir/lenpen/val.hyp.$lp.score.json" "${translate_args[@]}"
+  done
+  python3 - "$dir/lenpen" "$WORK_DIR/lenpen.txt" $LENPENS <<'EOF'
+import json, os, sys
+d, out, lps = sys.argv[1], sys.argv[2], sys.argv[3:]
+bleu = {lp: json.load(open(f"{d}/val.hyp.{lp}.score.json"))["bleu"]["score"] for lp in lps}
+best = max(lps, key=lambda lp: (bleu[lp], -abs(float(lp) - 0.6)))
+print("    base's val BLEU by lenpen: " + ", ".join(f"{lp}: {b:.2f}" for lp, b in bleu.items()) + f"; chosen {best}", file=sys.stderr)
+open(out + ".tmp", "w").write(best + "\n")
+os.replace(out + ".tmp", out)
+EOF
+}
+
+# row_job SPEC: train, average, translate val (with the length penalty chosen on base: base's
+# job chooses it, the others wait for it) and score one row (NAME or NAME@SEED)
 row_job() {
   local spec=$1 row=${1%@*} flags=()
   dir=$WORK_DIR/rows/$spec
@@ -112,7 +137,11 @@ row_job() {
     xf train "$data_bin" --config "$CONFIG" --save-dir "$dir/checkpoints" "${flags[@]}" "${train_args[@]}"
   step "$spec: average the last $AVERAGE checkpoints" "$dir/averaged.pt" timed average \
     xf average-checkpoints --inputs "$dir/checkpoints" --num-update-checkpoints "$AVERAGE" --output "$dir/averaged.pt"
-  [[ ${2:-} == translate ]] || return 0
+  [[ $spec != base ]] || choose_lenpen
+  while [[ ! -f $WORK_DIR/lenpen.txt ]]; do  # base, side by side, is choosing it
+    [[ ! -f $WORK_DIR/.lenpen-failed ]] || die "$spec: no length penalty: base failed to choose it"
+    sleep 5
+  done
   step "$spec: translate val.$SRC (lenpen $(cat "$WORK_DIR/lenpen.txt"))" "$dir/val.hyp.$TGT" timed translate \
     to_file "$dir/val.hyp.$TGT" xf translate --config "$CONFIG" --path "$dir/averaged.pt" \
     --input "$DATA/val.$SRC" --lenpen "$(cat "$WORK_DIR/lenpen.txt")" "${translate_args[@]}"
@@ -120,21 +149,26 @@ row_job() {
     to_file "$dir/val.score.json" xf score --ref "$DATA/val.$TGT" --hyp "$dir/val.hyp.$TGT" --json --metrics bleu
 }
 
-# rows MODE SPEC...: row_job for each, JOBS at a time, each in its own shell (a failed row stops
-# only itself); fails at the end, naming them, if any row failed
+# run_row SPEC: row_job in its own shell; when base fails, the rows waiting for its length
+# penalty are told
+run_row() {
+  (row_job "$1") || { [[ $1 != base ]] || touch "$WORK_DIR/.lenpen-failed"; return 1; }
+}
+
+# rows SPEC...: row_job for each, JOBS at a time, each in its own shell (a failed row stops only
+# itself); fails at the end, naming them, if any row failed
 rows() {
-  local mode=$1 spec failed=() ok=$WORK_DIR/.rows-ok.$$
-  shift
+  local spec failed=() ok=$WORK_DIR/.rows-ok.$$
   : >"$ok"
   for spec; do
     if ((JOBS == 1)); then
-      (row_job "$spec" "$mode") && echo "$spec" >>"$ok" || true
+      run_row "$spec" && echo "$spec" >>"$ok" || true
       continue
     fi
     while (($(jobs -rp | wc -l) >= JOBS)); do wait -n || true; done
     mkdir -p "$WORK_DIR/rows/$spec"
     note "$spec: started (log: $WORK_DIR/rows/$spec/run.log)"
-    ( (row_job "$spec" "$mode") >>"$WORK_DIR/rows/$spec/run.log" 2>&1 && { echo "$spec" >>"$ok"; note "$spec: done"; } \
+    ( run_row "$spec" >>"$WORK_DIR/rows/$spec/run.log" 2>&1 && { echo "$spec" >>"$ok"; note "$spec: done"; } \
       || note "$spec: failed (see $WORK_DIR/rows/$spec/run.log)" ) &
   done
   wait
@@ -143,42 +177,19 @@ rows() {
   ((${#failed[@]} == 0)) || die "rows failed: ${failed[*]} (a re-run resumes them; finished steps are kept)"
 }
 
-# 1. the base (and its second seed, for the seed spread), then the length penalty chosen on it
-first=(base)
-((full_study)) && first+=(base@2)
-rows train "${first[@]}"
-if [[ ! -f $WORK_DIR/lenpen.txt ]]; then
-  dir=$WORK_DIR/rows/base
-  mkdir -p "$dir/lenpen"
-  for lp in $LENPENS; do
-    step "base: translate val.$SRC with lenpen $lp (choosing it)" "$dir/lenpen/val.hyp.$lp.score.json" bash -c '
-      set -e; xf translate --config "$1" --path "$2/averaged.pt" --input "$3.'$SRC'" --lenpen "$4" "${@:6}" >"$2/lenpen/hyp.tmp"
-      xf score --ref "$3.'$TGT'" --hyp "$2/lenpen/hyp.tmp" --json --metrics bleu >"$2/lenpen/score.tmp"
-      mv "$2/lenpen/score.tmp" "$5"; rm -f "$2/lenpen/hyp.tmp"' _ "$CONFIG" "$dir" "$DATA/val" "$lp" \
-      "$dir/lenpen/val.hyp.$lp.score.json" "${translate_args[@]}"
-  done
-  python3 - "$dir/lenpen" "$WORK_DIR/lenpen.txt" $LENPENS <<'EOF'
-import json, sys
-d, out, lps = sys.argv[1], sys.argv[2], sys.argv[3:]
-bleu = {lp: json.load(open(f"{d}/val.hyp.{lp}.score.json"))["bleu"]["score"] for lp in lps}
-best = max(lps, key=lambda lp: (bleu[lp], -abs(float(lp) - 0.6)))  # ties: the nearer to the paper's 0.6
-print("    base's val BLEU by lenpen: " + ", ".join(f"{lp}: {b:.2f}" for lp, b in bleu.items()) + f"; chosen {best}", file=sys.stderr)
-open(out + ".tmp", "w").write(best + "\n")
-import os; os.replace(out + ".tmp", out)
-EOF
-fi
-
-# 2. every row (base included: its translation), then 3. the second seeds the first pass calls for
+# 1. every row, base first (its job chooses the length penalty), then 2. the second seeds the
+# first pass calls for
 python=$(dirname "$(command -v xf)")/python
 [[ -x $python ]] || python=python3
-rows translate "$@"
+rm -f "$WORK_DIR/.lenpen-failed"
+rows "$@"
 if ((full_study)); then
   mapfile -t again < <("$python" "$HERE/table.py" "$WORK_DIR" "$HERE/paper.csv" --second-seeds)
   if ((${#again[@]})); then
     log "second seeds (difference to the base within twice the seed spread): ${again[*]}"
-    rows translate "${again[@]}"
+    rows "${again[@]}"
   fi
 fi
 
-# 4. the table: xf's own interpreter (it has matplotlib when the plot extra is installed)
+# 3. the table: xf's own interpreter (it has matplotlib when the plot extra is installed)
 "$python" "$HERE/table.py" "$WORK_DIR" "$HERE/paper.csv"
