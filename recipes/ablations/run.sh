@@ -97,7 +97,9 @@ if ((TRAIN_LINES > 0)); then  # a subset, so that every row reaches its plateau 
     mv "$trainpref.$SRC.tmp" "$trainpref.$SRC" && mv "$trainpref.$TGT.tmp" "$trainpref.$TGT"
   fi
 fi
-step "preprocess (train: ${TRAIN_LINES/#0/all} pairs)" "$data_bin/meta.json" \
+pairs=$TRAIN_LINES
+((TRAIN_LINES > 0)) || pairs=all
+step "preprocess (train: $pairs pairs)" "$data_bin/meta.json" \
   xf preprocess --config "$CONFIG" --destdir "$data_bin" --source-lang "$SRC" --target-lang "$TGT" \
   --trainpref "$trainpref" --validpref "$DATA/val" --overwrite
 
