@@ -58,6 +58,7 @@ fi
 [[ $1 == base ]] || set -- base "$@"  # the length penalty of every row is chosen on base
 for spec in "$@"; do
   row=${spec%@*}
+  [[ -n $row ]] || die "row '$spec': no name"
   [[ $spec != *@* || ${spec#*@} =~ ^[0-9]+$ ]] || die "row '$spec': NAME@SEED needs a number after @"
   [[ $row == base || -f $ROWS_DIR/$row.yaml ]] || die "no row '$row': $ROWS_DIR/$row.yaml not found"
 done
@@ -186,7 +187,8 @@ python=$(dirname "$(command -v xf)")/python
 rm -f "$WORK_DIR/.lenpen-failed"
 rows "$@"
 if ((full_study)); then
-  mapfile -t again < <("$python" "$HERE/table.py" "$WORK_DIR" "$HERE/paper.csv" --second-seeds)
+  again=()  # table.py prints one NAME@2 a line, none when no row needs one
+  while read -r spec; do [[ -z $spec ]] || again+=("$spec"); done < <("$python" "$HERE/table.py" "$WORK_DIR" "$HERE/paper.csv" --second-seeds)
   if ((${#again[@]})); then
     log "second seeds (difference to the base within twice the seed spread): ${again[*]}"
     rows "${again[@]}"

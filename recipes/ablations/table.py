@@ -31,7 +31,7 @@ from xformer_cli.fileio import atomic_write, atomic_write_text
 
 COLUMNS = ["row", "N", "d_model", "d_ff", "h", "d_k", "d_v", "P_drop", "eps_ls", "params_M", "seeds",
            "updates", "best_update", "cpu_s", "ppl", "bleu", "d_ppl", "d_bleu", "verdict"]
-CONFIG_COLUMNS = COLUMNS[1:10]
+CONFIG_COLUMNS = COLUMNS[1:9]
 NOISE = 2.0  # a difference beyond NOISE x the seed spread is beyond noise
 
 
@@ -112,7 +112,7 @@ def summary(name: str, runs: dict[str, dict]) -> dict:
     ordered = sorted(runs.values(), key=lambda r: r["seed"])
     first = ordered[0]
     mean = lambda key: sum(r[key] for r in ordered) / len(ordered)  # noqa: E731
-    return {"row": name, **{c: first[c] for c in CONFIG_COLUMNS},
+    return {"row": name, **{c: first[c] for c in CONFIG_COLUMNS}, "params_M": first["params_M"],
             "seeds": " ".join(str(r["seed"]) for r in ordered),
             "updates": " / ".join(str(r["updates"]) for r in ordered),
             "best_update": " / ".join(str(r["best_update"]) for r in ordered),
@@ -249,7 +249,8 @@ def main(work_dir: str, paper_csv: str, mode: str | None = None) -> None:
     paper = {r["row"]: r for r in csv.DictReader(open(paper_csv, encoding="utf-8"))}
     rows = finished_runs(work)
     if mode == "--second-seeds":
-        print("\n".join(second_seeds(rows)))
+        for spec in second_seeds(rows):
+            print(spec)
         return
     if mode is not None:
         raise SystemExit(f"unknown option {mode}: the only one is --second-seeds")
