@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Table 3 of the paper (Sec. 6.2), scaled down, on Multi30k EN-DE: every row trained to its
-# validation plateau by one rule (--patience, a generous --max-update cap), its last checkpoints
+# validation plateau by one rule (--patience, a generous --max-epoch cap), its last checkpoints
 # averaged as the paper's, translated on val (beam 4, one length penalty chosen on val for all
 # rows), and the table written in the paper's columns with the paper's numbers and a verdict
 # against the seed spread (docs/ablations.md).
@@ -11,7 +11,8 @@
 #   ROWS_DIR=my-rows bash recipes/ablations/run.sh     # other rows (NAME.yaml: train options)
 #
 # The whole study is: base and base@2 (the seed spread), the length penalty chosen on base's
-# averaged model, every row of ROWS_DIR, then NAME@2 for every row whose difference to the base
+# averaged model (in base's job, while the next row trains), every row of ROWS_DIR (FIRST's
+# first), then NAME@2 for every row whose difference to the base
 # is within twice the seed spread (table.py --second-seeds), then the table. Rows given by name
 # run just those (base first: the length penalty comes from it).
 #
