@@ -366,9 +366,10 @@ ABLATIONS = RECIPES / "ablations"
 
 
 def test_ablation_rows_keep_the_papers_ratios():
-    """Every row is valid over base.yaml, names a row of the paper's table, trains as many
-    updates as the base from the same seed (big: 3x, as 300K to 100K), and changes what its
-    group of Table 3 changes: h x d_k held at d_model in (A), d_k alone in (B)."""
+    """Every row is valid over base.yaml, names a row of the paper's table, trains by the base's
+    rule (the same seed, patience and validation interval; big: a 3x cap, as 300K to 100K), and
+    changes what its group of Table 3 changes: h x d_k held at d_model in (A), d_k alone in (B),
+    d_k with d_model in (C), by the paper's ratios to its base."""
     import csv
 
     from xformer_cli.config import load_options, read_yaml
@@ -377,51 +378,127 @@ def test_ablation_rows_keep_the_papers_ratios():
     def config(row_file=None):
         overrides = read_yaml(row_file, None) if row_file else {}
         o = load_options(TrainOptions, ABLATIONS / "base.yaml", {"data": "d", **overrides}, section="train")
-        return o, model_config(o.arch, vocab_size=8000, **{k: getattr(o, k) for k in MODEL_OVERRIDES})
+        return o, model_config(o.arch, vocab_size=2000, **{k: getattr(o, k) for k in MODEL_OVERRIDES})
 
     base, base_model = config()
-    assert (base_model.d_model, base_model.heads, base_model.head_dim, base_model.encoder_layers) == (256, 4, 64, 3)
+    assert (base_model.d_model, base_model.heads, base_model.head_dim, base_model.encoder_layers) == (64, 4, 16, 3)
+    assert base.patience > 0 and base.max_epoch > 0 and base.keep_last_checkpoints >= 5
     rows = {p.stem: p for p in (ABLATIONS / "rows").glob("*.yaml")}
-    paper = {r["row"] for r in csv.DictReader(open(ABLATIONS / "paper.csv", encoding="utf-8"))}
-    assert paper == {"base", *rows}
+    paper = {r["row"]: r for r in csv.DictReader(open(ABLATIONS / "paper.csv", encoding="utf-8"))}
+    assert set(paper) == {"base", *rows}
+    p0 = paper["base"]
     for name, path in rows.items():
         o, m = config(path)
-        assert (o.max_update, o.seed) == (base.max_update * (3 if name == "big" else 1), base.seed), name
+        k = 3 if name == "big" else 1
+        assert (o.max_update, o.max_epoch, o.seed) == (base.max_update * k, base.max_epoch * k, base.seed), name
+        assert (o.patience, o.validate_interval_updates) == (base.patience, base.validate_interval_updates), name
+        p = paper[name]
+        # the paper's ratio to its base for every size in the row, but (A)'s h: 1, 2, 8, 16 of 4
+        # for the paper's 1, 4, 16, 32 of 8, each with h x d_k = d_model
+        for key, ours, mine in (("N", m.encoder_layers, 3), ("d_model", m.d_model, 64), ("d_ff", m.d_ff, 256),
+                                ("h", m.heads, 4), ("d_k", m.head_dim, 16)):
+            if name.startswith("A") and key in ("h", "d_k"):
+                continue
+            assert ours * float(p0[key]) == mine * float(p[key]), (name, key)
         if name.startswith("A"):
-            assert m.heads != 4 and m.heads * m.head_dim == 256, name
-        if name.startswith("B"):
-            assert m.heads == 4 and m.head_dim < 64 and m.d_model == 256, name
-        if name.startswith("C4") or name.startswith("C5"):  # the paper's d_k for d_model 256 / 1024
-            assert m.head_dim * base_model.d_model == 64 * m.d_model, name
+            assert m.heads != 4 and m.heads * m.head_dim == 64 and m.d_model == 64, name
         assert (o, m) != (base, base_model), name
 
 
+def ablation_run(directory: Path, seed: int, bleu: float, nll: list[float], cpu: float = 10.0) -> None:
+    """A finished run of the ablation study, as run.sh leaves it: its training log (one
+    validation per 100 updates), its score file and its CPU seconds."""
+    options = {"encoder_layers": 3, "decoder_layers": 3, "d_model": 64, "d_ff": 256, "heads": 4, "head_dim": 16,
+               "dropout": 0.1, "label_smoothing": 0.1, "seed": seed}
+    log = [{"type": "start", "update": 0, "parameters": 478208, "options": options}]
+    log += [{"type": "valid", "update": 100 * (i + 1), "nll": v} for i, v in enumerate(nll)]
+    write(directory / "checkpoints" / "train_log.jsonl", [json.dumps(r) for r in log])
+    (directory / "val.score.json").write_text(json.dumps({"bleu": {"score": bleu}}))
+    write(directory / "cpu.tsv", ["train\t%s" % cpu, "translate\t1.5"])
+
+
+def test_ablation_table_says_what_is_beyond_the_seed_spread(tmp_path):
+    """table.py: a row's perplexity is its best validation's, its values the mean over its seeds;
+    the seed spread is the mean |seed 1 - seed 2|; --second-seeds names the rows within twice the
+    base's spread (on BLEU or perplexity), and the verdict says beyond noise only past it."""
+    spec = importlib.util.spec_from_file_location("ablation_table", ABLATIONS / "table.py")
+    table = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(table)
+    work = tmp_path / "work"
+    import math
+    ln = math.log
+    ablation_run(work / "rows/base", 1, 20.0, [ln(30), ln(10), ln(11)])  # plateau ppl 10 at update 200
+    ablation_run(work / "rows/base@2", 2, 21.0, [ln(30), ln(11), ln(12)])  # spread: 1 BLEU, 1 ppl
+    ablation_run(work / "rows/D1-drop0", 1, 15.0, [ln(20), ln(14), ln(16)])  # far below: one seed does
+    ablation_run(work / "rows/A3-h8", 1, 21.5, [ln(25), ln(10.2), ln(10.5)])  # within 2x: needs seed 2
+    paper = ABLATIONS / "paper.csv"
+    out = subprocess.run([sys.executable, str(ABLATIONS / "table.py"), str(work), str(paper), "--second-seeds"],
+                         capture_output=True, text=True, check=True, env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert out.stdout.split() == ["A3-h8@2"]
+    ablation_run(work / "rows/A3-h8@2", 2, 23.5, [ln(25), ln(10.8), ln(11)])
+    out = subprocess.run([sys.executable, str(ABLATIONS / "table.py"), str(work), str(paper)],
+                         capture_output=True, text=True, check=True, env={**os.environ, "PYTHONPATH": str(REPO)})
+    rows = {r["row"]: r for r in csv_rows(work / "table.csv")}
+    assert rows["base"]["ppl"] == "10.5" and rows["base"]["bleu"] == "20.5" and rows["base"]["seeds"] == "1 2"
+    assert rows["base"]["best_update"] == "200 / 200" and rows["base"]["cpu_s"] == "12"
+    assert rows["A3-h8"]["bleu"] == "22.5" and rows["A3-h8"]["d_bleu"] == "2.0"
+    # spread over base and A3-h8: BLEU (1 + 2) / 2 = 1.5, ppl (1 + 0.6) / 2 = 0.8
+    assert "seed spread (mean |seed 1 - seed 2| over the rows run with both): ppl 0.80, bleu 1.50" in out.stdout
+    assert rows["A3-h8"]["verdict"] == "bleu within noise, ppl within noise"  # 2.0 <= 3.0, 0 <= 1.6
+    assert rows["D1-drop0"]["verdict"] == "bleu worse, ppl worse"  # -5.5 BLEU, +3.5 ppl: beyond 2x
+    assert read(work / "curves.csv")[:2] == ["run,update,val_nll,val_ppl", f"base,100,{ln(30):.4f},30.00"]
+    assert (work / "cpu.tsv").read_text().splitlines()[-1] == "total\t\t58"  # 5 runs x (10 + 1.5)
+    bad = work / "rows/C1-N1"
+    ablation_run(bad, 1, 1.0, [1.0])
+    (bad / "checkpoints/train_log.jsonl").write_text("{broken\n")
+    out = subprocess.run([sys.executable, str(ABLATIONS / "table.py"), str(work), str(paper)],
+                         capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert out.returncode != 0 and out.stderr.strip() == f"{bad}/checkpoints/train_log.jsonl:1: not a JSON record"
+
+
+def csv_rows(path: Path) -> list[dict]:
+    import csv
+
+    return list(csv.DictReader(open(path, encoding="utf-8")))
+
+
 @pytest.mark.slow
-def test_ablations_run_two_rows_resume_and_write_the_table(tmp_path):
+def test_ablations_run_rows_side_by_side_resume_and_write_the_table(tmp_path):
     pytest.importorskip("matplotlib")
     data = multi30k_slice(tmp_path / "m30k")
     rows = tmp_path / "rows"
     write(rows / "A1-h1.yaml", ["# one head, h x d_k = d_model", "heads: 1", "head_dim: 64"])
-    config = write(tmp_path / "tiny.yaml", TINY.replace("translate:\n", "translate:\n  lenpen: 0.6\n").splitlines())
-    env = {"MULTI30K_DIR": data, "WORK_DIR": tmp_path / "work", "CONFIG": config, "ROWS_DIR": rows}
+    config = write(tmp_path / "tiny.yaml", TINY.replace("  max_update: 6\n", "  max_update: 6\n  validate_interval_updates: 2\n").splitlines())
+    env = {"MULTI30K_DIR": data, "WORK_DIR": tmp_path / "work", "CONFIG": config, "ROWS_DIR": rows,
+           "TRAIN_LINES": 300, "AVERAGE": 2, "LENPENS": "0.6 1.0"}
     first = run_recipe("ablations/run.sh", env, "base")  # one sitting: the base row only
     assert "| base |" in first.stdout and "A1-h1" not in first.stdout
-    second = run_recipe("ablations/run.sh", env)  # the next: base is skipped, the row runs
-    assert "base: train: skipped" in second.stderr and "A1-h1: train --heads 1 --head-dim 64" in second.stderr
-    assert "A1-h1: train --heads 1 --head-dim 64: skipped" not in second.stderr
     work = tmp_path / "work"
-    lines = read(work / "table.csv")
-    assert lines[0] == "row,N,d_model,d_ff,h,d_k,d_v,P_drop,eps_ls,train_steps,params_M,ppl,bleu,paper_ppl,paper_bleu"
-    base, row = (dict(zip(lines[0].split(","), line.split(","))) for line in lines[1:])
-    assert (base["row"], base["h"], base["d_k"], base["train_steps"]) == ("base", "4", "16", "6")
-    assert (row["row"], row["h"], row["d_k"], row["d_v"], row["paper_bleu"]) == ("A1-h1", "1", "64", "64", "24.9")
-    assert row["params_M"] == base["params_M"]  # (A) holds h x d_k at d_model: the same parameters
-    assert float(base["bleu"]) == round(json.loads((work / "rows/base/val.score.json").read_text())["bleu"]["score"], 2)
-    md = (work / "table.md").read_text()
-    assert "| A1-h1 | " in md and "| 24.9 |" in md  # the paper's BLEU beside
-    assert (work / "table.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert read(work / "train-subset/train.en") == read(data / "train.en")[:300]
+    assert (work / "lenpen.txt").read_text().strip() in ("0.6", "1.0")
+    second = run_recipe("ablations/run.sh", {**env, "JOBS": 2})  # the whole study, two rows at a time
+    assert "base: train: skipped" in (work / "rows/base/run.log").read_text()
+    assert "A1-h1: train --heads 1 --head-dim 64" in (work / "rows/A1-h1/run.log").read_text()
+    assert "base@2: done" in second.stderr and "A1-h1: done" in second.stderr
+    assert "--seed 2" in (work / "rows/base@2/run.log").read_text()
+    header, *lines = read(work / "table.csv")
+    assert header == ("row,N,d_model,d_ff,h,d_k,d_v,P_drop,eps_ls,params_M,seeds,updates,best_update,cpu_s,ppl,bleu,"
+                      "d_ppl,d_bleu,verdict,paper_ppl,paper_bleu")
+    table = {r["row"]: r for r in csv_rows(work / "table.csv")}
+    assert (table["base"]["h"], table["base"]["d_k"], table["base"]["updates"], table["base"]["seeds"]) == ("4", "16", "6 / 6", "1 2")
+    assert (table["A1-h1"]["h"], table["A1-h1"]["d_k"], table["A1-h1"]["paper_bleu"]) == ("1", "64", "24.9")
+    assert table["A1-h1"]["params_M"] == table["base"]["params_M"]  # (A) holds h x d_k at d_model
+    assert float(table["base"]["cpu_s"]) > 0
+    scores = [json.loads((work / f"rows/{s}/val.score.json").read_text())["bleu"]["score"] for s in ("base", "base@2")]
+    assert float(table["base"]["bleu"]) == round(sum(scores) / 2, 2)
+    second_seed = "A1-h1@2" in second.stderr
+    assert second_seed == (table["A1-h1"]["seeds"] == "1 2")
+    for png in ("table.png", "curves.png"):
+        assert (work / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     third = run_recipe("ablations/run.sh", env)  # nothing left: every step skipped, the same table
-    assert third.stderr.count("skipped") == 1 + 3 * 2
-    assert read(work / "table.csv") == lines
+    steps = [line for line in third.stderr.splitlines() if line.startswith("==> ")
+             and not line.startswith(("==> Table 3", "==> second seeds"))]
+    assert steps and all("skipped" in line for line in steps), steps
+    assert read(work / "table.csv") == [header, *lines]
     bad = run_recipe("ablations/run.sh", env, "Z9-none", check=False)
     assert bad.returncode != 0 and "no row 'Z9-none'" in bad.stderr
