@@ -50,15 +50,7 @@ class Glossary:
             if len(fields) != 2:
                 raise ConfigError(f"{path}: line {n}: expected two tab-separated fields (source term, target term or "
                                   f"forms separated by |), got {len(fields)}")
-            source, forms = fields[0].strip(), [form.strip() for form in fields[1].split("|")]
-            if not source:
-                raise ConfigError(f"{path}: line {n}: an empty source term")
-            if not all(forms):
-                raise ConfigError(f"{path}: line {n}: an empty target term (a form between | is empty)")
-            key = source.lower()
-            if key in entries:
-                raise ConfigError(f"{path}: line {n}: the source term {source!r} is given twice (case-insensitive)")
-            entries[key] = forms
+            add_entry(entries, fields[0], fields[1].split("|"), f"{path}: line {n}")
         if not entries:
             raise ConfigError(f"{path}: the glossary has no entries")
         return cls(entries, term_pattern(entries))
@@ -83,15 +75,7 @@ class Glossary:
                                   "of strings")
             if any(not is_text(term) for term in [source, *forms]):
                 raise ConfigError(f"{at}: a term holds a line break or a lone surrogate escape: one term, one line")
-            source, forms = source.strip(), [form.strip() for form in forms]
-            if not source:
-                raise ConfigError(f"{at}: an empty source term")
-            if not all(forms):
-                raise ConfigError(f"{at}: an empty target term (a form between | is empty)")
-            key = source.lower()
-            if key in entries:
-                raise ConfigError(f"{at}: the source term {source!r} is given twice (case-insensitive)")
-            entries[key] = forms
+            add_entry(entries, source, forms, at)
         return cls(entries, term_pattern(entries))
 
     def constraints(self, line: str) -> list[list[str]]:
@@ -147,3 +131,18 @@ def find_terms(line: str, glossaries: Sequence[Glossary]) -> list[tuple[str, lis
             found[key] = (glossaries[g].entries[key], g)
         at = match.end()
     return [(key, forms, g) for key, (forms, g) in found.items()]
+
+
+def add_entry(entries: dict[str, list[str]], source: str, forms: list[str], at: str) -> None:
+    """Add one glossary entry (a file's line or a request's pair: the same rules), its terms
+    stripped, keyed by the lowercased source term; a ConfigError naming ``at`` for an empty term
+    or a source term given twice (case-insensitive)."""
+    source, forms = source.strip(), [form.strip() for form in forms]
+    if not source:
+        raise ConfigError(f"{at}: an empty source term")
+    if not all(forms):
+        raise ConfigError(f"{at}: an empty target term (a form between | is empty)")
+    key = source.lower()
+    if key in entries:
+        raise ConfigError(f"{at}: the source term {source!r} is given twice (case-insensitive)")
+    entries[key] = forms
