@@ -14,12 +14,7 @@ from xformer_cli.search import beam_search, greedy_search
 from xformer_cli.translation import Stats, search_lines
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")  # conftest: tiny tensors gain nothing from threads
 
 
 def mixed_sources(count, seed=0, vocab=40):
