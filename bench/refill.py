@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from xf_command import xf  # noqa: E402
+from xf_command import write_report, xf  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 CASES = {  # name -> the flags it adds to xf translate
@@ -85,11 +85,7 @@ def main(argv: list[str]) -> None:
         rows.append(f"| {name} | {best[name]:.1f} | {a.lines / best[name]:.2f} | {best[base] / best[name]:.2f}x | "
                     f"{same}/{a.lines} | {diff:.1e} |")
     text = "\n".join(rows) + "\n"
-    out = a.out or Path(tempfile.mkdtemp(prefix="xf-refill-out-"))
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "refill.md").write_text(text, encoding="utf-8")
-    print(text)
-    print(f"written: {out / 'refill.md'}")
+    write_report(text, a.out, "refill.md")
 
 
 if __name__ == "__main__":

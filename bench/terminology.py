@@ -39,6 +39,8 @@ from pathlib import Path
 from typing import Optional
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from xf_command import write_report  # noqa: E402
 
 
 def xf(*args, threads: int) -> float:
@@ -237,11 +239,7 @@ def main(argv: list[str]) -> None:
         }
         text = "\n".join([f"# Terminology: {a.path}, beam 4, {a.threads} thread(s); CPU flags: {flags}", "",
                           *(line for name, part in parts.items() if a.only in (None, name) for line in part())])
-    out = a.out or Path(tempfile.mkdtemp(prefix="xf-terms-out-"))
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "terminology.md").write_text(text, encoding="utf-8")
-    print(text)
-    print(f"written: {out / 'terminology.md'}")
+    write_report(text, a.out, "terminology.md")
 
 
 if __name__ == "__main__":

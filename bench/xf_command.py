@@ -23,3 +23,13 @@ def xf(*args: object) -> None:
     except SystemExit as e:  # the CLI always exits, 0 included
         if e.code not in (0, None):
             raise
+
+
+def write_report(text: str, out: Path | None, name: str) -> None:
+    """Print a bench's Markdown report and write it to OUT/NAME (OUT: a new temporary folder when None)."""
+    import tempfile
+    out = out or Path(tempfile.mkdtemp(prefix="xf-bench-out-"))
+    out.mkdir(parents=True, exist_ok=True)
+    (out / name).write_text(text, encoding="utf-8")
+    print(text)
+    print(f"written: {out / name}")
