@@ -16,12 +16,17 @@ XF_BENCH_DRY_RUN=1 (tiny model, vocabulary 1000, 40 sentences, CPU only).
 Every CPU kind at its best (``--cpu``): one trained checkpoint on real sources, each engine and
 setting in a fresh process, run one after another, best of --rounds passes each::
 
-    python bench/decode_speed.py --cpu CHECKPOINT SOURCE [--lines 500] [--threads 0] [--rounds 2] [OUT.json]
+    python bench/decode_speed.py --cpu CHECKPOINT SOURCE [--reference REF] [--shortlist FILE] \
+        [--lines 500] [--threads 0] [--rounds 2] [--cases NAME,...] [OUT.json]
 
 xf fp32, bf16 (where native), int8 with each of torch's quantized engines (fbgemm, x86, onednn)
-and with --int8-engine auto (which one it picked); CTranslate2 float32 and int8 (xf's own
-export of the checkpoint, its own beam search) each with CT2_USE_MKL=0 and =1, since CTranslate2
-uses MKL only on GenuineIntel CPUs by default: its best setting is the reference of the ratios.
+and with --int8-engine auto (which one it picked), and int8 with --workers 2; CTranslate2
+float32 and int8 (xf's own export of the checkpoint, its own beam search) each with CT2_USE_MKL=0
+and =1 and CT2_FORCE_CPU_ISA=AVX512 or not, since CTranslate2 uses MKL and AVX-512 only on
+GenuineIntel CPUs by default, and with inter_threads 2 (its --workers). --shortlist FILE (xf
+shortlist) adds xf with the shortlist and CTranslate2 with it as its vocabulary map (use_vmap).
+CTranslate2's best setting is the reference of the ratios; --reference adds each case's
+sacreBLEU on those lines, so that a faster case is seen to keep its BLEU.
 Prints the CPU flags, torch's and CTranslate2's backends (CT2_VERBOSE=1's log), one JSON row a
 case and a table. Same machine, same run: on a loaded machine only the ratios mean much.
 """
@@ -34,6 +39,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Optional
 
 import numpy as np
 import torch
@@ -75,32 +81,48 @@ def sentences_per_second(model, sents: list[list[int]], device: torch.device) ->
 
 
 # -- --cpu: every engine of this CPU, each in its own process -------------------------------------
-CPU_CASES = {  # name -> (engine, TranslateOptions fields or CTranslate2 compute_type, environment)
+CPU_CASES = {  # name -> (engine, TranslateOptions fields or CTranslate2 settings, environment)
     "xf fp32": ("xf", {}, {}),
     "xf bf16": ("xf", {"precision": "bf16"}, {}),
     "xf int8 fbgemm": ("xf", {"quantize": "int8", "int8_engine": "fbgemm"}, {}),
     "xf int8 x86": ("xf", {"quantize": "int8", "int8_engine": "x86"}, {}),
     "xf int8 onednn": ("xf", {"quantize": "int8", "int8_engine": "onednn"}, {}),
     "xf int8 auto": ("xf", {"quantize": "int8"}, {}),
+    "xf int8 auto workers 2": ("xf", {"quantize": "int8", "workers": 2}, {}),
+    "xf fp32 shortlist": ("xf", {"shortlist": True}, {}),
+    "xf int8 auto shortlist": ("xf", {"quantize": "int8", "shortlist": True}, {}),
+    "xf int8 auto shortlist workers 2": ("xf", {"quantize": "int8", "shortlist": True, "workers": 2}, {}),
     # CTranslate2 picks MKL and AVX-512 only on GenuineIntel CPUs unless told: each combination
     **{f"CTranslate2 {ct}{' MKL' * mkl}{' AVX512' * avx512}": (
-        "ct2", ct, {"CT2_USE_MKL": str(mkl), **({"CT2_FORCE_CPU_ISA": "AVX512"} if avx512 else {})})
+        "ct2", {"compute_type": ct}, {"CT2_USE_MKL": str(mkl), **({"CT2_FORCE_CPU_ISA": "AVX512"} if avx512 else {})})
        for ct in ("float32", "int8") for mkl in (0, 1) for avx512 in (0, 1)},
+    # ... and its throughput settings, with its default backends (MKL on Intel CPUs) and with AVX-512
+    **{f"CTranslate2 {ct}{' AVX512' * avx512}{extra}": (
+        "ct2", {"compute_type": ct, **setting}, {"CT2_FORCE_CPU_ISA": "AVX512"} if avx512 else {})
+       for ct in ("float32", "int8") for avx512 in (0, 1)
+       for extra, setting in ((" inter 2", {"workers": 2}), (" vmap", {"shortlist": True}),
+                              (" vmap inter 2", {"workers": 2, "shortlist": True}))},
 }
 FLAGS = ("avx2", "avx512f", "avx512bw", "avx512vl", "avx512_vnni", "avx_vnni", "avx512_bf16", "amx_tile",
          "amx_int8", "amx_bf16")  # the instruction sets the engines' kernels choose between
 
 
-def cpu_case(name: str, checkpoint: str, source: str, lines: int, threads: int, rounds: int, ct2_dir: str) -> dict:
+def cpu_case(name: str, checkpoint: str, source: str, lines: int, threads: int, rounds: int, ct2_dir: str,
+             shortlist: Optional[str] = None, reference: Optional[str] = None) -> dict:
     """In this process: the best of ``rounds`` passes of case ``name`` over the first ``lines``
-    lines, beam 4, batches of 64 (loading and, for int8 auto, the engine's timing excluded)."""
+    lines, beam 4, batches of 64 (loading and, for int8 auto, the engine's timing excluded);
+    with ``reference``, the sacreBLEU of the last pass's output against its first ``lines`` lines."""
     from xformer_cli.options import TranslateOptions
     from xformer_cli.translation import Stats, open_engine, translate_buffer
 
     if threads:
         torch.set_num_threads(threads)
-    text = Path(source).read_text(encoding="utf-8").splitlines()[:lines]
     engine_kind, setting, _ = CPU_CASES[name]
+    if setting.get("shortlist"):
+        if shortlist is None:
+            raise SystemExit(f"{name}: needs --shortlist FILE")
+        setting = {**setting, "shortlist": shortlist}
+    text = Path(source).read_text(encoding="utf-8").splitlines()[:lines]
     row = dict(case=name, threads=torch.get_num_threads())
     if engine_kind == "xf":
         options = TranslateOptions(path=(checkpoint,), beam_size=4, batch_size=64, device="cpu", **setting)
@@ -114,23 +136,35 @@ def cpu_case(name: str, checkpoint: str, source: str, lines: int, threads: int, 
         import ctranslate2
         import sentencepiece as spm
 
+        from xformer_cli.ctranslate2_format import _with_vocabulary_map
+
         sp = spm.SentencePieceProcessor(model_file=f"{ct2_dir}/spm.model")
-        translator = ctranslate2.Translator(ct2_dir, device="cpu", compute_type=setting,
-                                            intra_threads=torch.get_num_threads())
+        vmap = _with_vocabulary_map(Path(ct2_dir), shortlist, sp) if setting.get("shortlist") else None
+        workers = setting.get("workers", 1)
+        # inter_threads batches at once (translate_batch posts each max_batch_size chunk to them),
+        # each with its share of the threads
+        translator = ctranslate2.Translator(vmap.name if vmap else ct2_dir, device="cpu",
+                                            compute_type=setting["compute_type"], inter_threads=workers,
+                                            intra_threads=max(1, torch.get_num_threads() // workers))
         pieces = sp.encode(text, out_type=str)
-        row["backend"] = f"ctranslate2 {ctranslate2.__version__}, " + ", ".join(
-            f"{k}={os.environ[k]}" for k in ("CT2_USE_MKL", "CT2_FORCE_CPU_ISA") if k in os.environ)
+        row["backend"] = f"ctranslate2 {ctranslate2.__version__}" + "".join(
+            f", {k}={os.environ[k]}" for k in ("CT2_USE_MKL", "CT2_FORCE_CPU_ISA") if k in os.environ)
 
         def one_pass():
-            found = translator.translate_batch(pieces, beam_size=4, max_batch_size=64)
+            found = translator.translate_batch(pieces, beam_size=4, max_batch_size=64, use_vmap=vmap is not None)
             return [sp.decode_pieces(r.hypotheses[0]) for r in found]
-    one_pass()  # warm-up: kernels, allocator, oneDNN's primitives
+    out = one_pass()  # warm-up: kernels, allocator, oneDNN's primitives
     best = float("inf")
     for _ in range(rounds):
         start = time.perf_counter()
-        one_pass()
+        out = one_pass()
         best = min(best, time.perf_counter() - start)
     row["sentences/s"] = len(text) / best
+    if reference is not None:
+        import sacrebleu
+
+        refs = Path(reference).read_text(encoding="utf-8").splitlines()[:lines]
+        row["bleu"] = round(sacrebleu.corpus_bleu(out, [refs]).score, 2)
     return row
 
 
@@ -155,14 +189,22 @@ def cpu_main(argv: list[str]) -> None:
     parser.add_argument("--lines", type=int, default=500)
     parser.add_argument("--threads", type=int, default=0)
     parser.add_argument("--rounds", type=int, default=2)
-    parser.add_argument("--cases", default=",".join(CPU_CASES), help="comma-separated case names")
+    parser.add_argument("--shortlist", default=None, help="an xf shortlist file: adds the shortlist cases")
+    parser.add_argument("--reference", default=None, help="reference translations of SOURCE: each case's sacreBLEU")
+    parser.add_argument("--cases", default=None, help="comma-separated case names (default: every case, "
+                        "those with a shortlist only with --shortlist)")
     parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--ct2-dir", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.child:
         print(json.dumps(cpu_case(args.child, args.checkpoint, args.source, args.lines, args.threads, args.rounds,
-                                  args.ct2_dir)))
+                                  args.ct2_dir, args.shortlist, args.reference)))
         return
+    cases = args.cases.split(",") if args.cases else [
+        name for name, case in CPU_CASES.items() if args.shortlist or not case[1].get("shortlist")]
+    unknown = [name for name in cases if name not in CPU_CASES]
+    if unknown:
+        parser.error(f"unknown case(s) {', '.join(unknown)}; the cases: {', '.join(CPU_CASES)}")
     from xformer_cli.checkpoint import load_checkpoint, load_ensemble
     from xformer_cli.ctranslate2_format import write_model_directory
     from xformer_cli.precision import cpu_bf16_instructions
@@ -177,17 +219,20 @@ def cpu_main(argv: list[str]) -> None:
         models, _ = load_ensemble([args.checkpoint], torch.device("cpu"))
         write_model_directory(Path(ct2_dir), models[0], load_checkpoint(args.checkpoint)["spm_model"], "float32",
                               args.checkpoint)
-        settings = {" ".join(f"{k}={v}" for k, v in case[2].items()): case[2] for case in CPU_CASES.values()
-                    if case[0] == "ct2"}
+        settings = {" ".join(f"{k}={v}" for k, v in case[2].items()) or "its defaults": case[2]
+                    for case in CPU_CASES.values() if case[0] == "ct2" and case[2] is not None}
         header["ct2_backends"] = {name: ct2_backends(ct2_dir, env) for name, env in settings.items()}
         print(json.dumps(header), flush=True)
-        for name in args.cases.split(","):
+        for name in cases:
             if name == "xf bf16" and not cpu_bf16_instructions():
                 continue  # emulated bf16: about 0.03x fp32, not a contender
             env = {**os.environ, **CPU_CASES[name][2]}
             proc = subprocess.run([sys.executable, __file__, "--cpu", args.checkpoint, args.source, "--child", name,
                                    "--ct2-dir", ct2_dir, "--lines", str(args.lines), "--threads", str(args.threads),
-                                   "--rounds", str(args.rounds)], env=env, capture_output=True, text=True)
+                                   "--rounds", str(args.rounds),
+                                   *(["--shortlist", args.shortlist] if args.shortlist else []),
+                                   *(["--reference", args.reference] if args.reference else [])],
+                                  env=env, capture_output=True, text=True)
             if proc.returncode:
                 print(f"{name}: failed: {proc.stderr.strip().splitlines()[-1:]}", file=sys.stderr)
                 continue
@@ -203,7 +248,8 @@ def cpu_main(argv: list[str]) -> None:
         print(f"CTranslate2 with {setting}: {'; '.join(lines)}")
     for r in rows:
         ratio = f", {r['sentences/s'] / best['sentences/s']:.2f}x {best['case']}" if best else ""
-        print(f"{r['case']:<26} {r['sentences/s']:8.1f} sent/s{ratio}   [{r['backend']}]")
+        bleu = f", BLEU {r['bleu']:.2f}" if "bleu" in r else ""
+        print(f"{r['case']:<34} {r['sentences/s']:8.1f} sent/s{ratio}{bleu}   [{r['backend']}]")
 
 
 def main(argv: list[str]) -> None:
