@@ -261,6 +261,18 @@ def test_patience_stops_after_validations_without_improvement(data_dir, tmp_path
     assert load_checkpoint(save / "checkpoint_1_4.pt")["meta"]["num_updates"] == 4
 
 
+def test_patience_epsilon_stops_a_run_whose_gains_are_all_small(data_dir, tmp_path, monkeypatch):
+    losses = iter([3.0, 2.0, 1.995, 1.99, 1.0])  # still improving, by less than 0.01 each time
+    monkeypatch.setattr(train_module, "validation_loss",
+                        lambda *args: {"loss": next(losses), "nll": 1.0, "ppl": 2.7})
+    save = tmp_path / "ck"
+    summary = train(opts(data_dir, save, max_update=50, validate_interval_updates=1, patience=2,
+                         patience_epsilon=0.01))
+    assert summary["stop_reason"] == "no improvement above 0.01 in 2 validations (--patience, --patience-epsilon)"
+    assert summary["num_updates"] == 4 and summary["best"] == 1.99  # the small gains are still the best
+    assert load_checkpoint(save / "checkpoint_best.pt")["meta"]["num_updates"] == 4
+
+
 # -- checkpoints that cannot run code, and bad input -------------------------------------------
 class Evil:
     def __reduce__(self):

@@ -74,6 +74,24 @@ def test_policy_patience_stop_writes_a_numbered_checkpoint():
     assert plan_after_validation(o, plan_update(o, end), end, False, 2).checkpoints == ("checkpoint_1_8.pt",)
 
 
+def test_patience_epsilon_counts_small_gains_as_none_but_keeps_them_as_the_best():
+    from xformer_cli.train_policy import score_validation
+
+    # without epsilon every gain resets the count
+    assert score_validation(2.99, 3.0, 2, higher_is_better=False) == (True, 2.99, 0)
+    # with it: 3.0 -> 2.995 is the new best (checkpoint_best.pt) but no improvement for --patience
+    assert score_validation(2.995, 3.0, 1, higher_is_better=False, epsilon=0.01) == (True, 2.995, 2)
+    assert score_validation(2.98, 3.0, 2, higher_is_better=False, epsilon=0.01) == (True, 2.98, 0)
+    assert score_validation(3.1, 3.0, 1, higher_is_better=False, epsilon=0.01) == (False, 3.0, 2)
+    assert score_validation(5.0, None, 0, higher_is_better=False, epsilon=0.01) == (True, 5.0, 0)  # the first
+    assert score_validation(20.5, 20.0, 1, higher_is_better=True, epsilon=1.0) == (True, 20.5, 2)  # BLEU
+    assert score_validation(21.5, 20.0, 1, higher_is_better=True, epsilon=1.0) == (True, 21.5, 0)
+    o = policy_opts(validate_interval_updates=4, patience=2, patience_epsilon=0.01)
+    stopped = plan_after_validation(o, plan_update(o, after(8)), after(8), improved=True, bad_validations=2)
+    assert stopped.stop == "no improvement above 0.01 in 2 validations (--patience, --patience-epsilon)"
+    assert "checkpoint_best.pt" in stopped.checkpoints  # a small gain is still the best checkpoint
+
+
 def test_improves_lower_loss_or_higher_bleu():
     assert improves(2.0, None, higher_is_better=False) and improves(2.0, 3.0, higher_is_better=False)
     assert not improves(3.0, 3.0, higher_is_better=False) and not improves(4.0, 3.0, higher_is_better=False)

@@ -224,6 +224,11 @@ class TrainOptions:
     keep_last_checkpoints: int = option(10, "keep this many update checkpoints (0: all)", range=COUNT)
     validate_interval_updates: int = option(0, "validate every N updates (and at each epoch end)", range=COUNT)
     patience: int = option(0, "stop after N validations without improvement (0: off)", range=COUNT)
+    patience_epsilon: float = option(
+        0.0, "--patience counts a validation as an improvement only when it beats the best by more than this "
+        "(validation loss in nats, or BLEU with --eval-bleu; Marian's --early-stopping-epsilon): the run stops "
+        "when N validations in a row each gain less; checkpoint_best.pt still follows every improvement",
+        range=Range(0, 1e6))
     eval_bleu: bool = option(False, "validation BLEU (greedy) as the best-checkpoint criterion")
     log_interval: int = option(50, "updates between log lines", range=COUNT1)
     tensorboard_logdir: Optional[str] = option(None, "write TensorBoard scalars here", path=True)

@@ -16,6 +16,7 @@ validation improves, and checkpoint_last.pt with each of them and every --save-i
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Optional
 
 from .checkpoint import numbered_name
@@ -104,11 +105,16 @@ def diverged(o: TrainOptions, skipped_in_a_row: int) -> bool:
 
 
 def score_validation(score: float, best: Optional[float], bad_validations: int,
-                     higher_is_better: bool) -> tuple[bool, Optional[float], int]:
-    """(improved, best score, validations since the last improvement) after a validation."""
-    if improves(score, best, higher_is_better):
-        return True, score, 0
-    return False, best, bad_validations + 1
+                     higher_is_better: bool, epsilon: float = 0.0) -> tuple[bool, Optional[float], int]:
+    """(improved, best score, validations since the last improvement) after a validation.
+
+    An improvement smaller than ``epsilon`` (--patience-epsilon) is still the new best (and
+    checkpoint_best.pt), but counts for --patience as none: a run whose validations each gain
+    less than epsilon stops as if it had stalled."""
+    if not improves(score, best, higher_is_better):
+        return False, best, bad_validations + 1
+    gain = math.inf if best is None else abs(score - best)
+    return True, score, 0 if gain > epsilon else bad_validations + 1
 
 
 def plan_after_validation(o: TrainOptions, plan: Plan, s: AfterUpdate, improved: bool,
@@ -117,7 +123,8 @@ def plan_after_validation(o: TrainOptions, plan: Plan, s: AfterUpdate, improved:
     --patience stop, which writes a numbered checkpoint like every other stop."""
     checkpoints, stop = plan.checkpoints, plan.stop
     if o.patience and bad_validations >= o.patience:
-        stop = f"no improvement in {o.patience} validations (--patience)"
+        stop = f"no improvement in {o.patience} validations (--patience)" if not o.patience_epsilon else (
+            f"no improvement above {o.patience_epsilon:g} in {o.patience} validations (--patience, --patience-epsilon)")
         if not checkpoints:
             checkpoints = (numbered_name(s.epoch, s.num_updates),)
     if improved:

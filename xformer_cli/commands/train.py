@@ -72,7 +72,8 @@ def validate(run: Run, report: Reporter, epoch: int) -> tuple[dict, bool]:
     if o.eval_bleu:
         valid["bleu"] = validation_bleu(run.model, run.valid_set, run.sp, run.env, run.autocast, o.max_tokens)
     improved, pos.best, pos.bad_validations = score_validation(
-        valid["bleu"] if o.eval_bleu else valid["loss"], pos.best, pos.bad_validations, higher_is_better=o.eval_bleu)
+        valid["bleu"] if o.eval_bleu else valid["loss"], pos.best, pos.bad_validations, higher_is_better=o.eval_bleu,
+        epsilon=o.patience_epsilon)
     report.validation({"epoch": epoch, "update": pos.num_updates, **valid, "best": pos.best}, improved)
     return valid, improved
 
