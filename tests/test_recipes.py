@@ -382,7 +382,7 @@ def test_ablation_rows_keep_the_papers_ratios():
 
     base, base_model = config()
     assert (base_model.d_model, base_model.heads, base_model.head_dim, base_model.encoder_layers) == (64, 4, 16, 3)
-    assert base.patience > 0 and base.max_epoch > 0 and base.keep_last_checkpoints >= 5
+    assert base.patience > 0 and base.patience_epsilon > 0 and base.max_epoch > 0 and base.keep_last_checkpoints >= 5
     rows = {p.stem: p for p in (ABLATIONS / "rows").glob("*.yaml")}
     paper = {r["row"]: r for r in csv.DictReader(open(ABLATIONS / "paper.csv", encoding="utf-8"))}
     assert set(paper) == {"base", *rows}
@@ -391,7 +391,8 @@ def test_ablation_rows_keep_the_papers_ratios():
         o, m = config(path)
         k = 3 if name == "big" else 1
         assert (o.max_update, o.max_epoch, o.seed) == (base.max_update * k, base.max_epoch * k, base.seed), name
-        assert (o.patience, o.validate_interval_updates) == (base.patience, base.validate_interval_updates), name
+        assert (o.patience, o.patience_epsilon, o.validate_interval_updates) == (
+            base.patience, base.patience_epsilon, base.validate_interval_updates), name
         p = paper[name]
         # the paper's ratio to its base for every size in the row, but (A)'s h: 1, 2, 8, 16 of 4
         # for the paper's 1, 4, 16, 32 of 8, each with h x d_k = d_model

@@ -21,7 +21,7 @@
 # JOBS > 1 each row's log goes to WORK_DIR/rows/NAME/run.log and a line a row to the terminal.
 #
 # Data: MULTI30K_DIR (train/val .en/.de), else ../shared/data/multi30k beside the repository;
-# TRAIN_LINES (default 3000): the first that many training pairs (0: all 29,000).
+# TRAIN_LINES (default 10000): the first that many training pairs (0: all 29,000).
 # WORK_DIR (default work-dirs/ablations): data-bin/ (shared by all rows), rows/NAME/, lenpen.txt,
 # table.md, table.csv, table.png, curves.png, curves.csv, cpu.tsv.
 # CONFIG (default base.yaml here), TRAIN_ARGS, TRANSLATE_ARGS: as in recipes/lib.sh;
@@ -36,7 +36,7 @@ CONFIG=${CONFIG:-$HERE/base.yaml}
 ROWS_DIR=${ROWS_DIR:-$HERE/rows}
 WORK_DIR=${WORK_DIR:-$REPO/work-dirs/ablations}
 DATA=${MULTI30K_DIR:-$REPO/../shared/data/multi30k}
-TRAIN_LINES=${TRAIN_LINES:-3000}
+TRAIN_LINES=${TRAIN_LINES:-10000}
 JOBS=${JOBS:-1}
 LENPENS=${LENPENS:-0.6 1.0 1.4}
 AVERAGE=${AVERAGE:-5}
