@@ -95,6 +95,34 @@ def test_workers_give_the_output_of_one_worker(tmp_path, ckpt, sentences):
         TranslateOptions(path=(ckpt,), workers=2, sampling=True)
 
 
+@pytest.mark.slow
+def test_workers_are_processes_on_the_cpu_with_the_output_of_one(tmp_path, ckpt, sentences):
+    """--workers 2 on the CPU: batches go to two spawned processes (threads would share the
+    interpreter lock), which give, with int8, prefixes and a constraint (searched in this process),
+    what --workers 1 gives; a worker that dies is a one-line error, not a hang."""
+    import os
+    import signal
+
+    from xformer_cli.errors import XfError
+
+    lines = [json.dumps({"source": s, **({"prefix": "Ein"} if i % 3 == 0 else {}),
+                         **({"constraints": ["Mann"]} if i == 4 else {})}) for i, s in enumerate(sentences)]
+    data = ("\n".join(lines) + "\n").encode()
+    extra = dict(batch_size=2, input_format="jsonl", output_format="jsonl", quantize="int8", int8_engine="fbgemm")
+    assert run(tmp_path, ckpt, data, workers=2, **extra) == run(tmp_path, ckpt, data, **extra)
+    engine, _ = XfEngine.open([ckpt], "cpu", workers=2)
+    try:
+        processes = list(engine.workers.pool._processes.values())
+        assert len(processes) == 2 and all(p.is_alive() for p in processes)
+        os.kill(processes[0].pid, signal.SIGKILL)
+        processes[0].join(10)
+        with pytest.raises(XfError, match="a decoding process died unexpectedly"):
+            engine.search([[5, 6, 7]], TranslateOptions(path=(ckpt,), max_len_a=0.5, max_len_b=3))
+    finally:
+        engine.close()
+    assert engine.workers is None and not any(p.is_alive() for p in processes)
+
+
 def test_refill_gives_the_output_of_batch_by_batch(tmp_path, ckpt, sentences):
     """--refill: the same text, and in jsonl the same tokens and alignments (scores within float
     rounding), with lines of several buffers and an empty one."""

@@ -21,6 +21,7 @@ from .batching import collate_source
 from .compiling import CompileCache
 from .checkpoint import load_ensemble, vocab_digest
 from .constraints import BatchConstraints
+from .decode_workers import DecodeWorkers, WorkerSpec
 from .errors import ConfigError
 from .memory import bound_native_memory
 from .model import Transformer
@@ -61,6 +62,9 @@ class Engine:
         and a finished one replaced by the next at the next step (``refill.py``), in order."""
         raise NotImplementedError
 
+    def close(self) -> None:
+        """Release what the engine holds beyond its models (xf's --workers processes)."""
+
     def alignments(self, sentences: Sequence[Sequence[int]], found: list[list[Hypothesis]], layer: int):
         """Per sentence, per hypothesis: the source position each target subword attends to most."""
         raise ConfigError("--print-alignment needs xf's own engine (the attention of --engine ctranslate2 "
@@ -94,6 +98,9 @@ class XfEngine(Engine):
         self.int8_engine: Optional[str] = None  # --quantize int8: the quantized engine and how it was chosen
         self.supports_alignments = True
         self.max_source = min(m.cfg.max_positions for m in models) - 1  # room for the source's eos
+        # --workers on the CPU: the processes that decode plain batches (``decode_workers.py``);
+        # constraints and alternatives are searched here, in the calling thread
+        self.workers: Optional[DecodeWorkers] = None
 
     @classmethod
     def open(cls, paths: Sequence[str], device: str = "auto", precision: str = "auto", quantize: str = "none",
@@ -131,11 +138,16 @@ class XfEngine(Engine):
             step = CompiledStep(freeze=quantize == "int8", cache=CompileCache.for_model(key))
         engine = cls(models, device, loaded, step)
         engine.int8_engine = chosen
+        if workers > 1 and device.type == "cpu" and not compile_step:  # processes: no shared interpreter lock
+            engine.workers = DecodeWorkers(WorkerSpec(tuple(paths), precision, quantize, int8_engine,
+                                                      torch.get_num_threads(), shortlist), workers)
         return engine, sp
 
     def search(self, sentences: Sequence[Sequence[int]], options: TranslateOptions, generator=None,
                prefixes: Optional[Sequence[Sequence[int]]] = None,
                constraints: Optional[BatchConstraints] = None) -> list[list[Hypothesis]]:
+        if self.workers is not None and generator is None and constraints is None and not options.alternatives:
+            return self.workers.search(sentences, options, prefixes)
         src = collate_source(sentences).to(self.device)
         candidates = self.shortlist.candidates(src) if self.shortlist is not None else None
         if candidates is not None and constraints:  # constraint tokens are always candidates
@@ -146,6 +158,11 @@ class XfEngine(Engine):
         prefix = collate_prefix(prefixes, self.device)
         return search(self.models, src, options, generator, with_prefix_candidates(candidates, prefix), self.compiled,
                       prefix, constraints)
+
+    def close(self) -> None:
+        if self.workers is not None:
+            self.workers.close()
+            self.workers = None
 
     def refills(self, options: TranslateOptions) -> bool:
         # a shortlist's candidates and a compiled graph are a batch's: those search batch by batch

@@ -390,8 +390,9 @@ class TranslateOptions(DecodingOptions):
     )
     threads: int = option(0, "CPU threads for torch (0: torch's default)", range=THREADS)
     workers: int = option(
-        1, "batches decoded at once, each by its own thread with threads/workers torch threads (CPU throughput: "
-        "as CTranslate2's inter_threads and Marian's --cpu-threads); outputs are those of --workers 1",
+        1, "batches decoded at once (CPU throughput: as CTranslate2's inter_threads and Marian's --cpu-threads): "
+        "on the CPU each by its own process (its own copy of the models, no shared interpreter lock) with "
+        "threads/workers torch threads, elsewhere by threads; outputs are those of --workers 1",
         range=Range(1, 256),
     )
     compile: bool = option(

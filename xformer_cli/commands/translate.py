@@ -75,12 +75,19 @@ def _input_size(stream: IO[bytes]) -> Optional[int]:
 # -- the command ---------------------------------------------------------------------------------
 def translate(options: TranslateOptions) -> None:
     """Translate the input (stdin or --input) to the output (stdout or --output)."""
-    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
-
     if options.input is not None and not Path(options.input).is_file():
         raise XfError(f"{options.input}: input file not found")
     glossary = Glossary.load(options.glossary) if options.glossary is not None else None  # fails before loading
     engine, sp, device = open_engine(options)
+    try:
+        _translate(engine, sp, device, options, glossary)
+    finally:
+        engine.close()  # --workers: its decoding processes
+
+
+def _translate(engine, sp, device, options: TranslateOptions, glossary: Optional[Glossary]) -> None:
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
     if options.print_alignment:  # a layer the models lack fails now, not at the first batch
         engine.check_alignment_layer(options.alignment_layer)
     generator = torch.Generator(device=device).manual_seed(options.seed) if options.sampling else None

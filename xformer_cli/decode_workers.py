@@ -1,0 +1,81 @@
+"""``xf translate --workers N`` on the CPU: N worker processes decode batches at once, each with its
+own copy of the models and its share of the torch threads (CTranslate2's inter_threads, Marian's
+--cpu-threads).
+
+Threads of one process would share Python's global interpreter lock, which a decoder step holds
+for most of its hundreds of small operator calls at translation's batch sizes: on 2 cores two
+threads gave 1.3-1.8x one, two processes about 2x (docs/performance.md). A worker starts by
+spawn (no fork of a process whose OpenMP threads already run), loads the checkpoints itself with
+the engine, precision and int8 kernels the parent resolved, and then searches the batches it is
+sent: the same code and the same batches as one process, so the outputs are the same.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
+from dataclasses import dataclass
+from typing import Optional, Sequence
+
+from .errors import XfError
+
+_engine = None  # the worker's XfEngine (worker processes only)
+
+
+@dataclass(frozen=True)
+class WorkerSpec:
+    """What a worker opens: the checkpoints and the settings the parent resolved."""
+
+    paths: tuple[str, ...]
+    precision: str  # fp32, bf16 (resolved: never auto)
+    quantize: str
+    int8_engine: str  # the parent's choice (never auto: every worker runs the same kernels)
+    threads: int  # torch threads of each worker
+    shortlist: Optional[str]
+
+
+def _open(spec: WorkerSpec, ready) -> None:
+    global _engine
+    from .engines import XfEngine
+
+    _engine, _ = XfEngine.open(spec.paths, "cpu", spec.precision, spec.quantize, spec.int8_engine,
+                               threads=spec.threads, workers=1, shortlist=spec.shortlist)
+    ready.wait()  # every worker has loaded: the parent's first batches find them all ready
+
+
+def _ready() -> int:
+    return os.getpid()
+
+
+def _search(sentences, options, prefixes):
+    return _engine.search(sentences, options, None, prefixes)
+
+
+class DecodeWorkers:
+    """A pool of ``workers`` decoding processes over ``spec``; ``search`` sends one batch to a free
+    one and waits for its hypotheses (call it from as many threads as there are workers)."""
+
+    def __init__(self, spec: WorkerSpec, workers: int):
+        ctx = multiprocessing.get_context("spawn")
+        ready = ctx.Barrier(workers)
+        self.workers = workers
+        self.pool = ProcessPoolExecutor(workers, ctx, initializer=_open, initargs=(spec, ready))
+        try:  # start them all now, so that loading is not decoding time
+            for future in [self.pool.submit(_ready) for _ in range(workers)]:
+                future.result()
+        except BrokenProcessPool:
+            self.pool.shutdown(cancel_futures=True)
+            raise XfError(f"--workers {workers}: a decoding process failed to start (out of memory?); try fewer "
+                          "--workers") from None
+
+    def search(self, sentences: Sequence[Sequence[int]], options, prefixes=None):
+        try:
+            return self.pool.submit(_search, [list(s) for s in sentences], options, prefixes).result()
+        except BrokenProcessPool:
+            raise XfError("a decoding process died unexpectedly (killed, or out of memory?); try fewer "
+                          "--workers") from None
+
+    def close(self) -> None:
+        self.pool.shutdown(cancel_futures=True)
