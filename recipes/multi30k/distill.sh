@@ -29,8 +29,9 @@
 #   CONFIG           the student's YAML (default recipes/multi30k/student.yaml); PREPROCESS_ARGS,
 #                    TRAIN_ARGS, ... as in recipes/lib.sh
 #   WORK_DIR         outputs (default work-dirs/multi30k-PAIR-distill); a re-run skips finished steps
-#   BENCH_THREADS (2), BENCH_BATCH (64), BENCH_REPEATS (3): the bench's settings; BENCH_SOURCE:
-#                    the text it translates (default test2016.$SRC)
+#   BENCH_THREADS (2), BENCH_WORKERS (2: batches at once, each on threads/workers threads; both
+#                    engines' fastest setting on 2 cores), BENCH_BATCH (64), BENCH_REPEATS (3): the
+#                    bench's settings; BENCH_SOURCE: the text it translates (default test2016.$SRC)
 #   CHUNK_LINES      the teacher translates train in chunks of this many lines (2000), each kept when
 #                    done: an interrupted run resumes at the first chunk missing
 #   SIZES            the shapes `size` measures, ENCxDEC:D_MODEL:D_FF, e.g. "3x3:256:1024 3x1:256:1024"
@@ -145,7 +146,7 @@ export_int8() {
 
 # bench: teacher and student, xf int8 and CTranslate2 int8, interleaved in one run; the table.
 bench() {
-  local threads=${BENCH_THREADS:-2} batch=${BENCH_BATCH:-64} repeats=${BENCH_REPEATS:-3}
+  local threads=${BENCH_THREADS:-2} workers=${BENCH_WORKERS:-2} batch=${BENCH_BATCH:-64} repeats=${BENCH_REPEATS:-3}
   local source=${BENCH_SOURCE:-$DATA/test2016.$SRC} rows=$WORK_DIR/bench.tsv.tmp r who engine
   local lenpen_student
   lenpen_student=$(python3 -c 'import json, sys; print(json.load(open(sys.argv[1]))["chosen"]["lenpen"])' "$WORK_DIR/choice.json" 2>/dev/null ||
@@ -157,7 +158,7 @@ bench() {
         local path=$WORK_DIR/averaged.pt lenpen=$lenpen_student
         [[ $who == teacher ]] && path=${teacher[0]} lenpen=$TEACHER_LENPEN
         [[ $engine == ctranslate2 ]] && path=$WORK_DIR/$who-ct2-int8
-        xf translate --engine "$engine" --path "$path" --quantize int8 --threads "$threads" --beam-size 4 \
+        xf translate --engine "$engine" --path "$path" --quantize int8 --threads "$threads" --workers "$workers" --beam-size 4 \
           --batch-size "$batch" --lenpen "$lenpen" --input "$source" --output "$WORK_DIR/bench.$who.$engine.$TGT" \
           2>"$WORK_DIR/bench.log" || { cat "$WORK_DIR/bench.log" >&2; return 1; }
         local speed
@@ -169,7 +170,7 @@ bench() {
   done
   mv "$rows" "$WORK_DIR/bench.tsv"
   rm -f "$WORK_DIR/bench.log"
-  BENCH="threads $threads, batch $batch, beam 4, best of $repeats, $(basename "$source")" \
+  BENCH="threads $threads, workers $workers, batch $batch, beam 4, best of $repeats, $(basename "$source")" \
     distill_table "${teacher[0]}" "$WORK_DIR" "$TGT" "$DATA/test2016.$TGT" | tee "$WORK_DIR/table.txt"
 }
 
@@ -219,7 +220,7 @@ EOF
 # trained for one update on the distilled data (speed hardly depends on the weights): outputs are
 # capped at the source length (max_len_a 1, max_len_b 0), about a real translation's length.
 size() {
-  local threads=${BENCH_THREADS:-2} batch=${BENCH_BATCH:-64} shape dir
+  local threads=${BENCH_THREADS:-2} workers=${BENCH_WORKERS:-2} batch=${BENCH_BATCH:-64} shape dir
   [[ -f $WORK_DIR/data-bin/meta.json ]] || die "size needs the student's data ($WORK_DIR/data-bin): run the recipe first"
   for shape in ${SIZES:-3x3:256:1024 3x2:256:1024 3x1:256:1024 3x1:192:768 3x1:128:512 2x1:128:512}; do
     local layers=${shape%%:*} rest=${shape#*:}
@@ -233,8 +234,8 @@ size() {
     for engine in xf ctranslate2; do
       path=$dir/checkpoint_last.pt
       [[ $engine == ctranslate2 ]] && path=$dir/ct2-int8
-      xf translate --engine "$engine" --path "$path" --quantize int8 --threads "$threads" --beam-size 4 \
-        --batch-size "$batch" --max-len-a 1 --max-len-b 0 --input "$DATA/val.$SRC" 2>"$dir/speed.log" >/dev/null ||
+      xf translate --engine "$engine" --path "$path" --quantize int8 --threads "$threads" --workers "$workers" \
+        --beam-size 4 --batch-size "$batch" --max-len-a 1 --max-len-b 0 --input "$DATA/val.$SRC" 2>"$dir/speed.log" >/dev/null ||
         die "xf translate --engine $engine for $shape failed: $dir/speed.log"
       speeds+=("$engine int8 $(grep -o 'sentences/s [0-9.,]*' "$dir/speed.log" | tail -1)")
     done
