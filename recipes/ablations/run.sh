@@ -25,7 +25,7 @@
 # WORK_DIR (default work-dirs/ablations): data-bin/ (shared by all rows), rows/NAME/, lenpen.txt,
 # table.md, table.csv, table.png, curves.png, curves.csv, cpu.tsv.
 # CONFIG (default base.yaml here), TRAIN_ARGS, TRANSLATE_ARGS: as in recipes/lib.sh;
-# LENPENS (default "0.6 1.0 1.4"): the length penalties tried on base; AVERAGE (default 5): the
+# LENPENS (default "0.6 1.0 1.4 1.8"): the length penalties tried on base; AVERAGE (default 5): the
 # last N numbered (epoch) checkpoints averaged (the paper: 5 for base models); FIRST: the rows
 # the whole study runs first, one per claim of the paper, so that a short sitting covers them all.
 set -euo pipefail
@@ -38,7 +38,7 @@ WORK_DIR=${WORK_DIR:-$REPO/work-dirs/ablations}
 DATA=${MULTI30K_DIR:-$REPO/../shared/data/multi30k}
 TRAIN_LINES=${TRAIN_LINES:-10000}
 JOBS=${JOBS:-1}
-LENPENS=${LENPENS:-0.6 1.0 1.4}
+LENPENS=${LENPENS:-0.6 1.0 1.4 1.8}
 AVERAGE=${AVERAGE:-5}
 FIRST=${FIRST:-D1-drop0 C1-N1 D3-ls0 A1-h1 B1-dk4 E1-learned big}
 SRC=en TGT=de
