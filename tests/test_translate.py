@@ -114,10 +114,15 @@ def test_workers_are_processes_on_the_cpu_with_the_output_of_one(tmp_path, ckpt,
     try:
         processes = list(engine.workers.pool._processes.values())
         assert len(processes) == 2 and all(p.is_alive() for p in processes)
+        options = TranslateOptions(path=(ckpt,), max_len_a=0.5, max_len_b=3)
+        for p in processes:  # Ctrl-C is the parent's to handle: the workers carry on
+            os.kill(p.pid, signal.SIGINT)
+        time.sleep(1)
+        assert all(p.is_alive() for p in processes) and engine.search([[5, 6, 7]], options)
         os.kill(processes[0].pid, signal.SIGKILL)
         processes[0].join(10)
         with pytest.raises(XfError, match="a decoding process died unexpectedly"):
-            engine.search([[5, 6, 7]], TranslateOptions(path=(ckpt,), max_len_a=0.5, max_len_b=3))
+            engine.search([[5, 6, 7]], options)
     finally:
         engine.close()
     assert engine.workers is None and not any(p.is_alive() for p in processes)

@@ -38,7 +38,13 @@ class WorkerSpec:
 
 def _open(spec: WorkerSpec, ready) -> None:
     global _engine
+    import signal
+
     from .engines import XfEngine
+
+    # Ctrl-C reaches the whole process group: the parent stops the run and closes the pool (its
+    # running batches finish), rather than each worker dying mid-batch under it
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
 
     _engine, _ = XfEngine.open(spec.paths, "cpu", spec.precision, spec.quantize, spec.int8_engine,
                                threads=spec.threads, workers=1, shortlist=spec.shortlist)
