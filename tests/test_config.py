@@ -102,6 +102,8 @@ def test_every_model_option_is_a_train_option_declared_once():
     (TrainOptions, {"data": "d", "lr_scheduler": "inverse_sqrt", "lr": 1e-3, "lr_factor": 2.0}, "--lr-factor scales noam"),
     (TrainOptions, {"data": "d", "weight_decay": 0.01}, "use --optimizer adamw"),
     (PreprocessOptions, {"destdir": "x", "trainpref": "t", "workers": 0}, "--workers must be at least 1"),
+    (TrainOptions, {"data": "d", "patience_epsilon": -0.1}, "--patience-epsilon must not be negative"),
+    (TrainOptions, {"data": "d", "patience_epsilon": float("nan")}, "--patience-epsilon must be a finite number"),
 ])
 def test_impossible_values_are_one_line_config_errors_naming_the_file(tmp_path, cls, values, pattern):
     import yaml
