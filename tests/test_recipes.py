@@ -477,8 +477,18 @@ def test_ablations_run_rows_side_by_side_resume_and_write_the_table(tmp_path):
     work = tmp_path / "work"
     assert read(work / "train-subset/train.en") == read(data / "train.en")[:300]
     assert (work / "lenpen.txt").read_text().strip() in ("0.6", "1.0")
+    record = tmp_path / "record"  # from here on the results are recorded, and the table made from them
+    env["RECORD"] = record
     second = run_recipe("ablations/run.sh", {**env, "JOBS": 2})  # the whole study, two rows at a time
     assert "base: train: skipped" in (work / "rows/base/run.log").read_text()
+    for spec in ("base", "base@2", "A1-h1"):  # base: finished before, recorded now
+        assert sorted(p.name for p in (record / "rows" / spec).iterdir()) == \
+            ["cpu.tsv", "flags.txt", "machine.txt", "train_log.jsonl", "val.score.json"], spec
+    assert read(record / "rows/A1-h1/flags.txt") == ["--heads", "1", "--head-dim", "64"]
+    assert read(record / "rows/base@2/flags.txt") == ["--seed", "2"]
+    import torch
+    assert read(record / "rows/base/machine.txt")[2] == f"torch {torch.__version__}"
+    assert (record / "lenpen.txt").read_text() == (work / "lenpen.txt").read_text()
     assert "A1-h1: train --heads 1 --head-dim 64" in (work / "rows/A1-h1/run.log").read_text()
     assert "base@2: done" in second.stderr and "A1-h1: done" in second.stderr
     assert "--seed 2" in (work / "rows/base@2/run.log").read_text()
@@ -501,5 +511,16 @@ def test_ablations_run_rows_side_by_side_resume_and_write_the_table(tmp_path):
              and not line.startswith(("==> Table 3", "==> second seeds"))]
     assert steps and all("skipped" in line for line in steps), steps
     assert read(work / "table.csv") == [header, *lines]
+    # another sitting, elsewhere: a new work dir and the record; nothing is trained, the same table
+    fourth = run_recipe("ablations/run.sh", {**env, "WORK_DIR": tmp_path / "work2"})
+    assert "base@2: skipped, recorded in" in fourth.stderr and not (tmp_path / "work2/rows/base/checkpoints").exists()
+    assert read(tmp_path / "work2/table.csv") == [header, *lines]
+    # a record is refused with other settings, and a recorded run with other options
+    other = run_recipe("ablations/run.sh", {**env, "WORK_DIR": tmp_path / "work3", "AVERAGE": 3}, check=False)
+    assert other.returncode != 0 and f"{record}/study.txt: the record was made with other settings" in other.stderr
+    assert "average 3" in other.stderr
+    (record / "rows/A1-h1/flags.txt").write_text("--heads\n2\n")
+    changed = run_recipe("ablations/run.sh", env, "A1-h1", check=False)
+    assert changed.returncode != 0 and f"A1-h1: recorded in {record}/rows/A1-h1 with other options" in changed.stderr
     bad = run_recipe("ablations/run.sh", env, "Z9-none", check=False)
     assert bad.returncode != 0 and "no row 'Z9-none'" in bad.stderr

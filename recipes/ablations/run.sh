@@ -28,6 +28,15 @@
 # LENPENS (default "0.6 1.0 1.4 1.8"): the length penalties tried on base; AVERAGE (default 5): the
 # last N numbered (epoch) checkpoints averaged (the paper: 5 for base models); FIRST: the rows
 # the whole study runs first, one per claim of the paper, so that a short sitting covers them all.
+#
+# RECORD (default: none) keeps the study's results beyond a work dir, so that it spreads over
+# sittings on different machines (docs/ablations.md's table is recipes/ablations/record):
+#   RECORD=recipes/ablations/record JOBS=2 bash recipes/ablations/run.sh
+# A run recorded there is skipped (its options must be the same: else an error says to remove
+# it), a finished one is copied there (rows/SPEC/: train_log.jsonl, val.score.json, cpu.tsv,
+# flags.txt, machine.txt), so are the chosen length penalty (lenpen.txt, lenpen/) and the
+# study's settings (study.txt: a record made with others is refused), and the second seeds and
+# the table come from the record (the table's files are written to WORK_DIR).
 set -euo pipefail
 source "$(dirname "$0")/../lib.sh"
 
@@ -41,6 +50,7 @@ JOBS=${JOBS:-1}
 LENPENS=${LENPENS:-0.6 1.0 1.4 1.8}
 AVERAGE=${AVERAGE:-5}
 FIRST=${FIRST:-D1-drop0 C1-N1 D3-ls0 A1-h1 B1-dk4 E1-learned big}
+RECORD=${RECORD:-}
 SRC=en TGT=de
 [[ $JOBS =~ ^[1-9][0-9]*$ ]] || die "JOBS=$JOBS: a number of rows side by side (1, 2, ...)"
 [[ $TRAIN_LINES =~ ^[0-9]+$ ]] || die "TRAIN_LINES=$TRAIN_LINES: a number of training pairs (0: all)"
@@ -84,6 +94,8 @@ timed() {
 }
 
 mkdir -p "$WORK_DIR"
+python=$(dirname "$(command -v xf)")/python  # xf's own interpreter: matplotlib with the plot extra
+[[ -x $python ]] || python=python3
 read -r -a train_args <<<"${TRAIN_ARGS:-}"
 read -r -a translate_args <<<"${TRANSLATE_ARGS:-}"
 data_bin=$WORK_DIR/data-bin
@@ -101,6 +113,60 @@ if ((TRAIN_LINES > 0)); then  # a subset, so that every row reaches its plateau 
 fi
 pairs=$TRAIN_LINES
 ((TRAIN_LINES > 0)) || pairs=all
+# the settings every run of a record must share: the configuration (its comments aside), the
+# data (training subset and val), and the options of averaging, translating and choosing lenpen
+study_settings() {
+  printf 'config %s\n' "$(sed 's/#.*//; /^[[:space:]]*$/d' "$CONFIG" | sha256sum | cut -c1-16)"
+  printf 'train %s\n' "$(cat "$trainpref.$SRC" "$trainpref.$TGT" | sha256sum | cut -c1-16)"
+  printf 'val %s\n' "$(cat "$DATA/val.$SRC" "$DATA/val.$TGT" | sha256sum | cut -c1-16)"
+  printf 'train_lines %s\naverage %s\nlenpens %s\ntrain_args %s\ntranslate_args %s\n' \
+    "$TRAIN_LINES" "$AVERAGE" "$LENPENS" "${TRAIN_ARGS:-}" "${TRANSLATE_ARGS:-}"
+}
+if [[ -n $RECORD ]]; then
+  mkdir -p "$RECORD/rows"
+  RECORD=$(cd "$RECORD" && pwd)
+  if [[ -f $RECORD/study.txt ]]; then
+    differs=$(diff "$RECORD/study.txt" <(study_settings) | sed -n 's/^> //p' | paste -sd ';' -) || true
+    [[ -z $differs ]] || die "$RECORD/study.txt: the record was made with other settings than these ($differs): use another RECORD"
+  else
+    study_settings >"$RECORD/study.txt.tmp" && mv "$RECORD/study.txt.tmp" "$RECORD/study.txt"
+  fi
+  if [[ -f $RECORD/lenpen.txt && ! -f $WORK_DIR/lenpen.txt ]]; then
+    cp "$RECORD/lenpen.txt" "$WORK_DIR/lenpen.txt"
+  elif [[ -f $RECORD/lenpen.txt ]] && ! cmp -s "$RECORD/lenpen.txt" "$WORK_DIR/lenpen.txt"; then
+    die "$WORK_DIR/lenpen.txt differs from $RECORD/lenpen.txt: this work dir chose its own length penalty, use another WORK_DIR"
+  fi
+  note "record: $RECORD ($(find "$RECORD/rows" -mindepth 2 -maxdepth 2 -name val.score.json | wc -l) runs recorded)"
+fi
+
+# record_run SPEC FLAGS...: copy a finished run's results into RECORD/rows/SPEC (atomically: a
+# directory renamed into place), with the machine it ran on
+record_run() {
+  local spec=$1 tmp=$RECORD/rows/.$1.tmp
+  shift
+  rm -rf "$tmp" && mkdir -p "$tmp"
+  cp "$dir/checkpoints/train_log.jsonl" "$dir/val.score.json" "$dir/cpu.tsv" "$tmp/"
+  printf '%s\n' "$@" >"$tmp/flags.txt"
+  "$python" - >"$tmp/machine.txt" <<'PYEOF' || echo "cpu unknown" >"$tmp/machine.txt"
+import platform
+import torch
+from xformer_cli.precision import cpu_flags
+found = cpu_flags()
+try:
+    cpu = next(line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name"))
+except (OSError, StopIteration):
+    cpu = platform.processor() or "unknown"
+kinds = ("avx2", "avx512f", "avx512_vnni", "avx512_bf16", "amx_bf16", "amx_int8")
+print(f"cpu {cpu}\nflags {' '.join(k for k in kinds if k in found) or '-'}\ntorch {torch.__version__}")
+PYEOF
+  if [[ $spec == base ]]; then  # and the length penalty chosen on it, which every row uses
+    mkdir -p "$RECORD/lenpen"
+    cp "$dir"/lenpen/val.hyp.*.score.json "$RECORD/lenpen/"
+    cp "$WORK_DIR/lenpen.txt" "$RECORD/lenpen.txt.tmp" && mv "$RECORD/lenpen.txt.tmp" "$RECORD/lenpen.txt"
+  fi
+  rm -rf "$RECORD/rows/$spec" && mv "$tmp" "$RECORD/rows/$spec"
+}
+
 step "preprocess (train: $pairs pairs)" "$data_bin/meta.json" \
   xf preprocess --config "$CONFIG" --destdir "$data_bin" --source-lang "$SRC" --target-lang "$TGT" \
   --trainpref "$trainpref" --validpref "$DATA/val" --overwrite
@@ -118,7 +184,7 @@ choose_lenpen() {
       mv "$2/lenpen/score.tmp" "$5"; rm -f "$2/lenpen/hyp.tmp"' _ "$CONFIG" "$dir" "$DATA/val" "$lp" \
       "$dir/lenpen/val.hyp.$lp.score.json" "${translate_args[@]}"
   done
-  python3 - "$dir/lenpen" "$WORK_DIR/lenpen.txt" $LENPENS <<'EOF'
+  python3 - "$dir/lenpen" "$WORK_DIR/lenpen.txt" $LENPENS <<'EOF' || return 1
 import json, os, sys
 d, out, lps = sys.argv[1], sys.argv[2], sys.argv[3:]
 bleu = {lp: json.load(open(f"{d}/val.hyp.{lp}.score.json"))["bleu"]["score"] for lp in lps}
@@ -137,6 +203,14 @@ row_job() {
   mkdir -p "$dir"
   [[ $row == base ]] || mapfile -t flags < <(row_flags "$ROWS_DIR/$row.yaml")
   [[ $spec != *@* ]] || flags+=(--seed "${spec#*@}")
+  if [[ -n $RECORD && -f $RECORD/rows/$spec/val.score.json ]]; then  # done in an earlier sitting
+    [[ "$(cat "$RECORD/rows/$spec/flags.txt" 2>/dev/null)" == "$(printf '%s\n' "${flags[@]}")" ]] \
+      || die "$spec: recorded in $RECORD/rows/$spec with other options than '${flags[*]}': remove that directory to run it again"
+    [[ $spec != base || -f $WORK_DIR/lenpen.txt ]] \
+      || die "$spec: recorded, but $RECORD has no lenpen.txt: remove $RECORD/rows/base to run it again"
+    log "$spec: skipped, recorded in $RECORD/rows/$spec"
+    return 0
+  fi
   step "$spec: train${flags[*]:+ ${flags[*]}}" "$dir/checkpoints/train.done" timed train train_then_mark "$dir/checkpoints/train.done" \
     xf train "$data_bin" --config "$CONFIG" --save-dir "$dir/checkpoints" "${flags[@]}" "${train_args[@]}"
   step "$spec: average the last $AVERAGE checkpoints" "$dir/averaged.pt" timed average \
@@ -151,6 +225,7 @@ row_job() {
     --input "$DATA/val.$SRC" --lenpen "$(cat "$WORK_DIR/lenpen.txt")" "${translate_args[@]}"
   step "$spec: score" "$dir/val.score.json" \
     to_file "$dir/val.score.json" xf score --ref "$DATA/val.$TGT" --hyp "$dir/val.hyp.$TGT" --json --metrics bleu
+  [[ -z $RECORD ]] || record_run "$spec" "${flags[@]}"
 }
 
 # run_row SPEC: row_job in its own shell; when base fails, the rows waiting for its length
@@ -182,19 +257,18 @@ rows() {
 }
 
 # 1. every row, base first (its job chooses the length penalty), then 2. the second seeds the
-# first pass calls for
-python=$(dirname "$(command -v xf)")/python
-[[ -x $python ]] || python=python3
+# first pass calls for, from the record when there is one
 rm -f "$WORK_DIR/.lenpen-failed"
+results=${RECORD:-$WORK_DIR}
 rows "$@"
 if ((full_study)); then
   again=()  # table.py prints one NAME@2 a line, none when no row needs one
-  while read -r spec; do [[ -z $spec ]] || again+=("$spec"); done < <("$python" "$HERE/table.py" "$WORK_DIR" "$HERE/paper.csv" --second-seeds)
+  while read -r spec; do [[ -z $spec ]] || again+=("$spec"); done < <("$python" "$HERE/table.py" "$results" "$HERE/paper.csv" --second-seeds)
   if ((${#again[@]})); then
     log "second seeds (difference to the base within twice the seed spread): ${again[*]}"
     rows "${again[@]}"
   fi
 fi
 
-# 3. the table: xf's own interpreter (it has matplotlib when the plot extra is installed)
-"$python" "$HERE/table.py" "$WORK_DIR" "$HERE/paper.csv"
+# 3. the table (table.md, table.csv, the plots) into WORK_DIR
+"$python" "$HERE/table.py" "$results" "$HERE/paper.csv" --out "$WORK_DIR"

@@ -1,11 +1,13 @@
 """Table 3 of the ablation recipe from its finished rows: table.md, table.csv, table.png, curves.csv,
-curves.png and cpu.tsv in WORK_DIR; or, with --second-seeds, the rows that need a second seed.
+curves.png and cpu.tsv in OUT (default WORK_DIR); or, with --second-seeds, the rows that need a
+second seed.
 
-    python table.py WORK_DIR PAPER_CSV [--second-seeds]
+    python table.py WORK_DIR PAPER_CSV [--second-seeds] [--out OUT]
 
-A run is finished when WORK_DIR/rows/SPEC/val.score.json exists; SPEC is a row's name (seed 1,
-the base's seed) or NAME@SEED. A run's configuration, parameter count and updates come from its
-checkpoints/train_log.jsonl (the last 'start' record; the 'valid' records: its validation curve,
+WORK_DIR is run.sh's work dir or its RECORD. A run is finished when WORK_DIR/rows/SPEC/val.score.json
+exists; SPEC is a row's name (seed 1, the base's seed) or NAME@SEED. A run's configuration,
+parameter count and updates come from its train_log.jsonl (a record's) or
+checkpoints/train_log.jsonl (a work dir's) (the last 'start' record; the 'valid' records: its validation curve,
 perplexity exp(nll) per target subword on val), its BLEU (its averaged checkpoint, beam 4) from
 the score file, its CPU seconds from cpu.tsv (run.sh: user + system, every step). A row's value
 is the mean over its seeds, and its perplexity is that of its best validation (the plateau).
@@ -49,7 +51,9 @@ def records(path: Path) -> list[dict]:
 
 def run_of(spec: str, directory: Path) -> dict:
     """One finished run (a row at one seed): its configuration, curve, plateau, BLEU, CPU time."""
-    log = directory / "checkpoints" / "train_log.jsonl"
+    log = directory / "train_log.jsonl"
+    if not log.exists():
+        log = directory / "checkpoints" / "train_log.jsonl"
     if not log.exists():
         raise SystemExit(f"{log}: missing (the run's score exists but not its training log)")
     found = records(log)
@@ -89,7 +93,7 @@ def finished_runs(work: Path) -> dict[str, dict[str, dict]]:
     """{row name: {spec: run}} for every finished run under WORK_DIR/rows."""
     rows: dict[str, dict[str, dict]] = {}
     for d in sorted((work / "rows").glob("*")):
-        if (d / "val.score.json").exists():
+        if not d.name.startswith(".") and (d / "val.score.json").exists():  # .SPEC.tmp: being recorded
             rows.setdefault(d.name.split("@")[0], {})[d.name] = run_of(d.name, d)
     return rows
 
@@ -244,18 +248,37 @@ def plot_curves(rows: dict[str, dict[str, dict]], path: Path) -> None:
     plt.close(fig)
 
 
-def main(work_dir: str, paper_csv: str, mode: str | None = None) -> None:
-    work = Path(work_dir)
+USAGE = "usage: table.py WORK_DIR PAPER_CSV [--second-seeds] [--out OUT]"
+
+
+def main(argv: list[str]) -> None:
+    positional, mode, out = [], None, None
+    args = iter(argv)
+    for arg in args:
+        if arg == "--second-seeds":
+            mode = arg
+        elif arg == "--out":
+            out = next(args, None)
+            if out is None:
+                raise SystemExit(f"--out needs a directory; {USAGE}")
+        elif arg.startswith("-"):
+            raise SystemExit(f"unknown option {arg}; {USAGE}")
+        else:
+            positional.append(arg)
+    if len(positional) != 2:
+        raise SystemExit(USAGE)
+    work, paper_csv = Path(positional[0]), positional[1]
     paper = {r["row"]: r for r in csv.DictReader(open(paper_csv, encoding="utf-8"))}
     rows = finished_runs(work)
     if mode == "--second-seeds":
         for spec in second_seeds(rows):
             print(spec)
         return
-    if mode is not None:
-        raise SystemExit(f"unknown option {mode}: the only one is --second-seeds")
     if not rows:
         raise SystemExit(f"{work}/rows: no finished row yet")
+    if out is not None:
+        work = Path(out)
+        work.mkdir(parents=True, exist_ok=True)
     order = [n for n in paper if n in rows] + sorted(n for n in rows if n not in paper)
     rows = {n: rows[n] for n in order}
     table = [summary(n, rows[n]) for n in order]
@@ -293,6 +316,4 @@ def main(work_dir: str, paper_csv: str, mode: str | None = None) -> None:
 
 
 if __name__ == "__main__":
-    if len(sys.argv) not in (3, 4):
-        raise SystemExit("usage: table.py WORK_DIR PAPER_CSV [--second-seeds]")
-    main(*sys.argv[1:])
+    main(sys.argv[1:])
