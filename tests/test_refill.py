@@ -9,7 +9,7 @@ import torch
 from test_search import D, _count_decoder_rows, assert_same, batch, tiny
 from xformer_cli.engines import XfEngine, collate_prefix
 from xformer_cli.options import TranslateOptions
-from xformer_cli.refill import RefillState, refill_search
+from xformer_cli.refill import RefillState, refill_search, refill_stream
 from xformer_cli.search import beam_search, greedy_search
 from xformer_cli.translation import Stats, search_lines
 
@@ -117,6 +117,42 @@ def test_slots_no_row_uses_are_shed():
         RefillState.drop_slots = drop_slots
     assert dropped and all(count > 0 for count in dropped)
     assert_same(got, alone([model], sources, options))
+
+
+def test_a_stream_takes_sentences_as_they_come_and_gives_each_when_done():
+    """refill_stream (xf serve --refill): sentences join while others decode, with prefixes that
+    arrive later, a pause with nothing decoding (the feed is asked to wait), and each sentence is
+    handed back when it is done, with the hypotheses of its search alone."""
+    model = tiny()
+    options = D(beam_size=3, nbest=2, max_len_b=6)
+    sources = mixed_sources(16, seed=6)
+    rng = random.Random(7)
+    prefixes = [[rng.randrange(4, 40) for _ in range(rng.choice([0, 0, 2, 7]))] if i >= 5 else [] for i in range(16)]
+    arrivals = [[0, 1], [2], [], [3, 4, 5], [], [], [6, 7, 8, 9, 10, 11], [12], [13, 14, 15]]  # per call of feed
+    calls, done = [], {}
+
+    def feed(count, wait):
+        calls.append(wait)
+        if not arrivals:
+            return []
+        if wait:  # nothing decodes: what arrives next comes now
+            while arrivals and not arrivals[0]:
+                arrivals.pop(0)
+        now = arrivals.pop(0) if arrivals else []
+        if len(now) > count:  # the rest waits for the next call
+            now, rest = now[:count], now[count:]
+            arrivals.insert(0, rest)
+        return [(f"s{i}", sources[i], prefixes[i] or None) for i in now]
+
+    def on_done(key, hyps):
+        assert key not in done
+        done[key] = hyps
+
+    refill_stream([model], feed, on_done, options, slots=3)
+    expected = alone([model], sources, options, prefixes)
+    assert sorted(done) == sorted(f"s{i}" for i in range(16))
+    assert_same([done[f"s{i}"] for i in range(16)], expected)
+    assert calls[0] and calls.count(True) >= 2  # waited at the start and again once all were done
 
 
 # -- search_lines: refill where it applies ---------------------------------------------------------

@@ -17,12 +17,18 @@ A sentence's hypotheses are those ``beam_search`` finds for it: tokens identical
 float rounding (the masked slots weigh exactly 0, but the sums run over other lengths). Not here,
 ``search`` runs them batch by batch: sampling, lexical constraints, a shortlist (its candidates
 are a batch's), a compiled step (its graph takes one length for every row), ``all_finished``.
+
+``refill_stream`` is the same search over a pool that grows while it runs (``xf serve --refill``:
+requests join the running batch): ``feed(count, wait)`` hands it up to ``count`` new sentences
+(key, source ids, target prefix ids) whenever it has free slots (``wait``: none is decoding, so
+the feed may block for one, or return none to end the search), and ``on_done(key, hypotheses)``
+gets each sentence as soon as it is done. ``refill_search`` is ``refill_stream`` over a list.
 """
 
 from __future__ import annotations
 
 from collections import deque
-from typing import Optional, Sequence
+from typing import Callable, Hashable, Optional, Sequence
 
 import torch
 
@@ -34,27 +40,36 @@ from .search import (LOG_ZERO, DecoderState, Hypothesis, _best_extensions, force
 from .vocab import BOS_ID, EOS_ID, PAD_ID
 
 
+# feed(count, wait) -> up to count new sentences: (key, source ids without eos, target prefix ids or None)
+Feed = Callable[[int, bool], Sequence[tuple[Hashable, Sequence[int], Optional[Sequence[int]]]]]
+# A sentence ready to decode: key, its encoder output (S, D) under each model (eos included), its
+# output limit (most tokens before eos), its prefix ids (None: none)
+Entry = tuple[Hashable, list[torch.Tensor], int, Optional[list[int]]]
+
+
 class _Waiting:
-    """The pool's sentences not decoding yet, encoded ``chunk`` at a time in pool order: each
-    ready one is (pool index, its encoder output (S, D) under each model, eos included)."""
+    """Sentences not decoding yet, asked of ``feed`` ``chunk`` at a time and encoded together as
+    they come (for a list fed in order: ``chunk`` at a time in pool order)."""
 
-    def __init__(self, models: Sequence[Transformer], sources: Sequence[Sequence[int]], device, chunk: int):
-        self.models, self.sources, self.device, self.chunk = models, sources, device, chunk
-        self.encoded = 0  # sentences encoded so far
-        self.ready: deque[tuple[int, list[torch.Tensor]]] = deque()
+    def __init__(self, models: Sequence[Transformer], feed: Feed, device, chunk: int, options: DecodingOptions):
+        self.models, self.feed, self.device, self.chunk, self.options = models, feed, device, chunk, options
+        self.max_positions = min(model.cfg.max_positions for model in models)
+        self.ready: deque[Entry] = deque()
 
-    def __len__(self) -> int:
-        return len(self.ready) + len(self.sources) - self.encoded
-
-    def take(self, count: int) -> list[tuple[int, list[torch.Tensor]]]:
-        while len(self.ready) < count and self.encoded < len(self.sources):
-            idx = range(self.encoded, min(self.encoded + self.chunk, len(self.sources)))
-            src = collate_source([self.sources[i] for i in idx]).to(self.device)
+    def take(self, count: int, wait: bool = False) -> list[Entry]:
+        """Up to ``count`` sentences; ``wait``: nothing decodes, the feed may block for some."""
+        while len(self.ready) < count:
+            new = list(self.feed(self.chunk, wait and not self.ready))
+            if not new:
+                break
+            src = collate_source([ids for _, ids, _ in new]).to(self.device)
             memories = [model.encode(src)[0] for model in self.models]  # (chunk, S, D) each
-            for row, i in enumerate(idx):
-                width = len(self.sources[i]) + 1
-                self.ready.append((i, [memory[row, :width] for memory in memories]))
-            self.encoded = idx.stop
+            limits = max_output_lengths(torch.tensor([len(ids) for _, ids, _ in new]), self.options.max_len_a,
+                                        self.options.max_len_b, self.max_positions).tolist()
+            for row, ((key, ids, prefix), limit) in enumerate(zip(new, limits)):
+                prefix = list(prefix) if prefix else None  # a prefix longer than the limit raises it
+                limit = max(limit, len(prefix)) if prefix else limit
+                self.ready.append((key, [memory[row, : len(ids) + 1] for memory in memories], limit, prefix))
         return [self.ready.popleft() for _ in range(min(count, len(self.ready)))]
 
 
@@ -84,8 +99,7 @@ class RefillState(DecoderState):
     new sentences into slots in place. The encoder outputs and cross-attention keys and values
     are (slots, W, ...) with W the widest source decoding, padding masked."""
 
-    def __init__(self, models: Sequence[Transformer], first: list[tuple[int, list[torch.Tensor]]], beams: int,
-                 capacity: int):
+    def __init__(self, models: Sequence[Transformer], first: Sequence[Entry], beams: int, capacity: int):
         for model in models:
             if model.training:
                 raise ValueError("search needs models in eval mode (call model.eval())")
@@ -101,12 +115,12 @@ class RefillState(DecoderState):
         """Slots of the self-attention buffers filled so far (every row writes one a step)."""
         return self.caches[0].length
 
-    def admit(self, slots: list[int], entries: list[tuple[int, list[torch.Tensor]]]) -> None:
+    def admit(self, slots: list[int], entries: Sequence[Entry]) -> None:
         """Sentences ``entries`` (``_Waiting.take``) take sentence slots ``slots``, after the first
         step (the cross-attention keys and values of the others exist): their rows' prefixes
         begin at the next slot."""
-        for j, (_, memories) in zip(slots, entries):
-            self.widths[j] = memories[0].size(0)
+        for j, entry in zip(slots, entries):
+            self.widths[j] = entry[1][0].size(0)
         width = max(self.widths)
         where = torch.tensor(slots, device=self.encoded[0][0].device)
         rows = (where[:, None] * self.beams + torch.arange(self.beams, device=where.device)).view(-1)
@@ -131,7 +145,6 @@ class RefillState(DecoderState):
             cache.drop_slots(count)
 
 
-@torch.inference_mode()
 def refill_search(models: Sequence[Transformer], sources: Sequence[Sequence[int]], options: DecodingOptions,
                   slots: int, prefix: Optional[torch.Tensor] = None, device: Optional[torch.device] = None,
                   ) -> list[list[Hypothesis]]:
@@ -140,123 +153,159 @@ def refill_search(models: Sequence[Transformer], sources: Sequence[Sequence[int]
     returns each sentence's nbest hypotheses, best first, in pool order: those of
     ``search.beam_search`` (and ``greedy_search``) over the same sentences. prefix (len(sources),
     P): each sentence's forced first output ids, PAD_ID-filled (``engines.collate_prefix``; None:
-    none); device: the models' (None: the CPU). The rules of a step (the 2k best extensions, finished hypotheses, when a sentence is
-    done) are beam_search's, applied to each sentence at its own step."""
+    none); device: the models' (None: the CPU)."""
+    found: list[list[Hypothesis]] = [[] for _ in sources]
+    if not sources:
+        return found
+    prefixes = [row[row.ne(PAD_ID)].tolist() for row in prefix.cpu()] if prefix is not None else [None] * len(sources)
+    max_positions = min(model.cfg.max_positions for model in models)
+    limits = max_output_lengths(torch.tensor([len(s) for s in sources]), options.max_len_a, options.max_len_b,
+                                max_positions).tolist()
+    longest = max(max(limit, len(p or ())) for limit, p in zip(limits, prefixes))
+    fed = 0
+
+    def feed(count: int, wait: bool):
+        nonlocal fed
+        start, fed = fed, min(fed + count, len(sources))
+        return [(i, sources[i], prefixes[i]) for i in range(start, fed)]
+
+    def on_done(i: int, hyps: list[Hypothesis]) -> None:
+        found[i] = hyps
+
+    refill_stream(models, feed, on_done, options, slots, device, capacity=2 * (longest + 1))
+    return found
+
+
+@torch.inference_mode()
+def refill_stream(models: Sequence[Transformer], feed: Feed, on_done: Callable[[Hashable, list[Hypothesis]], None],
+                  options: DecodingOptions, slots: int, device: Optional[torch.device] = None,
+                  capacity: int = 0) -> None:
+    """Beam search (beam 1: greedy) of every sentence ``feed`` hands out (the module's docstring),
+    ``slots`` sentences decoding at once, a done one's rows taken by the next at the next step;
+    ``on_done(key, nbest hypotheses best first)`` as each is done, the hypotheses
+    ``search.beam_search`` finds for it. Ends when nothing decodes and the feed gives nothing.
+    capacity: the buffer slots before those no row uses are shed (0: twice the longest output
+    admitted so far, which it follows). The rules of a step (the 2k best extensions, finished
+    hypotheses, when a sentence is done) are beam_search's, applied to each sentence at its own step."""
     # One function on purpose, as _beam_search: a step is one story over tensors that change together.
     k, nbest = options.beam_size, options.nbest
     lp = lambda length: length_penalty(length, options.lenpen, options.lenpen_style)  # noqa: E731
-    finished: list[list[Hypothesis]] = [[] for _ in sources]
-    if not sources:
-        return finished
-    max_positions = min(model.cfg.max_positions for model in models)
-    limits = max_output_lengths(torch.tensor([len(s) for s in sources]), options.max_len_a, options.max_len_b,
-                                max_positions)  # (pool,) most output tokens before eos
-    if prefix is not None:  # a prefix longer than the limit raises it, as in beam_search
-        limits = torch.maximum(limits, prefix.ne(PAD_ID).sum(dim=1).cpu())
-    capacity = 2 * (int(limits.max()) + 1)  # slots before the buffers shed those no row uses any more
-    waiting = _Waiting(models, sources, device, slots)
-    first = waiting.take(slots)
-    state = RefillState(models, first, k, capacity)
-    device = state.encoded[0][0].device
-    limits = limits.to(device)
-    beam_offsets = torch.arange(k, device=device)
-    fresh_scores = torch.zeros(k, device=device).index_fill_(0, beam_offsets[1:], LOG_ZERO)  # beam 0 alone live
+    waiting = _Waiting(models, feed, device, slots, options)
 
-    # Per sentence slot (host): pool index, slot of its bos. Per slot (device): its own step etc.
-    sent = [i for i, _ in first]
-    start = [0] * len(sent)
-    ids = torch.tensor(sent, device=device)
-    step = torch.zeros(len(sent), dtype=torch.long, device=device)
-    max_len, slot_prefix = limits[ids], prefix[ids] if prefix is not None else None
-    max_lp = lp(max_len.double() + 1).float()  # penalty of the longest output each sentence may have
-    fin_count = torch.zeros(len(sent), dtype=torch.long, device=device)
-    fin_best = torch.full((len(sent), nbest), LOG_ZERO, device=device)  # best finished scores, sorted
-    # Per row, in buffer slot coordinates: column c is the input token at slot c and its log-prob.
-    tokens = torch.full((len(sent) * k, 1), BOS_ID, dtype=torch.long, device=device)
-    pos_scores = torch.zeros(len(sent) * k, 1, device=device)
-    scores = fresh_scores.repeat(len(sent))  # (rows,) cumulative log-probability
-    limits_host, steps_host = limits.tolist(), [0] * len(sent)  # host copies: which rows are at their limit
+    def prefix_rows(entries: Sequence[Entry], width: int) -> torch.Tensor:
+        return torch.tensor([(e[3] or []) + [PAD_ID] * (width - len(e[3] or [])) for e in entries],
+                            dtype=torch.long, device=device)
 
-    while sent:
-        if state.length >= capacity and min(start) > 0:
-            drop = min(start)
-            state.drop_slots(drop)
-            start = [s - drop for s in start]
-            tokens, pos_scores = tokens[:, drop:], pos_scores[:, drop:]
-        at_max_somewhere = any(steps_host[j] >= limits_host[i] for j, i in enumerate(sent))
-        at_max = max_len.le(step).repeat_interleave(k) if at_max_somewhere else None  # None: nothing to mask
-        lprobs = state.next_log_probs(tokens, at_max)  # (rows, V)
-        if slot_prefix is not None:
-            width = slot_prefix.size(1)
-            forced = slot_prefix.gather(1, step.clamp(max=width - 1)[:, None]).view(-1)
-            forced = forced.masked_fill(step.ge(width), PAD_ID)  # (slots,): PAD_ID past the prefix
-            lprobs = force_tokens(lprobs, forced.repeat_interleave(k), None)
-        top_scores, top_beam, top_token, top_lprobs = _best_extensions(scores, lprobs, k, None)  # (slots, 2k)
-        base_rows = torch.arange(top_scores.size(0), device=device)[:, None] * k  # (slots, 1)
+    while first := waiting.take(slots, wait=True):  # a batch from nothing (the feed may block for it)
+        capacity = max(capacity, 2 * (max(e[2] for e in first) + 1))
+        state = RefillState(models, first, k, capacity)
+        device = state.encoded[0][0].device
+        beam_offsets = torch.arange(k, device=device)
+        fresh_scores = torch.zeros(k, device=device).index_fill_(0, beam_offsets[1:], LOG_ZERO)  # beam 0 alone live
 
-        # Finished: eos among the first k candidates, with a finite score.
-        is_eos = top_token.eq(EOS_ID)
-        final = is_eos[:, :k] & torch.isfinite(top_scores[:, :k])  # (slots, k)
-        norm = (top_scores[:, :k] / lp(step.double() + 1.0).float()[:, None]).masked_fill(~final, LOG_ZERO)
-        fin_count += final.sum(dim=1)
-        fin_best = torch.cat([fin_best, norm], dim=1).topk(nbest, dim=1).values
+        # Per sentence slot (host): key, slot of its bos, hypotheses found. Per slot (device): its own step etc.
+        sent = [e[0] for e in first]
+        start = [0] * len(sent)
+        hyps_of: list[list[Hypothesis]] = [[] for _ in sent]
+        step = torch.zeros(len(sent), dtype=torch.long, device=device)
+        max_len = torch.tensor([e[2] for e in first], device=device)
+        slot_prefix = prefix_rows(first, max(len(e[3]) for e in first if e[3])) if any(e[3] for e in first) else None
+        max_lp = lp(max_len.double() + 1).float()  # penalty of the longest output each sentence may have
+        fin_count = torch.zeros(len(sent), dtype=torch.long, device=device)
+        fin_best = torch.full((len(sent), nbest), LOG_ZERO, device=device)  # best finished scores, sorted
+        # Per row, in buffer slot coordinates: column c is the input token at slot c and its log-prob.
+        tokens = torch.full((len(sent) * k, 1), BOS_ID, dtype=torch.long, device=device)
+        pos_scores = torch.zeros(len(sent) * k, 1, device=device)
+        scores = fresh_scores.repeat(len(sent))  # (rows,) cumulative log-probability
+        limits_host, steps_host = [e[2] for e in first], [0] * len(sent)  # host copies: which rows are at their limit
 
-        # The next beam: the first k candidates that do not end in eos.
-        width = top_scores.size(1)
-        order = (is_eos.long() * width + torch.arange(width, device=device)).topk(k, dim=1, largest=False).indices
-        rows = (base_rows + top_beam.gather(1, order)).view(-1)  # (rows,): the row each new row continues
-        prev_tokens, prev_pos_scores = tokens, pos_scores
-        scores = top_scores.gather(1, order).view(-1)
-        tokens = torch.cat([tokens[rows], top_token.gather(1, order).view(-1, 1)], dim=1)
-        pos_scores = torch.cat([pos_scores[rows], top_lprobs.gather(1, order).view(-1, 1)], dim=1)
-        state.reorder_beams(rows)
+        while sent:
+            if state.length >= capacity and min(start) > 0:
+                drop = min(start)
+                state.drop_slots(drop)
+                start = [s - drop for s in start]
+                tokens, pos_scores = tokens[:, drop:], pos_scores[:, drop:]
+            at_max_somewhere = any(s >= limit for s, limit in zip(steps_host, limits_host))
+            at_max = max_len.le(step).repeat_interleave(k) if at_max_somewhere else None  # None: nothing to mask
+            lprobs = state.next_log_probs(tokens, at_max)  # (rows, V)
+            if slot_prefix is not None:
+                width = slot_prefix.size(1)
+                forced = slot_prefix.gather(1, step.clamp(max=width - 1)[:, None]).view(-1)
+                forced = forced.masked_fill(step.ge(width), PAD_ID)  # (slots,): PAD_ID past the prefix
+                lprobs = force_tokens(lprobs, forced.repeat_interleave(k), None)
+            top_scores, top_beam, top_token, top_lprobs = _best_extensions(scores, lprobs, k, None)  # (slots, 2k)
+            base_rows = torch.arange(top_scores.size(0), device=device)[:, None] * k  # (slots, 1)
 
-        # Done: k finished, its maximum length, or no live hypothesis can beat its nbest-th finished one.
-        best_live = scores.view(-1, k).max(dim=1).values  # (slots,)
-        bound = best_live / torch.maximum(lp(step.float() + 2.0), max_lp)
-        done = fin_count.ge(k) | max_len.le(step) | fin_best[:, -1].ge(bound)
-        step += 1
-        steps_host = [s + 1 for s in steps_host]
-        done_flags, final_flags = torch.stack((done, final.any(dim=1))).tolist()  # the step's one sync
-        done_slots = [j for j, d in enumerate(done_flags) if d]
+            # Finished: eos among the first k candidates, with a finite score.
+            is_eos = top_token.eq(EOS_ID)
+            final = is_eos[:, :k] & torch.isfinite(top_scores[:, :k])  # (slots, k)
+            norm = (top_scores[:, :k] / lp(step.double() + 1.0).float()[:, None]).masked_fill(~final, LOG_ZERO)
+            fin_count += final.sum(dim=1)
+            fin_best = torch.cat([fin_best, norm], dim=1).topk(nbest, dim=1).values
 
-        if any(final_flags):
-            slot, rank = final.nonzero(as_tuple=True)
-            done_rows = base_rows[:, 0][slot] + top_beam[slot, rank]
-            for j, row_tokens, row_pos, s, last in zip(
-                slot.tolist(), prev_tokens[done_rows].tolist(), prev_pos_scores[done_rows].tolist(),
-                norm[slot, rank].tolist(), top_lprobs[slot, rank].tolist(),
-            ):
-                own = start[j] + 1  # the column after its bos
-                finished[sent[j]].append(Hypothesis(row_tokens[own:] + [EOS_ID], s, row_pos[own:] + [last]))
-        if done_slots:
-            entries = waiting.take(len(done_slots))
-            refill, leave = done_slots[: len(entries)], done_slots[len(entries):]
-            if entries:  # the next sentences take the rows of done ones
-                state.admit(refill, entries)
-                where, new = (torch.tensor(x, device=device) for x in (refill, [i for i, _ in entries]))
-                where_rows = (where[:, None] * k + beam_offsets).view(-1)
-                for j, (i, _) in zip(refill, entries):
-                    sent[j], start[j], steps_host[j] = i, state.length, 0
-                step[where], max_len[where], fin_count[where] = 0, limits[new], 0
-                max_lp[where] = lp(limits[new].double() + 1).float()
-                fin_best[where] = LOG_ZERO
-                if slot_prefix is not None:
-                    slot_prefix[where] = prefix[new]
-                scores.view(-1, k)[where] = fresh_scores
-                tokens[where_rows, -1] = BOS_ID
-            if leave:  # nothing waits: done sentences leave the batch
-                keep = sorted(set(range(len(sent))) - set(leave))
-                sent, start = [sent[j] for j in keep], [start[j] for j in keep]
-                steps_host = [steps_host[j] for j in keep]
-                if not sent:
-                    break
-                keep_t = torch.tensor(keep, device=device)
-                keep_rows = (keep_t[:, None] * k + beam_offsets).view(-1)
-                state.select_sentences(keep_t, keep_rows)
-                step, max_len, max_lp = step[keep_t], max_len[keep_t], max_lp[keep_t]
-                fin_count, fin_best = fin_count[keep_t], fin_best[keep_t]
-                slot_prefix = slot_prefix[keep_t] if slot_prefix is not None else None
-                tokens, pos_scores, scores = tokens[keep_rows], pos_scores[keep_rows], scores[keep_rows]
+            # The next beam: the first k candidates that do not end in eos.
+            width = top_scores.size(1)
+            order = (is_eos.long() * width + torch.arange(width, device=device)).topk(k, dim=1, largest=False).indices
+            rows = (base_rows + top_beam.gather(1, order)).view(-1)  # (rows,): the row each new row continues
+            prev_tokens, prev_pos_scores = tokens, pos_scores
+            scores = top_scores.gather(1, order).view(-1)
+            tokens = torch.cat([tokens[rows], top_token.gather(1, order).view(-1, 1)], dim=1)
+            pos_scores = torch.cat([pos_scores[rows], top_lprobs.gather(1, order).view(-1, 1)], dim=1)
+            state.reorder_beams(rows)
 
-    return [sorted(hyps, key=lambda h: -h.score)[:nbest] for hyps in finished]
+            # Done: k finished, its maximum length, or no live hypothesis can beat its nbest-th finished one.
+            best_live = scores.view(-1, k).max(dim=1).values  # (slots,)
+            bound = best_live / torch.maximum(lp(step.float() + 2.0), max_lp)
+            done = fin_count.ge(k) | max_len.le(step) | fin_best[:, -1].ge(bound)
+            step += 1
+            steps_host = [s + 1 for s in steps_host]
+            done_flags, final_flags = torch.stack((done, final.any(dim=1))).tolist()  # the step's one sync
+            done_slots = [j for j, d in enumerate(done_flags) if d]
+
+            if any(final_flags):
+                slot, rank = final.nonzero(as_tuple=True)
+                done_rows = base_rows[:, 0][slot] + top_beam[slot, rank]
+                for j, row_tokens, row_pos, s, last in zip(
+                    slot.tolist(), prev_tokens[done_rows].tolist(), prev_pos_scores[done_rows].tolist(),
+                    norm[slot, rank].tolist(), top_lprobs[slot, rank].tolist(),
+                ):
+                    own = start[j] + 1  # the column after its bos
+                    hyps_of[j].append(Hypothesis(row_tokens[own:] + [EOS_ID], s, row_pos[own:] + [last]))
+            if done_slots:
+                for j in done_slots:
+                    on_done(sent[j], sorted(hyps_of[j], key=lambda h: -h.score)[:nbest])
+                entries = waiting.take(len(done_slots))
+                refill, leave = done_slots[: len(entries)], done_slots[len(entries):]
+                if entries:  # the next sentences take the rows of done ones
+                    state.admit(refill, entries)
+                    capacity = max(capacity, 2 * (max(e[2] for e in entries) + 1))
+                    where = torch.tensor(refill, device=device)
+                    where_rows = (where[:, None] * k + beam_offsets).view(-1)
+                    for j, e in zip(refill, entries):
+                        sent[j], start[j], steps_host[j], limits_host[j], hyps_of[j] = e[0], state.length, 0, e[2], []
+                    new_max = torch.tensor([e[2] for e in entries], device=device)
+                    step[where], max_len[where], fin_count[where] = 0, new_max, 0
+                    max_lp[where] = lp(new_max.double() + 1).float()
+                    fin_best[where] = LOG_ZERO
+                    if slot_prefix is not None or any(e[3] for e in entries):
+                        width = max([len(e[3]) for e in entries if e[3]] + [slot_prefix.size(1) if slot_prefix is not None else 1])
+                        if slot_prefix is None:
+                            slot_prefix = torch.full((len(sent), width), PAD_ID, dtype=torch.long, device=device)
+                        slot_prefix = _fit(slot_prefix, width, 1, PAD_ID)
+                        slot_prefix[where] = prefix_rows(entries, width)
+                    scores.view(-1, k)[where] = fresh_scores
+                    tokens[where_rows, -1] = BOS_ID
+                if leave:  # nothing waits: done sentences leave the batch
+                    keep = sorted(set(range(len(sent))) - set(leave))
+                    sent, start = [sent[j] for j in keep], [start[j] for j in keep]
+                    steps_host, limits_host = [steps_host[j] for j in keep], [limits_host[j] for j in keep]
+                    hyps_of = [hyps_of[j] for j in keep]
+                    if not sent:
+                        break  # the next batch starts from nothing, as the first did
+                    keep_t = torch.tensor(keep, device=device)
+                    keep_rows = (keep_t[:, None] * k + beam_offsets).view(-1)
+                    state.select_sentences(keep_t, keep_rows)
+                    step, max_len, max_lp = step[keep_t], max_len[keep_t], max_lp[keep_t]
+                    fin_count, fin_best = fin_count[keep_t], fin_best[keep_t]
+                    slot_prefix = slot_prefix[keep_t] if slot_prefix is not None else None
+                    tokens, pos_scores, scores = tokens[keep_rows], pos_scores[keep_rows], scores[keep_rows]
