@@ -28,7 +28,7 @@ from .model import Transformer
 from .options import TranslateOptions
 from .precision import precision_warning, resolve_precision
 from .quantization import CALIBRATION_ROWS, choose_int8_engine, quantize_int8, quantize_int8_compilable
-from .refill import refill_search
+from .refill import refill_search, refill_stream
 from .search import CompiledStep, Hypothesis, next_token_alternatives, search, with_prefix_candidates
 from .shortlist import Shortlist
 from .vocab import PAD_ID, MappedVocabulary
@@ -60,6 +60,11 @@ class Engine:
                prefixes: Optional[Sequence[Sequence[int]]] = None) -> list[list[Hypothesis]]:
         """``search``'s hypotheses of every sentence, options.batch_size of them decoding at once
         and a finished one replaced by the next at the next step (``refill.py``), in order."""
+        raise NotImplementedError
+
+    def stream(self, feed, on_done, options: TranslateOptions, slots: int) -> None:
+        """``refill`` over a pool that grows while it runs (``refill.refill_stream``: xf serve
+        --refill, requests joining the running batch), ``slots`` sentences decoding at once."""
         raise NotImplementedError
 
     def close(self) -> None:
@@ -171,6 +176,9 @@ class XfEngine(Engine):
     def refill(self, sentences, options, prefixes=None) -> list[list[Hypothesis]]:
         return refill_search(self.models, sentences, options, options.batch_size, collate_prefix(prefixes, self.device),
                              self.device)
+
+    def stream(self, feed, on_done, options, slots) -> None:
+        refill_stream(self.models, feed, on_done, options, slots, self.device)
 
     def _alternatives(self, src, options, generator, candidates, prefixes, constraints=None) -> list[list[Hypothesis]]:
         """Each sentence's options.alternatives ids after its prefix, each as the prefix's next
