@@ -515,6 +515,8 @@ def test_ablations_run_rows_side_by_side_resume_and_write_the_table(tmp_path):
     fourth = run_recipe("ablations/run.sh", {**env, "WORK_DIR": tmp_path / "work2"})
     assert "base@2: skipped, recorded in" in fourth.stderr and not (tmp_path / "work2/rows/base/checkpoints").exists()
     assert read(tmp_path / "work2/table.csv") == [header, *lines]
+    flags = read(record / "rows/base/machine.txt")[1].removeprefix("flags ")
+    assert f"runs by CPU flags: {flags}: " in (tmp_path / "work2/table.md").read_text() and "(base, base@2, A1-h1" in (tmp_path / "work2/table.md").read_text()
     # a record is refused with other settings, and a recorded run with other options
     other = run_recipe("ablations/run.sh", {**env, "WORK_DIR": tmp_path / "work3", "AVERAGE": 3}, check=False)
     assert other.returncode != 0 and f"{record}/study.txt: the record was made with other settings" in other.stderr

@@ -82,7 +82,12 @@ def run_of(spec: str, directory: Path) -> dict:
                 cpu += float(fields[1])
             except (IndexError, ValueError):
                 raise SystemExit(f"{directory / 'cpu.tsv'}:{number}: not 'step<TAB>seconds'") from None
-    return {"spec": spec, "N": layers, "d_model": o["d_model"], "d_ff": o["d_ff"], "h": o["heads"],
+    machine = ""  # a record's: the CPU kind the run was made on (its flags line)
+    if (directory / "machine.txt").exists():
+        for line in (directory / "machine.txt").read_text(encoding="utf-8").splitlines():
+            if line.startswith("flags "):
+                machine = line[len("flags "):]
+    return {"spec": spec, "machine": machine, "N": layers, "d_model": o["d_model"], "d_ff": o["d_ff"], "h": o["heads"],
             "d_k": o["head_dim"], "d_v": o["head_dim"], "P_drop": o["dropout"], "eps_ls": o["label_smoothing"],
             "params_M": round(start["parameters"] / 1e6, 3), "seed": o["seed"], "updates": max(curve),
             "best_update": best_update, "cpu_s": cpu, "ppl": math.exp(curve[best_update]), "bleu": float(bleu),
@@ -162,6 +167,18 @@ def second_seeds(rows: dict[str, dict[str, dict]]) -> list[str]:
         if any(abs(r[k] - base[k]) <= NOISE * spread[k] for k in ("ppl", "bleu")):
             out.append(f"{name}@2")
     return out
+
+
+def machines(rows: dict[str, dict[str, dict]]) -> str:
+    """Which runs were made on which CPU kind (a record's machine.txt), a line; "" without."""
+    kinds: dict[str, list[str]] = {}
+    for runs in rows.values():
+        for spec, run in runs.items():
+            if run["machine"]:
+                kinds.setdefault(run["machine"], []).append(spec)
+    if not kinds:
+        return ""
+    return "runs by CPU flags: " + "; ".join(f"{kind}: {len(specs)} ({', '.join(specs)})" for kind, specs in kinds.items()) + "\n"
 
 
 def markdown(table: list[dict], paper: dict[str, dict], spread: dict[str, float | None]) -> str:
@@ -303,7 +320,7 @@ def main(argv: list[str]) -> None:
     cpu.write(f"total\t\t{total:.0f}\n")
     atomic_write_text(work / "curves.csv", curves.getvalue())
     atomic_write_text(work / "cpu.tsv", cpu.getvalue())
-    text = markdown(table, paper, spread)
+    text = markdown(table, paper, spread) + machines(rows)
     atomic_write_text(work / "table.md", text)
     print(f"\n{text}\nCPU time, all runs: {total / 3600:.2f} h\n"
           f"table: {work / 'table.md'}, {work / 'table.csv'}; curves: {work / 'curves.csv'}; CPU: {work / 'cpu.tsv'}")
