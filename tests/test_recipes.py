@@ -468,7 +468,7 @@ def test_ablations_run_rows_side_by_side_resume_and_write_the_table(tmp_path):
     pytest.importorskip("matplotlib")
     data = multi30k_slice(tmp_path / "m30k")
     rows = tmp_path / "rows"
-    write(rows / "A1-h1.yaml", ["# one head, h x d_k = d_model", "heads: 1", "head_dim: 64"])
+    write(rows / "A1-h1.yaml", ["# one head, h x d_k = d_model", "heads: 1", "head_dim: 64", "threads: 2  # alone"])
     config = write(tmp_path / "tiny.yaml", TINY.replace("  max_update: 6\n", "  max_update: 6\n  validate_interval_updates: 2\n").splitlines())
     env = {"MULTI30K_DIR": data, "WORK_DIR": tmp_path / "work", "CONFIG": config, "ROWS_DIR": rows,
            "TRAIN_LINES": 300, "AVERAGE": 2, "LENPENS": "0.6 1.0"}
@@ -484,12 +484,16 @@ def test_ablations_run_rows_side_by_side_resume_and_write_the_table(tmp_path):
     for spec in ("base", "base@2", "A1-h1"):  # base: finished before, recorded now
         assert sorted(p.name for p in (record / "rows" / spec).iterdir()) == \
             ["cpu.tsv", "flags.txt", "machine.txt", "train_log.jsonl", "val.score.json"], spec
-    assert read(record / "rows/A1-h1/flags.txt") == ["--heads", "1", "--head-dim", "64"]
+    assert read(record / "rows/A1-h1/flags.txt") == ["--heads", "1", "--head-dim", "64", "--threads", "2"]
+    # a row of 2 threads takes both JOBS slots: it starts once base@2 is done, and nothing beside it
+    events = [line.strip() for line in second.stderr.splitlines() if line.strip().endswith(("started", "done")) or "started (log" in line]
+    assert events.index(next(e for e in events if e.startswith("base@2: done"))) < \
+        events.index(next(e for e in events if e.startswith("A1-h1: started")))
     assert read(record / "rows/base@2/flags.txt") == ["--seed", "2"]
     import torch
     assert read(record / "rows/base/machine.txt")[2] == f"torch {torch.__version__}"
     assert (record / "lenpen.txt").read_text() == (work / "lenpen.txt").read_text()
-    assert "A1-h1: train --heads 1 --head-dim 64" in (work / "rows/A1-h1/run.log").read_text()
+    assert "A1-h1: train --heads 1 --head-dim 64 --threads 2" in (work / "rows/A1-h1/run.log").read_text()
     assert "base@2: done" in second.stderr and "A1-h1: done" in second.stderr
     assert "--seed 2" in (work / "rows/base@2/run.log").read_text()
     header, *lines = read(work / "table.csv")

@@ -234,21 +234,41 @@ run_row() {
   (row_job "$1") || { [[ $1 != base ]] || touch "$WORK_DIR/.lenpen-failed"; return 1; }
 }
 
-# rows SPEC...: row_job for each, JOBS at a time, each in its own shell (a failed row stops only
-# itself); fails at the end, naming them, if any row failed
+# threads_of SPEC: the CPU threads a row trains with (its row file's `threads:`, else 1), the
+# share of the JOBS slots it takes (at most JOBS): a row too big to share the cores runs alone
+threads_of() {
+  local row=${1%@*} n=1
+  [[ $row == base ]] || n=$(awk '{ sub(/#.*/, "") } $1 == "threads:" { print $2 }' "$ROWS_DIR/$row.yaml")
+  [[ ${n:-1} =~ ^[1-9][0-9]*$ ]] || n=1
+  echo $((${n:-1} < JOBS ? ${n:-1} : JOBS))
+}
+
+# rows SPEC...: row_job for each, JOBS threads' worth at a time (threads_of), each in its own
+# shell (a failed row stops only itself); fails at the end, naming them, if any row failed
 rows() {
-  local spec failed=() ok=$WORK_DIR/.rows-ok.$$
+  local spec pid failed=() ok=$WORK_DIR/.rows-ok.$$
+  local -A taking=()  # pid of each running row -> the slots it takes
   : >"$ok"
   for spec; do
     if ((JOBS == 1)); then
       run_row "$spec" && echo "$spec" >>"$ok" || true
       continue
     fi
-    while (($(jobs -rp | wc -l) >= JOBS)); do wait -n || true; done
+    local need used
+    need=$(threads_of "$spec")
+    while :; do
+      used=0
+      for pid in "${!taking[@]}"; do
+        if kill -0 "$pid" 2>/dev/null; then used=$((used + taking[$pid])); else unset "taking[$pid]"; fi
+      done
+      ((used + need > JOBS)) || break
+      wait -n || true
+    done
     mkdir -p "$WORK_DIR/rows/$spec"
     note "$spec: started (log: $WORK_DIR/rows/$spec/run.log)"
     ( run_row "$spec" >>"$WORK_DIR/rows/$spec/run.log" 2>&1 && { echo "$spec" >>"$ok"; note "$spec: done"; } \
       || note "$spec: failed (see $WORK_DIR/rows/$spec/run.log)" ) &
+    taking[$!]=$need
   done
   wait
   for spec; do grep -qxF -- "$spec" "$ok" || failed+=("$spec"); done
