@@ -195,7 +195,7 @@ def cpu_main(argv: list[str]) -> None:
                         "those with a shortlist only with --shortlist)")
     parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--ct2-dir", default=None, help=argparse.SUPPRESS)
-    args = parser.parse_args(argv)
+    args = parser.parse_intermixed_args(argv)  # OUT after the options, as the docs write it
     if args.child:
         print(json.dumps(cpu_case(args.child, args.checkpoint, args.source, args.lines, args.threads, args.rounds,
                                   args.ct2_dir, args.shortlist, args.reference)))

@@ -29,8 +29,9 @@ def test_cpu_table_runs_every_kind_of_case_with_bleu(trained_tiny, multi30k_dir,
                    capture_output=True)
     out = tmp_path / "rows.json"
     proc = subprocess.run([sys.executable, str(BENCH), "--cpu", str(trained_tiny), str(multi30k_dir / "val.en"),
-                           str(out), "--reference", str(multi30k_dir / "val.de"), "--shortlist", str(shortlist),
-                           "--lines", "12", "--rounds", "1", "--threads", "2", "--cases", ",".join(CASES)],
+                           "--reference", str(multi30k_dir / "val.de"), "--shortlist", str(shortlist),
+                           "--lines", "12", "--rounds", "1", "--threads", "2", "--cases", ",".join(CASES),
+                           str(out)],  # OUT last, as docs/performance.md writes the command
                           capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr
     found = json.loads(out.read_text())
