@@ -35,8 +35,8 @@ import torch
 from .batching import collate_source
 from .model import Transformer
 from .options import DecodingOptions
-from .search import (LOG_ZERO, DecoderState, Hypothesis, _best_extensions, force_tokens, length_penalty,
-                     max_output_lengths)
+from .search import (LOG_ZERO, DecoderState, Hypothesis, _best_extensions, _finished_and_next, force_tokens,
+                     length_penalty, max_output_lengths)
 from .vocab import BOS_ID, EOS_ID, PAD_ID
 
 
@@ -234,19 +234,11 @@ def refill_stream(models: Sequence[Transformer], feed: Feed, on_done: Callable[[
                 forced = forced.masked_fill(step.ge(width), PAD_ID)  # (slots,): PAD_ID past the prefix
                 lprobs = force_tokens(lprobs, forced.repeat_interleave(k), None)
             top_scores, top_beam, top_token, top_lprobs = _best_extensions(scores, lprobs, k, None)  # (slots, 2k)
-            base_rows = torch.arange(top_scores.size(0), device=device)[:, None] * k  # (slots, 1)
-
-            # Finished: eos among the first k candidates, with a finite score.
-            is_eos = top_token.eq(EOS_ID)
-            final = is_eos[:, :k] & torch.isfinite(top_scores[:, :k])  # (slots, k)
-            norm = (top_scores[:, :k] / lp(step.double() + 1.0).float()[:, None]).masked_fill(~final, LOG_ZERO)
+            # finished candidates and the next beams, each slot at its own length
+            base_rows, final, norm, order, rows = _finished_and_next(top_scores, top_beam, top_token, k,
+                                                                     lp(step.double() + 1.0).float()[:, None])
             fin_count += final.sum(dim=1)
             fin_best = torch.cat([fin_best, norm], dim=1).topk(nbest, dim=1).values
-
-            # The next beam: the first k candidates that do not end in eos.
-            width = top_scores.size(1)
-            order = (is_eos.long() * width + torch.arange(width, device=device)).topk(k, dim=1, largest=False).indices
-            rows = (base_rows + top_beam.gather(1, order)).view(-1)  # (rows,): the row each new row continues
             prev_tokens, prev_pos_scores = tokens, pos_scores
             scores = top_scores.gather(1, order).view(-1)
             tokens = torch.cat([tokens[rows], top_token.gather(1, order).view(-1, 1)], dim=1)

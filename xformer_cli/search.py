@@ -334,6 +334,25 @@ def _rows_at_max(max_len: torch.Tensor, step: int, shortest: int, rows_per_sente
 
 
 # -- beam search ---------------------------------------------------------------------------------
+def _finished_and_next(top_scores: torch.Tensor, top_beam: torch.Tensor, top_token: torch.Tensor, k: int,
+                       penalty) -> tuple[torch.Tensor, ...]:
+    """A step's bookkeeping over its candidates (sents, W >= 2k, best first), as beam_search and
+    refill.refill_stream share it: (base_rows (sents, 1), the first row of each sentence;
+    final (sents, k), eos among the first k candidates with a finite score; norm (sents, k),
+    their scores over ``penalty`` (the length penalty of this step's length: a number, or
+    (sents, 1)), LOG_ZERO where not final; order (sents, k), the first k candidates that do not
+    end in eos (there are at least k, since each live hypothesis contributes at most one eos);
+    rows (sents k,), the row each next hypothesis continues)."""
+    base_rows = torch.arange(top_scores.size(0), device=top_scores.device)[:, None] * k
+    is_eos = top_token.eq(EOS_ID)
+    final = is_eos[:, :k] & torch.isfinite(top_scores[:, :k])
+    norm = (top_scores[:, :k] / penalty).masked_fill(~final, LOG_ZERO)
+    width = top_scores.size(1)
+    order = (is_eos.long() * width + torch.arange(width, device=top_scores.device)).topk(k, dim=1, largest=False).indices
+    rows = (base_rows + top_beam.gather(1, order)).view(-1)
+    return base_rows, final, norm, order, rows
+
+
 def _best_extensions(scores: torch.Tensor, lprobs: torch.Tensor, k: int, candidates: Optional[torch.Tensor]):
     """The 2k best extensions of each sentence's k hypotheses, scores (sents k,) and lprobs
     (sents k, V): their cumulative scores, beam (0..k-1), token id and token log-probability,
@@ -429,20 +448,9 @@ def _beam_search(models: Sequence[Transformer], src: torch.Tensor, options: Deco
         else:  # (sents, W >= 2k), in dynamic beam allocation's order
             top_scores, top_beam, top_token, top_lprobs = tracker.extensions(scores, tracker.mask_eos(lprobs, step),
                                                                              candidates)
-        base_rows = torch.arange(top_scores.size(0), device=device)[:, None] * k  # (sents, 1)
-
-        # Finished: eos among the first k candidates, with a finite score.
-        is_eos = top_token.eq(EOS_ID)
-        final = is_eos[:, :k] & torch.isfinite(top_scores[:, :k])  # (sents, k)
-        norm = (top_scores[:, :k] / lp(step + 1.0)).masked_fill(~final, LOG_ZERO)
+        base_rows, final, norm, order, rows = _finished_and_next(top_scores, top_beam, top_token, k, lp(step + 1.0))
         fin_count += final.sum(dim=1)
         fin_best = torch.cat([fin_best, norm], dim=1).topk(nbest, dim=1).values
-
-        # The next beam: the first k candidates that do not end in eos (there are at least k,
-        # since each live hypothesis contributes at most one eos).
-        width = top_scores.size(1)
-        order = (is_eos.long() * width + torch.arange(width, device=device)).topk(k, dim=1, largest=False).indices
-        rows = (base_rows + top_beam.gather(1, order)).view(-1)  # (rows,): the row each new row continues
         prev_tokens, prev_pos_scores = tokens, pos_scores
         scores = top_scores.gather(1, order).view(-1)  # (rows,)
         tokens = torch.cat([tokens[rows], top_token.gather(1, order).view(-1, 1)], dim=1)
