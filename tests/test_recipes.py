@@ -9,6 +9,7 @@ The end-to-end tests need `xf train`, `xf average-checkpoints` and `xf translate
 skipped, saying so, in a tree where those commands do not exist yet.
 """
 
+import dataclasses
 import gzip
 import importlib.util
 import io
@@ -385,6 +386,12 @@ def test_ablation_rows_keep_the_papers_ratios():
     assert base.patience > 0 and base.patience_epsilon > 0 and base.max_epoch > 0 and base.keep_last_checkpoints >= 5
     rows = {p.stem: p for p in (ABLATIONS / "rows").glob("*.yaml")}
     paper = {r["row"]: r for r in csv.DictReader(open(ABLATIONS / "paper.csv", encoding="utf-8"))}
+    # rows beyond the paper's table: one that checks why a row failed, as that row with one change
+    extra = {"big-drop0.1": ("big", {"dropout": base.dropout})}
+    for name, (like, change) in extra.items():
+        o, m = config(rows.pop(name))
+        big, big_model = config(rows[like])
+        assert m == dataclasses.replace(big_model, **change) and o == dataclasses.replace(big, **change), name
     assert set(paper) == {"base", *rows}
     p0 = paper["base"]
     for name, path in rows.items():
