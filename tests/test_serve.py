@@ -775,3 +775,11 @@ def test_past_the_grace_period_a_503_and_a_gone_client_499_both_drop_their_lines
     assert server.outcomes == {"client gone": 1, "503 at shutdown": 1} and server.statuses == {499: 1, 503: 1}
     log = capsys.readouterr().err
     assert "POST /translate 499" in log and "lines dropped undecoded 4" in log and clean(log)
+
+
+def test_refill_is_a_count():
+    """--refill N: 0 (off) or more sentence slots; a negative count is an option error."""
+    assert ServeOptions(model=("en-de=x.pt",), refill=8).refill == 8
+    assert ServeOptions(model=("en-de=x.pt",)).refill == 0
+    with pytest.raises(ValueError, match="refill"):
+        ServeOptions(model=("en-de=x.pt",), refill=-1)
