@@ -456,6 +456,23 @@ def test_ablation_table_says_what_is_beyond_the_seed_spread(tmp_path):
     assert rows["D1-drop0"]["verdict"] == "bleu worse, ppl worse"  # -5.5 BLEU, +3.5 ppl: beyond 2x
     assert read(work / "curves.csv")[:2] == ["run,update,val_nll,val_ppl", f"base,100,{ln(30):.4f},30.00"]
     assert (work / "cpu.tsv").read_text().splitlines()[-1] == "total\t\t58"  # 5 runs x (10 + 1.5)
+    claims = (work / "claims.md").read_text()
+    assert "| (D) dropout is very helpful in avoiding over-fitting | D1-drop0 | worse, worse | +0.85 / -1.2 | +3.50 / -5.50 | 1 | holds |" in claims
+    assert "- (D) dropout is very helpful in avoiding over-fitting: **holds**" in claims
+    assert "- (C) bigger models are better: **not run yet** (8 of 8 rows not run yet)" in claims
+    # a row against its claim beyond noise, one within noise of an "identical" claim, one half-way
+    ablation_run(work / "rows/C5-d128", 1, 15.0, [ln(20), ln(14), ln(16)])  # -5.5 BLEU, +3.5 ppl
+    ablation_run(work / "rows/E1-learned", 1, 20.0, [ln(30), ln(11), ln(12)])  # -0.5, +0.5: within 3.0, 1.6
+    ablation_run(work / "rows/C7-ff512", 1, 24.0, [ln(30), ln(10.5), ln(12)])  # +3.5 BLEU beyond, ppl the same
+    subprocess.run([sys.executable, str(ABLATIONS / "table.py"), str(work), str(paper)],
+                   capture_output=True, text=True, check=True, env={**os.environ, "PYTHONPATH": str(REPO)})
+    verdict = {line.split(" | ")[1]: line.split(" | ")[-1].rstrip(" |") for line in (work / "claims.md").read_text().splitlines()
+               if line.startswith("| ") and line.count(" | ") == 6}
+    assert (verdict["C5-d128"], verdict["E1-learned"], verdict["C7-ff512"], verdict["C1-N1"]) == (
+        "does not hold", "holds", "partly", "not run")
+    claims = (work / "claims.md").read_text()
+    assert "- (C) bigger models are better: **partly (does not hold 1, partly 1)** (6 of 8 rows not run yet)" in claims
+    assert "- (E) learned positional embeddings give nearly identical results to the sinusoids: **holds**" in claims
     bad = work / "rows/C1-N1"
     ablation_run(bad, 1, 1.0, [1.0])
     (bad / "checkpoints/train_log.jsonl").write_text("{broken\n")

@@ -23,7 +23,7 @@
 # Data: MULTI30K_DIR (train/val .en/.de), else ../shared/data/multi30k beside the repository;
 # TRAIN_LINES (default 10000): the first that many training pairs (0: all 29,000).
 # WORK_DIR (default work-dirs/ablations): data-bin/ (shared by all rows), rows/NAME/, lenpen.txt,
-# table.md, table.csv, table.png, curves.png, curves.csv, cpu.tsv.
+# table.md, table.csv, claims.md, table.png, curves.png, curves.csv, cpu.tsv.
 # CONFIG (default base.yaml here), TRAIN_ARGS, TRANSLATE_ARGS: as in recipes/lib.sh;
 # LENPENS (default "0.6 1.0 1.4 1.8"): the length penalties tried on base; AVERAGE (default 5): the
 # last N numbered (epoch) checkpoints averaged (the paper: 5 for base models); FIRST: the rows

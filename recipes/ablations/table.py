@@ -1,4 +1,5 @@
-"""Table 3 of the ablation recipe from its finished rows: table.md, table.csv, table.png, curves.csv,
+"""Table 3 of the ablation recipe from its finished rows: table.md, table.csv, claims.md (a verdict per
+claim of the paper, CLAIMS), table.png, curves.csv,
 curves.png and cpu.tsv in OUT (default WORK_DIR); or, with --second-seeds, the rows that need a
 second seed.
 
@@ -148,6 +149,96 @@ def verdicts(table: list[dict], spread: dict[str, float | None]) -> None:
             else:
                 said.append(f"{key} {'better' if delta * better > 0 else 'worse'}")
         r["verdict"] = ", ".join(said)
+
+
+# The paper's claims (Sec. 6.2 and 5.4), each tested by the rows that bear on it: per row, what
+# the claim says of its quality against the base's, per metric (better, worse, same; None: the
+# claim says nothing of that metric). Quality: higher BLEU, lower perplexity.
+CLAIMS = (
+    ("A", "single-head attention is worse (than the base), and quality drops off with too many heads",
+     (("A1-h1", "worse", "worse"), ("A4-h16", "worse", "worse"))),
+    ("B", "reducing the attention key size d_k hurts model quality",
+     (("B1-dk4", "worse", "worse"), ("B2-dk8", "worse", "worse"))),
+    ("C", "bigger models are better",
+     (("C1-N1", "worse", "worse"), ("C2-N2", "worse", "worse"), ("C3-N4", "better", "better"),
+      ("C4-d32", "worse", "worse"), ("C5-d128", "better", "better"), ("C6-ff128", "worse", "worse"),
+      ("C7-ff512", "better", "better"), ("big", "better", "better"))),
+    ("D", "dropout is very helpful in avoiding over-fitting",
+     (("D1-drop0", "worse", "worse"),)),
+    ("D", "label smoothing hurts perplexity, as the model learns to be more unsure, but improves BLEU",
+     (("D3-ls0", "worse", "better"), ("D4-ls0.2", None, "worse"))),
+    ("E", "learned positional embeddings give nearly identical results to the sinusoids",
+     (("E1-learned", "same", "same"),)),
+)
+
+
+def observed(delta: float, spread: float | None, higher_is_better: bool) -> str | None:
+    """better / worse / same (within NOISE x the seed spread) for a difference to the base."""
+    if spread is None:
+        return None
+    if abs(delta) <= NOISE * spread:
+        return "same"
+    return "better" if (delta > 0) == higher_is_better else "worse"
+
+
+def claim_verdicts(table: list[dict], paper: dict[str, dict], spread: dict[str, float | None]) -> list[dict]:
+    """One line per (claim, row): the paper's difference to its base and ours, what the claim
+    expects, and whether it holds on that row; a row not run yet is "not run"."""
+    ours = {r["row"]: r for r in table}
+    pbase = paper.get("base", {})
+    lines = []
+    for group, claim, tests in CLAIMS:
+        for row, bleu_says, ppl_says in tests:
+            p = paper.get(row, {})
+            try:
+                paper_d = (float(p["ppl"]) - float(pbase["ppl"]), float(p["bleu"]) - float(pbase["bleu"]))
+            except (KeyError, ValueError):
+                paper_d = None
+            line = {"group": group, "claim": claim, "row": row, "expects": (bleu_says, ppl_says), "paper": paper_d}
+            r = ours.get(row)
+            if r is None or "base" not in ours:
+                lines.append({**line, "ours": None, "seeds": "", "verdict": "not run"})
+                continue
+            seen = (observed(r["d_bleu"], spread["bleu"], True), observed(r["d_ppl"], spread["ppl"], False))
+            said = [(want, got) for want, got in zip((bleu_says, ppl_says), seen) if want is not None]
+            if any(got is None for _, got in said):
+                verdict = "no seed spread yet"
+            elif all(want == got for want, got in said):
+                verdict = "holds"
+            elif any(got != "same" and want != "same" and got != want for want, got in said) or any(
+                    want == "same" and got != "same" for want, got in said):
+                verdict = "partly" if any(want == got for want, got in said) else "does not hold"
+            else:  # every miss is within noise
+                verdict = "partly" if any(want == got for want, got in said) else "within noise"
+            lines.append({**line, "ours": (r["d_ppl"], r["d_bleu"]), "seeds": r["seeds"], "verdict": verdict})
+    return lines
+
+
+def claims_markdown(lines: list[dict]) -> str:
+    """The claims' table: per row the paper's difference and ours, the verdict; and per claim."""
+    out = ["| claim | row | expects (BLEU, ppl) | paper Δ ppl / Δ BLEU | ours Δ ppl / Δ BLEU | seeds | verdict |",
+           "|---|---|---|---|---|---|---|"]
+    shown = set()
+    for x in lines:
+        label = "" if x["claim"] in shown else f"({x['group']}) {x['claim']}"  # the claim on its first row
+        shown.add(x["claim"])
+        expects = ", ".join(w or "-" for w in x["expects"])
+        paper_d = "" if x["paper"] is None else f"{x['paper'][0]:+.2f} / {x['paper'][1]:+.1f}"
+        ours = "" if x["ours"] is None else f"{x['ours'][0]:+.2f} / {x['ours'][1]:+.2f}"
+        out.append(f"| {label} | {x['row']} | {expects} | {paper_d} | {ours} | {x['seeds']} | {x['verdict']} |")
+    out.append("")
+    for group, claim, _ in CLAIMS:
+        got = [x["verdict"] for x in lines if x["claim"] == claim]
+        run = [v for v in got if v != "not run"]
+        if not run:
+            verdict = "not run yet"
+        elif len(set(run)) == 1:  # every row says the same
+            verdict = run[0]
+        else:
+            verdict = "partly (" + ", ".join(f"{v} {got.count(v)}" for v in dict.fromkeys(run)) + ")"
+        missing = len(got) - len(run)
+        out.append(f"- ({group}) {claim}: **{verdict}**" + (f" ({missing} of {len(got)} rows not run yet)" if missing else ""))
+    return "\n".join(out) + "\n"
 
 
 def second_seeds(rows: dict[str, dict[str, dict]]) -> list[str]:
@@ -322,8 +413,11 @@ def main(argv: list[str]) -> None:
     atomic_write_text(work / "cpu.tsv", cpu.getvalue())
     text = markdown(table, paper, spread) + machines(rows)
     atomic_write_text(work / "table.md", text)
+    claims = claims_markdown(claim_verdicts(table, paper, spread))
+    atomic_write_text(work / "claims.md", claims)
+    text += "\n" + claims
     print(f"\n{text}\nCPU time, all runs: {total / 3600:.2f} h\n"
-          f"table: {work / 'table.md'}, {work / 'table.csv'}; curves: {work / 'curves.csv'}; CPU: {work / 'cpu.tsv'}")
+          f"table: {work / 'table.md'}, {work / 'table.csv'}; claims: {work / 'claims.md'}; curves: {work / 'curves.csv'}; CPU: {work / 'cpu.tsv'}")
     try:
         plot_table(table, work / "table.png")
         plot_curves(rows, work / "curves.png")
