@@ -130,6 +130,15 @@ def summary(name: str, runs: dict[str, dict]) -> dict:
             "ppl_each": [r["ppl"] for r in ordered], "bleu_each": [r["bleu"] for r in ordered]}
 
 
+def observed(delta: float, spread: float | None, higher_is_better: bool) -> str | None:
+    """better / worse / same (within NOISE x the seed spread) for a difference to the base."""
+    if spread is None:
+        return None
+    if abs(delta) <= NOISE * spread:
+        return "same"
+    return "better" if (delta > 0) == higher_is_better else "worse"
+
+
 def verdicts(table: list[dict], spread: dict[str, float | None]) -> None:
     """Each row's difference to the base and whether it is beyond NOISE x the seed spread."""
     base = next((r for r in table if r["row"] == "base"), None)
@@ -143,11 +152,8 @@ def verdicts(table: list[dict], spread: dict[str, float | None]) -> None:
             if spread[key] is None:
                 said.append(f"{key}: no seed spread yet")
                 continue
-            delta = r[f"d_{key}"]
-            if abs(delta) <= NOISE * spread[key]:
-                said.append(f"{key} within noise")
-            else:
-                said.append(f"{key} {'better' if delta * better > 0 else 'worse'}")
+            got = observed(r[f"d_{key}"], spread[key], better > 0)
+            said.append(f"{key} {'within noise' if got == 'same' else got}")
         r["verdict"] = ", ".join(said)
 
 
@@ -170,15 +176,6 @@ CLAIMS = (
     ("E", "learned positional embeddings give nearly identical results to the sinusoids",
      (("E1-learned", "same", "same"),)),
 )
-
-
-def observed(delta: float, spread: float | None, higher_is_better: bool) -> str | None:
-    """better / worse / same (within NOISE x the seed spread) for a difference to the base."""
-    if spread is None:
-        return None
-    if abs(delta) <= NOISE * spread:
-        return "same"
-    return "better" if (delta > 0) == higher_is_better else "worse"
 
 
 def claim_verdicts(table: list[dict], paper: dict[str, dict], spread: dict[str, float | None]) -> list[dict]:
