@@ -476,6 +476,18 @@ def test_ablation_table_says_what_is_beyond_the_seed_spread(tmp_path):
     claims = (work / "claims.md").read_text()
     assert "- (C) bigger models are better: **partly (does not hold 1, partly 1)** (6 of 8 rows not run yet)" in claims
     assert "- (E) learned positional embeddings give nearly identical results to the sinusoids: **holds**" in claims
+    # a check made of one change to several rows, the base among them: each against base-SUFFIX
+    ablation_run(work / "rows/base-lr2.5e-3", 1, 14.0, [ln(30), ln(16), ln(17)])  # -6.5 BLEU, +5.5 ppl
+    ablation_run(work / "rows/C5-d128-lr2.5e-3", 1, 19.0, [ln(30), ln(12), ln(13)])  # vs base: within noise
+    subprocess.run([sys.executable, str(ABLATIONS / "table.py"), str(work), str(paper)],
+                   capture_output=True, text=True, check=True, env={**os.environ, "PYTHONPATH": str(REPO)})
+    rows = {r["row"]: r for r in csv_rows(work / "table.csv")}
+    assert (rows["base-lr2.5e-3"]["d_bleu"], rows["base-lr2.5e-3"]["verdict"]) == ("-6.5", "bleu worse, ppl worse")
+    assert (rows["C5-d128-lr2.5e-3"]["d_bleu"], rows["C5-d128-lr2.5e-3"]["d_ppl"]) == ("5.0", "-4.0")
+    assert rows["C5-d128-lr2.5e-3"]["verdict"] == "bleu better, ppl better (vs base-lr2.5e-3)"
+    claims = (work / "claims.md").read_text()
+    assert "| C5-d128-lr2.5e-3 | better, better | -0.26 / +0.2 | -4.00 / +5.00 | 1 | holds |" in claims
+    assert "| C3-N4-lr2.5e-3 | better, better |  |  |  | not run |" in claims
     bad = work / "rows/C1-N1"
     ablation_run(bad, 1, 1.0, [1.0])
     (bad / "checkpoints/train_log.jsonl").write_text("{broken\n")

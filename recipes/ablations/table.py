@@ -139,11 +139,31 @@ def observed(delta: float, spread: float | None, higher_is_better: bool) -> str 
     return "better" if (delta > 0) == higher_is_better else "worse"
 
 
+def reference(name: str, names) -> str:
+    """The row a row's differences are taken to: "base-SUFFIX" for a row "ROW-SUFFIX" when both
+    ROW and base-SUFFIX are rows (a check that makes one change to several rows, the base among
+    them: rows/*-lr2.5e-3.yaml against base-lr2.5e-3), else "base"."""
+    for other in names:
+        suffix = other[len("base"):]
+        if other.startswith("base-") and name != other and name.endswith(suffix) and name[:-len(suffix)] in names:
+            return other
+    return "base"
+
+
+def paper_row(name: str, names) -> str:
+    """The paper's row a check row repeats (ROW of ROW-SUFFIX, as reference() pairs them), else itself."""
+    ref = reference(name, names)
+    return name[:-(len(ref) - len("base"))] if ref != "base" else name
+
+
 def verdicts(table: list[dict], spread: dict[str, float | None]) -> None:
-    """Each row's difference to the base and whether it is beyond NOISE x the seed spread."""
-    base = next((r for r in table if r["row"] == "base"), None)
+    """Each row's difference to its reference (the base, or its check's base-SUFFIX) and whether
+    it is beyond NOISE x the seed spread."""
+    by_name = {r["row"]: r for r in table}
     for r in table:
-        if base is None or r is base:
+        base = by_name.get(reference(r["row"], by_name))
+        r["vs"] = base["row"] if base is not None else ""
+        if base is None or r is by_name.get("base"):
             r.update(d_ppl="", d_bleu="", verdict="")
             continue
         r["d_ppl"], r["d_bleu"] = round(r["ppl"] - base["ppl"], 2), round(r["bleu"] - base["bleu"], 2)
@@ -154,7 +174,7 @@ def verdicts(table: list[dict], spread: dict[str, float | None]) -> None:
                 continue
             got = observed(r[f"d_{key}"], spread[key], better > 0)
             said.append(f"{key} {'within noise' if got == 'same' else got}")
-        r["verdict"] = ", ".join(said)
+        r["verdict"] = ", ".join(said) + ("" if base["row"] == "base" else f" (vs {base['row']})")
 
 
 # The paper's claims (Sec. 6.2 and 5.4), each tested by the rows that bear on it: per row, what
@@ -175,6 +195,10 @@ CLAIMS = (
      (("D3-ls0", "worse", "better"), ("D4-ls0.2", None, "worse"))),
     ("E", "learned positional embeddings give nearly identical results to the sinusoids",
      (("E1-learned", "same", "same"),)),
+    # not a claim of the paper: (C)'s check, its larger rows at half the shared peak lr, each
+    # against the base at that lr (reference())
+    ("C", "bigger models are better, all at half the peak lr (rows/*-lr2.5e-3.yaml, against base-lr2.5e-3)",
+     tuple((f"{row}-lr2.5e-3", "better", "better") for row in ("C3-N4", "C5-d128", "C7-ff512", "big"))),
 )
 
 
@@ -186,14 +210,14 @@ def claim_verdicts(table: list[dict], paper: dict[str, dict], spread: dict[str, 
     lines = []
     for group, claim, tests in CLAIMS:
         for row, bleu_says, ppl_says in tests:
-            p = paper.get(row, {})
+            p = paper.get(paper_row(row, ours), {})
             try:
                 paper_d = (float(p["ppl"]) - float(pbase["ppl"]), float(p["bleu"]) - float(pbase["bleu"]))
             except (KeyError, ValueError):
                 paper_d = None
             line = {"group": group, "claim": claim, "row": row, "expects": (bleu_says, ppl_says), "paper": paper_d}
             r = ours.get(row)
-            if r is None or "base" not in ours:
+            if r is None or "base" not in ours or (row not in paper and reference(row, ours) == "base"):  # a check's base not run
                 lines.append({**line, "ours": None, "seeds": "", "verdict": "not run"})
                 continue
             seen = (observed(r["d_bleu"], spread["bleu"], True), observed(r["d_ppl"], spread["ppl"], False))
