@@ -389,10 +389,11 @@ def test_ablation_rows_keep_the_papers_ratios():
     # rows beyond the paper's table: one that checks why a row failed, as that row with one change
     # (big-drop0.1: big's dropout; *-lr2.5e-3: half the shared peak lr, base-lr2.5e-3 their base)
     extra = {"big-drop0.1": ("big", {"dropout": base.dropout}), "base-lr2.5e-3": ("base", {"lr": base.lr / 2}),
-             **{f"{r}-lr2.5e-3": (r, {"lr": base.lr / 2}) for r in ("C3-N4", "C5-d128", "C7-ff512", "big")}}
+             **{f"{r}-lr2.5e-3": (r, {"lr": base.lr / 2}) for r in ("C3-N4", "C5-d128", "C7-ff512", "big", "big-drop0.1")}}
+    every = dict(rows)
     for name, (like, change) in extra.items():
         o, m = config(rows.pop(name))
-        was, was_model = config(rows[like]) if like != "base" else (base, base_model)
+        was, was_model = config(every[like]) if like != "base" else (base, base_model)
         assert m == dataclasses.replace(was_model, **{k: v for k, v in change.items() if k in MODEL_OVERRIDES}), name
         assert o == dataclasses.replace(was, **change), name
     assert set(paper) == {"base", *rows}
