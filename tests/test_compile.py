@@ -156,7 +156,7 @@ def test_translate_compile_reports_its_compile_time_apart(tmp_path, ckpt, senten
     kw = dict(path=(ckpt,), input=str(data), max_len_a=0.5, max_len_b=3, threads=1)
     translate(TranslateOptions(**kw, output=str(tmp_path / "eager.txt")))
     capsys.readouterr()
-    translate(TranslateOptions(**kw, output=str(tmp_path / "compiled.txt"), compile=True))
+    translate(TranslateOptions(**kw, output=str(tmp_path / "compiled.txt"), compile=True, compile_mode="jit"))
     assert (tmp_path / "compiled.txt").read_text() == (tmp_path / "eager.txt").read_text()
     err = capsys.readouterr().err
     assert "compile (not in the speeds)" in err and "graph(s)" in err
@@ -166,6 +166,7 @@ def test_translate_compile_reports_its_compile_time_apart(tmp_path, ckpt, senten
     (dict(engine="ctranslate2"), "--engine ctranslate2 runs CTranslate2's"),
     (dict(quantize="int8", int8_engine="fbgemm"), "--compile --quantize int8 runs oneDNN"),
     (dict(workers=2), "--compile with --workers 2"),
+    (dict(compile_mode="aot", quantize="int8"), "--compile-mode aot does not take --quantize int8"),
 ])
 def test_translate_compile_refuses(kw, message):
     with pytest.raises(ValueError, match=message):

@@ -167,3 +167,57 @@ class CompileCache:
             write_private(self.path, found[0])
         except OSError as e:
             warn(f"{self.path}: cannot write the compile cache ({e})")
+
+
+def weights_digest(module: torch.nn.Module) -> str:
+    """A digest of a module's weights (names, dtypes, shapes and values): what an ahead-of-time
+    package, which holds them as constants, must match besides the config."""
+    h = hashlib.sha256()
+    for name, t in module.state_dict().items():
+        h.update(f"{name} {t.dtype} {tuple(t.shape)};".encode())
+        h.update(t.detach().contiguous().cpu().view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+    return h.hexdigest()[:24]
+
+
+class AotPackages:
+    """AOTInductor packages (``torch._inductor.aoti_compile_and_package``: an exported graph
+    compiled to a shared library with its weights) kept between runs under ``root`` (cache_dir()
+    / "aot"), one file a key and machine: a run that finds its package loads it in about a
+    second, where torch.compile traces again every run. A package is native code: one that is
+    not this user's, is writable by others or does not load is not used (a warning) and built
+    again; a build is written whole or not at all."""
+
+    def __init__(self, root: Optional[Path] = None):
+        self.root = cache_dir() / "aot" if root is None else root
+
+    def path(self, key: str) -> Path:
+        digest = hashlib.sha256(f"{machine_key()}; {key}".encode()).hexdigest()[:24]
+        return self.root / f"step-{digest}.pt2"
+
+    def load(self, key: str):
+        """The loaded package of ``key`` (a callable over the exported inputs), or None."""
+        path = self.path(key)
+        if not path.exists():
+            return None
+        why = untrusted(path) or untrusted(path.parent)
+        if why:
+            warn(f"{path}: not loading this compiled package: {why}")
+            return None
+        try:
+            return torch._inductor.aoti_load_package(str(path))
+        except Exception as e:  # a truncated or foreign file raises whatever its reader meets
+            warn(f"{path}: ignoring an unreadable compiled package ({type(e).__name__}: {e}); compiling anew")
+            return None
+
+    def build(self, key: str, exported) -> Path:
+        """Compile ``exported`` (a torch.export.ExportedProgram) into the package of ``key``."""
+        path = self.path(key)
+        path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        tmp = path.parent / f".{path.stem}.{os.getpid()}.pt2"  # the packager wants a .pt2 name
+        try:
+            torch._inductor.aoti_compile_and_package(exported, package_path=str(tmp))
+            os.chmod(tmp, 0o600)
+            os.replace(tmp, path)
+        finally:
+            tmp.unlink(missing_ok=True)
+        return path

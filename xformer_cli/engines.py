@@ -29,7 +29,7 @@ from .options import TranslateOptions
 from .precision import precision_warning, resolve_precision
 from .quantization import CALIBRATION_ROWS, choose_int8_engine, quantize_int8, quantize_int8_compilable
 from .refill import refill_search, refill_stream
-from .search import CompiledStep, Hypothesis, next_token_alternatives, search, with_prefix_candidates
+from .search import AotStep, CompiledStep, Hypothesis, next_token_alternatives, search, with_prefix_candidates
 from .shortlist import Shortlist
 from .vocab import PAD_ID, MappedVocabulary
 
@@ -110,12 +110,14 @@ class XfEngine(Engine):
     @classmethod
     def open(cls, paths: Sequence[str], device: str = "auto", precision: str = "auto", quantize: str = "none",
              int8_engine: str = "auto", threads: int = 0, workers: int = 1, shortlist: Optional[str] = None,
-             compile_step: bool = False):
+             compile_step: bool = False, compile_mode: str = "auto"):
         """(engine, sentencepiece processor) of the checkpoints ``paths`` (an ensemble when more
         than one): on ``device`` in ``precision`` (resolve_device), int8 with ``quantize``,
         ``workers`` decoding threads sharing ``threads`` (0: torch's), candidates limited to the
-        shortlist file ``shortlist``, the decoder step compiled with ``compile_step`` (its compiled
-        artifacts kept between runs in ``CompileCache``). int8 with ``int8_engine`` auto: the
+        shortlist file ``shortlist``, the decoder step compiled with ``compile_step``: ahead of time
+        (``compile_mode`` aot, auto's choice on the CPU without int8: ``AotStep``, its package kept
+        between runs) or by torch.compile (jit: ``CompiledStep``, its artifacts kept between runs
+        in ``CompileCache``). int8 with ``int8_engine`` auto: the
         quantized engine that measures fastest here (``quantization.choose_int8_engine``); int8
         compiled: oneDNN's products through inductor (``quantization.Int8Linear``)."""
         bound_native_memory()  # decoding makes a new product shape at every step: oneDNN's cache stays bounded
@@ -138,7 +140,11 @@ class XfEngine(Engine):
                 int8_engine, how = choose_int8_engine(models[0], CALIBRATION_ROWS)
             models, chosen = [quantize_int8(m, int8_engine) for m in models], f"{int8_engine} ({how})"
         step = None
-        if compile_step:  # one cache file per model config, precision and int8 scheme on this machine
+        if compile_step and compile_mode == "auto":
+            compile_mode = "aot" if device.type == "cpu" and quantize != "int8" else "jit"
+        if compile_step and compile_mode == "aot":
+            step = AotStep()
+        elif compile_step:  # one cache file per model config, precision and int8 scheme on this machine
             key = f"{[m.cfg for m in models]}; {precision}; {quantize}; {device.type}"
             step = CompiledStep(freeze=quantize == "int8", cache=CompileCache.for_model(key))
         engine = cls(models, device, loaded, step)

@@ -401,6 +401,11 @@ class TranslateOptions(DecodingOptions):
         "the compiled code is kept in $XDG_CACHE_HOME/xf/compiled for the next run; outputs may differ in the last "
         "float bits, with --quantize int8 within int8's tolerance); xf engine, not with --workers"
     )
+    compile_mode: Literal["auto", "aot", "jit"] = option(
+        "auto", "how --compile compiles: aot, ahead of time (torch.export and AOTInductor: one package a model, "
+        "kept in $XDG_CACHE_HOME/xf/aot, that the next run loads in about a second), or jit (torch.compile, "
+        "which traces again every run); auto: aot on the CPU without --quantize int8, else jit"
+    )
     quiet: bool = option(False, "no progress bar or summary table on stderr (warnings are still shown)")
     print_alignment: bool = option(
         False, "add each output's hard alignment, 'SRC-TGT' index pairs: text 'translation ||| 0-0 1-2', "
@@ -451,6 +456,9 @@ class TranslateOptions(DecodingOptions):
         if self.glossary is not None and (self.sampling or self.engine == "ctranslate2" or self.split_sentences):
             raise ValueError("--glossary gives lexical constraints: they need the xf engine's beam search (no "
                              "--sampling, no --engine ctranslate2) and whole lines (no --split-sentences)")
+        if self.compile and self.compile_mode == "aot" and self.quantize == "int8":
+            raise ValueError("--compile-mode aot does not take --quantize int8 (its oneDNN int8 products need "
+                             "inductor's freezing): use --compile-mode jit or auto")
         if self.compile and self.workers > 1:
             raise ValueError(f"--compile with --workers {self.workers}: compiled decoding runs one batch at a time "
                              "(use --workers 1)")

@@ -263,6 +263,114 @@ class CompiledStep:
         return out
 
 
+class _ExportedStep(torch.nn.Module):
+    """``_decoder_step`` of one model as torch.export takes it: tensors only, the filled length
+    as the size of ``filled`` (a size is a dynamic dimension of the graph, an int argument
+    would be a constant), the projection (``project``) fixed per package."""
+
+    def __init__(self, model: Transformer, project: bool):
+        super().__init__()
+        self.model, self.project = model, project
+
+    def forward(self, token, memory, src_pad, filled, at_max, keys, values, cross_keys, cross_values):
+        length = filled.size(0)
+        torch._check(length < keys[0].size(0))  # the buffers have room for the position written
+        return _decoder_step(self.model, token, memory, src_pad, keys, values, cross_keys, cross_values, length,
+                             at_max, self.project)
+
+
+class AotStep:
+    """The decoder step compiled ahead of time (``xf translate --compile`` on fp32 and bf16
+    models): exported (torch.export, every size dynamic) and compiled by AOTInductor into a
+    package kept between runs (``compiling.AotPackages``, keyed by the model's config and
+    weights, the precision, the beams per sentence and the projection), so a second run loads
+    it in about a second instead of compiling. One package per (model, projection, beams per
+    sentence): greedy search's rows are its sentences, beam search's are beam x sentences
+    (the grouped cross-attention). Called as ``CompiledStep`` is; compile_seconds: the time of
+    the calls that built or loaded a package, graphs: packages built, loaded: packages loaded."""
+
+    def __init__(self, packages: Optional[compiling.AotPackages] = None):
+        self.packages = packages or compiling.AotPackages()
+        self.runners: dict[tuple, Callable] = {}
+        self.digests: dict[int, str] = {}
+        self.compile_seconds, self.graphs, self.loaded = 0.0, 0, 0
+
+    def _runner(self, model: Transformer, project: bool, beams: int, like: tuple) -> Callable:
+        found = self.runners.get((id(model), project, beams))
+        if found is not None:
+            return found
+        start = time.perf_counter()
+        if id(model) not in self.digests:
+            self.digests[id(model)] = compiling.weights_digest(model)
+        param = next(model.parameters())
+        key = (f"{model.cfg}; weights {self.digests[id(model)]}; {param.dtype}; {param.device.type}; "
+               f"project {project}; beams {beams}")
+        runner = self.packages.load(key)
+        if runner is None:
+            self.packages.build(key, self._export(model, project, beams, like))
+            runner = self.packages.load(key)
+            if runner is None:  # pragma: no cover - a package just built that does not load
+                raise RuntimeError(f"{self.packages.path(key)}: the compiled package does not load")
+            self.graphs += 1
+        else:
+            self.loaded += 1
+        self.runners[(id(model), project, beams)] = runner
+        self.compile_seconds += time.perf_counter() - start
+        return runner
+
+    @staticmethod
+    def _export(model: Transformer, project: bool, beams: int, like: tuple):
+        """torch.export of the step over example inputs shaped as ``like``'s (their layer count,
+        heads, widths and dtypes), every size different so that none is taken for another."""
+        from torch.export import Dim
+
+        token, memory, cross_key, key = like
+        sentences, source, filled, capacity = 3, 7, 5, 11
+        rows = sentences * beams
+        top = model.cfg.max_positions + 1
+        example = (torch.full((rows, 1), EOS_ID, dtype=token.dtype, device=token.device),
+                   memory.new_zeros(sentences, source, memory.size(-1)),
+                   torch.zeros(sentences, source, dtype=torch.bool, device=token.device),
+                   torch.empty(filled, dtype=torch.uint8, device=token.device),
+                   torch.zeros(rows, dtype=torch.bool, device=token.device),
+                   [key.new_zeros(capacity, rows, *key.shape[2:]) for _ in range(model.cfg.decoder_layers)],
+                   [key.new_zeros(capacity, rows, *key.shape[2:]) for _ in range(model.cfg.decoder_layers)],
+                   [cross_key.new_zeros(sentences, cross_key.size(1), source, cross_key.size(3))
+                    for _ in range(model.cfg.decoder_layers)],
+                   [cross_key.new_zeros(sentences, cross_key.size(1), source, cross_key.size(3))
+                    for _ in range(model.cfg.decoder_layers)])
+        b = Dim("sentences", min=1, max=1 << 16)
+        r = b * beams if beams > 1 else b
+        # filled from 2 (1: the guards of a length-1 prefix, which runs eager), below max_positions
+        s, t, c = Dim("source", min=1, max=top), Dim("filled", min=2, max=top - 2), Dim("capacity", min=3, max=top + 1)
+        layers = model.cfg.decoder_layers
+        shapes = ({0: r}, {0: b, 1: s}, {0: b, 1: s}, {0: t}, {0: r}, [{0: c, 1: r}] * layers, [{0: c, 1: r}] * layers,
+                  [{0: b, 2: s}] * layers, [{0: b, 2: s}] * layers)
+        with torch.no_grad():
+            return torch.export.export(_ExportedStep(model, project), example, dynamic_shapes=shapes, strict=False)
+
+    def __call__(self, model: Transformer, token: torch.Tensor, memory: torch.Tensor, src_pad: torch.Tensor,
+                 cache: DecoderCache, at_max: Optional[torch.Tensor], project: bool) -> torch.Tensor:
+        keys, values, cross_keys, cross_values = cache.tensors()
+        if at_max is None:
+            at_max = torch.zeros(token.size(0), dtype=torch.bool, device=token.device)
+        if cache.length < 2 or not all(t.is_contiguous() for t in (*keys, *values, *cross_keys, *cross_values)):
+            # the package's graph starts at a prefix of two, over contiguous buffers
+            out = _decoder_step(model, token, memory, src_pad, keys, values, cross_keys, cross_values, cache.length,
+                                at_max, project)
+            cache.advance()
+            return out
+        beams = token.size(0) // memory.size(0)
+        run = self._runner(model, project, beams, (token, memory, cross_keys[0], keys[0]))
+        filled = torch.empty(cache.length, dtype=torch.uint8, device=token.device)
+        # the package's kernels assume its example's contiguous layouts (the token is a column of
+        # the search's token matrix, a strided view)
+        token, memory, src_pad, at_max = (t.contiguous() for t in (token, memory, src_pad, at_max))
+        out = run(token, memory, src_pad, filled, at_max, keys, values, cross_keys, cross_values)
+        cache.advance()  # the step wrote the next position of every buffer
+        return out
+
+
 def _source_lengths(src: torch.Tensor) -> torch.Tensor:
     return src.ne(PAD_ID).sum(dim=1) - 1  # without the source's eos
 

@@ -50,7 +50,7 @@ def open_engine(options: TranslateOptions):
     else:
         engine, sp = XfEngine.open(options.path, options.device, options.precision, options.quantize,
                                    options.int8_engine, options.threads, options.workers, options.shortlist,
-                                   options.compile)
+                                   options.compile, options.compile_mode)
     return engine, sp, engine.device
 
 

@@ -163,6 +163,14 @@ def _constraints(sp, wanted: list, max_target: int, options: TranslateOptions, w
     return encode_constraints(sp, wanted, max_target, where, first_line)
 
 
+def compile_cell(compiled) -> str:
+    """The summary's compile cell: seconds, and graphs compiled (jit) or packages built and loaded (aot)."""
+    if hasattr(compiled, "loaded"):  # search.AotStep
+        return (f"{compiled.compile_seconds:.2f} s, ahead of time: {compiled.graphs} package(s) built, "
+                f"{compiled.loaded} loaded from the cache")
+    return f"{compiled.compile_seconds:.2f} s, {compiled.graphs} graph(s)"
+
+
 def _summary(console, stats: Stats, elapsed: float, options: TranslateOptions, compiled=None,
              int8_engine: Optional[str] = None) -> None:
     """The summary table; with --compile (``compiled``, a search.CompiledStep) the calls that
@@ -180,7 +188,7 @@ def _summary(console, stats: Stats, elapsed: float, options: TranslateOptions, c
           if options.split_sentences is not None else []),
         ("source / target subwords", f"{stats.src_tokens:,} / {stats.tgt_tokens:,}"),
         ("time", f"{elapsed:.2f} s"),
-        *([("compile (not in the speeds)", f"{compiling:.2f} s, {compiled.graphs} graph(s)")] if compiled else []),
+        *([("compile (not in the speeds)", compile_cell(compiled))] if compiled else []),
         *([("int8 engine", int8_engine)] if int8_engine else []),
         ("sentences/s", f"{translated / decoding:,.1f}"),
         ("target subwords/s", f"{stats.tgt_tokens / decoding:,.0f}"),

@@ -1,0 +1,78 @@
+"""xf translate --compile ahead of time (search.AotStep, compiling.AotPackages): the exported and
+AOTInductor-compiled decoder step gives the eager search's tokens and scores, one package per
+model, projection and beams per sentence; a second run loads the packages instead of compiling;
+a package that is not this user's own, or does not load, is not used. These build real
+packages (inductor's C++), about a minute each on a small CPU."""
+
+import pytest
+import torch
+
+from xformer_cli import compiling
+from xformer_cli.model import build_model
+from xformer_cli.options import DecodingOptions, TranslateOptions
+from xformer_cli.search import AotStep, search
+from xformer_cli.commands.translate import translate
+
+from test_compile import assert_same_search, random_batch
+
+
+@pytest.mark.slow
+@pytest.mark.usefixtures("one_thread")
+def test_aot_step_equals_eager_and_a_second_step_loads_its_packages(tmp_path):
+    """Beam search (4 beams: the grouped cross-attention) over batches of many shapes, then
+    greedy search with a shortlist (rows = sentences, the projection eager): the eager search's
+    tokens, scores within 1e-4, two packages built; a new step over the same directory (as the
+    next run) loads both and builds none, with the same results."""
+    torch.manual_seed(0)
+    model = build_model("tiny", vocab_size=40, d_model=32, d_ff=64, heads=4, encoder_layers=2, decoder_layers=2).eval()
+    beam = DecodingOptions(beam_size=4, nbest=2, max_len_b=4)
+    greedy = DecodingOptions(beam_size=1, max_len_b=4)
+    candidates = torch.tensor([0, 1, 2, 3, 5, 8, 13, 21, 34])  # a shortlist's ids
+    generator = torch.Generator().manual_seed(1)
+    batches = [random_batch(generator, sentences, longest) for sentences, longest in [(1, 4), (3, 5), (8, 9), (2, 3)]]
+    for run in range(2):
+        step = AotStep(compiling.AotPackages(tmp_path / "aot"))
+        for src in batches:
+            assert_same_search(search([model], src, beam, compiled=step), search([model], src, beam))
+        assert_same_search(search([model], batches[2], greedy, candidates=candidates, compiled=step),
+                           search([model], batches[2], greedy, candidates=candidates))
+        assert (step.graphs, step.loaded) == ((2, 0) if run == 0 else (0, 2)), run
+        assert step.compile_seconds > 0
+    assert len(list((tmp_path / "aot").glob("*.pt2"))) == 2  # no temporary file left
+    # other weights, same config: another package, not the first model's
+    other = build_model("tiny", vocab_size=40, d_model=32, d_ff=64, heads=4, encoder_layers=2, decoder_layers=2).eval()
+    assert compiling.weights_digest(other) != compiling.weights_digest(model)
+
+
+@pytest.mark.slow
+@pytest.mark.usefixtures("one_thread")
+def test_translate_compile_builds_once_and_loads_after(tmp_path, ckpt, sentences, capsys):
+    data = tmp_path / "in.txt"
+    data.write_text("\n".join(sentences[:6]) + "\n", encoding="utf-8")
+    kw = dict(path=(ckpt,), input=str(data), max_len_a=0.5, max_len_b=3, threads=1)
+    translate(TranslateOptions(**kw, output=str(tmp_path / "eager.txt")))
+    capsys.readouterr()
+    said = []
+    for run in range(2):  # --compile-mode auto: ahead of time on the CPU
+        translate(TranslateOptions(**kw, output=str(tmp_path / f"compiled{run}.txt"), compile=True))
+        assert (tmp_path / f"compiled{run}.txt").read_text() == (tmp_path / "eager.txt").read_text()
+        said.append(capsys.readouterr().err)
+    assert "ahead of time: 1 package(s) built, 0 loaded" in said[0]
+    assert "ahead of time: 0 package(s) built, 1 loaded" in said[1]
+
+
+def test_a_package_others_can_write_or_that_does_not_load_is_not_used(tmp_path, capsys, monkeypatch):
+    """Loading a package runs its native code: one writable by others is refused before torch
+    sees it; one torch cannot read is warned about in one line, no traceback."""
+    packages = compiling.AotPackages(tmp_path / "aot")
+    path = packages.path("tiny; fp32")
+    compiling.write_private(path, b"not a package")
+    assert packages.load("tiny; fp32") is None
+    err = capsys.readouterr().err
+    assert "ignoring an unreadable compiled package" in err and str(path) in err
+    assert "Traceback" not in err and len(err.strip().splitlines()) == 1
+    path.chmod(0o666)
+    monkeypatch.setattr(torch._inductor, "aoti_load_package", lambda p: pytest.fail("loaded"))
+    assert packages.load("tiny; fp32") is None
+    assert "not loading this compiled package: writable by others" in capsys.readouterr().err
+    assert packages.path("tiny; fp32") != packages.path("tiny; bf16")
