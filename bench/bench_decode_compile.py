@@ -4,6 +4,7 @@ compile time from an empty and from a warm cache, BLEU and identical outputs.
     python bench/bench_decode_compile.py CHECKPOINT SOURCE REFERENCE [--lines 1000] [--beam 4]
                                          [--batch 64] [--threads 0] [--rounds 3]
                                          [--precision fp32|bf16] [--quantize none|int8]
+                                         [--mode auto|aot|jit]
 
 Two processes share one fresh xf cache (XDG_CACHE_HOME: the compiled step's file,
 compiling.CompileCache), each with an inductor cache directory of its own
@@ -17,7 +18,9 @@ the lines with the compiled engine first compiles every graph the test set needs
 compiled a graph are its compile seconds (``search.CompiledStep``). Speeds are sentences per
 second of ``translation.translate_buffer`` (sentencepiece, sorting and search, as xf translate
 runs them; loading excluded). Prints one JSON object per process and a table; writes nothing
-else (the cache directory is removed).
+else (the cache directory is removed). --mode is xf translate's --compile-mode: aot (auto's
+choice without int8) builds AOTInductor packages in the first process and loads them in the
+second ("warm": its compile seconds are the loading), jit is torch.compile with its cache file.
 """
 
 from __future__ import annotations
@@ -48,7 +51,7 @@ def run(args, rounds: int) -> dict:
     options = TranslateOptions(path=(args.checkpoint,), beam_size=args.beam, batch_size=args.batch, device="cpu",
                                threads=args.threads, precision=args.precision, quantize=args.quantize)
     eager, sp, _ = open_engine(options)
-    compiled, _, _ = open_engine(dataclasses.replace(options, compile=True))
+    compiled, _, _ = open_engine(dataclasses.replace(options, compile=True, compile_mode=args.mode))
 
     def translate(engine) -> tuple[list[str], float]:
         start = time.perf_counter()
@@ -56,7 +59,9 @@ def run(args, rounds: int) -> dict:
         return [o.rstrip("\n") for o in out], time.perf_counter() - start
 
     outputs, first = translate(compiled)
-    result = dict(threads=torch.get_num_threads(), first_pass_seconds=first, cache_loaded=compiled.compiled.cache.loaded,
+    step = compiled.compiled
+    loaded = step.loaded > 0 if hasattr(step, "loaded") else step.cache.loaded  # aot: packages loaded
+    result = dict(threads=torch.get_num_threads(), first_pass_seconds=first, cache_loaded=loaded, mode=type(step).__name__,
                   compile_seconds=compiled.compiled.compile_seconds, graphs=compiled.compiled.graphs, rounds=[],
                   int8_engine=eager.int8_engine)
     for _ in range(rounds):
@@ -81,6 +86,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--precision", default="fp32", choices=("fp32", "bf16"))
     parser.add_argument("--quantize", default="none", choices=("none", "int8"))
+    parser.add_argument("--mode", default="auto", choices=("auto", "aot", "jit"))
     parser.add_argument("--child", type=int, default=None, help=argparse.SUPPRESS)  # rounds, in a child process
     args = parser.parse_args()
     if args.child is not None:
@@ -91,7 +97,7 @@ def main() -> None:
 
     base = [sys.executable, __file__, args.checkpoint, args.source, args.reference, "--lines", str(args.lines),
             "--beam", str(args.beam), "--batch", str(args.batch), "--threads", str(args.threads),
-            "--precision", args.precision, "--quantize", args.quantize]
+            "--precision", args.precision, "--quantize", args.quantize, "--mode", args.mode]
     with tempfile.TemporaryDirectory(prefix="xf-compile-cache-") as cache:
         found = {}
         for name, rounds in (("cold", args.rounds), ("warm", 0)):
@@ -110,7 +116,7 @@ def main() -> None:
     load = os.getloadavg()[0]
     print(json.dumps(dict(cold=cold, warm=warm, bleu=bleu, identical=same, lines=len(refs), load=load)))
     print(f"{args.checkpoint}, {len(refs)} lines, beam {args.beam}, batch {args.batch}, {cold['threads']} thread(s), "
-          f"{args.precision}{', int8 (eager: ' + str(cold['int8_engine']) + ')' if args.quantize == 'int8' else ''}, "
+          f"{cold['mode']}, {args.precision}{', int8 (eager: ' + str(cold['int8_engine']) + ')' if args.quantize == 'int8' else ''}, "
           f"load average {load:.1f} at the end")
     for i, r in enumerate(cold["rounds"], 1):
         print(f"round {i}: eager {r['eager']:.1f} sent/s, compiled {r['compiled']:.1f} sent/s "
