@@ -72,7 +72,20 @@ def test_a_package_others_can_write_or_that_does_not_load_is_not_used(tmp_path, 
     assert "ignoring an unreadable compiled package" in err and str(path) in err
     assert "Traceback" not in err and len(err.strip().splitlines()) == 1
     path.chmod(0o666)
-    monkeypatch.setattr(torch._inductor, "aoti_load_package", lambda p: pytest.fail("loaded"))
+    monkeypatch.setattr(compiling, "_load_package", lambda p: pytest.fail("loaded"))
     assert packages.load("tiny; fp32") is None
     assert "not loading this compiled package: writable by others" in capsys.readouterr().err
     assert packages.path("tiny; fp32") != packages.path("tiny; bf16")
+
+
+def test_a_torch_without_the_package_loader_loads_through_its_public_function(tmp_path, monkeypatch):
+    """compiling._load_package makes the package's loader directly (no ISA probe, no archive
+    import); a torch whose internals differ goes through aoti_load_package instead."""
+    import torch._inductor as inductor
+
+    def no_loader(*args):
+        raise TypeError("another signature")
+
+    monkeypatch.setattr(torch._C._aoti, "AOTIModelPackageLoader", no_loader)
+    monkeypatch.setattr(inductor, "aoti_load_package", lambda p: ("public", p))
+    assert compiling._load_package(tmp_path / "x.pt2") == ("public", str(tmp_path / "x.pt2"))

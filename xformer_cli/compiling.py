@@ -179,6 +179,41 @@ def weights_digest(module: torch.nn.Module) -> str:
     return h.hexdigest()[:24]
 
 
+class _AotRunner:
+    """A loaded AOTInductor package called as the exported module: its tensor and list-of-tensor
+    arguments flattened in order (torch.export's order for them), its outputs unflattened by the
+    package's own output spec, read once (torch's AOTICompiledModel reads and parses both specs
+    at every call)."""
+
+    def __init__(self, loader):
+        from torch.utils import _pytree
+
+        self.loader = loader
+        self.out_spec = _pytree.treespec_loads(loader.get_call_spec()[1])
+        self.unflatten = _pytree.tree_unflatten
+
+    def __call__(self, *args):
+        flat = [t for a in args for t in (a if isinstance(a, (list, tuple)) else (a,))]
+        return self.unflatten(self.loader.boxed_run(flat), self.out_spec)
+
+
+def _load_package(path: Path):
+    """The loaded AOTInductor package at ``path``, a callable. ``aoti_load_package`` imports
+    torch.export's archive reader (1.4 s) and compares the machine with the package's
+    (``get_device_information``, whose CPU ISA probe compiles and loads test programs in
+    subprocesses: 1.4 s of a 1.6 s load here, more with a cold inductor cache), which the
+    package's key (``machine_key``: torch and the CPU flags) has already done; so the package's
+    loader is made directly, and torch's public function is the fallback where its internals
+    differ."""
+    try:
+        loader = torch._C._aoti.AOTIModelPackageLoader(str(path), "model", False, 1, -1)
+    except (AttributeError, TypeError):  # another torch: its own way
+        import torch._inductor as inductor
+
+        return inductor.aoti_load_package(str(path))
+    return _AotRunner(loader)
+
+
 class AotPackages:
     """AOTInductor packages (``torch._inductor.aoti_compile_and_package``: an exported graph
     compiled to a shared library with its weights) kept between runs under ``root`` (cache_dir()
@@ -204,7 +239,7 @@ class AotPackages:
             warn(f"{path}: not loading this compiled package: {why}")
             return None
         try:
-            return torch._inductor.aoti_load_package(str(path))
+            return _load_package(path)
         except Exception as e:  # a truncated or foreign file raises whatever its reader meets
             warn(f"{path}: ignoring an unreadable compiled package ({type(e).__name__}: {e}); compiling anew")
             return None
