@@ -23,7 +23,10 @@ xf fp32, bf16 (where native), int8 with each of torch's quantized engines (fbgem
 and with --int8-engine auto (which one it picked), and int8 with --workers 2; CTranslate2
 float32 and int8 (xf's own export of the checkpoint, its own beam search) each with CT2_USE_MKL=0
 and =1 and CT2_FORCE_CPU_ISA=AVX512 or not, since CTranslate2 uses MKL and AVX-512 only on
-GenuineIntel CPUs by default, and with inter_threads 2 (its --workers). --shortlist FILE (xf
+GenuineIntel CPUs by default, and with inter_threads 2 (its --workers). xf fp32 and bf16 with --compile (ahead of time on the
+CPU: the first case run builds the package into xf's cache, later runs load it) and, when --cases
+names it, int8 with --compile (jit; minutes of compiling): the compile is outside the timed passes,
+its seconds in the row. --shortlist FILE (xf
 shortlist) adds xf with the shortlist and CTranslate2 with it as its vocabulary map (use_vmap).
 CTranslate2's best setting is the reference of the ratios; --reference adds each case's
 sacreBLEU on those lines, so that a faster case is seen to keep its BLEU.
@@ -92,6 +95,10 @@ CPU_CASES = {  # name -> (engine, TranslateOptions fields or CTranslate2 setting
     "xf fp32 shortlist": ("xf", {"shortlist": True}, {}),
     "xf int8 auto shortlist": ("xf", {"quantize": "int8", "shortlist": True}, {}),
     "xf int8 auto shortlist workers 2": ("xf", {"quantize": "int8", "shortlist": True, "workers": 2}, {}),
+    # --compile: its warm-up pass builds (or loads) the compiled step, outside the timed passes
+    "xf fp32 compile": ("xf", {"compile": True}, {}),
+    "xf bf16 compile": ("xf", {"precision": "bf16", "compile": True}, {}),
+    "xf int8 compile": ("xf", {"quantize": "int8", "compile": True}, {}),
     # CTranslate2 picks MKL and AVX-512 only on GenuineIntel CPUs unless told: each combination
     **{f"CTranslate2 {ct}{' MKL' * mkl}{' AVX512' * avx512}": (
         "ct2", {"compute_type": ct}, {"CT2_USE_MKL": str(mkl), **({"CT2_FORCE_CPU_ISA": "AVX512"} if avx512 else {})})
@@ -103,6 +110,7 @@ CPU_CASES = {  # name -> (engine, TranslateOptions fields or CTranslate2 setting
        for extra, setting in ((" inter 2", {"workers": 2}), (" vmap", {"shortlist": True}),
                               (" vmap inter 2", {"workers": 2, "shortlist": True}))},
 }
+SLOW_CASES = {"xf int8 compile"}  # run only when --cases names them: a cold int8 compile takes minutes (jit)
 FLAGS = ("avx2", "avx512f", "avx512bw", "avx512vl", "avx512_vnni", "avx_vnni", "avx512_bf16", "amx_tile",
          "amx_int8", "amx_bf16")  # the instruction sets the engines' kernels choose between
 
@@ -132,6 +140,11 @@ def cpu_case(name: str, checkpoint: str, source: str, lines: int, threads: int, 
 
         def one_pass():
             return translate_buffer(engine, sp, text, 0, options, Stats())
+        if engine.compiled is not None:
+            start = time.perf_counter()
+            one_pass()  # the compiled step's graphs or packages, built or loaded
+            row["compile_seconds"] = round(time.perf_counter() - start, 1)
+            row["backend"] += f", compiled: {type(engine.compiled).__name__}"
     else:
         import ctranslate2
         import sentencepiece as spm
@@ -201,7 +214,8 @@ def cpu_main(argv: list[str]) -> None:
                                   args.ct2_dir, args.shortlist, args.reference)))
         return
     cases = args.cases.split(",") if args.cases else [
-        name for name, case in CPU_CASES.items() if args.shortlist or not case[1].get("shortlist")]
+        name for name, case in CPU_CASES.items()
+        if (args.shortlist or not case[1].get("shortlist")) and name not in SLOW_CASES]
     unknown = [name for name in cases if name not in CPU_CASES]
     if unknown:
         parser.error(f"unknown case(s) {', '.join(unknown)}; the cases: {', '.join(CPU_CASES)}")
@@ -224,7 +238,7 @@ def cpu_main(argv: list[str]) -> None:
         header["ct2_backends"] = {name: ct2_backends(ct2_dir, env) for name, env in settings.items()}
         print(json.dumps(header), flush=True)
         for name in cases:
-            if name == "xf bf16" and not cpu_bf16_instructions():
+            if name.startswith("xf bf16") and not cpu_bf16_instructions():
                 print(f"{name}: skipped: no native bf16 here (emulated: about 0.03x fp32)", file=sys.stderr)
                 continue
             if CPU_CASES[name][2].get("CT2_FORCE_CPU_ISA") == "AVX512" and "avx512f" not in found:
@@ -253,6 +267,7 @@ def cpu_main(argv: list[str]) -> None:
     for r in rows:
         ratio = f", {r['sentences/s'] / best['sentences/s']:.2f}x {best['case']}" if best else ""
         bleu = f", BLEU {r['bleu']:.2f}" if "bleu" in r else ""
+        bleu += f", compiling {r['compile_seconds']} s (not timed)" if "compile_seconds" in r else ""
         print(f"{r['case']:<34} {r['sentences/s']:8.1f} sent/s{ratio}{bleu}   [{r['backend']}]")
 
 
