@@ -113,15 +113,25 @@ def linear_shapes(model: Transformer) -> list[tuple[int, int]]:
     return shapes
 
 
-def time_engines(engines: list[str], shapes: list[tuple[int, int]], rows: int, repeats: int = 5) -> dict[str, float]:
-    """Seconds of one pass over a linear layer of each shape with each engine's dynamic int8
-    kernels on ``rows`` input rows: the best of ``repeats`` passes, the engines taking turns so
-    that a busy machine slows each alike (random weights: the kernels' speed does not depend on
-    the values). Leaves torch.backends.quantized.engine at the last engine."""
+def row_counts(rows: int, passes: int) -> list[int]:
+    """The input rows of time_engines' passes: ``rows``, then 4 fewer each pass, every one new."""
+    return list(range(rows, 0, -4))[:passes] if rows > 4 * (passes - 1) else list(range(rows, 0, -1))[:passes]
+
+
+def time_engines(engines: list[str], shapes: list[tuple[int, int]], rows: int, repeats: int = 8) -> dict[str, float]:
+    """Seconds of ``repeats`` passes over a linear layer of each shape with each engine's dynamic
+    int8 kernels, every pass on another number of input rows (``rows``, then 4 fewer each pass:
+    a beam search's batch as its sentences finish), the engines taking turns on each so that a
+    busy machine slows each alike (random weights: the kernels' speed does not depend on the
+    values). A new row count is what decoding meets at almost every step, and what oneDNN pays
+    for (a primitive made per shape, beyond its cache): timed on one row count only, oneDNN
+    ranked first here and then decoded at 0.71x x86's speed (docs/performance.md). The total,
+    not the best pass, since every pass has its own shape. Leaves torch.backends.quantized.engine
+    at the last engine."""
     from torch.ao.quantization import quantize_dynamic
 
     gen = torch.Generator().manual_seed(0)
-    inputs = [torch.randn(rows, i, generator=gen) for i, _ in shapes]
+    counts = row_counts(rows, repeats)
     layers = {}
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -129,21 +139,23 @@ def time_engines(engines: list[str], shapes: list[tuple[int, int]], rows: int, r
             torch.backends.quantized.engine = engine
             layers[engine] = [quantize_dynamic(nn.Sequential(nn.Linear(i, o)), {nn.Linear}, dtype=torch.qint8)
                               for i, o in shapes]
-    best = dict.fromkeys(engines, float("inf"))
+    total = dict.fromkeys(engines, 0.0)
     with torch.inference_mode():
-        for _ in range(repeats + 1):  # the first round warms the kernels up
+        for k, count in enumerate([rows + 1, *counts]):  # the first pass warms the kernels up
+            inputs = [torch.randn(count, i, generator=gen) for i, _ in shapes]
             for engine in engines:
                 torch.backends.quantized.engine = engine
                 start = time.perf_counter()
                 for layer, x in zip(layers[engine], inputs):
                     layer(x)
-                best[engine] = min(best[engine], time.perf_counter() - start)
-    return best
+                if k:
+                    total[engine] += time.perf_counter() - start
+    return total
 
 
 def engine_cache_key(shapes: list[tuple[int, int]], rows: int) -> str:
     """What a timing holds for: the machine (torch, CPU flags), the threads, the rows, the shapes."""
-    return f"{compiling.machine_key()}; {torch.get_num_threads()} threads; rows {rows}; shapes {shapes}"
+    return f"{compiling.machine_key()}; {torch.get_num_threads()} threads; rows {rows} down by 4; shapes {shapes}"
 
 
 def choose_int8_engine(model: Transformer, rows: int, cache: Optional[Path] = None) -> tuple[str, str]:
