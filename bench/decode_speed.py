@@ -97,6 +97,8 @@ CPU_CASES = {  # name -> (engine, TranslateOptions fields or CTranslate2 setting
     "xf int8 auto shortlist workers 2": ("xf", {"quantize": "int8", "shortlist": True, "workers": 2}, {}),
     # --compile: its warm-up pass builds (or loads) the compiled step, outside the timed passes
     "xf fp32 compile": ("xf", {"compile": True}, {}),
+    "xf fp32 compile workers 2": ("xf", {"compile": True, "workers": 2}, {}),
+    "xf fp32 compile shortlist workers 2": ("xf", {"compile": True, "shortlist": True, "workers": 2}, {}),
     "xf bf16 compile": ("xf", {"precision": "bf16", "compile": True}, {}),
     "xf int8 compile": ("xf", {"quantize": "int8", "compile": True}, {}),
     # CTranslate2 picks MKL and AVX-512 only on GenuineIntel CPUs unless told: each combination

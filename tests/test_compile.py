@@ -165,7 +165,8 @@ def test_translate_compile_reports_its_compile_time_apart(tmp_path, ckpt, senten
 @pytest.mark.parametrize("kw, message", [
     (dict(engine="ctranslate2"), "--engine ctranslate2 runs CTranslate2's"),
     (dict(quantize="int8", int8_engine="fbgemm"), "--compile --quantize int8 runs oneDNN"),
-    (dict(workers=2), "--compile with --workers 2"),
+    (dict(workers=2, compile_mode="jit"), "--compile with --workers 2 needs the ahead-of-time step"),
+    (dict(workers=2, device="cuda"), "--compile with --workers 2 needs the ahead-of-time step"),
     (dict(compile_mode="aot", quantize="int8"), "--compile-mode aot does not take --quantize int8"),
 ])
 def test_translate_compile_refuses(kw, message):

@@ -59,6 +59,12 @@ def test_translate_compile_builds_once_and_loads_after(tmp_path, ckpt, sentences
         said.append(capsys.readouterr().err)
     assert "ahead of time: 1 package(s) built, 0 loaded" in said[0]
     assert "ahead of time: 0 package(s) built, 1 loaded" in said[1]
+    # --workers 2: each decoding process loads the package the first run built (one batch of 2
+    # sentences each), with the outputs of one process
+    translate(TranslateOptions(**kw, output=str(tmp_path / "workers.txt"), compile=True, workers=2, batch_size=2))
+    assert (tmp_path / "workers.txt").read_text() == (tmp_path / "eager.txt").read_text()
+    err = capsys.readouterr().err
+    assert "ahead of time: 0 package(s) built, 2 loaded" in err, err
 
 
 def test_a_package_others_can_write_or_that_does_not_load_is_not_used(tmp_path, capsys, monkeypatch):

@@ -10,6 +10,8 @@ Private torch APIs used here, checked with torch 2.4-2.13, each with its fallbac
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import hashlib
 import logging
 import os
@@ -243,6 +245,19 @@ class AotPackages:
         except Exception as e:  # a truncated or foreign file raises whatever its reader meets
             warn(f"{path}: ignoring an unreadable compiled package ({type(e).__name__}: {e}); compiling anew")
             return None
+
+    @contextlib.contextmanager
+    def building(self, key: str):
+        """Held while ``key``'s package is built: another process (a --workers decoder) that needs
+        it waits, then loads what this one built, instead of building it too."""
+        path = self.path(key)
+        path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        with open(path.parent / f".{path.stem}.lock", "a") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                fcntl.flock(lock, fcntl.LOCK_UN)
 
     def build(self, key: str, exported) -> Path:
         """Compile ``exported`` (a torch.export.ExportedProgram) into the package of ``key``."""

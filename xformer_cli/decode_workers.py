@@ -34,6 +34,7 @@ class WorkerSpec:
     int8_engine: str  # the parent's choice (never auto: every worker runs the same kernels)
     threads: int  # torch threads of each worker
     shortlist: Optional[str]
+    compile_step: bool = False  # --compile: the ahead-of-time step (search.AotStep)
 
 
 def _open(spec: WorkerSpec, ready) -> None:
@@ -47,7 +48,8 @@ def _open(spec: WorkerSpec, ready) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
 
     _engine, _ = XfEngine.open(spec.paths, "cpu", spec.precision, spec.quantize, spec.int8_engine,
-                               threads=spec.threads, workers=1, shortlist=spec.shortlist)
+                               threads=spec.threads, workers=1, shortlist=spec.shortlist,
+                               compile_step=spec.compile_step, compile_mode="aot")
     ready.wait()  # every worker has loaded: the parent's first batches find them all ready
 
 
@@ -56,7 +58,9 @@ def _ready() -> int:
 
 
 def _search(sentences, options, prefixes):
-    return _engine.search(sentences, options, None, prefixes)
+    """The batch's hypotheses, with this worker's pid and compile counters (search.AotStep's) so far."""
+    found = _engine.search(sentences, options, None, prefixes)
+    return found, os.getpid(), _engine.compiled.counters() if _engine.compiled is not None else None
 
 
 class DecodeWorkers:
@@ -67,6 +71,7 @@ class DecodeWorkers:
         ctx = multiprocessing.get_context("spawn")
         ready = ctx.Barrier(workers)
         self.workers = workers
+        self.compiles: dict[int, tuple[float, int, int]] = {}  # pid -> its compile counters, with --compile
         self.pool = ProcessPoolExecutor(workers, ctx, initializer=_open, initargs=(spec, ready))
         try:  # start them all now, so that loading is not decoding time
             for future in [self.pool.submit(_ready) for _ in range(workers)]:
@@ -78,10 +83,18 @@ class DecodeWorkers:
 
     def search(self, sentences: Sequence[Sequence[int]], options, prefixes=None):
         try:
-            return self.pool.submit(_search, [list(s) for s in sentences], options, prefixes).result()
+            found, pid, compiled = self.pool.submit(_search, [list(s) for s in sentences], options, prefixes).result()
         except BrokenProcessPool:
             raise XfError("a decoding process died unexpectedly (killed, or out of memory?); try fewer "
                           "--workers") from None
+        if compiled is not None:
+            self.compiles[pid] = compiled
+        return found
+
+    def compile_counters(self) -> tuple[float, int, int]:
+        """The workers' longest compile time (they compile side by side), packages built, loaded."""
+        found = self.compiles.values()
+        return (max((c[0] for c in found), default=0.0), sum(c[1] for c in found), sum(c[2] for c in found))
 
     def close(self) -> None:
         self.pool.shutdown(cancel_futures=True)

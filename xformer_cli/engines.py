@@ -149,16 +149,22 @@ class XfEngine(Engine):
             step = CompiledStep(freeze=quantize == "int8", cache=CompileCache.for_model(key))
         engine = cls(models, device, loaded, step)
         engine.int8_engine = chosen
-        if workers > 1 and device.type == "cpu" and not compile_step:  # processes: no shared interpreter lock
+        if compile_step and workers > 1 and not isinstance(step, AotStep):
+            raise ConfigError(f"--compile with --workers {workers} needs the ahead-of-time step on the CPU, not "
+                          f"{device.type} (use --workers 1)")
+        if workers > 1 and device.type == "cpu":  # processes: no shared interpreter lock
             engine.workers = DecodeWorkers(WorkerSpec(tuple(paths), precision, quantize, int8_engine,
-                                                      torch.get_num_threads(), shortlist), workers)
+                                                      torch.get_num_threads(), shortlist, compile_step), workers)
         return engine, sp
 
     def search(self, sentences: Sequence[Sequence[int]], options: TranslateOptions, generator=None,
                prefixes: Optional[Sequence[Sequence[int]]] = None,
                constraints: Optional[BatchConstraints] = None) -> list[list[Hypothesis]]:
         if self.workers is not None and generator is None and constraints is None and not options.alternatives:
-            return self.workers.search(sentences, options, prefixes)
+            found = self.workers.search(sentences, options, prefixes)
+            if isinstance(self.compiled, AotStep):
+                self.compiled.remote = self.workers.compile_counters()
+            return found
         src = collate_source(sentences).to(self.device)
         candidates = self.shortlist.candidates(src) if self.shortlist is not None else None
         if candidates is not None and constraints:  # constraint tokens are always candidates

@@ -396,10 +396,10 @@ class TranslateOptions(DecodingOptions):
         range=Range(1, 256),
     )
     compile: bool = option(
-        False, "torch.compile (inductor) the decoder step with its output projection, log-softmax and specials mask "
-        "(dynamic shapes: a few graphs for all batch shapes; the compile time is reported apart from the speed; "
-        "the compiled code is kept in $XDG_CACHE_HOME/xf/compiled for the next run; outputs may differ in the last "
-        "float bits, with --quantize int8 within int8's tolerance); xf engine, not with --workers"
+        False, "compile the decoder step with its output projection, log-softmax and specials mask (--compile-mode; "
+        "dynamic shapes; the compile time is reported apart from the speed; the compiled code is kept in "
+        "$XDG_CACHE_HOME/xf for the next run; outputs may differ in the last float bits, with --quantize int8 within "
+        "int8's tolerance); xf engine; with --workers only ahead of time (aot) on the CPU"
     )
     compile_mode: Literal["auto", "aot", "jit"] = option(
         "auto", "how --compile compiles: aot, ahead of time (torch.export and AOTInductor: one package a model, "
@@ -459,9 +459,11 @@ class TranslateOptions(DecodingOptions):
         if self.compile and self.compile_mode == "aot" and self.quantize == "int8":
             raise ValueError("--compile-mode aot does not take --quantize int8 (its oneDNN int8 products need "
                              "inductor's freezing): use --compile-mode jit or auto")
-        if self.compile and self.workers > 1:
-            raise ValueError(f"--compile with --workers {self.workers}: compiled decoding runs one batch at a time "
-                             "(use --workers 1)")
+        if self.compile and self.workers > 1 and (self.compile_mode == "jit" or self.quantize == "int8"
+                                                   or self.device.startswith("cuda")):
+            raise ValueError(f"--compile with --workers {self.workers} needs the ahead-of-time step on the CPU "
+                             "(--compile-mode aot or auto, no --quantize int8, not CUDA): torch.compile's step runs "
+                             "one batch at a time (use --workers 1)")
         # floor(a*|X| + b) output subwords for a source of |X| >= 1 subwords: at least 1 for every |X|
         if self.max_len_a + self.max_len_b < 1:
             raise ValueError(f"--max-len-a {self.max_len_a:g} --max-len-b {self.max_len_b} allow no output for "

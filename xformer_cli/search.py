@@ -287,13 +287,32 @@ class AotStep:
     it in about a second instead of compiling. One package per (model, projection, beams per
     sentence): greedy search's rows are its sentences, beam search's are beam x sentences
     (the grouped cross-attention). Called as ``CompiledStep`` is; compile_seconds: the time of
-    the calls that built or loaded a package, graphs: packages built, loaded: packages loaded."""
+    the calls that built or loaded a package, graphs: packages built, loaded: packages loaded,
+    each with what --workers processes reported (``remote``: their longest compile time, since
+    they compile side by side, and their packages built and loaded)."""
 
     def __init__(self, packages: Optional[compiling.AotPackages] = None):
         self.packages = packages or compiling.AotPackages()
         self.runners: dict[tuple, Callable] = {}
         self.digests: dict[int, str] = {}
-        self.compile_seconds, self.graphs, self.loaded = 0.0, 0, 0
+        self.local_seconds, self.local_built, self.local_loaded = 0.0, 0, 0
+        self.remote: tuple[float, int, int] = (0.0, 0, 0)
+
+    @property
+    def compile_seconds(self) -> float:
+        return self.local_seconds + self.remote[0]
+
+    @property
+    def graphs(self) -> int:
+        return self.local_built + self.remote[1]
+
+    @property
+    def loaded(self) -> int:
+        return self.local_loaded + self.remote[2]
+
+    def counters(self) -> tuple[float, int, int]:
+        """This process's own (seconds, packages built, packages loaded)."""
+        return self.local_seconds, self.local_built, self.local_loaded
 
     def _runner(self, model: Transformer, project: bool, beams: int, like: tuple) -> Callable:
         found = self.runners.get((id(model), project, beams))
@@ -305,17 +324,19 @@ class AotStep:
         param = next(model.parameters())
         key = (f"{model.cfg}; weights {self.digests[id(model)]}; {param.dtype}; {param.device.type}; "
                f"project {project}; beams {beams}")
-        runner = self.packages.load(key)
+        runner, built = self.packages.load(key), False
         if runner is None:
-            self.packages.build(key, self._export(model, project, beams, like))
-            runner = self.packages.load(key)
+            with self.packages.building(key):  # another --workers process may be building it
+                runner = self.packages.load(key)
+                if runner is None:
+                    self.packages.build(key, self._export(model, project, beams, like))
+                    runner, built = self.packages.load(key), True
             if runner is None:  # pragma: no cover - a package just built that does not load
                 raise RuntimeError(f"{self.packages.path(key)}: the compiled package does not load")
-            self.graphs += 1
-        else:
-            self.loaded += 1
+        self.local_built += built
+        self.local_loaded += not built
         self.runners[(id(model), project, beams)] = runner
-        self.compile_seconds += time.perf_counter() - start
+        self.local_seconds += time.perf_counter() - start
         return runner
 
     @staticmethod
