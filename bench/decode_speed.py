@@ -100,7 +100,13 @@ CPU_CASES = {  # name -> (engine, TranslateOptions fields or CTranslate2 setting
     "xf fp32 compile workers 2": ("xf", {"compile": True, "workers": 2}, {}),
     "xf fp32 compile shortlist workers 2": ("xf", {"compile": True, "shortlist": True, "workers": 2}, {}),
     "xf bf16 compile": ("xf", {"precision": "bf16", "compile": True}, {}),
+    # int8 --compile: ahead of time over torch._int_mm where this CPU's int8 products are exact
+    # (VNNI, AMX), else jit with oneDNN's products (minutes of compiling, every run)
     "xf int8 compile": ("xf", {"quantize": "int8", "compile": True}, {}),
+    "xf int8 compile workers 2": ("xf", {"quantize": "int8", "compile": True, "workers": 2}, {}),
+    "xf int8 compile shortlist workers 2": ("xf", {"quantize": "int8", "compile": True, "shortlist": True,
+                                                   "workers": 2}, {}),
+    "xf int8 compile jit": ("xf", {"quantize": "int8", "compile": True, "compile_mode": "jit"}, {}),
     # CTranslate2 picks MKL and AVX-512 only on GenuineIntel CPUs unless told: each combination
     **{f"CTranslate2 {ct}{' MKL' * mkl}{' AVX512' * avx512}": (
         "ct2", {"compute_type": ct}, {"CT2_USE_MKL": str(mkl), **({"CT2_FORCE_CPU_ISA": "AVX512"} if avx512 else {})})
@@ -112,7 +118,7 @@ CPU_CASES = {  # name -> (engine, TranslateOptions fields or CTranslate2 setting
        for extra, setting in ((" inter 2", {"workers": 2}), (" vmap", {"shortlist": True}),
                               (" vmap inter 2", {"workers": 2, "shortlist": True}))},
 }
-SLOW_CASES = {"xf int8 compile"}  # run only when --cases names them: a cold int8 compile takes minutes (jit)
+SLOW_CASES = {"xf int8 compile jit"}  # run only when --cases names them: a cold jit int8 compile takes minutes
 FLAGS = ("avx2", "avx512f", "avx512bw", "avx512vl", "avx512_vnni", "avx_vnni", "avx512_bf16", "amx_tile",
          "amx_int8", "amx_bf16")  # the instruction sets the engines' kernels choose between
 

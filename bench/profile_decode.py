@@ -1,7 +1,8 @@
 """Profile xf's beam search with torch.profiler and print the top operators by self CPU time.
 
     python bench/profile_decode.py CHECKPOINT SOURCE [--lines 300] [--beam 4] [--batch 64]
-                                   [--threads 0] [--quantize none|int8] [--compile] [--rows 25]
+                                   [--threads 0] [--quantize none|int8] [--compile] [--shortlist FILE]
+                                   [--rows 25]
 
 The search is the one ``xf translate`` runs (``translation.open_engine`` then ``engine.search``) on
 the first --lines lines of SOURCE, in batches of --batch sentences, longest first, after one
@@ -37,10 +38,11 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=0)
     parser.add_argument("--quantize", default="none")
     parser.add_argument("--compile", action="store_true", help="xf translate --compile")
+    parser.add_argument("--shortlist", default=None, help="xf translate --shortlist FILE")
     parser.add_argument("--rows", type=int, default=25)
     args = parser.parse_args()
     options = TranslateOptions(path=(args.checkpoint,), beam_size=args.beam, device="cpu", threads=args.threads,
-                               quantize=args.quantize, compile=args.compile)
+                               quantize=args.quantize, compile=args.compile, shortlist=args.shortlist)
     engine, sp, _ = open_engine(options)
     lines = Path(args.source).read_text(encoding="utf-8").splitlines()[: args.lines]
     pieces = sp.encode(lines, out_type=int)

@@ -175,9 +175,22 @@ def weights_digest(module: torch.nn.Module) -> str:
     """A digest of a module's weights (names, dtypes, shapes and values): what an ahead-of-time
     package, which holds them as constants, must match besides the config."""
     h = hashlib.sha256()
+
+    def add(name: str, t) -> None:
+        if isinstance(t, (tuple, list)):  # torch.ao's packed int8 layers: (weight, bias)
+            for i, item in enumerate(t):
+                add(f"{name}.{i}", item)
+        elif not torch.is_tensor(t):
+            h.update(f"{name} {t!r};".encode())
+        else:
+            if t.is_quantized:
+                h.update(f"{name} scales {t.q_per_channel_scales().tolist() if t.qscheme() in (torch.per_channel_affine, torch.per_channel_symmetric) else t.q_scale()};".encode())
+                t = t.int_repr()
+            h.update(f"{name} {t.dtype} {tuple(t.shape)};".encode())
+            h.update(t.detach().reshape(-1).contiguous().cpu().view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+
     for name, t in module.state_dict().items():
-        h.update(f"{name} {t.dtype} {tuple(t.shape)};".encode())
-        h.update(t.detach().contiguous().cpu().view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+        add(name, t)
     return h.hexdigest()[:24]
 
 

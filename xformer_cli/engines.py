@@ -27,7 +27,8 @@ from .memory import bound_native_memory
 from .model import Transformer
 from .options import TranslateOptions
 from .precision import precision_warning, resolve_precision
-from .quantization import CALIBRATION_ROWS, choose_int8_engine, quantize_int8, quantize_int8_compilable
+from .quantization import (CALIBRATION_ROWS, choose_int8_engine, int8_matmul_exact, quantize_int8,
+                           quantize_int8_compilable, quantize_int8_matmul)
 from .refill import refill_search, refill_stream
 from .search import AotStep, CompiledStep, Hypothesis, next_token_alternatives, search, with_prefix_candidates
 from .shortlist import Shortlist
@@ -132,7 +133,18 @@ class XfEngine(Engine):
         if loaded is not None:  # an ensemble shares one vocabulary: the first model's
             check_shortlist(loaded, shortlist, sp)
         chosen = None
-        if quantize == "int8" and compile_step:
+        if compile_step and compile_mode == "auto":
+            compile_mode = "aot" if device.type == "cpu" and (quantize != "int8" or int8_matmul_exact()) else "jit"
+        if quantize == "int8" and compile_step and compile_mode == "aot":
+            if not int8_matmul_exact():
+                raise ConfigError("--compile-mode aot --quantize int8 needs int8 products this CPU computes exactly "
+                                  "(VNNI or AMX; torch._int_mm saturates without them): use --compile-mode jit")
+            how = "asked for"
+            if int8_engine == "auto":
+                int8_engine, how = choose_int8_engine(models[0], CALIBRATION_ROWS)
+            models = [quantize_int8_matmul(m, int8_engine) for m in models]
+            chosen = f"decoder: int8 matmul, compiled ahead of time; encoder: {int8_engine} ({how})"
+        elif quantize == "int8" and compile_step:
             models, chosen = [quantize_int8_compilable(m) for m in models], "onednn (compiled)"
         elif quantize == "int8":
             how = "asked for"
@@ -140,8 +152,6 @@ class XfEngine(Engine):
                 int8_engine, how = choose_int8_engine(models[0], CALIBRATION_ROWS)
             models, chosen = [quantize_int8(m, int8_engine) for m in models], f"{int8_engine} ({how})"
         step = None
-        if compile_step and compile_mode == "auto":
-            compile_mode = "aot" if device.type == "cpu" and quantize != "int8" else "jit"
         if compile_step and compile_mode == "aot":
             step = AotStep()
         elif compile_step:  # one cache file per model config, precision and int8 scheme on this machine

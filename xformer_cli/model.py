@@ -114,7 +114,8 @@ class KeyValueCache:
         self.capacity = capacity
         self.length = 0  # positions filled
         self.k = self.v = None  # (capacity, N, H, K)
-        self._spare: Optional[tuple[torch.Tensor, torch.Tensor]] = None  # the gather target of select
+        self._spare: Optional[tuple[torch.Tensor, torch.Tensor]] = None  # flat: the gather target of select
+        self._bases: Optional[tuple[torch.Tensor, torch.Tensor]] = None  # flat: what k, v are views of (None: own)
 
     def append(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Add k, v (N, H, T, K) of T new positions; returns the whole prefix's (N, H, t, K) views."""
@@ -142,7 +143,7 @@ class KeyValueCache:
         if self.k is not None:
             k[: self.length].copy_(self.k[: self.length])
             v[: self.length].copy_(self.v[: self.length])
-        self.k, self.v, self._spare = k, v, None
+        self.k, self.v, self._spare, self._bases = k, v, None, None
 
     def drop_front(self, count: int) -> None:
         """Forget the first ``count`` positions: the rest move to the front of the buffers."""
@@ -153,23 +154,24 @@ class KeyValueCache:
         self.length -= count
 
     def select(self, rows: torch.Tensor) -> None:
-        """Keep rows ``rows`` (LongTensor, may repeat) of the prefix: beams followed, rows dropped."""
+        """Keep rows ``rows`` (LongTensor, may repeat) of the prefix: beams followed, rows dropped.
+        The prefix is gathered into the spare buffers, whose storage any number of rows up to
+        its size reuses (a search that drops done sentences shrinks its rows without allocating),
+        and the old buffers become the spare."""
         if self.k is None:
             return
         t, (capacity, n, h, d) = self.length, self.k.shape
-        if rows.numel() != n:  # rows dropped or copied: buffers of the new size
-            self._spare = None
-            k, v = self.k.new_empty(capacity, rows.numel(), h, d), self.v.new_empty(capacity, rows.numel(), h, d)
-        else:
-            if self._spare is None:
-                self._spare = (torch.empty_like(self.k), torch.empty_like(self.v))
-            k, v = self._spare
+        size = capacity * rows.numel() * h * d
+        if self._spare is None or self._spare[0].numel() < size:
+            self._spare = (self.k.new_empty(size), self.v.new_empty(size))
+        k, v = (spare[:size].view(capacity, rows.numel(), h, d) for spare in self._spare)
         for new, old in ((k, self.k), (v, self.v)):
             if old.requires_grad:  # out= does not record gradients (search runs without them)
                 new[:t] = old[:t].index_select(1, rows)
             else:
                 torch.index_select(old[:t], 1, rows, out=new[:t])
-        self._spare = (self.k, self.v) if rows.numel() == n else None
+        old = self._bases if self._bases is not None else (self.k.reshape(-1), self.v.reshape(-1))
+        self._bases, self._spare = self._spare, old
         self.k, self.v = k, v
 
 

@@ -456,14 +456,10 @@ class TranslateOptions(DecodingOptions):
         if self.glossary is not None and (self.sampling or self.engine == "ctranslate2" or self.split_sentences):
             raise ValueError("--glossary gives lexical constraints: they need the xf engine's beam search (no "
                              "--sampling, no --engine ctranslate2) and whole lines (no --split-sentences)")
-        if self.compile and self.compile_mode == "aot" and self.quantize == "int8":
-            raise ValueError("--compile-mode aot does not take --quantize int8 (its oneDNN int8 products need "
-                             "inductor's freezing): use --compile-mode jit or auto")
-        if self.compile and self.workers > 1 and (self.compile_mode == "jit" or self.quantize == "int8"
-                                                   or self.device.startswith("cuda")):
+        if self.compile and self.workers > 1 and (self.compile_mode == "jit" or self.device.startswith("cuda")):
             raise ValueError(f"--compile with --workers {self.workers} needs the ahead-of-time step on the CPU "
-                             "(--compile-mode aot or auto, no --quantize int8, not CUDA): torch.compile's step runs "
-                             "one batch at a time (use --workers 1)")
+                             "(--compile-mode aot or auto, not CUDA): torch.compile's step runs one batch at a time "
+                             "(use --workers 1)")
         # floor(a*|X| + b) output subwords for a source of |X| >= 1 subwords: at least 1 for every |X|
         if self.max_len_a + self.max_len_b < 1:
             raise ValueError(f"--max-len-a {self.max_len_a:g} --max-len-b {self.max_len_b} allow no output for "

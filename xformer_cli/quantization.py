@@ -15,6 +15,7 @@ choice of torch's quantized engine by measurement (--int8-engine auto).
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import time
@@ -85,6 +86,75 @@ class Int8Linear(nn.Module):
         out = torch.ops.onednn.qlinear_pointwise.tensor(q, scale, zero, self.packed, self.w_scale, self.w_zero,
                                                         self.bias, 1.0, 0, torch.float32, "none", [], "")
         return out.reshape(*x.shape[:-1], self.out_features)
+
+
+class Int8MatmulLinear(nn.Module):
+    """A linear layer in int8 over plain tensors, which torch.export and AOTInductor compile
+    without freezing (the int8 path of --compile-mode aot): weights int8 per output channel
+    (symmetric), stored transposed (in, out) for ``torch._int_mm``; each input row quantized to
+    int8 by its own absolute maximum (symmetric, per row: finer than torch.ao's per-tensor
+    activations), the product accumulated in int32 and scaled back to float32, the bias added.
+    torch._int_mm is oneDNN's s8 x s8 product, exact only where the CPU multiplies int8 pairs
+    into int32 (VNNI, AMX): ``int8_matmul_exact`` checks that at run time."""
+
+    def __init__(self, linear: nn.Linear):
+        super().__init__()
+        w = linear.weight.detach().float()
+        scale = w.abs().amax(dim=1).clamp(min=1e-12) / 127  # (out,)
+        self.out_features = w.size(0)
+        self.register_buffer("weight_t", torch.round(w / scale[:, None]).clamp(-127, 127).to(torch.int8).t().contiguous())
+        self.register_buffer("w_scale", scale)
+        self.register_buffer("bias", None if linear.bias is None else linear.bias.detach().float())
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return int8_matmul(x, self.weight_t, self.w_scale, self.bias).reshape(*x.shape[:-1], self.out_features)
+
+
+def int8_matmul(x: torch.Tensor, weight_t: torch.Tensor, w_scale: torch.Tensor,
+                bias: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """x (..., in) float times the int8 weight ``weight_t`` (in, out) of per-column scales
+    ``w_scale`` (out,): (rows, out) float32, each row of x quantized by its absolute maximum."""
+    rows = x.reshape(-1, x.size(-1)).float()
+    x_scale = rows.abs().amax(dim=1, keepdim=True).clamp(min=1e-12) / 127  # (rows, 1)
+    q = torch.round(rows / x_scale).clamp(-127, 127).to(torch.int8)
+    out = torch._int_mm(q, weight_t).float() * (x_scale * w_scale)
+    return out if bias is None else out + bias
+
+
+@functools.lru_cache(maxsize=None)
+def int8_matmul_exact() -> bool:
+    """Whether torch._int_mm multiplies int8 matrices exactly on this CPU (once per process):
+    oneDNN's s8 x s8 kernels for CPUs without VNNI or AMX add int8 pairs into int16, which
+    saturates (measured with ONEDNN_MAX_CPU_ISA=AVX2: products off by millions, and 5x slower);
+    False too where this torch has no CPU _int_mm."""
+    a = torch.full((5, 64), 127, dtype=torch.int8)
+    a[1::2] = -127
+    b = torch.full((64, 16), 127, dtype=torch.int8)
+    b[:, 1::2] = -128
+    try:
+        return torch.equal(torch._int_mm(a, b).long(), a.long() @ b.long())
+    except (RuntimeError, AttributeError):  # pragma: no cover - an old torch or a build without it
+        return False
+
+
+def quantize_int8_matmul(model: Transformer, encoder_engine: Optional[str] = None) -> Transformer:
+    """Every nn.Linear of the decoder (the split cross-attention projections and the output
+    projection included) replaced by an ``Int8MatmulLinear``, in place; the encoder's too, or,
+    with ``encoder_engine``, torch.ao's dynamic int8 layers of that engine (``quantize_int8``):
+    the encoder runs eagerly once per batch, where those kernels quantize faster."""
+    _split_projections(model)
+    for module in [*model.decoder_layers.modules(), model, *([] if encoder_engine else model.encoder_layers.modules())]:
+        for name, child in module.named_children():
+            if type(child) is nn.Linear:
+                setattr(module, name, Int8MatmulLinear(child))
+    if encoder_engine:
+        from torch.ao.quantization import quantize_dynamic
+
+        torch.backends.quantized.engine = encoder_engine
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            quantize_dynamic(model.encoder_layers, {nn.Linear}, dtype=torch.qint8, inplace=True)
+    return model
 
 
 def quantize_int8_compilable(model: Transformer) -> Transformer:

@@ -21,9 +21,11 @@ Scores: ``positional_scores`` are the log-probabilities of each output token (eo
 
 from __future__ import annotations
 
+import copy
 import functools
 import math
 import time
+import warnings
 from dataclasses import dataclass
 from typing import Callable, Optional, Sequence
 
@@ -34,7 +36,7 @@ from . import compiling
 from .constraints import BatchConstraints
 from .model import DecoderCache, Transformer
 from .options import DecodingOptions
-from .shortlist import RestrictedProjection
+from .shortlist import RestrictedProjection, project_candidates
 from .vocab import PAD_ID, BOS_ID, EOS_ID
 
 LOG_ZERO = float("-inf")
@@ -150,6 +152,11 @@ class DecoderState:
             if self.projections is None:
                 out.append(self.compiled(model, tokens[:, -1:], memory, src_pad, cache, at_max, project=True))
             else:
+                tensors = self.projections[i].tensors() if isinstance(self.compiled, AotStep) else None
+                if tensors is not None:  # the projection in the ahead-of-time graph
+                    out.append(self.compiled(model, tokens[:, -1:], memory, src_pad, cache, at_max, project=False,
+                                             candidates=tensors))
+                    continue
                 features = self.compiled(model, tokens[:, -1:], memory, src_pad, cache, at_max, project=False)
                 out.append(_forbid_specials(F.log_softmax(self.projections[i](features).float(), dim=-1), at_max))
         return ensemble_log_probs(out)
@@ -193,6 +200,15 @@ def _decoder_step(model: Transformer, token, memory, src_pad, keys, values, cros
     cache = DecoderCache.of(keys, values, cross_keys, cross_values, length)
     out = model.decode(token, memory, src_pad, cache, features_only=not project)[:, -1]
     return _forbid_specials(F.log_softmax(out.float(), dim=-1), at_max) if project else out
+
+
+def _candidates_step(model: Transformer, token, memory, src_pad, keys, values, cross_keys, cross_values, length: int,
+                     at_max, candidates: tuple) -> torch.Tensor:
+    """``_decoder_step`` with a shortlist's projection in the graph: ``candidates``, the tensors
+    of ``RestrictedProjection.tensors()`` -> log p(next token) (N, |vocab|), the specials forbidden."""
+    features = _decoder_step(model, token, memory, src_pad, keys, values, cross_keys, cross_values, length, at_max,
+                             False)
+    return _forbid_specials(F.log_softmax(project_candidates(features, *candidates).float(), dim=-1), at_max)
 
 
 class _FrozenStep(torch.nn.Module):
@@ -272,9 +288,12 @@ class _ExportedStep(torch.nn.Module):
         super().__init__()
         self.model, self.project = model, project
 
-    def forward(self, token, memory, src_pad, filled, at_max, keys, values, cross_keys, cross_values):
+    def forward(self, token, memory, src_pad, filled, at_max, keys, values, cross_keys, cross_values, candidates=()):
         length = filled.size(0)
         torch._check(length < keys[0].size(0))  # the buffers have room for the position written
+        if candidates:  # a shortlist's projection (a list of its tensors), in the graph
+            return _candidates_step(self.model, token, memory, src_pad, keys, values, cross_keys, cross_values,
+                                    length, at_max, tuple(candidates))
         return _decoder_step(self.model, token, memory, src_pad, keys, values, cross_keys, cross_values, length,
                              at_max, self.project)
 
@@ -314,7 +333,9 @@ class AotStep:
         """This process's own (seconds, packages built, packages loaded)."""
         return self.local_seconds, self.local_built, self.local_loaded
 
-    def _runner(self, model: Transformer, project: bool, beams: int, like: tuple) -> Callable:
+    def _runner(self, model: Transformer, project, beams: int, like: tuple) -> Callable:
+        """project: True, False (the features), or "candidates N" (a shortlist's projection of N
+        tensors in the graph, ``like`` ending with them)."""
         found = self.runners.get((id(model), project, beams))
         if found is not None:
             return found
@@ -324,13 +345,15 @@ class AotStep:
         param = next(model.parameters())
         key = (f"{model.cfg}; weights {self.digests[id(model)]}; {param.dtype}; {param.device.type}; "
                f"project {project}; beams {beams}")
-        runner, built = self.packages.load(key), False
-        if runner is None:
-            with self.packages.building(key):  # another --workers process may be building it
-                runner = self.packages.load(key)
-                if runner is None:
-                    self.packages.build(key, self._export(model, project, beams, like))
-                    runner, built = self.packages.load(key), True
+        with warnings.catch_warnings():  # torch.export's own deprecations (LeafSpec), not the user's concern
+            warnings.simplefilter("ignore", FutureWarning)
+            runner, built = self.packages.load(key), False
+            if runner is None:
+                with self.packages.building(key):  # another --workers process may be building it
+                    runner = self.packages.load(key)
+                    if runner is None:
+                        self.packages.build(key, self._export(model, project, beams, like))
+                        runner, built = self.packages.load(key), True
             if runner is None:  # pragma: no cover - a package just built that does not load
                 raise RuntimeError(f"{self.packages.path(key)}: the compiled package does not load")
         self.local_built += built
@@ -340,12 +363,13 @@ class AotStep:
         return runner
 
     @staticmethod
-    def _export(model: Transformer, project: bool, beams: int, like: tuple):
+    def _export(model: Transformer, project, beams: int, like: tuple):
         """torch.export of the step over example inputs shaped as ``like``'s (their layer count,
         heads, widths and dtypes), every size different so that none is taken for another."""
         from torch.export import Dim
 
-        token, memory, cross_key, key = like
+        token, memory, cross_key, key = like[:4]
+        candidates = like[4] if len(like) > 4 else None
         sentences, source, filled, capacity = 3, 7, 5, 11
         rows = sentences * beams
         top = model.cfg.max_positions + 1
@@ -367,27 +391,44 @@ class AotStep:
         layers = model.cfg.decoder_layers
         shapes = ({0: r}, {0: b, 1: s}, {0: b, 1: s}, {0: t}, {0: r}, [{0: c, 1: r}] * layers, [{0: c, 1: r}] * layers,
                   [{0: b, 2: s}] * layers, [{0: b, 2: s}] * layers)
+        if candidates is not None:  # the shortlist's rows: (V', D) float or (D, V') int8, then (V',) each
+            size, v = 13, Dim("candidates", min=4, max=model.cfg.vocab_size)
+            weight = candidates[0]
+            example = (*example, [weight.new_zeros((size, weight.size(1)) if weight.is_floating_point() else
+                                                   (weight.size(0), size))]
+                       + [t.new_zeros(size) for t in candidates[1:]])
+            shapes = (*shapes, [{0: v} if weight.is_floating_point() else {1: v}] + [{0: v}] * (len(candidates) - 1))
+        # the step's module without the encoder: the step never runs it, and an int8 encoder of
+        # torch.ao's packed layers (quantize_int8_matmul) is not exportable
+        decoder = copy.copy(model)
+        decoder._modules = {**model._modules, "encoder_layers": torch.nn.ModuleList()}
         with torch.no_grad():
-            return torch.export.export(_ExportedStep(model, project), example, dynamic_shapes=shapes, strict=False)
+            return torch.export.export(_ExportedStep(decoder, project), example, dynamic_shapes=shapes, strict=False)
 
     def __call__(self, model: Transformer, token: torch.Tensor, memory: torch.Tensor, src_pad: torch.Tensor,
-                 cache: DecoderCache, at_max: Optional[torch.Tensor], project: bool) -> torch.Tensor:
+                 cache: DecoderCache, at_max: Optional[torch.Tensor], project: bool,
+                 candidates: Optional[tuple[torch.Tensor, ...]] = None) -> torch.Tensor:
+        """``CompiledStep``'s call; ``candidates`` (with project False): a shortlist's projection
+        (``RestrictedProjection.tensors()``), run in the graph with its log-softmax: log-probs
+        (N, |vocab|) then, not features."""
         keys, values, cross_keys, cross_values = cache.tensors()
         if at_max is None:
             at_max = torch.zeros(token.size(0), dtype=torch.bool, device=token.device)
         if cache.length < 2 or not all(t.is_contiguous() for t in (*keys, *values, *cross_keys, *cross_values)):
             # the package's graph starts at a prefix of two, over contiguous buffers
-            out = _decoder_step(model, token, memory, src_pad, keys, values, cross_keys, cross_values, cache.length,
-                                at_max, project)
+            args = (model, token, memory, src_pad, keys, values, cross_keys, cross_values, cache.length, at_max)
+            out = _candidates_step(*args, candidates) if candidates else _decoder_step(*args, project)
             cache.advance()
             return out
         beams = token.size(0) // memory.size(0)
-        run = self._runner(model, project, beams, (token, memory, cross_keys[0], keys[0]))
+        kind = f"candidates {len(candidates)}" if candidates else project
+        run = self._runner(model, kind, beams, (token, memory, cross_keys[0], keys[0], *([candidates] if candidates else [])))
         filled = torch.empty(cache.length, dtype=torch.uint8, device=token.device)
         # the package's kernels assume its example's contiguous layouts (the token is a column of
         # the search's token matrix, a strided view)
         token, memory, src_pad, at_max = (t.contiguous() for t in (token, memory, src_pad, at_max))
-        out = run(token, memory, src_pad, filled, at_max, keys, values, cross_keys, cross_values)
+        extra = ([t.contiguous() for t in candidates],) if candidates else ()
+        out = run(token, memory, src_pad, filled, at_max, keys, values, cross_keys, cross_values, *extra)
         cache.advance()  # the step wrote the next position of every buffer
         return out
 
@@ -584,7 +625,7 @@ def _beam_search(models: Sequence[Transformer], src: torch.Tensor, options: Deco
         scores = top_scores.gather(1, order).view(-1)  # (rows,)
         tokens = torch.cat([tokens[rows], top_token.gather(1, order).view(-1, 1)], dim=1)
         pos_scores = torch.cat([pos_scores[rows], top_lprobs.gather(1, order).view(-1, 1)], dim=1)
-        state.reorder_beams(rows)
+        # the caches follow the beams (rows) below, in one gather with the done sentences' removal
         if tracker is not None:
             tracker.follow(rows, tokens[:, -1])
 
@@ -608,10 +649,12 @@ def _beam_search(models: Sequence[Transformer], src: torch.Tensor, options: Deco
                     finished[i].append(Hypothesis(row_tokens + [EOS_ID], s, row_pos + [last]))
         if all_done:
             break
-        if any_done:  # done sentences leave the batch
+        if not any_done:
+            state.reorder_beams(rows)
+        else:  # done sentences leave the batch
             keep = (~done).nonzero().view(-1)
             keep_rows = (keep[:, None] * k + beam_offsets).view(-1)  # (kept sents k,)
-            state.select_sentences(keep, keep_rows)
+            state.select_sentences(keep, rows.index_select(0, keep_rows))  # beams followed, done rows dropped
             sent_ids, max_len, max_lp = sent_ids[keep], max_len[keep], max_lp[keep]
             prefix = prefix[keep] if prefix is not None else None
             fin_count, fin_best = fin_count[keep], fin_best[keep]

@@ -26,6 +26,7 @@ import torch
 
 from .errors import XfError
 from .fileio import atomic_write
+from .quantization import Int8MatmulLinear, int8_matmul
 from .vocab import EOS_ID, PAD_ID
 
 FORMAT_VERSION = 1
@@ -212,9 +213,14 @@ class RestrictedProjection:
     def __init__(self, model, vocab: torch.Tensor):
         proj = model.output_proj
         self.bias = None if model.output_bias is None else model.output_bias.index_select(0, vocab)
+        self.int8, self._tensors = None, None
         if isinstance(proj, torch.nn.Linear):
             self.weight = proj.weight.index_select(0, vocab)  # (|vocab|, D)
             self.packed = None
+        elif isinstance(proj, Int8MatmulLinear):  # --compile-mode aot's int8: the same int8 columns and scales
+            self.int8 = (proj.weight_t.index_select(1, vocab).contiguous(), proj.w_scale.index_select(0, vocab),
+                         None if proj.bias is None else proj.bias.index_select(0, vocab))
+            self.weight = self.packed = None
         else:  # torch.ao's dynamic int8 Linear: the same int8 weight rows, the same kernel
             weight = proj.weight()
             if weight.qscheme() != torch.per_tensor_affine:
@@ -225,13 +231,36 @@ class RestrictedProjection:
             self.packed = torch.ops.quantized.linear_prepack(rows, None if bias is None else bias.index_select(0, vocab))
             self.weight = None
 
+    def tensors(self) -> Optional[tuple[torch.Tensor, ...]]:
+        """The projection as the tensors ``project_candidates`` takes, for a compiled step's graph
+        (search.AotStep): (weight (|vocab|, D), bias) in float, (weight (D, |vocab|), bias, scales)
+        in int8 matmul; None for torch.ao's packed int8 rows, which no graph takes."""
+        if self.packed is None and self._tensors is None:  # once per batch: its steps share them
+            if self.int8 is not None:
+                weight, scale, bias = self.int8
+                total = bias if self.bias is None else (self.bias if bias is None else bias + self.bias)
+                self._tensors = (weight, total if total is not None else scale.new_zeros(scale.shape), scale)
+            else:
+                self._tensors = (self.weight, self.bias if self.bias is not None else
+                                 self.weight.new_zeros(self.weight.size(0)))
+        return self._tensors
+
     def __call__(self, features: torch.Tensor) -> torch.Tensor:
         """features (N, D) -> logits (N, |vocab|)."""
-        if self.packed is not None:
+        if self.int8 is not None:
+            logits = int8_matmul(features, *self.int8)
+        elif self.packed is not None:
             logits = torch.ops.quantized.linear_dynamic(features, self.packed, reduce_range=True)
         else:
             logits = torch.nn.functional.linear(features, self.weight)
         return logits if self.bias is None else logits + self.bias
+
+
+def project_candidates(features: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor,
+                       scale: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """features (N, D) -> logits (N, |vocab|) over ``RestrictedProjection.tensors()``."""
+    logits = int8_matmul(features, weight, scale) if scale is not None else torch.nn.functional.linear(features, weight)
+    return logits + bias
 
 
 def candidate_set_size(shortlist: Shortlist, sentences: Sequence[np.ndarray], batch_size: int = 64) -> float:
