@@ -97,9 +97,11 @@ def test_distill_end_to_end_and_resume(tmp_path):
     table = (work / "table.txt").read_text()
     assert "teacher vs student" in table and "sent/s, CTranslate2 int8" in table and table in first.stdout
     bench = [line.split("\t") for line in read(work / "bench.tsv")]
-    assert sorted((w, e) for w, e, _, _ in bench) == [("student", "ctranslate2"), ("student", "xf"),
-                                                      ("teacher", "ctranslate2"), ("teacher", "xf")]
+    assert sorted((w, e, m) for w, e, m, _, _ in bench) == [
+        (w, e, m) for w in ("student", "teacher") for e in ("ctranslate2", "xf") for m in ("fast", "int8")]
     assert all(float(s) > 0 for *_, s in bench)
+    assert "sent/s, xf int8 --compile --shortlist" in table and "student xf int8 --compile --shortlist / teacher" in table
+    assert (work / "shortlist.npz").exists()
     # a re-run skips every step and prints the same table; `bench` measures again
     again = run_recipe("multi30k/distill.sh", env, "en-de")
     assert "teacher translates train.en: skipped" in again.stderr and "bench: skipped" in again.stderr

@@ -144,27 +144,41 @@ export_int8() {
   xf export ctranslate2 --path "$1" --output "$2" --quantization int8 >/dev/null
 }
 
-# bench: teacher and student, xf int8 and CTranslate2 int8, interleaved in one run; the table.
+# bench: teacher and student, xf int8 and CTranslate2 int8, each plain and at its fastest (fast),
+# interleaved in one run; the table.
 bench() {
   local threads=${BENCH_THREADS:-2} workers=${BENCH_WORKERS:-2} batch=${BENCH_BATCH:-64} repeats=${BENCH_REPEATS:-3}
   local source=${BENCH_SOURCE:-$DATA/test2016.$SRC} rows=$WORK_DIR/bench.tsv.tmp r who engine
   local lenpen_student
   lenpen_student=$(python3 -c 'import json, sys; print(json.load(open(sys.argv[1]))["chosen"]["lenpen"])' "$WORK_DIR/choice.json" 2>/dev/null ||
     yaml_get "$CONFIG" translate lenpen)
+  local mode compile=(--compile)
+  [[ -f $WORK_DIR/shortlist.npz ]] || xf shortlist "$WORK_DIR/data-bin" --output "$WORK_DIR/shortlist.npz" >/dev/null
+  # int8 compiled ahead of time needs exact int8 products (VNNI, AMX); elsewhere the eager int8
+  "$PY" -c 'import sys; from xformer_cli.quantization import int8_matmul_exact; sys.exit(not int8_matmul_exact())' ||
+    compile=()
   : >"$rows"
+  # each engine as it is run (int8), and at its fastest (fast): xf with --compile (the decoder step
+  # compiled ahead of time, its build outside the speed) and the shortlist, CTranslate2 with the
+  # shortlist as its vocabulary map; the shortlist of the student's training pairs, for both models
   for ((r = 1; r <= repeats; r++)); do
     for who in teacher student; do
       for engine in xf ctranslate2; do
-        local path=$WORK_DIR/averaged.pt lenpen=$lenpen_student
-        [[ $who == teacher ]] && path=${teacher[0]} lenpen=$TEACHER_LENPEN
-        [[ $engine == ctranslate2 ]] && path=$WORK_DIR/$who-ct2-int8
-        xf translate --engine "$engine" --path "$path" --quantize int8 --threads "$threads" --workers "$workers" --beam-size 4 \
-          --batch-size "$batch" --lenpen "$lenpen" --input "$source" --output "$WORK_DIR/bench.$who.$engine.$TGT" \
-          2>"$WORK_DIR/bench.log" || { cat "$WORK_DIR/bench.log" >&2; return 1; }
-        local speed
-        speed=$(grep -o 'sentences/s [0-9.,]*' "$WORK_DIR/bench.log" | tail -1 | tr -d , | cut -d' ' -f2)
-        printf '%s\t%s\t%s\t%s\n' "$who" "$engine" "$r" "$speed" >>"$rows"
-        note "run $r: $who, $engine int8: $speed sentences/s"
+        for mode in int8 fast; do
+          local path=$WORK_DIR/averaged.pt lenpen=$lenpen_student extra=()
+          [[ $who == teacher ]] && path=${teacher[0]} lenpen=$TEACHER_LENPEN
+          [[ $engine == ctranslate2 ]] && path=$WORK_DIR/$who-ct2-int8
+          [[ $mode == fast ]] && extra=(--shortlist "$WORK_DIR/shortlist.npz")
+          [[ $mode == fast && $engine == xf ]] && extra+=("${compile[@]}")
+          xf translate --engine "$engine" --path "$path" --quantize int8 "${extra[@]}" --threads "$threads" \
+            --workers "$workers" --beam-size 4 --batch-size "$batch" --lenpen "$lenpen" --input "$source" \
+            --output "$WORK_DIR/bench.$who.$engine.$mode.$TGT" 2>"$WORK_DIR/bench.log" ||
+            { cat "$WORK_DIR/bench.log" >&2; return 1; }
+          local speed
+          speed=$(grep -o 'sentences/s [0-9.,]*' "$WORK_DIR/bench.log" | tail -1 | tr -d , | cut -d' ' -f2)
+          printf '%s\t%s\t%s\t%s\t%s\n' "$who" "$engine" "$mode" "$r" "$speed" >>"$rows"
+          note "run $r: $who, $engine $mode: $speed sentences/s"
+        done
       done
     done
   done
@@ -184,8 +198,8 @@ teacher, work, tgt, ref = sys.argv[1:5]
 refs = [open(ref, encoding="utf-8").read().splitlines()]
 speed = {}
 for line in open(os.path.join(work, "bench.tsv"), encoding="utf-8"):
-    who, engine, _, s = line.split("\t")
-    speed[who, engine] = max(speed.get((who, engine), 0.0), float(s))
+    who, engine, mode, _, s = line.split("\t")
+    speed[who, engine, mode] = max(speed.get((who, engine, mode), 0.0), float(s))
 def params(path):
     state = torch.load(path, map_location="cpu", weights_only=True)["model"]
     return sum(t.numel() for t in {t.data_ptr(): t for t in state.values()}.values())  # tied weights once
@@ -202,13 +216,18 @@ def row(name, f, ratio=True, fmt="{:.2f}"):
     t, s = f("teacher"), f("student")
     rows.append((name, fmt.format(t), fmt.format(s), f"{s / t:.2f}x" if ratio else f"{s - t:+.2f}"))
 row("test2016 sacreBLEU (xf fp32)", lambda w: bleu(tests[w]), ratio=False)
-row("test2016 sacreBLEU (xf int8)", lambda w: bleu(os.path.join(work, f"bench.{w}.xf.{tgt}")), ratio=False)
-row("test2016 sacreBLEU (CTranslate2 int8)", lambda w: bleu(os.path.join(work, f"bench.{w}.ctranslate2.{tgt}")), ratio=False)
+ENGINES = {("xf", "int8"): "xf int8", ("xf", "fast"): "xf int8 --compile --shortlist",
+           ("ctranslate2", "int8"): "CTranslate2 int8", ("ctranslate2", "fast"): "CTranslate2 int8 + vmap"}
+for (engine, mode), name in ENGINES.items():
+    row(f"test2016 sacreBLEU ({name})", lambda w: bleu(os.path.join(work, f"bench.{w}.{engine}.{mode}.{tgt}")),
+        ratio=False)
 row("parameters (M)", lambda w: params(models[w]) / 1e6)
 row("checkpoint on disk (MB, fp32)", lambda w: mb(models[w]), fmt="{:.1f}")
 row("CTranslate2 int8 model (MB)", lambda w: mb(os.path.join(work, f"{w}-ct2-int8")), fmt="{:.1f}")
-row("sent/s, xf int8", lambda w: speed[w, "xf"], fmt="{:.1f}")
-row("sent/s, CTranslate2 int8", lambda w: speed[w, "ctranslate2"], fmt="{:.1f}")
+for (engine, mode), name in ENGINES.items():
+    row(f"sent/s, {name}", lambda w: speed[w, engine, mode], fmt="{:.1f}")
+fast = speed["student", "xf", "fast"] / speed["teacher", "xf", "int8"]
+rows.append(("student xf int8 --compile --shortlist / teacher xf int8 (sent/s)", "", "", f"{fast:.2f}x"))
 width = [max(len(r[i]) for r in rows) for i in range(4)]
 print(f"\nteacher vs student ({os.environ.get('BENCH', '')}; speeds measured in the same run, interleaved)")
 for r in rows:
@@ -269,6 +288,8 @@ step "teacher translates test2016.$SRC" "$WORK_DIR/teacher.test.hyp.$TGT" \
   --beam-size 4 --lenpen "$TEACHER_LENPEN" --batch-size 64
 step "export the teacher (CTranslate2 int8)" "$WORK_DIR/teacher-ct2-int8" export_int8 "${teacher[0]}" "$WORK_DIR/teacher-ct2-int8"
 step "export the student (CTranslate2 int8)" "$WORK_DIR/student-ct2-int8" export_int8 "$WORK_DIR/averaged.pt" "$WORK_DIR/student-ct2-int8"
+step "shortlist of the student's training pairs" "$WORK_DIR/shortlist.npz" \
+  xf shortlist "$WORK_DIR/data-bin" --output "$WORK_DIR/shortlist.npz"
 if [[ -f $WORK_DIR/table.txt ]]; then
   log "bench: skipped, $WORK_DIR/table.txt exists (run '$0 $PAIR bench' to measure again)"
   cat "$WORK_DIR/table.txt"
