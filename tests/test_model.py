@@ -108,6 +108,29 @@ def test_preallocated_cache_follows_repeated_reorders_and_grows():
     assert cache.self_attn[0].k.size(0) >= len(orders) > 2
 
 
+def test_cache_rows_dropped_and_grown_reuse_two_storages():
+    """select into fewer rows (done sentences dropped) gathers into the spare's storage, and the
+    old buffers become the spare: a search shrinking its batch allocates nothing; more rows than
+    the spare holds get a new one. Every select keeps exactly the rows asked for."""
+    from xformer_cli.model import KeyValueCache
+
+    cache = KeyValueCache(capacity=4)
+    k = torch.arange(6 * 2 * 3, dtype=torch.float32).view(6, 2, 1, 3)  # (N, H, T, K): 6 rows, one position
+    cache.append(k, -k)
+    cache.select(torch.arange(6))  # same rows: the spare is made
+    storages = {cache.k.untyped_storage().data_ptr(), cache._spare[0].untyped_storage().data_ptr()}
+    expected = k
+    for rows in (torch.tensor([5, 0, 3, 3]), torch.tensor([2, 0]), torch.tensor([1, 1, 0])):
+        cache.select(rows)
+        expected = expected[rows]
+        assert cache.k.untyped_storage().data_ptr() in storages  # no new storage
+        torch.testing.assert_close(cache.k[:1].permute(1, 2, 0, 3), expected, rtol=0, atol=0)
+        torch.testing.assert_close(cache.v[:1].permute(1, 2, 0, 3), -expected, rtol=0, atol=0)
+    cache.select(torch.arange(3).repeat(4))  # 12 rows: more than either storage holds
+    assert cache.k.untyped_storage().data_ptr() not in storages
+    torch.testing.assert_close(cache.k[:1].permute(1, 2, 0, 3), expected.repeat(4, 1, 1, 1), rtol=0, atol=0)
+
+
 def hand_made_cache(rows: int = 3, sentences: int = 3, t: int = 2) -> tuple[DecoderCache, torch.Tensor, torch.Tensor]:
     """A two-layer DecoderCache of ``rows`` prefixes of t positions and ``sentences`` memories,
     every element naming its row (or sentence): row r's keys are r + 0.1 * position, its values

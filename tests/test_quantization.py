@@ -127,3 +127,90 @@ def test_the_int8_engine_is_forced_by_the_option_or_read_from_the_cache(ckpt, de
     compiling.write_private(cache, json.dumps({key: {"engine": "onednn"}}).encode())
     engine, _ = XfEngine.open([ckpt], device="cpu", quantize="int8")
     assert torch.backends.quantized.engine == "onednn" and engine.int8_engine == f"onednn (cached in {cache})"
+
+
+# -- int8 over torch._int_mm (--compile-mode aot --quantize int8) -----------------------------------
+needs_exact_int8 = pytest.mark.skipif(not quantization.int8_matmul_exact(),
+                                      reason="this CPU's torch._int_mm is not exact (no VNNI/AMX): xf refuses it, "
+                                             "test_int8_matmul_is_refused_where_its_products_are_not_exact checks that")
+
+
+@pytest.mark.kernels
+@needs_exact_int8
+@pytest.mark.parametrize("inputs, outputs", [(256, 1024), (1024, 256), (64, 40)])
+def test_int8_matmul_linear_is_within_its_rounding_bound(inputs, outputs):
+    """Int8MatmulLinear against the fp32 layer within its quantization's error, each row's
+    activations on a step of their own (absolute maximum / 127)."""
+    torch.manual_seed(0)
+    linear = nn.Linear(inputs, outputs)
+    x = torch.randn(300, inputs) * 3
+    x[::3, 0] = 20  # rows with one large feature: a coarse step for those rows only
+    with torch.no_grad():
+        error = (quantization.Int8MatmulLinear(linear)(x) - linear(x)).abs()
+        x_step = x.abs().amax(dim=1, keepdim=True) / 127  # (rows, 1)
+        w_step = linear.weight.abs().amax(dim=1) / 127  # (out,)
+        bound = (linear.weight.abs().sum(dim=1) * x_step / 2 + x.abs().sum(dim=1, keepdim=True) * w_step / 2
+                 + inputs * x_step * w_step / 4)
+    assert error.max() > 0
+    assert (error <= bound * 1.001).all(), float((error / bound).max())
+    assert error[1::3].max() < error[::3].max()  # per row: the rows without the large feature are finer
+
+
+def test_int8_matmul_is_refused_where_its_products_are_not_exact(ckpt, monkeypatch):
+    """Where torch._int_mm saturates (oneDNN's s8 x s8 without VNNI or AMX), the check says so,
+    --compile-mode auto falls back to jit for int8, and aot is refused in one line."""
+    from xformer_cli.errors import ConfigError
+
+    def saturating(a, b):  # AVX2's 16-bit pair sums: clipped
+        return (a.long() @ b.long()).clamp(-32768 * a.size(1) // 4, 32767 * a.size(1) // 4).int()
+
+    monkeypatch.setattr(torch, "_int_mm", saturating)
+    quantization.int8_matmul_exact.cache_clear()
+    try:
+        assert not quantization.int8_matmul_exact()
+        with pytest.raises(ConfigError, match="--compile-mode aot --quantize int8 needs int8 products"):
+            XfEngine.open([ckpt], device="cpu", quantize="int8", compile_step=True, compile_mode="aot")
+        engine, _ = XfEngine.open([ckpt], device="cpu", quantize="int8", compile_step=True)  # auto
+        assert type(engine.compiled) is CompiledStep and engine.int8_engine == "onednn (compiled)"
+    finally:
+        quantization.int8_matmul_exact.cache_clear()
+
+
+@pytest.mark.slow
+@pytest.mark.kernels
+@needs_exact_int8
+@pytest.mark.usefixtures("one_thread")
+def test_aot_int8_search_tracks_fp32_and_its_own_eager_search(ckpt, sentences, multi30k_dir, tmp_path):
+    """The int8 matmul model (decoder) with torch.ao's int8 encoder: teacher-forced log-probs
+    within INT8_LOG_PROB_BOUND of fp32's; its ahead-of-time compiled search, plain and with a
+    shortlist's projection in the graph, agrees with the eager search of the same layers on at
+    least 90% of the output tokens (the graph's float rounding can move an activation to the next
+    int8 level); every linear layer of the decoder int8."""
+    from xformer_cli.search import AotStep
+    from xformer_cli.translation import open_engine
+    from xformer_cli.options import TranslateOptions
+
+    fp32, sp, _ = open_engine(TranslateOptions(path=(ckpt,), device="cpu"))
+    (reference,) = fp32.models
+    model = quantization.quantize_int8_matmul(copy.deepcopy(reference), "fbgemm")
+    assert not [m for m in model.modules() if type(m) is nn.Linear]
+    assert all(type(m) is quantization.Int8MatmulLinear
+               for m in model.decoder_layers.modules() if "Linear" in type(m).__name__)
+    targets = (multi30k_dir / "test2016.de").read_text(encoding="utf-8").splitlines()[: len(sentences)]
+    differ = (teacher_forced_log_probs(model, sp, sentences, targets)
+              - teacher_forced_log_probs(reference, sp, sentences, targets)).abs()
+    assert 1e-4 < differ.max() < INT8_LOG_PROB_BOUND
+    src = [sp.encode(s)[:20] + [2] for s in sentences]
+    width = max(map(len, src))
+    src = torch.tensor([s + [1] * (width - len(s)) for s in src])
+    options = DecodingOptions(beam_size=4, max_len_a=1.0, max_len_b=5)
+    candidates = torch.unique(torch.cat([torch.arange(4), src.flatten(), torch.arange(40, 200)]))
+    step = AotStep(compiling.AotPackages(tmp_path / "aot"))
+    for cands in (None, candidates):
+        compiled = [hyps[0].tokens for hyps in search([model], src, options, candidates=cands, compiled=step)]
+        eager = [hyps[0].tokens for hyps in search([model], src, options, candidates=cands)]
+        same = sum(a == b for c, e in zip(compiled, eager) for a, b in zip(c, e))
+        assert same >= 0.9 * sum(max(len(c), len(e)) for c, e in zip(compiled, eager)), (compiled, eager)
+        if cands is not None:
+            assert set(t for c in compiled for t in c) <= set(candidates.tolist())
+    assert step.graphs == 2  # the full projection's package and the shortlist's
