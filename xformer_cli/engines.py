@@ -161,7 +161,9 @@ class XfEngine(Engine):
         engine.int8_engine = chosen
         if compile_step and workers > 1 and not isinstance(step, AotStep):
             raise ConfigError(f"--compile with --workers {workers} needs the ahead-of-time step on the CPU, not "
-                          f"{device.type} (use --workers 1)")
+                              f"{device.type}" + (" (int8 compiles ahead of time only where this CPU's int8 products "
+                                                  "are exact: VNNI, AMX)" if quantize == "int8" else "")
+                              + ": use --workers 1")
         if workers > 1 and device.type == "cpu":  # processes: no shared interpreter lock
             engine.workers = DecodeWorkers(WorkerSpec(tuple(paths), precision, quantize, int8_engine,
                                                       torch.get_num_threads(), shortlist, compile_step), workers)

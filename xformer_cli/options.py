@@ -404,7 +404,7 @@ class TranslateOptions(DecodingOptions):
     compile_mode: Literal["auto", "aot", "jit"] = option(
         "auto", "how --compile compiles: aot, ahead of time (torch.export and AOTInductor: one package a model, "
         "kept in $XDG_CACHE_HOME/xf/aot, that the next run loads in about a second), or jit (torch.compile, "
-        "which traces again every run); auto: aot on the CPU without --quantize int8, else jit"
+        "which traces again every run); auto: aot on the CPU (with --quantize int8: where its int8 products are exact, VNNI or AMX), else jit"
     )
     quiet: bool = option(False, "no progress bar or summary table on stderr (warnings are still shown)")
     print_alignment: bool = option(
