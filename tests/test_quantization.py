@@ -46,6 +46,19 @@ def test_int8_linear_is_within_its_rounding_bound(inputs, outputs):
     assert (error <= bound * 1.001).all(), float((error / bound).max())
 
 
+def int8_tracks_fp32_and_source(model, reference, sp, sentences, multi30k_dir) -> torch.Tensor:
+    """Assert the int8 ``model``'s teacher-forced log-probabilities (test2016's references) are
+    within INT8_LOG_PROB_BOUND of fp32 ``reference``'s, and not equal; return the sentences as a
+    padded source batch (each cut to 20 pieces, eos last)."""
+    targets = (multi30k_dir / "test2016.de").read_text(encoding="utf-8").splitlines()[: len(sentences)]
+    differ = (teacher_forced_log_probs(model, sp, sentences, targets)
+              - teacher_forced_log_probs(reference, sp, sentences, targets)).abs()
+    assert 1e-4 < differ.max() < INT8_LOG_PROB_BOUND
+    src = [sp.encode(s)[:20] + [2] for s in sentences]
+    width = max(map(len, src))
+    return torch.tensor([s + [1] * (width - len(s)) for s in src])
+
+
 @pytest.mark.slow
 @pytest.mark.kernels
 def test_compiled_int8_tracks_the_fp32_model_and_the_eager_int8_search(ckpt, sentences, multi30k_dir, monkeypatch):
@@ -66,13 +79,7 @@ def test_compiled_int8_tracks_the_fp32_model_and_the_eager_int8_search(ckpt, sen
     (reference,) = fp32.models
     model = quantize_int8_compilable(copy.deepcopy(reference))
     assert not [m for m in model.modules() if type(m) is nn.Linear]  # every linear layer is int8
-    targets = (multi30k_dir / "test2016.de").read_text(encoding="utf-8").splitlines()[: len(sentences)]
-    differ = (teacher_forced_log_probs(model, sp, sentences, targets)
-              - teacher_forced_log_probs(reference, sp, sentences, targets)).abs()
-    assert 1e-4 < differ.max() < INT8_LOG_PROB_BOUND
-    src = [sp.encode(s)[:20] + [2] for s in sentences]
-    width = max(map(len, src))
-    src = torch.tensor([s + [1] * (width - len(s)) for s in src])
+    src = int8_tracks_fp32_and_source(model, reference, sp, sentences, multi30k_dir)
     options = DecodingOptions(beam_size=4, max_len_a=1.0, max_len_b=5)
     step = CompiledStep(freeze=True)
     compiled = [hyps[0].tokens for hyps in search([model], src, options, compiled=step)]
@@ -196,13 +203,7 @@ def test_aot_int8_search_tracks_fp32_and_its_own_eager_search(ckpt, sentences, m
     assert not [m for m in model.modules() if type(m) is nn.Linear]
     assert all(type(m) is quantization.Int8MatmulLinear
                for m in model.decoder_layers.modules() if "Linear" in type(m).__name__)
-    targets = (multi30k_dir / "test2016.de").read_text(encoding="utf-8").splitlines()[: len(sentences)]
-    differ = (teacher_forced_log_probs(model, sp, sentences, targets)
-              - teacher_forced_log_probs(reference, sp, sentences, targets)).abs()
-    assert 1e-4 < differ.max() < INT8_LOG_PROB_BOUND
-    src = [sp.encode(s)[:20] + [2] for s in sentences]
-    width = max(map(len, src))
-    src = torch.tensor([s + [1] * (width - len(s)) for s in src])
+    src = int8_tracks_fp32_and_source(model, reference, sp, sentences, multi30k_dir)
     options = DecodingOptions(beam_size=4, max_len_a=1.0, max_len_b=5)
     candidates = torch.unique(torch.cat([torch.arange(4), src.flatten(), torch.arange(40, 200)]))
     step = AotStep(compiling.AotPackages(tmp_path / "aot"))
