@@ -164,7 +164,7 @@ def test_translate_compile_reports_its_compile_time_apart(tmp_path, ckpt, senten
 
 @pytest.mark.parametrize("kw, message", [
     (dict(engine="ctranslate2"), "--engine ctranslate2 runs CTranslate2's"),
-    (dict(quantize="int8", int8_engine="fbgemm"), "--compile --quantize int8 runs oneDNN"),
+    (dict(quantize="int8", int8_engine="fbgemm", compile_mode="jit"), "--compile-mode jit --quantize int8 runs oneDNN"),
     (dict(workers=2, compile_mode="jit"), "--compile with --workers 2 needs the ahead-of-time step"),
     (dict(workers=2, device="cuda"), "--compile with --workers 2 needs the ahead-of-time step"),
 ])
@@ -172,6 +172,13 @@ def test_translate_compile_refuses(kw, message):
     with pytest.raises(ValueError, match=message):
         TranslateOptions(path=("model.pt",), compile=True, **kw)
     TranslateOptions(path=("model.pt",), **kw)  # each is fine without --compile
+
+
+def test_translate_compile_takes_an_int8_engine_ahead_of_time():
+    """Ahead of time (auto's choice where int8 products are exact) --int8-engine names the
+    encoder's torch.ao int8: an option the check leaves to the engine (tests/test_quantization.py)."""
+    for mode in ("auto", "aot"):
+        TranslateOptions(path=("model.pt",), compile=True, compile_mode=mode, quantize="int8", int8_engine="fbgemm")
 
 
 # -- the compiled step kept between runs (compiling.CompileCache) ---------------------------------

@@ -179,6 +179,9 @@ def test_int8_matmul_is_refused_where_its_products_are_not_exact(ckpt, monkeypat
             XfEngine.open([ckpt], device="cpu", quantize="int8", compile_step=True, compile_mode="aot")
         engine, _ = XfEngine.open([ckpt], device="cpu", quantize="int8", compile_step=True)  # auto
         assert type(engine.compiled) is CompiledStep and engine.int8_engine == "onednn (compiled)"
+        # jit runs oneDNN's int8: an engine asked for is refused there, not silently replaced
+        with pytest.raises(ConfigError, match="compiles with jit on this CPU .* not --int8-engine x86"):
+            XfEngine.open([ckpt], device="cpu", quantize="int8", int8_engine="x86", compile_step=True)
     finally:
         quantization.int8_matmul_exact.cache_clear()
 

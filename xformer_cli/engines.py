@@ -135,6 +135,10 @@ class XfEngine(Engine):
         chosen = None
         if compile_step and compile_mode == "auto":
             compile_mode = "aot" if device.type == "cpu" and (quantize != "int8" or int8_matmul_exact()) else "jit"
+        if quantize == "int8" and compile_step and compile_mode == "jit" and int8_engine not in ("auto", "onednn"):
+            raise ConfigError(f"--compile --quantize int8 compiles with jit on this CPU (its int8 products are not "
+                              f"exact ahead of time), which runs oneDNN's int8 through inductor, not --int8-engine "
+                              f"{int8_engine}: use auto or onednn, or drop --compile")
         if quantize == "int8" and compile_step and compile_mode == "aot":
             if not int8_matmul_exact():
                 raise ConfigError("--compile-mode aot --quantize int8 needs int8 products this CPU computes exactly "

@@ -385,7 +385,8 @@ class TranslateOptions(DecodingOptions):
         "auto", "--quantize int8's matrix library: auto (the one that measures fastest on this CPU for this model, "
         "timed once and cached in $XDG_CACHE_HOME/xf), fbgemm (its AVX2, AVX-512 and VNNI kernels), onednn (oneDNN, "
         "whose int8 kernels use AMX tiles on CPUs with amx_int8) or x86 (torch's pick of the two by shape); the "
-        "weights are the same int8, the activations' quantization differs, so outputs may change; with --compile: "
+        "weights are the same int8, the activations' quantization differs, so outputs may change; with --compile "
+        "ahead of time: the encoder's (the decoder's int8 products are compiled in its graph), with --compile-mode jit: "
         "oneDNN's, through inductor"
     )
     threads: int = option(0, "CPU threads for torch (0: torch's default)", range=THREADS)
@@ -439,10 +440,11 @@ class TranslateOptions(DecodingOptions):
                              "runs through the batches in order: use --workers 1 to sample")
         if self.compile and self.engine == "ctranslate2":
             raise ValueError("--compile compiles xf's own search: --engine ctranslate2 runs CTranslate2's")
-        if self.compile and self.quantize == "int8" and self.int8_engine not in ("auto", "onednn"):
-            # dynamo cannot trace torch.ao's packed int8 weights: compiled int8 is oneDNN's (quantization.Int8Linear)
-            raise ValueError(f"--compile --quantize int8 runs oneDNN's int8 products through inductor, not "
-                             f"--int8-engine {self.int8_engine}: use auto or onednn, or drop --compile")
+        if (self.compile and self.compile_mode == "jit" and self.quantize == "int8"
+                and self.int8_engine not in ("auto", "onednn")):
+            # dynamo cannot trace torch.ao's packed int8 weights: jit-compiled int8 is oneDNN's (quantization.Int8Linear)
+            raise ValueError(f"--compile-mode jit --quantize int8 runs oneDNN's int8 products through inductor, not "
+                             f"--int8-engine {self.int8_engine}: use auto or onednn, or --compile-mode aot")
         if self.split_sentences is not None and (self.output_format != "text" or self.nbest > 1 or self.print_alignment):
             raise ValueError("--split-sentences writes one line of joined sentences per input line: it takes text "
                              "output with --nbest 1 and no --print-alignment")

@@ -281,15 +281,17 @@ class CompiledStep:
 
 class _ExportedStep(torch.nn.Module):
     """``_decoder_step`` of one model as torch.export takes it: tensors only, the filled length
-    as the size of ``filled`` (a size is a dynamic dimension of the graph, an int argument
-    would be a constant), the projection (``project``) fixed per package."""
+    as the size of ``filled`` less one (a size is a dynamic dimension of the graph, an int
+    argument would be a constant; one more, so that the size is at least 2 from the first
+    filled position on: torch.export specializes sizes 0 and 1), the projection (``project``)
+    fixed per package."""
 
     def __init__(self, model: Transformer, project: bool):
         super().__init__()
         self.model, self.project = model, project
 
     def forward(self, token, memory, src_pad, filled, at_max, keys, values, cross_keys, cross_values, candidates=()):
-        length = filled.size(0)
+        length = filled.size(0) - 1
         torch._check(length < keys[0].size(0))  # the buffers have room for the position written
         if candidates:  # a shortlist's projection (a list of its tensors), in the graph
             return _candidates_step(self.model, token, memory, src_pad, keys, values, cross_keys, cross_values,
@@ -344,7 +346,7 @@ class AotStep:
             self.digests[id(model)] = compiling.weights_digest(model)
         param = next(model.parameters())
         key = (f"{model.cfg}; weights {self.digests[id(model)]}; {param.dtype}; {param.device.type}; "
-               f"project {project}; beams {beams}")
+               f"project {project}; beams {beams}; filled from 1")
         with warnings.catch_warnings():  # torch.export's own deprecations (LeafSpec), not the user's concern
             warnings.simplefilter("ignore", FutureWarning)
             runner, built = self.packages.load(key), False
@@ -370,7 +372,7 @@ class AotStep:
 
         token, memory, cross_key, key = like[:4]
         candidates = like[4] if len(like) > 4 else None
-        sentences, source, filled, capacity = 3, 7, 5, 11
+        sentences, source, filled, capacity = 3, 7, 5 + 1, 11
         rows = sentences * beams
         top = model.cfg.max_positions + 1
         example = (torch.full((rows, 1), EOS_ID, dtype=token.dtype, device=token.device),
@@ -386,8 +388,8 @@ class AotStep:
                     for _ in range(model.cfg.decoder_layers)])
         b = Dim("sentences", min=1, max=1 << 16)
         r = b * beams if beams > 1 else b
-        # filled from 2 (1: the guards of a length-1 prefix, which runs eager), below max_positions
-        s, t, c = Dim("source", min=1, max=top), Dim("filled", min=2, max=top - 2), Dim("capacity", min=3, max=top + 1)
+        # one position filled (bos) or more, below max_positions: the size is one more
+        s, t, c = Dim("source", min=1, max=top), Dim("filled", min=2, max=top - 1), Dim("capacity", min=3, max=top + 1)
         layers = model.cfg.decoder_layers
         shapes = ({0: r}, {0: b, 1: s}, {0: b, 1: s}, {0: t}, {0: r}, [{0: c, 1: r}] * layers, [{0: c, 1: r}] * layers,
                   [{0: b, 2: s}] * layers, [{0: b, 2: s}] * layers)
@@ -414,8 +416,8 @@ class AotStep:
         keys, values, cross_keys, cross_values = cache.tensors()
         if at_max is None:
             at_max = torch.zeros(token.size(0), dtype=torch.bool, device=token.device)
-        if cache.length < 2 or not all(t.is_contiguous() for t in (*keys, *values, *cross_keys, *cross_values)):
-            # the package's graph starts at a prefix of two, over contiguous buffers
+        if cache.length < 1 or not all(t.is_contiguous() for t in (*keys, *values, *cross_keys, *cross_values)):
+            # the package's graph starts at a prefix of one (bos), over contiguous buffers
             args = (model, token, memory, src_pad, keys, values, cross_keys, cross_values, cache.length, at_max)
             out = _candidates_step(*args, candidates) if candidates else _decoder_step(*args, project)
             cache.advance()
@@ -423,7 +425,7 @@ class AotStep:
         beams = token.size(0) // memory.size(0)
         kind = f"candidates {len(candidates)}" if candidates else project
         run = self._runner(model, kind, beams, (token, memory, cross_keys[0], keys[0], *([candidates] if candidates else [])))
-        filled = torch.empty(cache.length, dtype=torch.uint8, device=token.device)
+        filled = torch.empty(cache.length + 1, dtype=torch.uint8, device=token.device)
         # the package's kernels assume its example's contiguous layouts (the token is a column of
         # the search's token matrix, a strided view)
         token, memory, src_pad, at_max = (t.contiguous() for t in (token, memory, src_pad, at_max))

@@ -235,13 +235,17 @@ for r in rows:
 EOF
 }
 
-# size: decoding speed (xf int8 and CTranslate2 int8, the bench's settings) of candidate student shapes, each a model
-# trained for one update on the distilled data (speed hardly depends on the weights): outputs are
-# capped at the source length (max_len_a 1, max_len_b 0), about a real translation's length.
+# size: decoding speed of candidate student shapes, each engine plain and at its fastest (the
+# bench's int8 and fast modes), each shape a model trained for one update on the distilled data
+# (speed hardly depends on the weights): outputs are capped at the source length (max_len_a 1,
+# max_len_b 0), about a real translation's length, so that every shape writes the same subwords.
 size() {
-  local threads=${BENCH_THREADS:-2} workers=${BENCH_WORKERS:-2} batch=${BENCH_BATCH:-64} shape dir
+  local threads=${BENCH_THREADS:-2} workers=${BENCH_WORKERS:-2} batch=${BENCH_BATCH:-64} shape dir compile=(--compile)
   [[ -f $WORK_DIR/data-bin/meta.json ]] || die "size needs the student's data ($WORK_DIR/data-bin): run the recipe first"
-  for shape in ${SIZES:-3x3:256:1024 3x2:256:1024 3x1:256:1024 3x1:192:768 3x1:128:512 2x1:128:512}; do
+  [[ -f $WORK_DIR/shortlist.npz ]] || xf shortlist "$WORK_DIR/data-bin" --output "$WORK_DIR/shortlist.npz" >/dev/null
+  "$PY" -c 'import sys; from xformer_cli.quantization import int8_matmul_exact; sys.exit(not int8_matmul_exact())' ||
+    compile=()
+  for shape in ${SIZES:-3x3:256:1024 3x1:256:1024 2x1:256:1024 3x1:192:768 2x1:192:768 3x1:128:512}; do
     local layers=${shape%%:*} rest=${shape#*:}
     dir=$WORK_DIR/size/$shape
     [[ -f $dir/checkpoint_last.pt ]] ||
@@ -249,16 +253,20 @@ size() {
         --save-interval-updates 0 --encoder-layers "${layers%x*}" --decoder-layers "${layers#*x}" \
         --d-model "${rest%:*}" --d-ff "${rest#*:}" --threads "$threads" >/dev/null 2>&1 || die "xf train for $shape failed"
     [[ -d $dir/ct2-int8 ]] || export_int8 "$dir/checkpoint_last.pt" "$dir/ct2-int8" || die "xf export for $shape failed"
-    local engine path speeds=()
+    local engine mode path extra speeds=()
     for engine in xf ctranslate2; do
-      path=$dir/checkpoint_last.pt
-      [[ $engine == ctranslate2 ]] && path=$dir/ct2-int8
-      xf translate --engine "$engine" --path "$path" --quantize int8 --threads "$threads" --workers "$workers" \
-        --beam-size 4 --batch-size "$batch" --max-len-a 1 --max-len-b 0 --input "$DATA/val.$SRC" 2>"$dir/speed.log" >/dev/null ||
-        die "xf translate --engine $engine for $shape failed: $dir/speed.log"
-      speeds+=("$engine int8 $(grep -o 'sentences/s [0-9.,]*' "$dir/speed.log" | tail -1)")
+      for mode in int8 fast; do
+        path=$dir/checkpoint_last.pt extra=()
+        [[ $engine == ctranslate2 ]] && path=$dir/ct2-int8
+        [[ $mode == fast ]] && extra=(--shortlist "$WORK_DIR/shortlist.npz")
+        [[ $mode == fast && $engine == xf ]] && extra+=("${compile[@]}")
+        xf translate --engine "$engine" --path "$path" --quantize int8 "${extra[@]}" --threads "$threads" \
+          --workers "$workers" --beam-size 4 --batch-size "$batch" --max-len-a 1 --max-len-b 0 --input "$DATA/val.$SRC" \
+          2>"$dir/speed.log" >/dev/null || die "xf translate --engine $engine ($mode) for $shape failed: $dir/speed.log"
+        speeds+=("$engine $mode $(grep -o 'sentences/s [0-9.,]*' "$dir/speed.log" | tail -1)")
+      done
     done
-    printf '%-14s %s, %s\n' "$shape" "${speeds[@]}"
+    printf '%-14s %s, %s, %s, %s\n' "$shape" "${speeds[@]}"
   done
 }
 
