@@ -239,13 +239,16 @@ EOF
 # bench's int8 and fast modes), each shape a model trained for one update on the distilled data
 # (speed hardly depends on the weights): outputs are capped at the source length (max_len_a 1,
 # max_len_b 0), about a real translation's length, so that every shape writes the same subwords.
+# The shapes' runs interleaved, BENCH_REPEATS times, the best of each kept; each line ends with
+# the shape's xf fast speed over the first shape's (the teacher's, by default).
 size() {
-  local threads=${BENCH_THREADS:-2} workers=${BENCH_WORKERS:-2} batch=${BENCH_BATCH:-64} shape dir compile=(--compile)
+  local threads=${BENCH_THREADS:-2} workers=${BENCH_WORKERS:-2} batch=${BENCH_BATCH:-64} repeats=${BENCH_REPEATS:-3}
+  local shape dir compile=(--compile) shapes=(${SIZES:-3x3:256:1024 3x1:256:1024 2x1:256:1024 3x1:192:768 2x1:192:768 3x1:128:512})
   [[ -f $WORK_DIR/data-bin/meta.json ]] || die "size needs the student's data ($WORK_DIR/data-bin): run the recipe first"
   [[ -f $WORK_DIR/shortlist.npz ]] || xf shortlist "$WORK_DIR/data-bin" --output "$WORK_DIR/shortlist.npz" >/dev/null
   "$PY" -c 'import sys; from xformer_cli.quantization import int8_matmul_exact; sys.exit(not int8_matmul_exact())' ||
     compile=()
-  for shape in ${SIZES:-3x3:256:1024 3x1:256:1024 2x1:256:1024 3x1:192:768 2x1:192:768 3x1:128:512}; do
+  for shape in "${shapes[@]}"; do
     local layers=${shape%%:*} rest=${shape#*:}
     dir=$WORK_DIR/size/$shape
     [[ -f $dir/checkpoint_last.pt ]] ||
@@ -253,20 +256,33 @@ size() {
         --save-interval-updates 0 --encoder-layers "${layers%x*}" --decoder-layers "${layers#*x}" \
         --d-model "${rest%:*}" --d-ff "${rest#*:}" --threads "$threads" >/dev/null 2>&1 || die "xf train for $shape failed"
     [[ -d $dir/ct2-int8 ]] || export_int8 "$dir/checkpoint_last.pt" "$dir/ct2-int8" || die "xf export for $shape failed"
-    local engine mode path extra speeds=()
-    for engine in xf ctranslate2; do
-      for mode in int8 fast; do
-        path=$dir/checkpoint_last.pt extra=()
-        [[ $engine == ctranslate2 ]] && path=$dir/ct2-int8
-        [[ $mode == fast ]] && extra=(--shortlist "$WORK_DIR/shortlist.npz")
-        [[ $mode == fast && $engine == xf ]] && extra+=("${compile[@]}")
-        xf translate --engine "$engine" --path "$path" --quantize int8 "${extra[@]}" --threads "$threads" \
-          --workers "$workers" --beam-size 4 --batch-size "$batch" --max-len-a 1 --max-len-b 0 --input "$DATA/val.$SRC" \
-          2>"$dir/speed.log" >/dev/null || die "xf translate --engine $engine ($mode) for $shape failed: $dir/speed.log"
-        speeds+=("$engine $mode $(grep -o 'sentences/s [0-9.,]*' "$dir/speed.log" | tail -1)")
+  done
+  local -A best=()
+  local r engine mode path extra speed
+  for ((r = 1; r <= repeats; r++)); do
+    for shape in "${shapes[@]}"; do
+      dir=$WORK_DIR/size/$shape
+      for engine in xf ctranslate2; do
+        for mode in int8 fast; do
+          path=$dir/checkpoint_last.pt extra=()
+          [[ $engine == ctranslate2 ]] && path=$dir/ct2-int8
+          [[ $mode == fast ]] && extra=(--shortlist "$WORK_DIR/shortlist.npz")
+          [[ $mode == fast && $engine == xf ]] && extra+=("${compile[@]}")
+          xf translate --engine "$engine" --path "$path" --quantize int8 "${extra[@]}" --threads "$threads" \
+            --workers "$workers" --beam-size 4 --batch-size "$batch" --max-len-a 1 --max-len-b 0 --input "$DATA/val.$SRC" \
+            2>"$dir/speed.log" >/dev/null || die "xf translate --engine $engine ($mode) for $shape failed: $dir/speed.log"
+          speed=$(grep -o 'sentences/s [0-9.,]*' "$dir/speed.log" | tail -1 | tr -d , | cut -d' ' -f2)
+          best[$shape $engine $mode]=$("$PY" -c 'import sys; print(max(float(a or 0) for a in sys.argv[1:]))' \
+            "${best[$shape $engine $mode]:-}" "$speed")
+        done
       done
     done
-    printf '%-14s %s, %s, %s, %s\n' "$shape" "${speeds[@]}"
+  done
+  for shape in "${shapes[@]}"; do
+    printf '%-14s xf int8 %s, xf fast %s, ctranslate2 int8 %s, ctranslate2 fast %s sentences/s (best of %s); xf fast %sx the first\n' \
+      "$shape" "${best[$shape xf int8]}" "${best[$shape xf fast]}" "${best[$shape ctranslate2 int8]}" \
+      "${best[$shape ctranslate2 fast]}" "$repeats" \
+      "$("$PY" -c 'import sys; print(f"{float(sys.argv[1]) / float(sys.argv[2]):.2f}")' "${best[$shape xf fast]}" "${best[${shapes[0]} xf fast]}")"
   done
 }
 
