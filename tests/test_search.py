@@ -21,6 +21,7 @@ from xformer_cli.search import (
     length_penalty,
     max_output_lengths,
     sample,
+    top_candidates,
     top_k_top_p_filter,
 )
 
@@ -89,6 +90,32 @@ def test_ensemble_log_probs_average_probabilities():
     out = ensemble_log_probs([p1.log(), p2.log()])
     assert out.exp().tolist()[0] == pytest.approx([0.7, 0.3])  # not exp(mean log p)
     assert torch.equal(ensemble_log_probs([p1.log()]), p1.log())
+
+
+@pytest.mark.parametrize("rows, width, n", [(64, 4 * 704, 8), (5, 4 * 8000, 8), (3, 4 * 1501, 8), (7, 7919, 4),
+                                            (2, 1024, 8), (4, 52, 8), (1, 4 * 3000, 2)])
+def test_top_candidates_is_topk(rows, width, n):
+    """The grouped top-k (a top-k of group maxima, then of the chosen groups) gives torch.topk's
+    values and, with distinct values, its indices: for widths with many divisors (grouped), a
+    prime one and narrow ones (plain top-k)."""
+    g = torch.Generator().manual_seed(width)
+    x = torch.randn(rows, width, generator=g)
+    x[0, :: max(1, width // 5)] = float("-inf")  # forbidden tokens: -inf, never among the top
+    values, indices = top_candidates(x, n)
+    expected = x.topk(n, dim=1)
+    assert torch.equal(values, expected.values) and torch.equal(indices, expected.indices)
+
+
+def test_top_candidates_with_ties_gives_the_top_values_at_distinct_indices():
+    """Ties (a model's equal log-probs, -inf rows beyond the live ones): the same values, each
+    at an index that holds it, no index twice."""
+    x = torch.randint(0, 3, (6, 4 * 704)).float()
+    x[1] = float("-inf")
+    x[1, 17] = 0.0
+    values, indices = top_candidates(x, 8)
+    assert torch.equal(values, x.topk(8, dim=1).values)
+    assert torch.equal(x.gather(1, indices), values)
+    assert all(len(set(row)) == 8 for row in indices.tolist())
 
 
 def test_top_k_top_p_filter_by_hand():
