@@ -13,10 +13,6 @@ space; the server splits it into sentences) against the same lines one sentence 
 server with --no-split-sentences, both at concurrency XF_BENCH_SERVE_PARAGRAPHS (default 8): what
 sentence splitting costs (the aim: under 10%), and how many paragraphs' translations differ from
 their sentences' translations joined.
-The refill rows serve the same requests from a server with --refill XF_BENCH_SERVE_REFILL (default
-64 sentence slots, about what --max-batch-tokens 2048 holds of captions: requests join the running
-batch) at concurrency 8 and 32, as ratios to the batched server at the same concurrency, with
-their latency and their lines unlike xf translate's.
 The cases alternate, XF_BENCH_ROUNDS rounds (default 2), each figure the best round. "lines unlike
 xf translate's" counts the served translations that differ from the file's (every round). The clients
 share the CPU with the server: on a 2-core machine their HTTP work is part of the cost.
@@ -56,8 +52,6 @@ SINGLE = int(os.environ.get("XF_BENCH_SERVE_SINGLE", "30"))
 ROUNDS = int(os.environ.get("XF_BENCH_ROUNDS", "2"))
 CONCURRENCY = (1, 8, 32)
 PARAGRAPHS = int(os.environ.get("XF_BENCH_SERVE_PARAGRAPHS", "8"))
-REFILL = int(os.environ.get("XF_BENCH_SERVE_REFILL", "64"))
-REFILL_CONCURRENCY = (8, 32)
 
 
 def _bench_translate():
@@ -190,12 +184,10 @@ def rows() -> list[dict]:
         unbatched_server = Server(checkpoint, [*decoding(trained), "--max-wait-ms", "0"])
         server = Server(checkpoint, decoding(trained))
         lines_server = Server(checkpoint, [*decoding(trained), "--no-split-sentences"])
-        refill_server = Server(checkpoint, [*decoding(trained), "--refill", str(REFILL)])
         files, unbatched, one_line, paragraphs, sentences = [], [], [], [], []
         results: dict[int, list[dict]] = {c: [] for c in CONCURRENCY}
-        refilled: dict[int, list[dict]] = {c: [] for c in REFILL_CONCURRENCY}
         try:
-            for s in (unbatched_server, server, lines_server, refill_server):
+            for s in (unbatched_server, server, lines_server):
                 load(s.port, requests[:5], 1)  # warm-up
             # the cases alternate, ROUNDS rounds: on a busy machine each ratio compares like with like
             for _ in range(ROUNDS):
@@ -204,13 +196,10 @@ def rows() -> list[dict]:
                 unbatched.append(load(unbatched_server.port, requests, 1))
                 for c in CONCURRENCY:
                     results[c].append(load(server.port, requests, c))
-                    if c in refilled:
-                        refilled[c].append(load(refill_server.port, requests, c))
                 one_line.append(one_line_ratio(server.port, reference, lines[:SINGLE]))
                 sentences.append(load(lines_server.port, requests, PARAGRAPHS))
                 paragraphs.append(load(server.port, requests, PARAGRAPHS, paragraphs=True))
         finally:
-            refill_server.stop()
             lines_server.stop()
             server.stop()
             unbatched_server.stop()
@@ -236,18 +225,6 @@ def rows() -> list[dict]:
         out.append({"bench": "serve", "case": f"concurrency {c}", "metric": "latency p50/p95/p99",
                     "value": f"{r['p50']:.0f} / {r['p95']:.0f} / {r['p99']:.0f}", "unit": "ms",
                     "note": f"{len(requests)} requests of 1-5 lines"})
-    for c in REFILL_CONCURRENCY:
-        r, batched = best(refilled[c]), best(results[c])
-        case = f"concurrency {c}, --refill {REFILL}"
-        out.append({"bench": "serve", "case": case, "metric": "sentences/s", "value": r["sent_s"], "unit": "sent/s",
-                    "ratio": r["sent_s"] / batched["sent_s"], "note": f"ratio to concurrency {c} batched"})
-        out.append({"bench": "serve", "case": case, "metric": "latency p50/p95/p99",
-                    "value": f"{r['p50']:.0f} / {r['p95']:.0f} / {r['p99']:.0f}", "unit": "ms",
-                    "ratio": r["p50"] / batched["p50"], "note": f"p50 ratio to concurrency {c} batched "
-                    f"({batched['p50']:.0f} / {batched['p95']:.0f} / {batched['p99']:.0f} ms)"})
-        differ = sum(a != b for run in refilled[c] for a, b in zip(run["outputs"], reference_outputs))
-        out.append({"bench": "serve", "case": case, "metric": "lines unlike xf translate's",
-                    "value": differ, "unit": "lines", "note": f"of {len(lines) * ROUNDS} ({ROUNDS} rounds)"})
     out.append({"bench": "serve", "case": "one-line request, concurrency 1", "metric": "latency p50",
                 "value": served_ms, "unit": "ms", "ratio": served_ms / in_process_ms,
                 "note": f"ratio to translate_buffer in-process ({in_process_ms:.1f} ms), {SINGLE} lines, line after line"})

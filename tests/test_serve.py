@@ -187,36 +187,6 @@ def test_200_concurrent_requests_from_32_clients_equal_xf_translate(server, ckpt
 
 
 @pytest.mark.slow
-def test_refill_serves_concurrent_requests_as_xf_translate_does(ckpt, lines, tmp_path):
-    """--refill 6: requests join one running batch; every answer is xf translate's (alternatives,
-    prefixes and empty lines included)."""
-    rng = random.Random(1)
-    requests = [[rng.randrange(len(lines)) for _ in range(rng.randint(1, 4))] for _ in range(60)]
-    used = sorted({i for r in requests for i in r})
-    reference = dict(zip(used, xf_translate(ckpt, [lines[i] for i in used], tmp_path)))
-    served = Served("--model", f"en-de={ckpt}", *DECODING, "--no-split-sentences", "--refill", "6")
-    try:
-        with ThreadPoolExecutor(16) as pool:
-            answers = list(pool.map(lambda idx: served.translate([lines[i] for i in idx], alternatives=1), requests))
-        a, b = used[:2]
-        status, _, with_empty = served.translate([lines[a], "", lines[b]])
-        status_prefix, _, prefixed = served.translate([lines[a]], prefix=["Ein"])
-        _, _, metrics = served.request("GET", "/metrics")
-    finally:
-        assert served.stop() == 0
-    for idx, (status_i, _, answer) in zip(requests, answers):
-        assert status_i == 200, answer
-        assert answer["translatedText"] == [reference[i][0] for i in idx]
-        assert answer["alternatives"] == [reference[i][1:2] for i in idx]
-    assert status == 200 and with_empty["translatedText"] == [reference[a][0], "", reference[b][0]]
-    assert status_prefix == 200 and prefixed["translatedText"][0].startswith("Ein")
-    batches = float(metrics.split("xf_serve_batch_sentences_count ")[1].split()[0])
-    sentences = float(metrics.split("xf_serve_batch_sentences_sum ")[1].split()[0])
-    assert sentences >= sum(map(len, requests)) and batches < len(requests) / 2  # requests shared batches
-    assert "Traceback" not in served.log
-
-
-@pytest.mark.slow
 def test_bad_input_is_an_answer(server, ckpt, lines, tmp_path):
     def refused(status, message, **kw):
         got, _, answer = server.request("POST", "/translate", **kw)
@@ -460,9 +430,6 @@ class FakeEngine:
         self.batches.append([list(s) for s in sentences])
         return [[Hypothesis(list(reversed(s)) + [3], 0.0, [])] for s in sentences]
 
-    def refills(self, options):  # no refilled search (engines.Engine's default)
-        return False
-
 
 class FakeSp:
     def decode(self, ids):
@@ -572,96 +539,6 @@ def test_stop_waits_for_the_batch_being_decoded_and_drops_the_rest():
     assert de.engine.batches == [[[5, 6, 7], [8, 9, 10]]] and queue.lines_dropped == 1
     with pytest.raises(QueueFull):
         queue.submit(Job(de, [[12]]))
-
-
-class StreamingEngine(FakeEngine):
-    """A FakeEngine with a refilled search: a sentence of n ids takes n steps in one of ``slots``
-    rows, a free row takes the next line the feed gives; ``steps`` records the keys decoding at
-    each step, and ``at_step(i)`` runs before step i (to submit jobs mid-batch)."""
-
-    def __init__(self, at_step=None):
-        super().__init__()
-        self.steps: list[list[tuple[int, int]]] = []
-        self.at_step, self.streams = at_step or (lambda i: None), 0
-
-    def refills(self, options):
-        return True
-
-    def stream(self, feed, on_done, options, slots):
-        self.streams += 1
-        decoding = {}  # key -> (ids, steps left)
-        while True:
-            if len(decoding) < slots:
-                for key, ids, _ in feed(slots - len(decoding), not decoding):
-                    decoding[key] = (ids, len(ids))
-            if not decoding:
-                return
-            self.at_step(len(self.steps))
-            self.steps.append(sorted((id(job) % 1000, i) for job, i in decoding))
-            for key, (ids, left) in list(decoding.items()):
-                if left == 1:
-                    del decoding[key]
-                    on_done(key, [Hypothesis(list(reversed(ids)) + [3], 0.0, [])])
-                else:
-                    decoding[key] = (ids, left - 1)
-
-
-def test_refill_lines_join_the_running_batch_and_each_job_is_answered_when_done():
-    done: list[str] = []
-    late = {}
-
-    def at_step(i):  # a second request arrives while the first one's long line decodes
-        if i == 1:
-            late["job"] = Job(de, [[11], [], [12, 13]])
-            late["job"].future.add_done_callback(lambda f: done.append("late"))
-            queue.submit(late["job"])
-
-    de = Direction("en", "de", StreamingEngine(at_step), FakeSp(), TranslateOptions(path=("x",)))
-    queue = BatchQueue(max_batch_tokens=8, max_wait_ms=10_000, max_queue_lines=100, refill=2)
-    first = Job(de, [[5, 6, 7, 8, 9, 10], [4]])
-    first.future.add_done_callback(lambda f: done.append("first"))
-    queue.submit(first)
-    queue.start()  # no max_wait for a refilled batch: it starts at once
-    assert first.future.result(5) == [["10 9 8 7 6 5"], ["4"]]
-    assert late["job"].future.result(5) == [["11"], [""], ["13 12"]]
-    queue.stop()
-    # one batch: [4] is done after step 0, the late lines take its row from step 2 on, and the late
-    # request is answered while the long line still decodes
-    assert de.engine.streams == 1 and done == ["late", "first"]
-    assert [len(keys) for keys in de.engine.steps] == [2, 1, 2, 2, 2, 1]
-    assert de.engine.batches == [] and queue.lines == 0 and queue.lines_done == 5 and queue.batches == 1
-
-
-def test_refill_lets_a_job_that_cannot_join_go_next_once_it_has_waited():
-    order: list[str] = []
-    jobs = {}
-
-    def at_step(i):
-        if i == 1:  # another direction arrives: it cannot join, and max_wait 0 is over at once
-            jobs["fr"] = Job(fr, [[20]])
-            queue.submit(jobs["fr"])
-        if i == 2:  # a line of the running direction, after it: it waits for the next batch
-            jobs["de"] = Job(de, [[21]])
-            queue.submit(jobs["de"])
-        for name, job in jobs.items():
-            if job.future.done() and name not in order:
-                order.append(name)
-
-    de = Direction("en", "de", StreamingEngine(at_step), FakeSp(), TranslateOptions(path=("x",)))
-    fr = direction("en-fr")
-    queue = BatchQueue(max_batch_tokens=8, max_wait_ms=0, max_queue_lines=100, refill=4)
-    first = Job(de, [[5, 6, 7, 8]])
-    queue.submit(first)
-    queue.start()
-    assert first.future.result(5) == [["8 7 6 5"]]
-    assert jobs["fr"].future.result(5) == [["20"]] and jobs["de"].future.result(5) == [["21"]]
-    queue.stop()
-    assert de.engine.streams == 2 and fr.engine.batches == [[[20]]]
-    assert de.engine.steps[:4] == [[(id(first) % 1000, 0)]] * 4  # nothing joined the first batch
-    # a job with constraints cannot join either: it is decoded batch by batch
-    constrained = Job(de, [[7]], constraints=[[[[9]]]])
-    assert not BatchQueue(8, 0, 100, refill=4)._joins(constrained) and BatchQueue(8, 0, 100, refill=4)._joins(Job(de, [[7]]))
-    assert not BatchQueue(8, 0, 100)._joins(Job(de, [[7]]))  # --refill 0: off
 
 
 def test_bind_names_host_and_port_and_the_cause(monkeypatch):
@@ -777,9 +654,3 @@ def test_past_the_grace_period_a_503_and_a_gone_client_499_both_drop_their_lines
     assert "POST /translate 499" in log and "lines dropped undecoded 4" in log and clean(log)
 
 
-def test_refill_is_a_count():
-    """--refill N: 0 (off) or more sentence slots; a negative count is an option error."""
-    assert ServeOptions(model=("en-de=x.pt",), refill=8).refill == 8
-    assert ServeOptions(model=("en-de=x.pt",)).refill == 0
-    with pytest.raises(ValueError, match="refill"):
-        ServeOptions(model=("en-de=x.pt",), refill=-1)

@@ -128,21 +128,6 @@ def test_workers_are_processes_on_the_cpu_with_the_output_of_one(tmp_path, ckpt,
     assert engine.workers is None and not any(p.is_alive() for p in processes)
 
 
-def test_refill_gives_the_output_of_batch_by_batch(tmp_path, ckpt, sentences):
-    """--refill: the same text, and in jsonl the same tokens and alignments (scores within float
-    rounding), with lines of several buffers and an empty one."""
-    data = ("\n".join(sentences[:7]) + "\n\n").encode()
-    assert run(tmp_path, ckpt, data, refill=True, batch_size=2, buffer_size=5) == run(tmp_path, ckpt, data, batch_size=2)
-    extra = dict(batch_size=3, output_format="jsonl", nbest=2, beam_size=3, print_alignment=True)
-    refilled, reference = ([json.loads(line) for line in run(tmp_path, ckpt, data, refill=refill, **extra).splitlines()]
-                           for refill in (True, False))
-    assert len(refilled) == len(reference) == 8
-    for got, want in zip(refilled, reference):
-        for h, g in zip(got["hypotheses"], want["hypotheses"]):
-            assert (h["tokens"], h["alignment"]) == (g["tokens"], g["alignment"])
-            assert h["score"] == pytest.approx(g["score"], abs=1e-4)
-
-
 def test_stdin_to_stdout(ckpt, sentences):
     data = ("\n".join(sentences[:3]) + "\n\n").encode()
     result = runner.invoke(app, ["translate", "--path", ckpt, "--max-len-b", "3", "--quiet"], input=data)

@@ -29,7 +29,6 @@ from .options import TranslateOptions
 from .precision import precision_warning, resolve_precision
 from .quantization import (CALIBRATION_ROWS, choose_int8_engine, int8_matmul_exact, quantize_int8,
                            quantize_int8_compilable, quantize_int8_matmul)
-from .refill import refill_search, refill_stream
 from .search import AotStep, CompiledStep, Hypothesis, next_token_alternatives, search, with_prefix_candidates
 from .shortlist import Shortlist
 from .vocab import PAD_ID, MappedVocabulary
@@ -51,21 +50,6 @@ class Engine:
         starts with; constraints: each sentence's lexical constraints, which every hypothesis
         meets (those no hypothesis met are listed in constraints.unmet and searched without). With options.alternatives N: the N most likely ids at the position after the
         prefix, each completed by the search, in that order (CTranslate2's return_alternatives)."""
-        raise NotImplementedError
-
-    def refills(self, options: TranslateOptions) -> bool:
-        """Whether ``refill`` can search with these options (engines without it: never)."""
-        return False
-
-    def refill(self, sentences: Sequence[Sequence[int]], options: TranslateOptions,
-               prefixes: Optional[Sequence[Sequence[int]]] = None) -> list[list[Hypothesis]]:
-        """``search``'s hypotheses of every sentence, options.batch_size of them decoding at once
-        and a finished one replaced by the next at the next step (``refill.py``), in order."""
-        raise NotImplementedError
-
-    def stream(self, feed, on_done, options: TranslateOptions, slots: int) -> None:
-        """``refill`` over a pool that grows while it runs (``refill.refill_stream``: xf serve
-        --refill, requests joining the running batch), ``slots`` sentences decoding at once."""
         raise NotImplementedError
 
     def close(self) -> None:
@@ -196,17 +180,6 @@ class XfEngine(Engine):
         if self.workers is not None:
             self.workers.close()
             self.workers = None
-
-    def refills(self, options: TranslateOptions) -> bool:
-        # a shortlist's candidates and a compiled graph are a batch's: those search batch by batch
-        return not (options.sampling or options.alternatives or self.shortlist is not None or self.compiled is not None)
-
-    def refill(self, sentences, options, prefixes=None) -> list[list[Hypothesis]]:
-        return refill_search(self.models, sentences, options, options.batch_size, collate_prefix(prefixes, self.device),
-                             self.device)
-
-    def stream(self, feed, on_done, options, slots) -> None:
-        refill_stream(self.models, feed, on_done, options, slots, self.device)
 
     def _alternatives(self, src, options, generator, candidates, prefixes, constraints=None) -> list[list[Hypothesis]]:
         """Each sentence's options.alternatives ids after its prefix, each as the prefix's next

@@ -145,14 +145,6 @@ class KeyValueCache:
             v[: self.length].copy_(self.v[: self.length])
         self.k, self.v, self._spare, self._bases = k, v, None, None
 
-    def drop_front(self, count: int) -> None:
-        """Forget the first ``count`` positions: the rest move to the front of the buffers."""
-        if self.k is not None and count > 0:
-            kept = self.length - count
-            self.k[:kept] = self.k[count : self.length].clone()
-            self.v[:kept] = self.v[count : self.length].clone()
-        self.length -= count
-
     def select(self, rows: torch.Tensor) -> None:
         """Keep rows ``rows`` (LongTensor, may repeat) of the prefix: beams followed, rows dropped.
         The prefix is gathered into the spare buffers, whose storage any number of rows up to
@@ -192,9 +184,6 @@ class DecoderCache:
     def __init__(self, layers: int, capacity: int = 0):
         self.self_attn = [KeyValueCache(capacity) for _ in range(layers)]
         self.cross: list[Optional[tuple[torch.Tensor, torch.Tensor]]] = [None] * layers
-        # Refilled batches (refill.py): the slot where each row's prefix begins (rows,), so rows of
-        # different lengths share the buffers; None: every row begins at slot 0.
-        self.starts: Optional[torch.Tensor] = None
 
     @property
     def length(self) -> int:
@@ -208,23 +197,6 @@ class DecoderCache:
             self.cross[i] = attn.project_kv(memory)
         return self.cross[i]
 
-    def positions(self) -> Optional[torch.Tensor]:
-        """Each row's position (rows,) at the next step, when rows begin at different slots
-        (``starts``); None when they all begin at slot 0 (the position is ``length``)."""
-        return None if self.starts is None else self.length - self.starts
-
-    def own_slots(self) -> torch.Tensor:
-        """bool (rows, length + 1): the slots of each row's own prefix and of its next step, the
-        keys its self-attention may see (a refilled row's earlier slots hold another sentence)."""
-        slots = torch.arange(self.length + 1, device=self.starts.device)
-        return slots[None, :] >= self.starts[:, None]
-
-    def drop_slots(self, count: int) -> None:
-        """Forget the first ``count`` slots of every row (no row's prefix begins before them)."""
-        for cache in self.self_attn:
-            cache.drop_front(count)
-        self.starts = self.starts - count
-
     def select_rows(self, rows: torch.Tensor) -> None:
         """Keep rows ``rows`` (LongTensor, may repeat) of everything, memory included: whole
         sentences dropped or copied (one row per sentence)."""
@@ -235,8 +207,6 @@ class DecoderCache:
         of its sentence's row): only the self-attention prefixes move, the memory stays."""
         for cache in self.self_attn:
             cache.select(rows)
-        if self.starts is not None:
-            self.starts = self.starts.index_select(0, rows)
 
     def keep_sentences(self, sentences: torch.Tensor, rows: torch.Tensor) -> None:
         """Keep the memory of ``sentences`` and the prefixes of their beams' ``rows``."""
@@ -546,30 +516,24 @@ class Transformer(nn.Module):
         self.decoder_norm = nn.LayerNorm(d) if cfg.normalize_before else nn.Identity()
 
     # -- positions -----------------------------------------------------------------------------
-    def _embed(self, embed: nn.Embedding, tokens: torch.Tensor, offset: int,
-               positions: Optional[torch.Tensor] = None) -> torch.Tensor:
-        """Scaled token embeddings plus absolute positions, then dropout: (B, L, D). positions
-        (B,): one step whose rows are at positions of their own (a refilled batch, whose search
-        keeps each within max_positions), in place of offset."""
+    def _embed(self, embed: nn.Embedding, tokens: torch.Tensor, offset: int) -> torch.Tensor:
+        """Scaled token embeddings plus absolute positions offset..offset+L-1, then dropout: (B, L, D)."""
         length = tokens.size(1)
-        if positions is None and offset + length > self.cfg.max_positions:
+        if offset + length > self.cfg.max_positions:
             raise ValueError(
                 f"sequence of {offset + length} tokens exceeds max_positions {self.cfg.max_positions}"
             )
         x = embed(tokens) * self.embed_scale
         if self.cfg.positions == "sinusoidal":
-            x = x + (self.pos_table[offset : offset + length] if positions is None else self.pos_table[positions, None])
+            x = x + self.pos_table[offset : offset + length]
         elif self.cfg.positions == "learned":
-            table = self.learned_pos.weight
-            x = x + (table[offset : offset + length] if positions is None else table[positions, None])
+            x = x + self.learned_pos.weight[offset : offset + length]
         return self.dropout(x)
 
-    def _rope(self, offset: int, length: int, positions: Optional[torch.Tensor] = None):
-        """(cos, sin) of positions offset... (L, K/2), or of each row's own position (B, 1, 1, K/2)."""
+    def _rope(self, offset: int, length: int):
+        """(cos, sin) of positions offset... (L, K/2)."""
         if self.cfg.positions != "rope":
             return None
-        if positions is not None:
-            return self.rope_cos[positions, None, None], self.rope_sin[positions, None, None]
         return self.rope_cos[offset : offset + length], self.rope_sin[offset : offset + length]
 
     def _alibi(self, q_len: int, k_len: int, offset: int, causal: bool) -> torch.Tensor:
@@ -612,9 +576,8 @@ class Transformer(nn.Module):
         Targets are right-padded, so under the causal mask no real position sees padding.
         """
         offset = cache.length if cache is not None else 0
-        positions = cache.positions() if cache is not None else None  # (B,): rows of a refilled batch
         t = prev_output.size(1)
-        x = self._embed(self.decoder_embed, prev_output, offset, positions)
+        x = self._embed(self.decoder_embed, prev_output, offset)
         memory_mask = (~src_pad)[:, None, None, :]  # (B, 1, 1, S)
         # A single new step attends to the whole cached prefix: no mask needed.
         causal = t > 1
@@ -622,12 +585,10 @@ class Transformer(nn.Module):
         if causal and offset > 0:  # several new tokens after a cached prefix
             pos = torch.arange(offset + t, device=x.device)
             self_mask = (pos[None, :] <= pos[offset:, None])[None, None]  # (1, 1, T, offset+T)
-        if positions is not None:  # one new step; each row sees its own slots only (masked exactly)
-            self_mask = cache.own_slots()[:, None, None, :]  # (B, 1, 1, offset+1)
         if self.cfg.positions == "alibi":
             bias = self._alibi(t, offset + t, offset, causal=True)
             self_mask = bias if self_mask is None else bias.masked_fill(~self_mask, float("-inf"))
-        rope = self._rope(offset, t, positions)
+        rope = self._rope(offset, t)
         for i, layer in enumerate(self.decoder_layers):
             if cache is None:
                 x = layer(x, memory, self_mask, memory_mask, causal, rope=rope)

@@ -348,12 +348,6 @@ class TranslateOptions(DecodingOptions):
     batch_size: int = option(64, "sentences per batch", range=Range(1, 1 << 20))
     max_tokens: int = option(0, "padded source subwords per batch instead of --batch-size (0: use batch_size)", range=COUNT)
     buffer_size: int = option(2000, "lines read ahead and sorted by length into batches", range=Range(1, 1 << 24))
-    refill: bool = option(
-        False, "keep --batch-size sentences decoding: a finished sentence's rows go to the next sentence of the buffer "
-        "at the next step, so no batch runs half-empty (the same outputs, scores within float rounding); xf engine, "
-        "beam search and greedy; batch by batch as without it for --max-tokens, --workers, --sampling, --shortlist, "
-        "--compile, --alternatives and lines with constraints"
-    )
     output_format: Literal["text", "jsonl"] = option(
         "text", "text lines, or JSON lines with source, hypotheses, scores and positional scores"
     )
@@ -499,12 +493,6 @@ class ServeOptions(DecodingOptions):
     max_wait_ms: float = option(5.0, "how long a batch's first request waits for others to join it",
                                 range=Range(0, 60_000))
     max_queue_lines: int = option(2000, "lines waiting to be decoded at most; a request beyond is a 503", range=COUNT1)
-    refill: int = option(
-        0, "sentences decoding at once in one refilled batch that requests join: when a sentence is done, the next "
-        "queued line of its direction takes its rows at the next step, and each request is answered as soon as its "
-        "last line is done (0: off, batches as --max-batch-tokens gathers them; xf engine, beam search and greedy; "
-        "requests with a glossary or constraints, and other directions, go batch by batch once the running one ends)",
-        range=COUNT)
     max_lines: int = option(100, "lines in one request at most (more: 413)", range=COUNT1)
     max_chars: int = option(5000, "characters in one request at most (more: 413)", range=COUNT1)
     max_body_bytes: int = option(1_000_000, "bytes in one request body at most, checked before parsing (more: 413)",
@@ -551,9 +539,8 @@ class ServeOptions(DecodingOptions):
         shared = {f.name for f in dataclasses.fields(TranslateOptions)} & {f.name for f in dataclasses.fields(self)}
         # split_sentences: the server's switch (a bool), not xf translate's language (each direction has its own);
         # glossary: the server's, per direction (DIRECTION=FILE), applied to each sentence by xf serve itself;
-        # refill: the server's slot count (BatchQueue's), not xf translate's switch
         return TranslateOptions(path=(path,), **{name: getattr(self, name) for name in shared
-                                                 if name not in ("path", "split_sentences", "glossary", "refill")})
+                                                 if name not in ("path", "split_sentences", "glossary")})
 
 
 def direction_and_path(spec: str, flag: str = "--model", what: str = "CHECKPOINT",

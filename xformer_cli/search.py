@@ -508,8 +508,7 @@ def _rows_at_max(max_len: torch.Tensor, step: int, shortest: int, rows_per_sente
 # -- beam search ---------------------------------------------------------------------------------
 def _finished_and_next(top_scores: torch.Tensor, top_beam: torch.Tensor, top_token: torch.Tensor, k: int,
                        penalty) -> tuple[torch.Tensor, ...]:
-    """A step's bookkeeping over its candidates (sents, W >= 2k, best first), as beam_search and
-    refill.refill_stream share it: (base_rows (sents, 1), the first row of each sentence;
+    """A step's bookkeeping over its candidates (sents, W >= 2k, best first): (base_rows (sents, 1), the first row of each sentence;
     final (sents, k), eos among the first k candidates with a finite score; norm (sents, k),
     their scores over ``penalty`` (the length penalty of this step's length: a number, or
     (sents, 1)), LOG_ZERO where not final; order (sents, k), the first k candidates that do not

@@ -7,13 +7,6 @@ for one batch goes on in the next), and decodes them together with ``translation
 sorted by length, longest first, as ``xf translate`` sorts a buffer. A job dropped (its client
 gone, its request given up) loses the lines not yet taken; ``stop`` ends the worker between two
 batches, never inside a search.
-With ``refill`` N (``xf serve --refill N``) the worker decodes the oldest job's direction as one
-refilled batch of N sentence slots instead (``refill.refill_stream``): a queued line takes the
-rows of a sentence done at the next step, whichever request it belongs to, so a request never
-waits for a running batch to end, and each job is answered as soon as its last line is done.
-Jobs that cannot join (another direction, lexical constraints, an engine or options without
-refill) wait until the batch empties; once one of them has waited ``max_wait_ms`` no more lines
-join, so that the batch ends and it goes next.
 Each line is searched with the server's options whatever shares its batch, so its translation is
 the one ``xf translate`` gives for it (up to float rounding in batched matrix products; see
 docs/serve.md). The event loop only waits on each job's future: it never runs a search.
@@ -55,7 +48,7 @@ class Direction:
 @dataclass(eq=False)
 class Job:
     """One request's lines. pieces: subword ids per line ([] for an empty line, no search). A job
-    is itself: equal to no other, hashable (a refilled batch's keys are (job, line))."""
+    is itself: equal to no other."""
 
     direction: Direction
     pieces: list[list[int]]
@@ -63,7 +56,6 @@ class Job:
     future: concurrent.futures.Future = field(default_factory=concurrent.futures.Future)
     taken: int = 0  # lines handed to the worker so far, in order
     found: list[list[str]] = field(default_factory=list)  # per line decoded so far: its hypotheses' texts
-    done: dict = field(default_factory=dict)  # refilled: per line done so far, (texts, hypotheses)
     align: bool = False  # also the best hypothesis's word alignment per line (format html), where the engine has them
     alignments: list = field(default_factory=list)  # per line: [(source word, target word)], or None
     dropped: bool = False  # its request is gone: the lines not taken are not decoded, the rest not kept
@@ -105,8 +97,8 @@ class BatchQueue:
 
     def __init__(self, max_batch_tokens: int, max_wait_ms: float, max_queue_lines: int,
                  on_batch: Optional[Callable[[int, float], None]] = None,
-                 on_depth: Optional[Callable[[int], None]] = None, refill: int = 0):
-        self.max_batch_tokens, self.max_wait, self.refill = max_batch_tokens, max_wait_ms / 1000, refill
+                 on_depth: Optional[Callable[[int], None]] = None):
+        self.max_batch_tokens, self.max_wait = max_batch_tokens, max_wait_ms / 1000
         self.max_queue_lines = max_queue_lines
         self.on_batch, self.on_depth = on_batch, on_depth
         self.jobs: collections.deque[Job] = collections.deque()
@@ -170,16 +162,10 @@ class BatchQueue:
         if self.on_depth is not None:
             self.on_depth(self.lines)
 
-    def _joins(self, job: Job) -> bool:
-        """Whether the job's lines are decoded in a refilled batch (``refill``)."""
-        direction = job.direction
-        return bool(self.refill) and not any(job.constraints or ()) and direction.engine.refills(direction.options)
-
-    def _next_batch(self) -> Optional[list[Segment] | Direction]:
+    def _next_batch(self) -> Optional[list[Segment]]:
         """Lines of the oldest job and then of the next ones of its direction, in order, within
         max_batch_tokens (a line over it alone), once the batch is full, the oldest has waited
-        max_wait or the queue drains; the oldest job's direction when its lines join a refilled
-        batch (``_joins``: that batch starts at once, and waits for no one); None once stopping."""
+        max_wait or the queue drains; None once stopping."""
         with self.cond:
             while True:
                 while not self.jobs and not self.stopping:
@@ -191,8 +177,6 @@ class BatchQueue:
                 if not self.jobs:
                     continue
                 first = self.jobs[0]
-                if self._joins(first):
-                    return first.direction
                 batch, tokens, full = [], 0, False
                 for job in self.jobs:
                     if job.direction is not first.direction:
@@ -227,84 +211,8 @@ class BatchQueue:
 
     def _run(self) -> None:
         while (batch := self._next_batch()) is not None:
-            if isinstance(batch, Direction):
-                self._stream(batch)
-            elif batch:
+            if batch:
                 self._decode(batch)
-
-    def _stream(self, direction: Direction) -> None:
-        """Decode the queued lines of ``direction``'s joining jobs as one refilled batch, lines
-        joining as slots free, until none is left to join (or a job that cannot join has waited
-        max_wait); each job answered when its last line is done."""
-        started = time.perf_counter()
-        joined: list[Job] = []  # the jobs with lines in this batch, in the order they joined
-        sentences = lines = 0  # searched, and taken (empty ones too)
-
-        def feed(count: int, wait: bool):
-            nonlocal sentences, lines
-            out = []
-            with self.cond:
-                now = time.perf_counter()
-                if self.stopping or any(now - job.enqueued >= self.max_wait for job in self.jobs
-                                        if job.direction is not direction or not self._joins(job)):
-                    return out  # no more lines join: the batch ends, and the waiting job goes next
-                for job in list(self.jobs):
-                    if job.direction is not direction or not self._joins(job):
-                        continue
-                    if job.taken == 0:
-                        if not job.future.set_running_or_notify_cancel():
-                            self._drop(job)  # its request gave up (504) before its first line joined
-                            continue
-                        job.queue_wait = now - job.enqueued
-                    if job not in joined:  # (an earlier batch may have taken its first lines)
-                        joined.append(job)
-                    while job.taken < len(job.pieces) and len(out) < count:
-                        i = job.taken
-                        job.taken += 1
-                        lines += 1
-                        self._count(-1)
-                        if job.pieces[i]:
-                            out.append(((job, i), job.pieces[i], job.prefixes[i] if job.prefixes else None))
-                        else:
-                            self._line_done(job, i, [""], None)  # an empty line: no search
-                    if job.left == 0:
-                        self.jobs.remove(job)
-                    if len(out) >= count:
-                        break
-            sentences += len(out)
-            return out
-
-        def on_done(key, hyps) -> None:
-            job, i = key
-            self.stats.src_tokens += len(job.pieces[i]) + 1
-            self.stats.tgt_tokens += len(hyps[0].tokens) if hyps else 0
-            self._line_done(job, i, hypothesis_texts(direction.sp, hyps), hyps)
-
-        try:
-            direction.engine.stream(feed, on_done, direction.options, self.refill)
-        except Exception as e:  # noqa: BLE001 - the requests get the error, the worker goes on
-            for job in joined:
-                self.drop(job)  # its lines not yet taken are not decoded
-                if not job.future.done():
-                    job.future.set_exception(e)
-            return
-        elapsed = time.perf_counter() - started
-        self.lines_done += lines
-        if sentences:
-            rate = lines / max(elapsed, 1e-6)
-            self.rate = rate if not self.rate else 0.8 * self.rate + 0.2 * rate
-            self._batch_done(sentences, started)
-
-    def _line_done(self, job: Job, i: int, texts: list[str], hyps) -> None:
-        """Line i of a job in a refilled batch is done; the job is answered with its last line."""
-        job.done[i] = (texts, hyps)
-        if len(job.done) < len(job.pieces) or job.dropped or job.future.done():
-            return
-        job.decode_time = time.perf_counter() - job.enqueued - job.queue_wait
-        if job.align:
-            job.alignments = word_alignments(job.direction, job.pieces, [job.done[j][1] for j in range(len(job.pieces))])
-        job.found = [job.done[j][0] for j in range(len(job.pieces))]
-        job.future.set_result(job.found)
 
     def _decode(self, batch: list[Segment]) -> None:
         direction = batch[0][0].direction

@@ -492,8 +492,7 @@ class Server:
         self.options, self.api_keys = options, api_keys
         self.metrics = Metrics()
         self.queue = BatchQueue(options.max_batch_tokens, options.max_wait_ms, options.max_queue_lines,
-                                on_batch=lambda n, _s: self.metrics.batch.observe(n), on_depth=self.metrics.queue.set,
-                                refill=options.refill)
+                                on_batch=lambda n, _s: self.metrics.batch.observe(n), on_depth=self.metrics.queue.set)
         self.statuses: dict[int, int] = {}  # for the summary at exit
         self.outcomes: dict[str, int] = {}  # how each request ended (``outcome``), for the summary
         self.past_grace = asyncio.Event()  # shutdown: --grace-seconds are over, answer 503 now

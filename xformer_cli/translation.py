@@ -228,12 +228,7 @@ def search_lines(engine: Engine, pieces: list[list[int]], options: TranslateOpti
 
     workers = min(getattr(options, "workers", 1), len(batches))
     with contextlib.ExitStack() as stack:
-        if refills(engine, options, max_tokens, workers, constraints, todo):
-            order = [i for idx in batches for i in idx]  # by length: the encoder's chunks are the batches
-            found = iter(engine.refill([pieces[i] for i in order], options,
-                                       [prefixes[i] for i in order] if prefixes is not None else None))
-            done = [([next(found) for _ in idx], []) for idx in batches]  # alignments go batch by batch
-        elif workers > 1:  # batches decoded at once by worker threads (torch and CTranslate2 release the GIL)
+        if workers > 1:  # batches decoded at once by worker threads (torch and CTranslate2 release the GIL)
             pool = stack.enter_context(ThreadPoolExecutor(workers, thread_name_prefix="xf-decode"))
             done = pool.map(run, batches)  # in batch order
         else:
@@ -255,15 +250,6 @@ def search_lines(engine: Engine, pieces: list[list[int]], options: TranslateOpti
                 for i, per_hyp in zip(idx, aligned):
                     alignments[i] = per_hyp
     return results, alignments
-
-
-def refills(engine: Engine, options: TranslateOptions, max_tokens: Optional[int], workers: int,
-            constraints: Optional[list], todo: list[int]) -> bool:
-    """Whether ``search_lines`` decodes its lines as one refilled pool (--refill, ``refill.py``)
-    rather than batch by batch: not with a token budget (the pool keeps a number of sentences),
-    worker threads, or a line with lexical constraints (their search runs batch by batch)."""
-    return (getattr(options, "refill", False) and max_tokens is None and workers <= 1 and engine.refills(options)
-            and not (constraints is not None and any(constraints[i] for i in todo)))
 
 
 def hypothesis_texts(sp, hyps: list[Hypothesis]) -> list[str]:
