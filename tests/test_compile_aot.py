@@ -1,4 +1,4 @@
-"""xf translate --compile ahead of time (search.AotStep, compiling.AotPackages): the exported and
+"""xf translate --compile ahead of time (decoder_step.AotStep, compiling.AotPackages): the exported and
 AOTInductor-compiled decoder step gives the eager search's tokens and scores, one package per
 model, projection and beams per sentence; a second run loads the packages instead of compiling;
 a package that is not this user's own, or does not load, is not used. These build real
@@ -10,7 +10,8 @@ import torch
 from xformer_cli import compiling
 from xformer_cli.model import build_model
 from xformer_cli.options import DecodingOptions, TranslateOptions
-from xformer_cli.search import AotStep, search
+from xformer_cli.decoder_step import AotStep
+from xformer_cli.search import search
 from xformer_cli.commands.translate import translate
 
 from test_compile import assert_same_search, random_batch
@@ -20,7 +21,7 @@ from test_compile import assert_same_search, random_batch
 @pytest.mark.usefixtures("one_thread")
 def test_aot_step_equals_eager_and_a_second_step_loads_its_packages(tmp_path):
     """Beam search (4 beams: the grouped cross-attention) over batches of many shapes, then
-    greedy search with a shortlist (rows = sentences, the projection eager): the eager search's
+    greedy search with a shortlist (rows = sentences, the projection in the graph): the eager search's
     tokens, scores within 1e-4, two packages built; a new step over the same directory (as the
     next run) loads both and builds none, with the same results."""
     torch.manual_seed(0)
@@ -33,8 +34,8 @@ def test_aot_step_equals_eager_and_a_second_step_loads_its_packages(tmp_path):
     for run in range(2):
         step = AotStep(compiling.AotPackages(tmp_path / "aot"))
         for src in batches:
-            assert_same_search(search([model], src, beam, compiled=step), search([model], src, beam))
-        assert_same_search(search([model], batches[2], greedy, candidates=candidates, compiled=step),
+            assert_same_search(search([model], src, beam, decoder_step=step), search([model], src, beam))
+        assert_same_search(search([model], batches[2], greedy, candidates=candidates, decoder_step=step),
                            search([model], batches[2], greedy, candidates=candidates))
         assert (step.graphs, step.loaded) == ((2, 0) if run == 0 else (0, 2)), run
         assert step.compile_seconds > 0
@@ -53,7 +54,7 @@ def test_translate_compile_builds_once_and_loads_after(tmp_path, ckpt, sentences
     translate(TranslateOptions(**kw, output=str(tmp_path / "eager.txt")))
     capsys.readouterr()
     said = []
-    for run in range(2):  # --compile-mode auto: ahead of time on the CPU
+    for run in range(2):
         translate(TranslateOptions(**kw, output=str(tmp_path / f"compiled{run}.txt"), compile=True))
         assert (tmp_path / f"compiled{run}.txt").read_text() == (tmp_path / "eager.txt").read_text()
         said.append(capsys.readouterr().err)
@@ -95,3 +96,36 @@ def test_a_torch_without_the_package_loader_loads_through_its_public_function(tm
     monkeypatch.setattr(torch._C._aoti, "AOTIModelPackageLoader", no_loader)
     monkeypatch.setattr(inductor, "aoti_load_package", lambda p: ("public", p))
     assert compiling._load_package(tmp_path / "x.pt2") == ("public", str(tmp_path / "x.pt2"))
+
+
+@pytest.mark.slow
+@pytest.mark.usefixtures("one_thread")
+def test_a_change_of_the_compiled_code_builds_anew(tmp_path, monkeypatch):
+    """The package key holds a digest of the source compiled into it: the same model, machine
+    and code load the package the first step built; a change to that code (here one comment in a
+    copy of model.py) builds a new one instead of running the old code."""
+    from xformer_cli import decoder_step
+
+    torch.manual_seed(0)
+    model = build_model("tiny", vocab_size=40, d_model=16, d_ff=32, heads=2, encoder_layers=1, decoder_layers=1).eval()
+    src = random_batch(torch.Generator().manual_seed(1), 2, 4)
+    greedy = DecodingOptions(beam_size=1, max_len_b=3)
+
+    def counts():
+        step = AotStep(compiling.AotPackages(tmp_path / "aot"))
+        assert_same_search(search([model], src, greedy, decoder_step=step), search([model], src, greedy))
+        return step.graphs, step.loaded
+
+    assert counts() == (1, 0)
+    assert counts() == (0, 1)  # unchanged code: loaded
+    changed = tmp_path / "model.py"
+    changed.write_text(decoder_step.step_sources()[0].read_text() + "\n# a fix\n")
+    assert decoder_step.step_sources()[0].name == "model.py"
+    sources = decoder_step.step_sources()
+    monkeypatch.setattr(decoder_step, "step_sources", lambda: [changed, *sources[1:]])
+    decoder_step.source_digest.cache_clear()
+    try:
+        assert counts() == (1, 0)  # another digest: built, not loaded
+    finally:
+        monkeypatch.undo()
+        decoder_step.source_digest.cache_clear()

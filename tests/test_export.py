@@ -336,7 +336,7 @@ def test_ctranslate2_on_a_bf16_cpu_computes_in_what_it_has(tmp_path, spm_model, 
     float32 for it where it is bf16 for the xf engine, and bf16/fp16 by name are one-line refusals
     naming the engine, as are --quantize int8 with --precision bf16 for both engines."""
     from xformer_cli import precision
-    from xformer_cli.engines import resolve_device
+    from xformer_cli.decoding_plan import Machine, plan_decoding
     from xformer_cli.translation import open_engine
 
     monkeypatch.setattr(precision, "cpu_bf16_instructions", lambda: ["avx512_bf16"] if native else [])
@@ -344,7 +344,8 @@ def test_ctranslate2_on_a_bf16_cpu_computes_in_what_it_has(tmp_path, spm_model, 
     options = dict(path=(str(out),), engine="ctranslate2", device="cpu", threads=1)
     engine, _, _ = open_engine(TranslateOptions(**options, precision="auto"))
     assert engine.translator.compute_type == "float32"
-    assert resolve_device("cpu", "auto") == (torch.device("cpu"), "bf16" if native else "fp32")  # the xf engine's
+    assert plan_decoding(TranslateOptions(path=("m.pt",), device="cpu", precision="auto"),
+                         Machine(cpu_bf16=native)).precision == ("bf16" if native else "fp32")  # the xf engine's
     engine, _, _ = open_engine(TranslateOptions(**options, quantize="int8"))
     assert engine.translator.compute_type.startswith("int8")
     for precision_name in ("bf16", "fp16"):

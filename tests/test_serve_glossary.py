@@ -20,7 +20,7 @@ pytest.importorskip("starlette", reason="the serve extra is not installed")
 from xformer_cli.config import build_options, load_options  # noqa: E402
 from xformer_cli.errors import ConfigError, XfError  # noqa: E402
 from xformer_cli.glossary import Glossary, find_terms  # noqa: E402
-from xformer_cli.options import ServeOptions  # noqa: E402
+from xformer_cli.options import ServeOptions, TranslateOptions  # noqa: E402
 from xformer_cli.serve_queue import Direction  # noqa: E402
 from xformer_cli.serve_requests import form_fields  # noqa: E402
 from xformer_cli.serving import Server, load_directions, load_glossaries  # noqa: E402
@@ -97,10 +97,16 @@ def test_glossary_options(tmp_path):
     assert options.translate_options("a.pt").glossary is None  # the server applies it, not xf translate's reader
     for values, message in (({"glossary": ["en-fr=t.tsv"]}, "no --model serves en-fr"),
                             ({"glossary": ["en-de=t.tsv", "en-de=u.tsv"]}, "direction en-de is given more than once"),
-                            ({"glossary": ["t.tsv"]}, "--glossary 't.tsv': expected SOURCE-TARGET=FILE"),
-                            ({"glossary": ["en-de=t.tsv"], "engine": "ctranslate2"}, "need the xf engine")):
+                            ({"glossary": ["t.tsv"]}, "--glossary 't.tsv': expected SOURCE-TARGET=FILE")):
         with pytest.raises(ConfigError, match=message):
             build_options(ServeOptions, {"model": ["en-de=a.pt"], **values}, "test")
+    # a glossary for a direction CTranslate2 serves: refused by its plan, before the model loads
+    (tmp_path / "a.pt").write_bytes(b"")
+    options = build_options(ServeOptions, {"model": [f"en-de={tmp_path / 'a.pt'}"], "glossary": ["en-de=t.tsv"],
+                                           "engine": "ctranslate2"}, "test")
+    with pytest.raises(ConfigError, match="--glossary en-de=... gives lexical constraints, which need xf's beam "
+                                          "search: this runs CTranslate2"):
+        load_directions(options, {"en-de": Glossary.from_pairs([["cat", "Katze"]], "test")})
 
 
 def test_a_bad_glossary_file_names_the_direction_file_and_line(tmp_path):
@@ -247,12 +253,17 @@ def test_no_glossary_no_report(ckpt):
 
 
 def test_a_glossary_needs_xfs_beam_search(served):
-    ct2 = Direction("en", "de", served.directions["en-de"].engine, served.directions["en-de"].sp,
-                    served.directions["en-de"].options.__class__(path=("x",), engine="ctranslate2"))
+    import copy
+
+    from xformer_cli.decoding_plan import Machine, plan_decoding
+
+    engine = copy.copy(served.directions["en-de"].engine)  # as opened by a CTranslate2 plan
+    engine.plan = plan_decoding(TranslateOptions(path=("x",), engine="ctranslate2"), Machine())
+    ct2 = Direction("en", "de", engine, served.directions["en-de"].sp, TranslateOptions(path=("x",), engine="ctranslate2"))
     server = Server([ct2], served.options, [])
     status, answer = asyncio.run(call(server.app(), "/translate", json.dumps(
         {"q": "A boy.", "source": "en", "target": "de", "glossary": [["boy", "Baum"]]}).encode()))
-    assert status == 400 and "need xf's beam search" in answer["error"]
+    assert status == 400 and "need xf's beam search" in answer["error"], answer
 
 
 # -- a real server process -------------------------------------------------------------------------

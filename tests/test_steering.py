@@ -4,10 +4,12 @@ unsteered search) and in xf translate --input-format jsonl (the reader's errors 
 line)."""
 
 import json
+from types import SimpleNamespace
 
 import pytest
 import torch
 
+from xformer_cli.decoding_plan import Machine, plan_decoding
 from xformer_cli.constraints import BatchConstraints
 from xformer_cli.engines import XfEngine, collate_prefix
 from xformer_cli.errors import ConfigError
@@ -266,7 +268,8 @@ def test_translate_jsonl_input_with_constraints(tmp_path, ckpt):
     assert out[1] == run("plain.txt", "in.txt", beam_size=4)[0]  # no constraints: the unconstrained translation
     alts = run("alts.txt", "in.jsonl", input_format="jsonl", alternatives=2, beam_size=2)
     assert len(alts) == 6 and all("Hund" in line for line in alts if line.startswith("0 |||"))
-    with pytest.raises(ConfigError, match="in.jsonl: line 1: lexical constraints need beam search"):
+    with pytest.raises(ConfigError, match="in.jsonl: line 1: 'constraints' gives lexical constraints, which need "
+                       "xf's beam search: this runs --sampling"):
         run("bad.txt", "in.jsonl", input_format="jsonl", sampling=True)
     # a constraint longer than a sentence's length limit: translated without it (counted, warned)
     (tmp_path / "long.jsonl").write_text(json.dumps({"source": "a", "constraints": ["Hund " * 5]}) + "\n",
@@ -281,7 +284,7 @@ def test_serve_steering_fields():
     from xformer_cli.serve_requests import HttpError
     from xformer_cli.serving import steering_fields
 
-    options = TranslateOptions(path=("x",))
+    options = SimpleNamespace(plan=plan_decoding(TranslateOptions(path=("x",)), Machine()))  # an engine
     assert steering_fields({"q": "a"}, 1, False, "text", options) is None
     assert steering_fields({"prefix": "ein", "constraints": ["Hund", ["Katze", "Katzen"]]}, 1, False, "text",
                            options) == [("ein", [["Hund"], ["Katze", "Katzen"]])]
@@ -292,7 +295,8 @@ def test_serve_steering_fields():
         ({"constraints": [""]}, 1, False, "text", options, "q item 1: an empty constraint"),
         ({"prefix": 3}, 1, False, "text", options, "q item 1: 'prefix' must be a string"),
         ({"prefix": "ein"}, 1, False, "html", options, "format 'text' only"),
-        ({"constraints": ["Hund"]}, 1, False, "text", TranslateOptions(path=("x",), sampling=True), "sampling"),
+        ({"constraints": ["Hund"]}, 1, False, "text",
+         SimpleNamespace(plan=plan_decoding(TranslateOptions(path=("x",), sampling=True), Machine())), "sampling"),
     ]:
         with pytest.raises(HttpError, match=message):
             steering_fields(payload, count, as_list, fmt, opts)
@@ -337,21 +341,24 @@ def test_translate_with_a_glossary(tmp_path, ckpt):
     assert out[1] == run("plain.txt", "in.txt")[1]  # no term found: the unconstrained translation
     steered = run("out2.txt", "in.jsonl", input_format="jsonl", glossary=str(tmp_path / "terms.tsv"))
     assert "Hund" in steered[0] and "Fahrrad" in steered[0]  # the line's own and the glossary's
-    with pytest.raises(ValueError, match="--glossary gives lexical constraints"):
-        TranslateOptions(path=("x",), glossary="terms.tsv", sampling=True)
+    with pytest.raises(ConfigError, match="--glossary gives lexical constraints, which need xf's beam search"):
+        plan_decoding(TranslateOptions(path=("x",), glossary="terms.tsv", sampling=True), Machine())
 
 
 @pytest.mark.slow
 @pytest.mark.kernels
-def test_constrained_batches_run_the_eager_step_under_compile():
-    from xformer_cli.search import CompiledStep
+def test_constraints_through_the_compiled_step_equal_eager(tmp_path):
+    """A constrained batch runs the step compiled ahead of time (inductor's code) too: the eager
+    search's hypotheses, and every sentence has one (capped at AVX2 too: tests/test_cpu_kinds.py)."""
+    from xformer_cli import compiling
+    from xformer_cli.decoder_step import AotStep
 
     model = tiny()
     src = batch(*SOURCES)
     constraints = [[[[20, 21]]], [], [[[22], [23, 24]], [[25]]], []]
     options = D(beam_size=4, nbest=2, max_len_b=6)
-    step = CompiledStep()
-    compiled = beam_search([model], src, options, compiled=step, constraints=BatchConstraints(constraints))
+    step = AotStep(compiling.AotPackages(tmp_path / "aot"))
+    compiled = beam_search([model], src, options, decoder_step=step, constraints=BatchConstraints(constraints))
     assert_same(compiled, beam_search([model], src, options, constraints=BatchConstraints(constraints)))
-    assert step.graphs == 0  # a constrained batch runs the eager step (--compile serves the others)
+    assert step.graphs == 1  # it ran compiled
     assert all(compiled), "every sentence has a translation"

@@ -22,7 +22,7 @@ import click
 import typer
 
 from . import __version__
-from .config import _is_optional, field_types, load_options
+from .config import _is_optional, field_types, load_options, removed
 from .errors import ConfigError
 from .errors import XfError
 from .signals import Terminated, sigterm_unwinds
@@ -44,6 +44,16 @@ class XfGroup(typer.core.TyperGroup):
     value, unknown command) become the one-line ``xf: error: ...`` of every other error."""
 
     def main(self, args=None, prog_name=None, complete_var=None, standalone_mode=True, **extra):
+        words = sys.argv[1:] if args is None else list(args)
+        for i, word in enumerate(words):  # a removed flag or value: what replaces it, not "no such option"
+            name, _, value = word.partition("=")
+            if word.startswith("--"):
+                gone = removed(name[2:], value or (words[i + 1] if i + 1 < len(words) else None))
+                if gone:
+                    typer.echo(f"xf: error: {gone}", err=True)
+                    if not standalone_mode:
+                        raise click.UsageError(gone)
+                    sys.exit(2)
         try:
             code = super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
         except USAGE_ERRORS as e:

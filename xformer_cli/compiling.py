@@ -1,7 +1,7 @@
-"""torch.compile helpers shared by training (``compile_forward``, as xf train --compile uses it) and search
-(``search.CompiledStep``): the backend, dynamic shapes for every input dimension, the count
-of compiled graphs, and xf's per-user cache (``cache_dir``), where ``CompileCache`` keeps the
-compiled decoder step between runs and quantization.py its int8 engine timings.
+"""Compiling: torch.compile of training's forward pass (``compile_forward``, xf train --compile:
+the backend, dynamic shapes for every input dimension, the count of compiled graphs), and the
+ahead-of-time packages of the decoder step (``AotPackages``, decoder_step.AotStep) kept in xf's
+per-user cache (``cache_dir``).
 
 Private torch APIs used here, checked with torch 2.4-2.13, each with its fallback:
 ``torch._dynamo.maybe_mark_dynamic`` (from 2.3; before it: ``mark_dynamic``), dynamo's
@@ -13,7 +13,6 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import hashlib
-import logging
 import os
 import tempfile
 from pathlib import Path
@@ -114,61 +113,6 @@ def write_private(path: Path, data: bytes) -> None:
     except BaseException:
         os.unlink(tmp)
         raise
-
-
-class CompileCache:
-    """One file of torch's compiled artifacts (``torch.compiler.save_cache_artifacts``: the
-    inductor kernels and AOTAutograd graphs of every graph compiled so far) for one model config,
-    precision and machine, loaded before the first compile so that inductor finds its kernels
-    instead of generating and compiling C++ again (dynamo still traces: the seconds a warm run
-    still pays). A file that is not this user's, is writable by others, or does not load is
-    ignored with a warning, and overwritten by the next save."""
-
-    def __init__(self, path: Path):
-        self.path = path
-        self.loaded = False
-
-    @classmethod
-    def for_model(cls, model_key: str, root: Optional[Path] = None) -> "CompileCache":
-        """The cache file of a model (``model_key``: its config and precision, any string) on this
-        machine, under ``root`` (cache_dir() / "compiled" unless given)."""
-        root = cache_dir() / "compiled" if root is None else root
-        digest = hashlib.sha256(f"{machine_key()}; {model_key}".encode()).hexdigest()[:24]
-        return cls(root / f"step-{digest}.bin")
-
-    def load(self) -> bool:
-        """Hand the file's artifacts to torch's caches; False (with a warning where the file
-        exists) when there is none or it cannot be used."""
-        if not self.path.exists():
-            return False
-        try:
-            why = untrusted(self.path) or untrusted(self.path.parent)
-            if why:
-                warn(f"{self.path}: not loading this compile cache: {why}")
-                return False
-            quiet = logging.getLogger("torch.compiler._cache")  # it logs a traceback for a corrupt file
-            level, quiet.level = quiet.level, logging.CRITICAL
-            try:
-                found = torch.compiler.load_cache_artifacts(self.path.read_bytes())
-            finally:
-                quiet.setLevel(level)
-            if found is None:  # torch's reading of a file that fails its checksum or does not parse
-                raise ValueError("corrupt or not torch's cache artifacts")
-        except Exception as e:  # a corrupt file raises whatever its parser meets
-            warn(f"{self.path}: ignoring an unreadable compile cache ({type(e).__name__}: {e}); compiling anew")
-            return False
-        self.loaded = True
-        return True
-
-    def save(self) -> None:
-        """Write every artifact compiled (or loaded) in this process to the file."""
-        found = torch.compiler.save_cache_artifacts()
-        if not found:
-            return
-        try:
-            write_private(self.path, found[0])
-        except OSError as e:
-            warn(f"{self.path}: cannot write the compile cache ({e})")
 
 
 def weights_digest(module: torch.nn.Module) -> str:

@@ -162,6 +162,28 @@ def coerce(value: Any, tp: Any, where: str) -> Any:
     raise ConfigError(f"{where}: expected {describe_type(tp)}, got {value!r}")
 
 
+# Options and values that were removed, with what replaces them: a config file or a command line
+# that still names one gets this one line instead of "unknown option" (``removed``).
+REMOVED_OPTIONS = {
+    "refill": "--refill was removed (it decoded at 0.78x in xf translate and gained nothing in xf serve); "
+              "--workers N decodes batches in parallel",
+    "compile_mode": "--compile-mode was removed: --compile compiles the decoder step ahead of time on the CPU "
+                    "(its jit mode measured no gain)",
+}
+REMOVED_VALUES = {
+    ("int8_engine", "auto"): "--int8-engine auto was removed (its timed choice was within run-to-run noise): "
+                             "the default is x86; fbgemm or onednn override it",
+}
+
+
+def removed(key: str, value: Any = None) -> str | None:
+    """The one line for an option (YAML key or flag name, dashes or underscores, ``no_`` of a
+    switch included) or a value of it that xf no longer has; None for anything else."""
+    key = key.replace("-", "_")
+    found = REMOVED_OPTIONS.get(key) or REMOVED_OPTIONS.get(key.removeprefix("no_"))
+    return found or (REMOVED_VALUES.get((key, value)) if isinstance(value, str) else None)
+
+
 def _nearest(key: str, valid: typing.Iterable[str]) -> str:
     match = difflib.get_close_matches(key, list(valid), n=1, cutoff=0.5)
     return f" (did you mean '{match[0]}'?)" if match else ""
@@ -212,6 +234,9 @@ def build_options(cls: type, values: dict[str, Any], source: str) -> Any:
     checked = {}
     for key, value in values.items():
         key = aliases.get(key, key)
+        gone = removed(key, value)
+        if gone:
+            raise ConfigError(f"{source}: {gone}")
         if key not in types_by_name:
             raise ConfigError(f"{source}: unknown option '{key}'{_nearest(key, types_by_name)}")
         checked[key] = coerce(value, types_by_name[key], f"{source}: option '{key}'")

@@ -33,7 +33,7 @@ import torch
 
 from .checkpoint import spm_digest
 from .engines import Engine, check_shortlist
-from .errors import ConfigError, XfError
+from .errors import XfError
 from .model import Transformer
 from .options import TranslateOptions
 from .precision import ct2_compute_type, ct2_precisions, resolve_precision
@@ -274,10 +274,6 @@ class CTranslate2Engine(Engine):
         """As ``Engine.search``; a target prefix is CTranslate2's target_prefix, alternatives its
         return_alternatives (the prefix raises a sentence's length limit to its length, as xf).
         CTranslate2 has no lexical constraints."""
-        if constraints:
-            raise ConfigError("--engine ctranslate2 has no lexical constraints: use the xf engine (--engine xf)")
-        if options.sampling:
-            raise ConfigError("--engine ctranslate2 does not sample: use the xf engine for --sampling")
         lengths = torch.tensor([len(s) for s in sentences])
         limits = max_output_lengths(lengths, options.max_len_a, options.max_len_b, self.max_positions).tolist()
         sources = [[self.pieces[t] for t in s] for s in sentences]

@@ -16,28 +16,14 @@ import multiprocessing
 import os
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
-from dataclasses import dataclass
-from typing import Optional, Sequence
+from typing import Sequence
 
 from .errors import XfError
 
 _engine = None  # the worker's XfEngine (worker processes only)
 
 
-@dataclass(frozen=True)
-class WorkerSpec:
-    """What a worker opens: the checkpoints and the settings the parent resolved."""
-
-    paths: tuple[str, ...]
-    precision: str  # fp32, bf16 (resolved: never auto)
-    quantize: str
-    int8_engine: str  # the parent's choice (never auto: every worker runs the same kernels)
-    threads: int  # torch threads of each worker
-    shortlist: Optional[str]
-    compile_step: bool = False  # --compile: the ahead-of-time step (search.AotStep)
-
-
-def _open(spec: WorkerSpec, ready) -> None:
+def _open(paths: tuple[str, ...], plan, ready) -> None:
     global _engine
     import signal
 
@@ -47,9 +33,7 @@ def _open(spec: WorkerSpec, ready) -> None:
     # running batches finish), rather than each worker dying mid-batch under it
     signal.signal(signal.SIGINT, signal.SIG_IGN)
 
-    _engine, _ = XfEngine.open(spec.paths, "cpu", spec.precision, spec.quantize, spec.int8_engine,
-                               threads=spec.threads, workers=1, shortlist=spec.shortlist,
-                               compile_step=spec.compile_step, compile_mode="aot")
+    _engine, _ = XfEngine.open(paths, plan)
     ready.wait()  # every worker has loaded: the parent's first batches find them all ready
 
 
@@ -64,15 +48,17 @@ def _search(sentences, options, prefixes):
 
 
 class DecodeWorkers:
-    """A pool of ``workers`` decoding processes over ``spec``; ``search`` sends one batch to a free
-    one and waits for its hypotheses (call it from as many threads as there are workers)."""
+    """A pool of ``workers`` decoding processes, each opening ``paths`` as ``plan`` (one worker's
+    ``decoding_plan.DecodingPlan``, resolved by the parent: every worker runs the same kernels) says;
+    ``search`` sends one batch to a free one and waits for its hypotheses (call it from as many
+    threads as there are workers)."""
 
-    def __init__(self, spec: WorkerSpec, workers: int):
+    def __init__(self, paths: tuple[str, ...], plan, workers: int):
         ctx = multiprocessing.get_context("spawn")
         ready = ctx.Barrier(workers)
         self.workers = workers
         self.compiles: dict[int, tuple[float, int, int]] = {}  # pid -> its compile counters, with --compile
-        self.pool = ProcessPoolExecutor(workers, ctx, initializer=_open, initargs=(spec, ready))
+        self.pool = ProcessPoolExecutor(workers, ctx, initializer=_open, initargs=(paths, plan, ready))
         try:  # start them all now, so that loading is not decoding time
             for future in [self.pool.submit(_ready) for _ in range(workers)]:
                 future.result()

@@ -18,18 +18,17 @@ from .console import warn
 from . import distributed
 from .attention_maps import hard_alignments, resolve_layer
 from .batching import collate_source
-from .compiling import CompileCache
 from .checkpoint import load_ensemble, vocab_digest
 from .constraints import BatchConstraints
-from .decode_workers import DecodeWorkers, WorkerSpec
+from .decode_workers import DecodeWorkers
+from .decoder_step import AotStep
+from .decoding_plan import DecodingPlan
 from .errors import ConfigError
 from .memory import bound_native_memory
 from .model import Transformer
 from .options import TranslateOptions
-from .precision import precision_warning, resolve_precision
-from .quantization import (CALIBRATION_ROWS, choose_int8_engine, int8_matmul_exact, quantize_int8,
-                           quantize_int8_compilable, quantize_int8_matmul)
-from .search import AotStep, CompiledStep, Hypothesis, next_token_alternatives, search, with_prefix_candidates
+from .quantization import quantize_int8, quantize_int8_matmul
+from .search import Hypothesis, next_token_alternatives, search, with_prefix_candidates
 from .shortlist import Shortlist
 from .vocab import PAD_ID, MappedVocabulary
 
@@ -40,6 +39,7 @@ class Engine:
     device: torch.device
     max_source: int  # the longest source (subwords, without eos) the engine takes
     supports_alignments: bool = False
+    plan: DecodingPlan  # how it was opened (translation.open_engine sets it)
 
     def search(self, sentences: Sequence[Sequence[int]], options: TranslateOptions,
                generator: Optional[torch.Generator] = None,
@@ -72,20 +72,14 @@ DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 # -- loading -------------------------------------------------------------------------------------
 
 
-def resolve_device(device: str, precision: str, quantize: str = "none") -> tuple[torch.device, str]:
-    """The device and the precision (fp32, bf16 or fp16) that --device and --precision ask for."""
-    resolved = distributed.resolve_device(device)
-    return resolved, resolve_precision(resolved, precision, quantize)
-
-
 class XfEngine(Engine):
     """xf's own search (``search.py``) over one model or an ensemble: the default --engine."""
 
     def __init__(self, models: Sequence[Transformer], device: torch.device, shortlist: Optional[Shortlist] = None,
-                 compiled: Optional[CompiledStep] = None):
+                 step: Optional[AotStep] = None):
         self.models, self.device, self.shortlist = list(models), device, shortlist
-        self.compiled = compiled  # --compile: the compiled decoder step, with its compile time and graph count
-        self.int8_engine: Optional[str] = None  # --quantize int8: the quantized engine and how it was chosen
+        self.compiled = step  # --compile: the ahead-of-time step, with its build time and packages
+        self.int8_engine: Optional[str] = None  # --quantize int8: what runs the int8 products
         self.supports_alignments = True
         self.max_source = min(m.cfg.max_positions for m in models) - 1  # room for the source's eos
         # --workers on the CPU: the processes that decode plain batches (``decode_workers.py``);
@@ -93,68 +87,30 @@ class XfEngine(Engine):
         self.workers: Optional[DecodeWorkers] = None
 
     @classmethod
-    def open(cls, paths: Sequence[str], device: str = "auto", precision: str = "auto", quantize: str = "none",
-             int8_engine: str = "auto", threads: int = 0, workers: int = 1, shortlist: Optional[str] = None,
-             compile_step: bool = False, compile_mode: str = "auto"):
+    def open(cls, paths: Sequence[str], plan: DecodingPlan):
         """(engine, sentencepiece processor) of the checkpoints ``paths`` (an ensemble when more
-        than one): on ``device`` in ``precision`` (resolve_device), int8 with ``quantize``,
-        ``workers`` decoding threads sharing ``threads`` (0: torch's), candidates limited to the
-        shortlist file ``shortlist``, the decoder step compiled with ``compile_step``: ahead of time
-        (``compile_mode`` aot, auto's choice on the CPU without int8: ``AotStep``, its package kept
-        between runs) or by torch.compile (jit: ``CompiledStep``, its artifacts kept between runs
-        in ``CompileCache``). int8 with ``int8_engine`` auto: the
-        quantized engine that measures fastest here (``quantization.choose_int8_engine``); int8
-        compiled: oneDNN's products through inductor (``quantization.Int8Linear``)."""
+        than one), loaded and run as ``plan`` (``decoding_plan.plan_decoding``) says: its device,
+        precision, int8 layers, step, worker processes and shortlist."""
         bound_native_memory()  # decoding makes a new product shape at every step: oneDNN's cache stays bounded
-        device, precision = resolve_device(device, precision, quantize)
-        warning = precision_warning(device, precision)
-        if warning:
-            warn(warning)
-        if threads > 0 or workers > 1:  # each worker thread gets its share of the threads
-            torch.set_num_threads(max(1, (threads or torch.get_num_threads()) // workers))
-        loaded = Shortlist.load(shortlist) if shortlist is not None else None  # fails before loading
-        models, sp = load_ensemble(paths, device, DTYPES[precision])
+        if plan.warning:
+            warn(plan.warning)
+        if plan.threads:
+            torch.set_num_threads(plan.threads)
+        loaded = Shortlist.load(plan.shortlist) if plan.shortlist is not None else None  # fails before loading
+        device = distributed.resolve_device(plan.device)
+        models, sp = load_ensemble(paths, device, DTYPES[plan.precision])
         if loaded is not None:  # an ensemble shares one vocabulary: the first model's
-            check_shortlist(loaded, shortlist, sp)
-        chosen = None
-        if compile_step and compile_mode == "auto":
-            compile_mode = "aot" if device.type == "cpu" and (quantize != "int8" or int8_matmul_exact()) else "jit"
-        if quantize == "int8" and compile_step and compile_mode == "jit" and int8_engine not in ("auto", "onednn"):
-            raise ConfigError(f"--compile --quantize int8 compiles with jit on this CPU (its int8 products are not "
-                              f"exact ahead of time), which runs oneDNN's int8 through inductor, not --int8-engine "
-                              f"{int8_engine}: use auto or onednn, or drop --compile")
-        if quantize == "int8" and compile_step and compile_mode == "aot":
-            if not int8_matmul_exact():
-                raise ConfigError("--compile-mode aot --quantize int8 needs int8 products this CPU computes exactly "
-                                  "(VNNI or AMX; torch._int_mm saturates without them): use --compile-mode jit")
-            how = "asked for"
-            if int8_engine == "auto":
-                int8_engine, how = choose_int8_engine(models[0], CALIBRATION_ROWS)
-            models = [quantize_int8_matmul(m, int8_engine) for m in models]
-            chosen = f"decoder: int8 matmul, compiled ahead of time; encoder: {int8_engine} ({how})"
-        elif quantize == "int8" and compile_step:
-            models, chosen = [quantize_int8_compilable(m) for m in models], "onednn (compiled)"
-        elif quantize == "int8":
-            how = "asked for"
-            if int8_engine == "auto":
-                int8_engine, how = choose_int8_engine(models[0], CALIBRATION_ROWS)
-            models, chosen = [quantize_int8(m, int8_engine) for m in models], f"{int8_engine} ({how})"
-        step = None
-        if compile_step and compile_mode == "aot":
-            step = AotStep()
-        elif compile_step:  # one cache file per model config, precision and int8 scheme on this machine
-            key = f"{[m.cfg for m in models]}; {precision}; {quantize}; {device.type}"
-            step = CompiledStep(freeze=quantize == "int8", cache=CompileCache.for_model(key))
-        engine = cls(models, device, loaded, step)
-        engine.int8_engine = chosen
-        if compile_step and workers > 1 and not isinstance(step, AotStep):
-            raise ConfigError(f"--compile with --workers {workers} needs the ahead-of-time step on the CPU, not "
-                              f"{device.type}" + (" (int8 compiles ahead of time only where this CPU's int8 products "
-                                                  "are exact: VNNI, AMX)" if quantize == "int8" else "")
-                              + ": use --workers 1")
-        if workers > 1 and device.type == "cpu":  # processes: no shared interpreter lock
-            engine.workers = DecodeWorkers(WorkerSpec(tuple(paths), precision, quantize, int8_engine,
-                                                      torch.get_num_threads(), shortlist, compile_step), workers)
+            check_shortlist(loaded, plan.shortlist, sp)
+        if plan.int8 == "matmul":
+            models = [quantize_int8_matmul(m, plan.int8_engine) for m in models]
+        elif plan.int8 == "dynamic":
+            models = [quantize_int8(m, plan.int8_engine) for m in models]
+        engine = cls(models, device, loaded, AotStep() if plan.step == "aot" else None)
+        engine.int8_engine = {"matmul": f"decoder: int8 matmul, compiled ahead of time; encoder: {plan.int8_engine}",
+                              "dynamic": plan.int8_engine}.get(plan.int8)
+        if plan.processes:  # no shared interpreter lock; each opens one worker's plan
+            engine.workers = DecodeWorkers(tuple(paths), dataclasses.replace(plan, workers=1, processes=False),
+                                           plan.workers)
         return engine, sp
 
     def search(self, sentences: Sequence[Sequence[int]], options: TranslateOptions, generator=None,
@@ -162,7 +118,7 @@ class XfEngine(Engine):
                constraints: Optional[BatchConstraints] = None) -> list[list[Hypothesis]]:
         if self.workers is not None and generator is None and constraints is None and not options.alternatives:
             found = self.workers.search(sentences, options, prefixes)
-            if isinstance(self.compiled, AotStep):
+            if self.compiled is not None:
                 self.compiled.remote = self.workers.compile_counters()
             return found
         src = collate_source(sentences).to(self.device)

@@ -375,13 +375,12 @@ class TranslateOptions(DecodingOptions):
     quantize: Literal["none", "int8"] = option(
         "none", "int8: dynamic int8 linear layers on CPU (faster; outputs may change)"
     )
-    int8_engine: Literal["auto", "fbgemm", "x86", "onednn"] = option(
-        "auto", "--quantize int8's matrix library: auto (the one that measures fastest on this CPU for this model, "
-        "timed once and cached in $XDG_CACHE_HOME/xf), fbgemm (its AVX2, AVX-512 and VNNI kernels), onednn (oneDNN, "
-        "whose int8 kernels use AMX tiles on CPUs with amx_int8) or x86 (torch's pick of the two by shape); the "
-        "weights are the same int8, the activations' quantization differs, so outputs may change; with --compile "
-        "ahead of time: the encoder's (the decoder's int8 products are compiled in its graph), with --compile-mode jit: "
-        "oneDNN's, through inductor"
+    int8_engine: Literal["fbgemm", "x86", "onednn"] = option(
+        "x86", "--quantize int8's matrix library, the model's own (two models in one process may differ): x86 "
+        "(torch's pick of fbgemm or oneDNN by shape), fbgemm (its AVX2, AVX-512 and VNNI kernels) or onednn (whose "
+        "int8 kernels use AMX tiles on CPUs with amx_int8); the weights are the same int8, the activations' "
+        "quantization differs, so outputs may change; with --compile: the encoder's (the decoder's int8 products "
+        "are compiled in its graph)"
     )
     threads: int = option(0, "CPU threads for torch (0: torch's default)", range=THREADS)
     workers: int = option(
@@ -391,15 +390,11 @@ class TranslateOptions(DecodingOptions):
         range=Range(1, 256),
     )
     compile: bool = option(
-        False, "compile the decoder step with its output projection, log-softmax and specials mask (--compile-mode; "
-        "dynamic shapes; the compile time is reported apart from the speed; the compiled code is kept in "
-        "$XDG_CACHE_HOME/xf for the next run; outputs may differ in the last float bits, with --quantize int8 within "
-        "int8's tolerance); xf engine; with --workers only ahead of time (aot) on the CPU"
-    )
-    compile_mode: Literal["auto", "aot", "jit"] = option(
-        "auto", "how --compile compiles: aot, ahead of time (torch.export and AOTInductor: one package a model, "
-        "kept in $XDG_CACHE_HOME/xf/aot, that the next run loads in about a second), or jit (torch.compile, "
-        "which traces again every run); auto: aot on the CPU (with --quantize int8: where its int8 products are exact, VNNI or AMX), else jit"
+        False, "compile the decoder step with its output projection, log-softmax and specials mask ahead of time "
+        "(torch.export and AOTInductor; dynamic shapes): built once into a package kept in $XDG_CACHE_HOME/xf/aot, "
+        "keyed by the model, the code, torch and the CPU, which later runs load in about a second; the build time is "
+        "reported apart from the speed; outputs may differ in the last float bits, with --quantize int8 within "
+        "int8's tolerance (its int8 products need VNNI or AMX); xf engine on the CPU"
     )
     quiet: bool = option(False, "no progress bar or summary table on stderr (warnings are still shown)")
     print_alignment: bool = option(
@@ -425,20 +420,8 @@ class TranslateOptions(DecodingOptions):
 
     def __post_init__(self) -> None:
         super().__post_init__()  # check_ranges(self) included
-        if self.int8_engine != "auto" and (self.quantize != "int8" or self.engine != "xf"):
-            raise ValueError(f"--int8-engine {self.int8_engine} is the library of xf's --quantize int8 layers"
-                             + (": add --quantize int8" if self.engine == "xf" else
-                                ", not of --engine ctranslate2 (which brings its own)"))
-        if self.workers > 1 and self.sampling:
-            raise ValueError(f"--workers {self.workers} decodes batches in parallel, but --sampling's random stream "
-                             "runs through the batches in order: use --workers 1 to sample")
-        if self.compile and self.engine == "ctranslate2":
-            raise ValueError("--compile compiles xf's own search: --engine ctranslate2 runs CTranslate2's")
-        if (self.compile and self.compile_mode == "jit" and self.quantize == "int8"
-                and self.int8_engine not in ("auto", "onednn")):
-            # dynamo cannot trace torch.ao's packed int8 weights: jit-compiled int8 is oneDNN's (quantization.Int8Linear)
-            raise ValueError(f"--compile-mode jit --quantize int8 runs oneDNN's int8 products through inductor, not "
-                             f"--int8-engine {self.int8_engine}: use auto or onednn, or --compile-mode aot")
+        # how the options run together on a machine (engine, precision, int8, --compile, --workers,
+        # steering) is decided by decoding_plan.plan_decoding; these are the rules of the text alone
         if self.split_sentences is not None and (self.output_format != "text" or self.nbest > 1 or self.print_alignment):
             raise ValueError("--split-sentences writes one line of joined sentences per input line: it takes text "
                              "output with --nbest 1 and no --print-alignment")
@@ -449,13 +432,8 @@ class TranslateOptions(DecodingOptions):
         if self.split_sentences is not None and (self.input_format != "text" or self.alternatives):
             raise ValueError("--split-sentences translates the sentences of text lines: it takes --input-format text "
                              "and no --alternatives (a prefix belongs to one sentence)")
-        if self.glossary is not None and (self.sampling or self.engine == "ctranslate2" or self.split_sentences):
-            raise ValueError("--glossary gives lexical constraints: they need the xf engine's beam search (no "
-                             "--sampling, no --engine ctranslate2) and whole lines (no --split-sentences)")
-        if self.compile and self.workers > 1 and (self.compile_mode == "jit" or self.device.startswith("cuda")):
-            raise ValueError(f"--compile with --workers {self.workers} needs the ahead-of-time step on the CPU "
-                             "(--compile-mode aot or auto, not CUDA): torch.compile's step runs one batch at a time "
-                             "(use --workers 1)")
+        if self.glossary is not None and self.split_sentences:
+            raise ValueError("--glossary matches terms in whole lines: it takes no --split-sentences")
         # floor(a*|X| + b) output subwords for a source of |X| >= 1 subwords: at least 1 for every |X|
         if self.max_len_a + self.max_len_b < 1:
             raise ValueError(f"--max-len-a {self.max_len_a:g} --max-len-b {self.max_len_b} allow no output for "
@@ -529,9 +507,6 @@ class ServeOptions(DecodingOptions):
                 raise ValueError(f"--glossary: direction {name} is given more than once (one glossary a direction)")
             if direction not in directions:
                 raise ValueError(f"--glossary {name}=...: no --model serves {name}")
-        if self.glossary and self.engine == "ctranslate2":
-            raise ValueError("--glossary gives lexical constraints: they need the xf engine's beam search, not "
-                             "--engine ctranslate2")
         self.translate_options("check")  # TranslateOptions' own checks (the length limit)
 
     def translate_options(self, path: str) -> "TranslateOptions":

@@ -73,14 +73,16 @@ ENGINE_NAMES = {"xf": "the xf engine", "ctranslate2": "the CTranslate2 engine"}
 NATIVE, EMULATED = "native", "emulated"
 
 
-def xf_precisions(device: torch.device) -> dict[str, str]:
+def xf_precisions(device: torch.device, bf16_native: Optional[bool] = None) -> dict[str, str]:
     """What xf (torch) computes in on ``device``, each native or emulated: fp32; bf16, native where
     the hardware multiplies it (CUDA sm_80+, avx512_bf16 or AMX), else emulated and slow (about
     0.03x fp32 on an AVX2 CPU); fp16 on CUDA only; int8 (dynamic int8 linear layers, torch.ao) on
-    CPU only."""
+    CPU only. bf16_native: whether the device multiplies bf16 natively (None: asked here)."""
     if device.type == "cuda":
-        return {"fp32": NATIVE, "fp16": NATIVE, "bf16": NATIVE if cuda_has_bf16(device) else EMULATED}
-    return {"fp32": NATIVE, "int8": NATIVE, "bf16": NATIVE if cpu_bf16_instructions() else EMULATED}
+        bf16 = cuda_has_bf16(device) if bf16_native is None else bf16_native
+        return {"fp32": NATIVE, "fp16": NATIVE, "bf16": NATIVE if bf16 else EMULATED}
+    bf16 = bool(cpu_bf16_instructions()) if bf16_native is None else bf16_native
+    return {"fp32": NATIVE, "int8": NATIVE, "bf16": NATIVE if bf16 else EMULATED}
 
 
 def ct2_precisions(compute_types: set[str]) -> dict[str, str]:
@@ -119,9 +121,10 @@ def resolve_precision(device: torch.device, precision: str, quantize: str = "non
     return precision
 
 
-def precision_warning(device: torch.device, precision: str) -> Optional[str]:
-    """A warning for a precision that runs but runs badly here, or None."""
-    if xf_precisions(device).get(precision) == EMULATED and device.type == "cpu":
+def precision_warning(device: torch.device, precision: str, available: dict[str, str] | None = None) -> Optional[str]:
+    """A warning for a precision that runs but runs badly here (``available``: as resolve_precision's), or None."""
+    available = xf_precisions(device) if available is None else available
+    if available.get(precision) == EMULATED and device.type == "cpu":
         return ("this CPU has no native bf16 matrix instructions (avx512_bf16/AMX): bf16 runs emulated, "
                 "far slower than fp32 here")
     return None

@@ -21,25 +21,21 @@ Scores: ``positional_scores`` are the log-probabilities of each output token (eo
 
 from __future__ import annotations
 
-import copy
-import functools
 import math
-import time
-import warnings
 from dataclasses import dataclass
 from typing import Callable, Optional, Sequence
 
 import torch
 import torch.nn.functional as F
 
-from . import compiling
 from .constraints import BatchConstraints
-from .model import DecoderCache, Transformer
+from .decoder_step import LOG_ZERO, EagerStep, forbid_specials
+from .model import Transformer
 from .options import DecodingOptions
-from .shortlist import RestrictedProjection, project_candidates
+from .shortlist import RestrictedProjection
 from .vocab import PAD_ID, BOS_ID, EOS_ID
 
-LOG_ZERO = float("-inf")
+DecoderStep = Callable[..., torch.Tensor]  # decoder_step.EagerStep or AotStep
 
 
 @dataclass
@@ -116,7 +112,7 @@ class DecoderState:
     """
 
     def __init__(self, models: Sequence[Transformer], src: torch.Tensor, use_cache: bool = True, capacity: int = 0,
-                 vocab: Optional[torch.Tensor] = None, compiled: Optional["CompiledStep"] = None):
+                 vocab: Optional[torch.Tensor] = None, decoder_step: Optional[DecoderStep] = None):
         for model in models:
             if model.training:
                 raise ValueError("search needs models in eval mode (call model.eval())")
@@ -125,7 +121,7 @@ class DecoderState:
         # capacity: the positions each self-attention cache preallocates (bos + the longest output)
         self.caches = [model.new_cache(capacity) if use_cache else None for model in self.models]
         self.projections = None if vocab is None else [RestrictedProjection(model, vocab) for model in self.models]
-        self.compiled = compiled if use_cache else None  # the steps after the first (None: eager)
+        self.step = decoder_step or EagerStep()  # the incremental step (decoder_step.py), eager or compiled
 
     def log_probs(self, tokens: torch.Tensor) -> torch.Tensor:
         """tokens (N, t): every row's prefix, bos first -> log p(next token) (N, V), float32
@@ -142,24 +138,15 @@ class DecoderState:
 
     def next_log_probs(self, tokens: torch.Tensor, at_max: Optional[torch.Tensor]) -> torch.Tensor:
         """``log_probs`` of the search: pad and bos forbidden, rows where ``at_max`` (bool (N,),
-        None: no row) may only emit eos. With a compiled step, every step after the first runs
-        through it, which forbids the specials in each model's log-probabilities: the ensemble's
-        average of those is the same as forbidding them in the average."""
-        if self.compiled is None or self.caches[0].length == 0:
-            return _forbid_specials(self.log_probs(tokens), at_max)
-        out = []
-        for i, (model, (memory, src_pad), cache) in enumerate(zip(self.models, self.encoded, self.caches)):
-            if self.projections is None:
-                out.append(self.compiled(model, tokens[:, -1:], memory, src_pad, cache, at_max, project=True))
-            else:
-                tensors = self.projections[i].tensors() if isinstance(self.compiled, AotStep) else None
-                if tensors is not None:  # the projection in the ahead-of-time graph
-                    out.append(self.compiled(model, tokens[:, -1:], memory, src_pad, cache, at_max, project=False,
-                                             candidates=tensors))
-                    continue
-                features = self.compiled(model, tokens[:, -1:], memory, src_pad, cache, at_max, project=False)
-                out.append(_forbid_specials(F.log_softmax(self.projections[i](features).float(), dim=-1), at_max))
-        return ensemble_log_probs(out)
+        None: no row) may only emit eos. Each model's step forbids them in its own
+        log-probabilities: the ensemble's average of those is the same as forbidding them in the
+        average."""
+        if self.caches[0] is None:  # the slow reference: the whole prefix at every step
+            return forbid_specials(self.log_probs(tokens), at_max)
+        return ensemble_log_probs([
+            self.step(model, tokens[:, -1:], memory, src_pad, cache, at_max,
+                      self.projections[i] if self.projections is not None else None)
+            for i, (model, (memory, src_pad), cache) in enumerate(zip(self.models, self.encoded, self.caches))])
 
     def select(self, rows: torch.Tensor) -> None:
         """Keep rows ``rows`` (LongTensor, may repeat) of everything: drop or copy whole sentences."""
@@ -189,252 +176,6 @@ class DecoderState:
                 cache.follow_beams(rows)
 
 
-# -- the compiled decoder step (xf translate --compile) ----------------------------------------
-def _decoder_step(model: Transformer, token, memory, src_pad, keys, values, cross_keys, cross_values, length: int,
-                  at_max, project: bool) -> torch.Tensor:
-    """One incremental decoder step written over tensors and one int, the function CompiledStep
-    compiles: token (N, 1), the layers' self-attention buffers keys/values (capacity, N, H, K)
-    with ``length`` positions filled (this step writes the next), their cross-attention
-    keys/values (B, H, S, K) -> log p(next token) (N, V) with the specials forbidden; project
-    False (a shortlist): the decoder's features (N, D) instead."""
-    cache = DecoderCache.of(keys, values, cross_keys, cross_values, length)
-    out = model.decode(token, memory, src_pad, cache, features_only=not project)[:, -1]
-    return _forbid_specials(F.log_softmax(out.float(), dim=-1), at_max) if project else out
-
-
-def _candidates_step(model: Transformer, token, memory, src_pad, keys, values, cross_keys, cross_values, length: int,
-                     at_max, candidates: tuple) -> torch.Tensor:
-    """``_decoder_step`` with a shortlist's projection in the graph: ``candidates``, the tensors
-    of ``RestrictedProjection.tensors()`` -> log p(next token) (N, |vocab|), the specials forbidden."""
-    features = _decoder_step(model, token, memory, src_pad, keys, values, cross_keys, cross_values, length, at_max,
-                             False)
-    return _forbid_specials(F.log_softmax(project_candidates(features, *candidates).float(), dim=-1), at_max)
-
-
-class _FrozenStep(torch.nn.Module):
-    """``_decoder_step`` of one model as a module: torch.compile of a module sees its weights as
-    its own parameters and buffers, which inductor's freezing makes constants (a function of the
-    model gets them as inputs)."""
-
-    def __init__(self, model: Transformer):
-        super().__init__()
-        self.model = model
-
-    def forward(self, *args):
-        return _decoder_step(self.model, *args)
-
-
-class CompiledStep:
-    """torch.compile of the per-step decoder work: the incremental decoder step with its output
-    projection, log-softmax and specials mask (with a shortlist: the step alone, its projection
-    eager); the top-k and the cache reorder stay eager.
-
-    The graph sees tensors and ints only (``_decoder_step``), every tensor dimension marked
-    dynamic, so a whole test set compiles a few graphs rather than one per batch shape: the
-    filled length is dynamic from 2 on (dynamo specializes 0 and 1), and beam search's grouped
-    cross-attention (rows != sentences) is a second branch. A batch's first step, which computes
-    the cross-attention keys and values and allocates the cache, runs eagerly.
-    compile_seconds: the time of the calls that compiled a graph; graphs: how many they made.
-    cache (``compiling.CompileCache``): torch's compiled artifacts kept in a file between runs.
-    """
-
-    def __init__(self, backend: Optional[str] = None, mode: Optional[str] = None, freeze: bool = False,
-                 cache: Optional[compiling.CompileCache] = None):
-        # freeze: each model's weights become constants of its own graphs, as inductor needs for
-        # the int8 layers (quantization.Int8Linear) it lowers to oneDNN's prepacked products
-        # (torch.compile's options={"freezing": True} does not reach the lowering: the config is
-        # patched around the calls instead)
-        self.freeze, self.frozen = freeze, {}
-        self.compile = functools.partial(torch.compile, backend=backend or compiling.COMPILE_BACKEND, dynamic=True,
-                                         fullgraph=True, mode=mode)
-        self.compiled = self.compile(_decoder_step)
-        self.compile_seconds, self.graphs = 0.0, 0
-        self.cache = cache  # kept between runs: loaded now, saved after each call that compiled
-        if cache is not None:
-            cache.load()
-
-    def __call__(self, model: Transformer, token: torch.Tensor, memory: torch.Tensor, src_pad: torch.Tensor,
-                 cache: DecoderCache, at_max: Optional[torch.Tensor], project: bool) -> torch.Tensor:
-        keys, values, cross_keys, cross_values = cache.tensors()
-        if at_max is None:  # one graph for both: no row at its maximum length yet
-            at_max = torch.zeros(token.size(0), dtype=torch.bool, device=token.device)
-        compiling.mark_dynamic(token, memory, src_pad, at_max, *keys, *values, *cross_keys, *cross_values)
-        graphs, start = compiling.compiled_graphs(), time.perf_counter()
-        args = (token, memory, src_pad, keys, values, cross_keys, cross_values, cache.length, at_max, project)
-        if self.freeze:
-            if id(model) not in self.frozen:
-                self.frozen[id(model)] = self.compile(_FrozenStep(model))
-            from torch._inductor import config as inductor_config
-
-            with inductor_config.patch(freezing=True):
-                out = self.frozen[id(model)](*args)
-        else:
-            out = self.compiled(model, *args)
-        if compiling.compiled_graphs() > graphs:  # compiling, not decoding: kept apart from the speed
-            self.compile_seconds += time.perf_counter() - start
-            self.graphs += compiling.compiled_graphs() - graphs
-            if self.cache is not None:
-                self.cache.save()
-        cache.advance()  # the step wrote the next position of every buffer
-        return out
-
-
-class _ExportedStep(torch.nn.Module):
-    """``_decoder_step`` of one model as torch.export takes it: tensors only, the filled length
-    as the size of ``filled`` less one (a size is a dynamic dimension of the graph, an int
-    argument would be a constant; one more, so that the size is at least 2 from the first
-    filled position on: torch.export specializes sizes 0 and 1), the projection (``project``)
-    fixed per package."""
-
-    def __init__(self, model: Transformer, project: bool):
-        super().__init__()
-        self.model, self.project = model, project
-
-    def forward(self, token, memory, src_pad, filled, at_max, keys, values, cross_keys, cross_values, candidates=()):
-        length = filled.size(0) - 1
-        torch._check(length < keys[0].size(0))  # the buffers have room for the position written
-        if candidates:  # a shortlist's projection (a list of its tensors), in the graph
-            return _candidates_step(self.model, token, memory, src_pad, keys, values, cross_keys, cross_values,
-                                    length, at_max, tuple(candidates))
-        return _decoder_step(self.model, token, memory, src_pad, keys, values, cross_keys, cross_values, length,
-                             at_max, self.project)
-
-
-class AotStep:
-    """The decoder step compiled ahead of time (``xf translate --compile`` on fp32 and bf16
-    models): exported (torch.export, every size dynamic) and compiled by AOTInductor into a
-    package kept between runs (``compiling.AotPackages``, keyed by the model's config and
-    weights, the precision, the beams per sentence and the projection), so a second run loads
-    it in about a second instead of compiling. One package per (model, projection, beams per
-    sentence): greedy search's rows are its sentences, beam search's are beam x sentences
-    (the grouped cross-attention). Called as ``CompiledStep`` is; compile_seconds: the time of
-    the calls that built or loaded a package, graphs: packages built, loaded: packages loaded,
-    each with what --workers processes reported (``remote``: their longest compile time, since
-    they compile side by side, and their packages built and loaded)."""
-
-    def __init__(self, packages: Optional[compiling.AotPackages] = None):
-        self.packages = packages or compiling.AotPackages()
-        self.runners: dict[tuple, Callable] = {}
-        self.digests: dict[int, str] = {}
-        self.local_seconds, self.local_built, self.local_loaded = 0.0, 0, 0
-        self.remote: tuple[float, int, int] = (0.0, 0, 0)
-
-    @property
-    def compile_seconds(self) -> float:
-        return self.local_seconds + self.remote[0]
-
-    @property
-    def graphs(self) -> int:
-        return self.local_built + self.remote[1]
-
-    @property
-    def loaded(self) -> int:
-        return self.local_loaded + self.remote[2]
-
-    def counters(self) -> tuple[float, int, int]:
-        """This process's own (seconds, packages built, packages loaded)."""
-        return self.local_seconds, self.local_built, self.local_loaded
-
-    def _runner(self, model: Transformer, project, beams: int, like: tuple) -> Callable:
-        """project: True, False (the features), or "candidates N" (a shortlist's projection of N
-        tensors in the graph, ``like`` ending with them)."""
-        found = self.runners.get((id(model), project, beams))
-        if found is not None:
-            return found
-        start = time.perf_counter()
-        if id(model) not in self.digests:
-            self.digests[id(model)] = compiling.weights_digest(model)
-        param = next(model.parameters())
-        key = (f"{model.cfg}; weights {self.digests[id(model)]}; {param.dtype}; {param.device.type}; "
-               f"project {project}; beams {beams}; filled from 1")
-        with warnings.catch_warnings():  # torch.export's own deprecations (LeafSpec), not the user's concern
-            warnings.simplefilter("ignore", FutureWarning)
-            runner, built = self.packages.load(key), False
-            if runner is None:
-                with self.packages.building(key):  # another --workers process may be building it
-                    runner = self.packages.load(key)
-                    if runner is None:
-                        self.packages.build(key, self._export(model, project, beams, like))
-                        runner, built = self.packages.load(key), True
-            if runner is None:  # pragma: no cover - a package just built that does not load
-                raise RuntimeError(f"{self.packages.path(key)}: the compiled package does not load")
-        self.local_built += built
-        self.local_loaded += not built
-        self.runners[(id(model), project, beams)] = runner
-        self.local_seconds += time.perf_counter() - start
-        return runner
-
-    @staticmethod
-    def _export(model: Transformer, project, beams: int, like: tuple):
-        """torch.export of the step over example inputs shaped as ``like``'s (their layer count,
-        heads, widths and dtypes), every size different so that none is taken for another."""
-        from torch.export import Dim
-
-        token, memory, cross_key, key = like[:4]
-        candidates = like[4] if len(like) > 4 else None
-        sentences, source, filled, capacity = 3, 7, 5 + 1, 11
-        rows = sentences * beams
-        top = model.cfg.max_positions + 1
-        example = (torch.full((rows, 1), EOS_ID, dtype=token.dtype, device=token.device),
-                   memory.new_zeros(sentences, source, memory.size(-1)),
-                   torch.zeros(sentences, source, dtype=torch.bool, device=token.device),
-                   torch.empty(filled, dtype=torch.uint8, device=token.device),
-                   torch.zeros(rows, dtype=torch.bool, device=token.device),
-                   [key.new_zeros(capacity, rows, *key.shape[2:]) for _ in range(model.cfg.decoder_layers)],
-                   [key.new_zeros(capacity, rows, *key.shape[2:]) for _ in range(model.cfg.decoder_layers)],
-                   [cross_key.new_zeros(sentences, cross_key.size(1), source, cross_key.size(3))
-                    for _ in range(model.cfg.decoder_layers)],
-                   [cross_key.new_zeros(sentences, cross_key.size(1), source, cross_key.size(3))
-                    for _ in range(model.cfg.decoder_layers)])
-        b = Dim("sentences", min=1, max=1 << 16)
-        r = b * beams if beams > 1 else b
-        # one position filled (bos) or more, below max_positions: the size is one more
-        s, t, c = Dim("source", min=1, max=top), Dim("filled", min=2, max=top - 1), Dim("capacity", min=3, max=top + 1)
-        layers = model.cfg.decoder_layers
-        shapes = ({0: r}, {0: b, 1: s}, {0: b, 1: s}, {0: t}, {0: r}, [{0: c, 1: r}] * layers, [{0: c, 1: r}] * layers,
-                  [{0: b, 2: s}] * layers, [{0: b, 2: s}] * layers)
-        if candidates is not None:  # the shortlist's rows: (V', D) float or (D, V') int8, then (V',) each
-            size, v = 13, Dim("candidates", min=4, max=model.cfg.vocab_size)
-            weight = candidates[0]
-            example = (*example, [weight.new_zeros((size, weight.size(1)) if weight.is_floating_point() else
-                                                   (weight.size(0), size))]
-                       + [t.new_zeros(size) for t in candidates[1:]])
-            shapes = (*shapes, [{0: v} if weight.is_floating_point() else {1: v}] + [{0: v}] * (len(candidates) - 1))
-        # the step's module without the encoder: the step never runs it, and an int8 encoder of
-        # torch.ao's packed layers (quantize_int8_matmul) is not exportable
-        decoder = copy.copy(model)
-        decoder._modules = {**model._modules, "encoder_layers": torch.nn.ModuleList()}
-        with torch.no_grad():
-            return torch.export.export(_ExportedStep(decoder, project), example, dynamic_shapes=shapes, strict=False)
-
-    def __call__(self, model: Transformer, token: torch.Tensor, memory: torch.Tensor, src_pad: torch.Tensor,
-                 cache: DecoderCache, at_max: Optional[torch.Tensor], project: bool,
-                 candidates: Optional[tuple[torch.Tensor, ...]] = None) -> torch.Tensor:
-        """``CompiledStep``'s call; ``candidates`` (with project False): a shortlist's projection
-        (``RestrictedProjection.tensors()``), run in the graph with its log-softmax: log-probs
-        (N, |vocab|) then, not features."""
-        keys, values, cross_keys, cross_values = cache.tensors()
-        if at_max is None:
-            at_max = torch.zeros(token.size(0), dtype=torch.bool, device=token.device)
-        if cache.length < 1 or not all(t.is_contiguous() for t in (*keys, *values, *cross_keys, *cross_values)):
-            # the package's graph starts at a prefix of one (bos), over contiguous buffers
-            args = (model, token, memory, src_pad, keys, values, cross_keys, cross_values, cache.length, at_max)
-            out = _candidates_step(*args, candidates) if candidates else _decoder_step(*args, project)
-            cache.advance()
-            return out
-        beams = token.size(0) // memory.size(0)
-        kind = f"candidates {len(candidates)}" if candidates else project
-        run = self._runner(model, kind, beams, (token, memory, cross_keys[0], keys[0], *([candidates] if candidates else [])))
-        filled = torch.empty(cache.length + 1, dtype=torch.uint8, device=token.device)
-        # the package's kernels assume its example's contiguous layouts (the token is a column of
-        # the search's token matrix, a strided view)
-        token, memory, src_pad, at_max = (t.contiguous() for t in (token, memory, src_pad, at_max))
-        extra = ([t.contiguous() for t in candidates],) if candidates else ()
-        out = run(token, memory, src_pad, filled, at_max, keys, values, cross_keys, cross_values, *extra)
-        cache.advance()  # the step wrote the next position of every buffer
-        return out
-
-
 def _source_lengths(src: torch.Tensor) -> torch.Tensor:
     return src.ne(PAD_ID).sum(dim=1) - 1  # without the source's eos
 
@@ -445,27 +186,16 @@ def _max_output_lengths(models: Sequence[Transformer], src: torch.Tensor, option
 
 
 def _open_search(models: Sequence[Transformer], src: torch.Tensor, options: DecodingOptions, use_cache: bool,
-                 candidates: Optional[torch.Tensor], compiled: Optional[CompiledStep],
+                 candidates: Optional[torch.Tensor], decoder_step: Optional[DecoderStep],
                  prefix: Optional[torch.Tensor] = None) -> tuple[DecoderState, torch.Tensor]:
     """A search's decoder state over src and the most output tokens of each sentence (sents,):
     the caches preallocated for the longest output, the shortlist's candidates as the state's
-    vocabulary, the steps after the first through ``compiled`` (None: eager). A sentence's
+    vocabulary, every step through ``decoder_step`` (None: eager). A sentence's
     target prefix (``prefix``) longer than its limit raises the limit to the prefix's length."""
     max_len = _max_output_lengths(models, src, options)
     if prefix is not None:
         max_len = torch.maximum(max_len, prefix.ne(PAD_ID).sum(dim=1))
-    return DecoderState(models, src, use_cache, int(max_len.max()) + 1, candidates, compiled), max_len
-
-
-def _forbid_specials(lprobs: torch.Tensor, at_max: Optional[torch.Tensor]) -> torch.Tensor:
-    """Never emit pad or bos; rows where ``at_max`` (bool (N,), None: no row) may only emit eos."""
-    lprobs[:, PAD_ID] = LOG_ZERO
-    lprobs[:, BOS_ID] = LOG_ZERO
-    if at_max is not None:
-        eos = lprobs[:, EOS_ID].clone()
-        lprobs.masked_fill_(at_max[:, None], LOG_ZERO)
-        lprobs[:, EOS_ID] = eos
-    return lprobs
+    return DecoderState(models, src, use_cache, int(max_len.max()) + 1, candidates, decoder_step), max_len
 
 
 def _force_prefix(lprobs: torch.Tensor, prefix: Optional[torch.Tensor], step: int, rows_per_sentence: int,
@@ -567,14 +297,14 @@ def _best_extensions(scores: torch.Tensor, lprobs: torch.Tensor, k: int, candida
 @torch.inference_mode()
 def beam_search(
     models: Sequence[Transformer], src: torch.Tensor, options: DecodingOptions = DecodingOptions(), use_cache: bool = True,
-    candidates: Optional[torch.Tensor] = None, all_finished: bool = False, compiled: Optional[CompiledStep] = None,
+    candidates: Optional[torch.Tensor] = None, all_finished: bool = False, decoder_step: Optional[DecoderStep] = None,
     prefix: Optional[torch.Tensor] = None, constraints: Optional[BatchConstraints] = None,
 ) -> list[list[Hypothesis]]:
     """Beam search over a batch src (B, S); returns the nbest hypotheses of each sentence (with
     ``all_finished``: every finished one, in the order found, by fairseq's stopping rule alone;
     searched with lenpen 0, ``rescore`` ranks them as a search with any other lenpen would).
     candidates: the ids the search may emit (a shortlist's ``vocab``; None: all).
-    compiled: run the steps after the first through it (``CompiledStep``; None: eager).
+    decoder_step: the decoder step (``decoder_step.AotStep`` for --compile; None: eager).
     prefix (B, P): each sentence's forced first output ids, PAD_ID-filled (None: none); while
     it runs, a sentence has one live hypothesis (the others score -inf, as at step 0).
     constraints: each sentence's hard lexical constraints (``constraints.py``: dynamic beam
@@ -587,16 +317,12 @@ def beam_search(
     length, or, earlier, when its nbest-th best finished score cannot be beaten by any live
     hypothesis: log-probabilities only fall, so score / max lp(any length still reachable)
     bounds every continuation. That last rule (not fairseq's) never changes the result.
-    A batch with constraints runs the eager step: through the compiled one, a sentence capped at
-    AVX2 came back with no hypothesis at all (tests/test_steering.py).
     """
-    if constraints:
-        compiled = None
-    found = _beam_search(models, src, options, use_cache, candidates, all_finished, compiled, prefix, constraints)
+    found = _beam_search(models, src, options, use_cache, candidates, all_finished, decoder_step, prefix, constraints)
     missing = constraints.count_unmet(found) if constraints else []
     if missing:  # no hypothesis met them (they cannot all fit, or the beam lost them): none at all
         rows = torch.tensor(missing, device=src.device)
-        again = _beam_search(models, src[rows], options, use_cache, candidates, all_finished, compiled,
+        again = _beam_search(models, src[rows], options, use_cache, candidates, all_finished, decoder_step,
                              prefix[rows] if prefix is not None else None)
         for i, hyps in zip(missing, again):
             found[i] = hyps
@@ -604,14 +330,14 @@ def beam_search(
 
 
 def _beam_search(models: Sequence[Transformer], src: torch.Tensor, options: DecodingOptions, use_cache: bool,
-                 candidates: Optional[torch.Tensor], all_finished: bool, compiled: Optional[CompiledStep],
+                 candidates: Optional[torch.Tensor], all_finished: bool, decoder_step: Optional[DecoderStep],
                  prefix: Optional[torch.Tensor], constraints: Optional[BatchConstraints] = None,
                  ) -> list[list[Hypothesis]]:
     """``beam_search`` itself; with constraints, a sentence none of whose hypotheses met them has none."""
     # One function on purpose: a step is one story over about ten tensors that change together.
     k, nbest, device, nsent = options.beam_size, options.nbest, src.device, src.size(0)
     lp = lambda length: length_penalty(length, options.lenpen, options.lenpen_style)  # noqa: E731
-    state, max_len = _open_search(models, src, options, use_cache, candidates, compiled, prefix)
+    state, max_len = _open_search(models, src, options, use_cache, candidates, decoder_step, prefix)
     finished: list[list[Hypothesis]] = [[] for _ in range(nsent)]
 
     sent_ids = torch.arange(nsent, device=device)  # original index of each active sentence
@@ -714,14 +440,14 @@ def _single_path_search(
     options: DecodingOptions,
     use_cache: bool,
     candidates: Optional[torch.Tensor] = None,
-    compiled: Optional[CompiledStep] = None,
+    decoder_step: Optional[DecoderStep] = None,
     prefix: Optional[torch.Tensor] = None,
 ) -> list[list[Hypothesis]]:
     """``paths`` independent left-to-right paths per sentence; ``choose(lprobs (N, V)) -> (N,)``
     picks each row's next token. Rows leave the batch as soon as they emit eos. prefix: as
     beam_search's (the forced tokens leave ``choose`` one finite choice)."""
     device, nsent = src.device, src.size(0)
-    state, max_len = _open_search(models, src, options, use_cache, candidates, compiled, prefix)
+    state, max_len = _open_search(models, src, options, use_cache, candidates, decoder_step, prefix)
     row_ids = torch.arange(nsent, device=device).repeat_interleave(paths)  # sentence of each row
     if paths > 1:
         state.select(row_ids)
@@ -762,13 +488,13 @@ def _single_path_search(
 @torch.inference_mode()
 def greedy_search(
     models: Sequence[Transformer], src: torch.Tensor, options: DecodingOptions = DecodingOptions(), use_cache: bool = True,
-    candidates: Optional[torch.Tensor] = None, compiled: Optional[CompiledStep] = None,
+    candidates: Optional[torch.Tensor] = None, decoder_step: Optional[DecoderStep] = None,
     prefix: Optional[torch.Tensor] = None,
 ) -> list[list[Hypothesis]]:
     """The most likely next token at every step (the result of beam search with beam 1);
     options.beam_size is not used."""
     return _single_path_search(models, src, 1, lambda lprobs: lprobs.argmax(dim=-1), options, use_cache, candidates,
-                               compiled, prefix)
+                               decoder_step, prefix)
 
 
 @torch.inference_mode()
@@ -778,7 +504,7 @@ def sample(
     options: DecodingOptions = DecodingOptions(sampling=True),
     generator: Optional[torch.Generator] = None,
     candidates: Optional[torch.Tensor] = None,
-    compiled: Optional[CompiledStep] = None,
+    decoder_step: Optional[DecoderStep] = None,
     prefix: Optional[torch.Tensor] = None,
 ) -> list[list[Hypothesis]]:
     """options.nbest independent samples per sentence from softmax(log p / temperature),
@@ -790,7 +516,7 @@ def sample(
         logits = top_k_top_p_filter(lprobs / options.temperature, options.top_k, options.top_p)
         return torch.multinomial(logits.softmax(dim=-1), 1, generator=generator).view(-1)
 
-    return _single_path_search(models, src, options.nbest, choose, options, True, candidates, compiled, prefix)
+    return _single_path_search(models, src, options.nbest, choose, options, True, candidates, decoder_step, prefix)
 
 
 @torch.inference_mode()
@@ -806,7 +532,7 @@ def next_token_alternatives(models: Sequence[Transformer], src: torch.Tensor, pr
         tokens = torch.cat([torch.full((rows.numel(), 1), BOS_ID, dtype=torch.long, device=src.device),
                             prefix[rows, :length]], dim=1)
         state = DecoderState(models, src.index_select(0, rows), use_cache=False, vocab=candidates)
-        lprobs = _forbid_specials(state.log_probs(tokens), None)
+        lprobs = forbid_specials(state.log_probs(tokens), None)
         top = lprobs.topk(min(count, lprobs.size(1)), dim=1)
         for row, ids, scores in zip(rows.tolist(), top.indices.tolist(), top.values.tolist()):
             ids = [i for i, s in zip(ids, scores) if math.isfinite(s)]
@@ -820,22 +546,22 @@ def search(
     options: DecodingOptions,
     generator: Optional[torch.Generator] = None,
     candidates: Optional[torch.Tensor] = None,
-    compiled: Optional[CompiledStep] = None,
+    decoder_step: Optional[DecoderStep] = None,
     prefix: Optional[torch.Tensor] = None,
     constraints: Optional[BatchConstraints] = None,
 ) -> list[list[Hypothesis]]:
     """The search the options ask for: sampling, greedy (beam 1) or beam search; candidates:
-    the ids it may emit (a shortlist's ``vocab``), None: all; compiled: the compiled decoder
-    step (``CompiledStep``, xf translate --compile), None: eager; prefix (B, P): each
+    the ids it may emit (a shortlist's ``vocab``), None: all; decoder_step: the decoder step
+    (``decoder_step.AotStep`` for xf translate --compile), None: eager; prefix (B, P): each
     sentence's forced first output ids, PAD_ID-filled (``collate_prefix``; None: none);
     constraints: hard lexical constraints (beam search only, beam 1 included; None: none)."""
     if constraints:
         if options.sampling:
             raise ValueError("lexical constraints need beam search, not sampling")
-        return beam_search(models, src, options, candidates=candidates, compiled=compiled, prefix=prefix,
+        return beam_search(models, src, options, candidates=candidates, decoder_step=decoder_step, prefix=prefix,
                            constraints=constraints)
     if options.sampling:
-        return sample(models, src, options, generator, candidates, compiled, prefix)
+        return sample(models, src, options, generator, candidates, decoder_step, prefix)
     if options.beam_size == 1:
-        return greedy_search(models, src, options, candidates=candidates, compiled=compiled, prefix=prefix)
-    return beam_search(models, src, options, candidates=candidates, compiled=compiled, prefix=prefix)
+        return greedy_search(models, src, options, candidates=candidates, decoder_step=decoder_step, prefix=prefix)
+    return beam_search(models, src, options, candidates=candidates, decoder_step=decoder_step, prefix=prefix)

@@ -59,6 +59,7 @@ from .segment import Units, line_texts, split_texts
 from .serve_queue import BatchQueue, Direction, Job, QueueFull
 from .serve_log import ANSWER_SECONDS, CLIENT_GONE, AccessLog
 from .serve_requests import HttpError, disconnected, request_fields, shown, text_lines
+from .decoding_plan import Machine, plan_decoding
 from .translation import (Stats, encode_constraints, encode_lines, encode_prefixes, open_engine, read_constraints,
                           text_field)
 
@@ -99,8 +100,10 @@ def load_directions(options: ServeOptions, glossaries: Optional[dict[str, Glossa
         if not Path(path).exists():
             raise XfError(f"--model {spec}: {path} does not exist")
         translate_options = options.translate_options(path)
-        engine, sp, _device = open_engine(translate_options)
         glossary = (glossaries or {}).get(f"{source}-{target}")
+        if glossary is not None:  # refused by the plan before the model loads
+            plan_decoding(translate_options, Machine.here()).refuse_steering(f"--glossary {source}-{target}=...")
+        engine, sp, _device = open_engine(translate_options)
         unfit = glossary is not None and unfit_term(glossary, sp, engine.max_source)
         if unfit:
             where = next(g for g in options.glossary if g.startswith(f"{source}-{target}="))
@@ -189,11 +192,11 @@ def check_api_key(server: "Server", fields: dict) -> None:
             raise HttpError(403, "Invalid API key" if key else "an API key is needed: send it as 'api_key'")
 
 
-def steering_fields(payload: dict, count: int, as_list: bool, fmt: str, options) -> Optional[tuple[list, list]]:
+def steering_fields(payload: dict, count: int, as_list: bool, fmt: str, engine) -> Optional[tuple[list, list]]:
     """The request's ``prefix`` and ``constraints`` as (prefix text, constraints) per q item
     (``read_constraints``'s form), or None when it has neither: beside a q string, a string and
     a list; beside a q list, a list of as many of each (one per item). A 400 otherwise, with
-    format html, and with constraints where the direction's engine or sampling cannot meet them."""
+    format html, and with constraints where the plan of the direction's ``engine`` cannot meet them."""
     if "prefix" not in payload and "constraints" not in payload:
         return None
     if fmt != "text":
@@ -209,9 +212,11 @@ def steering_fields(payload: dict, count: int, as_list: bool, fmt: str, options)
                  for i, (p, c) in enumerate(zip(prefixes, per_item))]
     except ConfigError as e:
         raise HttpError(400, str(e).replace("q item: line", "q item")) from None
-    if any(c for _, c in items) and (options.engine == "ctranslate2" or options.sampling):
-        raise HttpError(400, "lexical constraints need xf's beam search: this direction runs "
-                        + ("CTranslate2" if options.engine == "ctranslate2" else "sampling"))
+    if any(c for _, c in items):
+        try:
+            engine.plan.refuse_steering("'constraints'")
+        except ConfigError as e:
+            raise HttpError(400, str(e)) from None
     return items
 
 
@@ -236,9 +241,10 @@ def request_glossaries(value, use_server, direction: Direction, most: int) -> tu
     if len(value) > most:
         raise HttpError(413, f"'glossary' has {len(value):,} pairs, over the limit of {most:,} a request "
                         "(--max-glossary-terms)")
-    if direction.options.engine == "ctranslate2":
-        raise HttpError(400, "'glossary' gives lexical constraints, which need xf's beam search: this direction "
-                        "runs CTranslate2")
+    try:
+        direction.engine.plan.refuse_steering("'glossary'")
+    except ConfigError as e:
+        raise HttpError(400, str(e)) from None
     try:
         own = Glossary.from_pairs(value, "'glossary'")
     except ConfigError as e:
@@ -297,7 +303,7 @@ class Translation:
             raise HttpError(400, f"'alternatives' {alternatives}: this server gives at most {most} "
                             f"(it runs with --nbest {most + 1})")
         self.alternatives = alternatives
-        self.steer = steering_fields(payload, len(texts), self.as_list, fmt, self.direction.options)
+        self.steer = steering_fields(payload, len(texts), self.as_list, fmt, self.direction.engine)
         self.glossaries, self.own_glossary = request_glossaries(payload.get("glossary"), payload.get("server_glossary"),
                                                                 self.direction, server.options.max_glossary_terms)
         self.terms: list = []  # per unit: its glossary terms (find_terms), once the units are known

@@ -26,7 +26,7 @@ import torch
 
 from .errors import XfError
 from .fileio import atomic_write
-from .quantization import Int8MatmulLinear, int8_matmul
+from .quantization import INT8_ENGINE_ATTR, Int8MatmulLinear, int8_matmul, quantized_engine
 from .vocab import EOS_ID, PAD_ID
 
 FORMAT_VERSION = 1
@@ -217,14 +217,15 @@ class RestrictedProjection:
         if isinstance(proj, torch.nn.Linear):
             self.weight = proj.weight.index_select(0, vocab)  # (|vocab|, D)
             self.packed = None
-        elif isinstance(proj, Int8MatmulLinear):  # --compile-mode aot's int8: the same int8 columns and scales
+        elif isinstance(proj, Int8MatmulLinear):  # --compile's int8: the same int8 columns and scales
             self.int8 = (proj.weight_t.index_select(1, vocab).contiguous(), proj.w_scale.index_select(0, vocab),
                          None if proj.bias is None else proj.bias.index_select(0, vocab))
             self.weight = self.packed = None
         else:  # torch.ao's dynamic int8 Linear: the same int8 weight rows, the same kernel
             int_rows, scale, zero, bias = _unpacked(proj)
             rows = torch._make_per_tensor_quantized_tensor(int_rows.index_select(0, vocab), scale, zero)
-            self.packed = torch.ops.quantized.linear_prepack(rows, None if bias is None else bias.index_select(0, vocab))
+            with quantized_engine(getattr(model, INT8_ENGINE_ATTR)):  # the model's engine, not the process's
+                self.packed = torch.ops.quantized.linear_prepack(rows, None if bias is None else bias.index_select(0, vocab))
             self.weight = None
 
     def tensors(self) -> Optional[tuple[torch.Tensor, ...]]:

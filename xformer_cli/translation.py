@@ -27,6 +27,7 @@ from .batching import batch_by_size
 from .constraints import BatchConstraints, word_boundaries
 from .ctranslate2_format import CTranslate2Engine
 from .engines import Engine, XfEngine
+from .decoding_plan import Machine, plan_decoding
 from .errors import ConfigError
 from .options import TranslateOptions
 from .search import Hypothesis
@@ -34,23 +35,20 @@ from .segment import split_texts
 from .vocab import decode_line
 
 
-def open_engine(options: TranslateOptions):
-    """(engine, sentencepiece processor, device) of --engine for --path: xf's own (``XfEngine``,
-    one model or an ensemble) or CTranslate2 over a directory of xf export (``CTranslate2Engine``)."""
+def open_engine(options: TranslateOptions, machine: Optional[Machine] = None):
+    """(engine, sentencepiece processor, device) of --engine for --path, opened as the decoding
+    plan of ``options`` on ``machine`` (this one unless given) says: xf's own (``XfEngine``, one
+    model or an ensemble) or CTranslate2 over a directory of xf export (``CTranslate2Engine``)."""
+    plan = plan_decoding(options, machine or Machine.here())
     warning = distributed.threads_warning(options.threads)
     if warning:
         warn(warning)
-    if options.engine == "ctranslate2":
-        if len(options.path) != 1:
-            raise ConfigError("--engine ctranslate2 takes one --path (ensembles are xf-engine only)")
-        if options.sampling:
-            raise ConfigError("--engine ctranslate2 does not sample: use the xf engine for --sampling")
-        engine, sp = CTranslate2Engine.open(options.path[0], options.device, options.precision, options.quantize,
-                                            options.threads, options.workers, options.shortlist)
+    if plan.engine == "ctranslate2":
+        engine, sp = CTranslate2Engine.open(options.path[0], plan.device, options.precision, options.quantize,
+                                            options.threads, options.workers, plan.shortlist)
     else:
-        engine, sp = XfEngine.open(options.path, options.device, options.precision, options.quantize,
-                                   options.int8_engine, options.threads, options.workers, options.shortlist,
-                                   options.compile, options.compile_mode)
+        engine, sp = XfEngine.open(options.path, plan)
+    engine.plan = plan
     return engine, sp, engine.device
 
 

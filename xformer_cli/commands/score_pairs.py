@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from typing import IO, Iterator, Optional
 
 from ..console import invalid_utf8_warning, print_summary, stderr_console, warn
+from ..decoding_plan import Machine, plan_decoding
 from ..engines import XfEngine
 from ..errors import XfError
 from ..fileio import atomic_write
@@ -120,10 +121,8 @@ def score_pairs(options: ScorePairsOptions) -> None:
     if target_lines != total:
         raise XfError(f"{options.target}: {target_lines:,} lines, but {options.source} has {total:,}: "
                       "xf score-pairs needs one target line per source line")
-    directions = [XfEngine.open(options.path, options.device, options.precision, threads=options.threads)]
-    if options.reverse_path:
-        directions.append(XfEngine.open(options.reverse_path, options.device, options.precision,
-                                        threads=options.threads))
+    plan = plan_decoding(options, Machine.here())
+    directions = [XfEngine.open(path, plan) for path in (options.path, options.reverse_path) if path]
     batch = dict(max_tokens=options.max_tokens or None, max_sentences=None if options.max_tokens else options.batch_size)
 
     console = stderr_console()

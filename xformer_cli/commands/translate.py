@@ -115,12 +115,12 @@ def _translate(engine, sp, device, options: TranslateOptions, glossary: Optional
                     steered = [read_steered_line(text, stats.lines + i + 1, where) for i, text in enumerate(lines)]
                     prefixes = encode_prefixes(sp, [s.prefix for s in steered], engine.max_source, where, stats.lines)
                     wanted = [s.constraints + (glossary.constraints(s.source) if glossary else []) for s in steered]
-                    constraints = _constraints(sp, wanted, engine.max_source, options, where, stats.lines)
+                    constraints = _constraints(sp, wanted, engine.max_source, engine.plan, where, stats.lines)
                     outputs = translate_buffer(engine, sp, [s.source for s in steered], stats.lines, options, stats,
                                                generator, prefixes, constraints)
                 elif glossary is not None:
                     constraints = _constraints(sp, [glossary.constraints(line) for line in lines], engine.max_source,
-                                               options, where, stats.lines)
+                                               engine.plan, where, stats.lines)
                     outputs = translate_buffer(engine, sp, lines, stats.lines, options, stats, generator, None,
                                                constraints)
                 else:
@@ -149,33 +149,31 @@ def _translate(engine, sp, device, options: TranslateOptions, glossary: Optional
         _summary(console, stats, elapsed, options, getattr(engine, "compiled", None), getattr(engine, "int8_engine", None))
 
 
-def _constraints(sp, wanted: list, max_target: int, options: TranslateOptions, where: str, first_line: int):
+def _constraints(sp, wanted: list, max_target: int, plan, where: str, first_line: int):
     """The buffer's lexical constraints (per line, ``read_constraints``'s form) as subword ids
-    (None when no line has any); refused where the search cannot meet them (CTranslate2,
+    (None when no line has any); refused where the plan cannot meet them (CTranslate2,
     sampling), naming the first line that has them."""
     if not any(wanted):
         return None
     line = first_line + 1 + next(i for i, c in enumerate(wanted) if c)
-    if options.engine == "ctranslate2":
-        raise ConfigError(f"{where}: line {line}: lexical constraints need the xf engine (CTranslate2 has none)")
-    if options.sampling:
-        raise ConfigError(f"{where}: line {line}: lexical constraints need beam search, not --sampling")
+    try:
+        plan.refuse_steering("'constraints'")
+    except ConfigError as e:
+        raise ConfigError(f"{where}: line {line}: {e}") from None
     return encode_constraints(sp, wanted, max_target, where, first_line)
 
 
 def compile_cell(compiled) -> str:
-    """The summary's compile cell: seconds, and graphs compiled (jit) or packages built and loaded (aot)."""
-    if hasattr(compiled, "loaded"):  # search.AotStep
-        return (f"{compiled.compile_seconds:.2f} s, ahead of time: {compiled.graphs} package(s) built, "
-                f"{compiled.loaded} loaded from the cache")
-    return f"{compiled.compile_seconds:.2f} s, {compiled.graphs} graph(s)"
+    """The summary's compile cell: seconds, packages built and loaded (decoder_step.AotStep)."""
+    return (f"{compiled.compile_seconds:.2f} s, ahead of time: {compiled.graphs} package(s) built, "
+            f"{compiled.loaded} loaded from the cache")
 
 
 def _summary(console, stats: Stats, elapsed: float, options: TranslateOptions, compiled=None,
              int8_engine: Optional[str] = None) -> None:
-    """The summary table; with --compile (``compiled``, a search.CompiledStep) the calls that
-    compiled a graph are reported on their own row and left out of the speeds; with --quantize
-    int8 the quantized engine and how it was chosen (``int8_engine``)."""
+    """The summary table; with --compile (``compiled``, a decoder_step.AotStep) the time that
+    built or loaded its packages is reported on its own row and left out of the speeds; with
+    --quantize int8 what runs the int8 products (``int8_engine``)."""
     translated = stats.lines - stats.empty
     mode = "sampling" if options.sampling else "greedy" if options.beam_size == 1 else f"beam {options.beam_size}"
     compiling = compiled.compile_seconds if compiled is not None else 0.0

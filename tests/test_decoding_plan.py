@@ -1,0 +1,110 @@
+"""The decoding plan (xformer_cli/decoding_plan.py): every rule of how a translation runs, as a
+table of (options, machine) -> plan fields or the one-line refusal, on the CPU kinds and GPUs
+users have (machines are described, not detected: the table holds on any machine that runs it)."""
+
+import pytest
+
+from xformer_cli.decoding_plan import Machine, plan_decoding
+from xformer_cli.errors import ConfigError, XfError
+from xformer_cli.options import ScorePairsOptions, TranslateOptions
+
+AVX2 = Machine(threads=2)  # no bf16 instructions, int8 products not exact
+VNNI = Machine(int8_exact=True, threads=2)
+AMX = Machine(cpu_bf16=True, int8_exact=True, threads=2)
+H100 = Machine(cuda=True, cuda_bf16=True, cpu_bf16=True, int8_exact=True, threads=16)
+T4 = Machine(cuda=True, threads=8)  # no bf16 on the GPU
+
+EMULATED = "bf16 runs emulated"
+
+PLANS = [
+    # (options, machine, expected plan fields)
+    (dict(), AVX2, dict(engine="xf", device="cpu", precision="fp32", int8="none", int8_engine=None, step="eager",
+                        workers=1, processes=False, threads=0, steering=True, warning=None)),
+    (dict(precision="auto"), AMX, dict(precision="bf16", warning=None)),
+    (dict(precision="auto"), AVX2, dict(precision="fp32")),
+    (dict(precision="bf16"), AVX2, dict(precision="bf16", warning=EMULATED)),
+    (dict(device="auto"), H100, dict(device="cuda")),
+    (dict(device="auto", precision="auto"), T4, dict(device="cuda", precision="fp32")),
+    (dict(device="cuda", precision="fp16"), T4, dict(precision="fp16")),
+    (dict(quantize="int8"), AVX2, dict(int8="dynamic", int8_engine="x86", step="eager", precision="fp32")),
+    (dict(quantize="int8", int8_engine="onednn"), AMX, dict(int8="dynamic", int8_engine="onednn")),
+    (dict(quantize="int8", compile=True), VNNI, dict(int8="matmul", int8_engine="x86", step="aot")),
+    (dict(quantize="int8", compile=True, int8_engine="fbgemm"), AMX, dict(int8="matmul", int8_engine="fbgemm")),
+    (dict(compile=True), AVX2, dict(step="aot", int8="none")),
+    (dict(compile=True, precision="bf16"), AMX, dict(step="aot", precision="bf16")),
+    (dict(workers=2), AVX2, dict(workers=2, processes=True, threads=1)),
+    (dict(workers=2, threads=8), AVX2, dict(processes=True, threads=4)),
+    (dict(workers=3, threads=2), AVX2, dict(threads=1)),  # at least one thread each
+    (dict(threads=3), AVX2, dict(threads=3, processes=False)),
+    (dict(workers=2, device="cuda"), H100, dict(workers=2, processes=False, threads=8)),  # threads on a GPU
+    (dict(workers=2, compile=True, quantize="int8", shortlist="s.npz"), VNNI,
+     dict(processes=True, step="aot", int8="matmul", shortlist="s.npz")),
+    (dict(sampling=True), AVX2, dict(steering=False)),
+    (dict(glossary="terms.tsv"), AVX2, dict(steering=True)),
+    (dict(engine="ctranslate2"), AVX2, dict(engine="ctranslate2", steering=False, int8_engine=None)),
+    (dict(engine="ctranslate2", quantize="int8", workers=2, shortlist="s.npz"), AMX,
+     dict(engine="ctranslate2", int8="dynamic", int8_engine=None, shortlist="s.npz")),
+    (dict(engine="ctranslate2", precision="bf16"), AVX2, dict(precision="bf16", warning=None)),  # CTranslate2 decides
+]
+
+REFUSALS = [
+    # (options, machine, the one line's words)
+    (dict(int8_engine="onednn"), AMX, "--int8-engine onednn is the library of xf's --quantize int8 layers: add"),
+    (dict(engine="ctranslate2", quantize="int8", int8_engine="fbgemm"), AMX, "not of --engine ctranslate2"),
+    (dict(engine="ctranslate2", path=("a", "b")), AVX2, "--engine ctranslate2 takes one --path"),
+    (dict(engine="ctranslate2", sampling=True), AVX2, "--engine ctranslate2 does not sample"),
+    (dict(engine="ctranslate2", compile=True), AVX2, "--engine ctranslate2 runs CTranslate2's"),
+    (dict(workers=2, sampling=True), AVX2, "use --workers 1 to sample"),
+    (dict(device="cuda"), AMX, "--device cuda: no CUDA device is available"),
+    (dict(compile=True, device="auto"), H100, "on CUDA it is not measured yet (bench/gpu.sh)"),
+    (dict(compile=True, device="cuda", workers=2), H100, "on CUDA it is not measured yet"),
+    (dict(compile=True, quantize="int8"), AVX2, "--compile --quantize int8 needs int8 products this CPU computes "
+                                                "exactly"),
+    (dict(quantize="int8", device="cuda"), H100, "--quantize int8: the xf engine on CUDA has no int8 layers"),
+    (dict(quantize="int8", precision="bf16"), AMX, "runs around its int8 layers in fp32, not --precision bf16"),
+    (dict(precision="fp16"), AMX, "--precision fp16: the xf engine on a CPU computes in fp32, bf16"),
+    (dict(glossary="terms.tsv", sampling=True), AVX2, "--glossary gives lexical constraints, which need xf's beam "
+                                                      "search: this runs --sampling"),
+    (dict(glossary="terms.tsv", engine="ctranslate2"), AVX2, "this runs CTranslate2 (--engine xf)"),
+]
+
+
+def options(**kw):
+    return TranslateOptions(**{"path": ("model.pt",), "device": "cpu", **kw})
+
+
+@pytest.mark.parametrize("kw, machine, expected", PLANS)
+def test_the_plan_of_each_combination(kw, machine, expected):
+    plan = plan_decoding(options(**kw), machine)
+    assert {name: getattr(plan, name) for name in expected} == {
+        name: value for name, value in expected.items() if name != "warning" or value is None
+    } | ({"warning": plan.warning} if expected.get("warning") else {})
+    if expected.get("warning"):
+        assert expected["warning"] in plan.warning
+
+
+@pytest.mark.parametrize("kw, machine, words", REFUSALS)
+def test_each_refusal_is_one_line_naming_the_option(kw, machine, words):
+    with pytest.raises((ConfigError, XfError)) as caught:
+        plan_decoding(options(**kw), machine)
+    message = str(caught.value)
+    assert words in message and "\n" not in message
+
+
+def test_a_command_without_the_engine_options_runs_with_their_defaults():
+    """xf score-pairs has --device, --precision and --threads only: the rest as TranslateOptions' defaults."""
+    plan = plan_decoding(ScorePairsOptions(path=("m.pt",), source="s", target="t", precision="auto", threads=2), AMX)
+    assert (plan.engine, plan.device, plan.precision, plan.int8, plan.step, plan.threads) == \
+        ("xf", "cpu", "bf16", "none", "eager", 2)
+
+
+def test_steering_is_refused_where_the_plan_cannot_meet_it():
+    plan = plan_decoding(options(sampling=True), AVX2)
+    with pytest.raises(ConfigError, match="'constraints' gives lexical constraints, which need xf's beam search"):
+        plan.refuse_steering("'constraints'")
+    plan_decoding(options(), AVX2).refuse_steering("'constraints'")  # xf's beam search: no error
+
+
+def test_the_machine_here_is_read_once_and_consistent():
+    here = Machine.here()
+    assert here.threads >= 1 and (here.cuda or not here.cuda_bf16)

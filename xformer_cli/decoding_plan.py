@@ -1,0 +1,145 @@
+"""The decoding plan: every decision of how a translation runs, made once, from the options and the machine.
+
+``plan_decoding(options, machine)`` is a pure function (no torch calls, no files): the
+decoding options (``TranslateOptions``, or ``xf serve``'s per direction) and the facts of the
+machine (``Machine``: a CUDA device and its bf16, the CPU's bf16 instructions, whether int8
+products are exact here) become a ``DecodingPlan``, or a ConfigError of one line naming the
+option. ``xf translate``, ``xf serve``, ``xf score-pairs`` and the benches open their engines
+from a plan; nothing else decides. The rules, each once (the table test is
+tests/test_decoding_plan.py):
+
+- engine: ``ctranslate2`` takes one --path (ensembles are xf's), no --sampling, no --compile (its
+  own search), and no --int8-engine (it brings its own int8 kernels);
+- device: ``auto`` is CUDA where there is one, else the CPU; ``cuda`` without one is refused;
+- precision: ``precision.resolve_precision`` over what the engine computes in here;
+- int8: ``--int8-engine`` names torch's engine of --quantize int8 (default x86) and nothing else;
+  eager int8 is torch.ao's dynamic layers of that engine; with --compile, the decoder's int8
+  products are compiled ahead of time (``torch._int_mm``), which is exact only where the CPU
+  multiplies int8 pairs into int32 (VNNI, AMX): refused elsewhere; the encoder keeps the engine's;
+- step: --compile is the decoder step compiled ahead of time on the CPU; on CUDA it is refused
+  until bench/gpu.sh has measured it there;
+- workers: on the CPU each its own process (no shared interpreter lock), elsewhere a thread;
+  sampling runs in one (its random stream runs through the batches in order); each worker gets
+  its share of --threads;
+- steering (lexical constraints, glossaries): xf's beam search only, not CTranslate2's and not sampling.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+from .errors import ConfigError, XfError
+from .precision import precision_warning, resolve_precision, xf_precisions
+
+DEFAULT_INT8_ENGINE = "x86"  # torch's own pick of fbgemm or oneDNN by shape
+
+
+@dataclass(frozen=True)
+class Machine:
+    """What the plan needs to know of the machine. ``here()`` reads it."""
+
+    cuda: bool = False  # a CUDA device is visible
+    cuda_bf16: bool = False  # it multiplies bf16 natively (sm_80+)
+    cpu_bf16: bool = False  # avx512_bf16 or AMX: bf16 is native on the CPU
+    int8_exact: bool = False  # torch._int_mm is exact here (VNNI or AMX)
+    threads: int = 1  # torch's default thread count
+
+    @classmethod
+    def here(cls) -> "Machine":
+        import torch
+
+        from .precision import cpu_bf16_instructions, cuda_has_bf16
+        from .quantization import int8_matmul_exact
+
+        cuda = torch.cuda.is_available()
+        return cls(cuda=cuda, cuda_bf16=cuda and cuda_has_bf16(torch.device("cuda")),
+                   cpu_bf16=bool(cpu_bf16_instructions()), int8_exact=int8_matmul_exact(),
+                   threads=torch.get_num_threads())
+
+@dataclass(frozen=True)
+class DecodingPlan:
+    engine: str  # xf | ctranslate2
+    device: str  # cpu | cuda
+    precision: str  # fp32 | bf16 | fp16 (ctranslate2: the asked one; its engine resolves it)
+    int8: str  # none | dynamic (torch.ao's layers) | matmul (the decoder's products compiled ahead of time)
+    int8_engine: Optional[str]  # torch's quantized engine of the dynamic layers (matmul: the encoder's)
+    step: str  # eager | aot
+    workers: int
+    processes: bool  # the workers are processes (the CPU), else threads
+    threads: int  # torch threads of each worker (0: torch's default)
+    shortlist: Optional[str]
+    steering: bool  # lexical constraints and glossaries can be met (xf's beam search)
+    warning: Optional[str] = None  # runs, but badly here (emulated bf16)
+
+    def refuse_steering(self, what: str) -> None:
+        """Raise the one line saying why ``what`` (constraints, a glossary) cannot be met here."""
+        if not self.steering:
+            raise ConfigError(f"{what} gives lexical constraints, which need xf's beam search: this runs "
+                              + ("CTranslate2 (--engine xf)" if self.engine == "ctranslate2" else "--sampling"))
+
+
+# The engine options a plan reads, with the value a command that lacks one runs with (xf
+# score-pairs has no --engine, --quantize, --compile, ...): TranslateOptions declares them all.
+PLAN_DEFAULTS = dict(engine="xf", device="auto", precision="auto", quantize="none", int8_engine=DEFAULT_INT8_ENGINE,
+                     compile=False, workers=1, threads=0, shortlist=None, sampling=False, glossary=None)
+
+
+def plan_decoding(options, machine: Machine) -> DecodingPlan:
+    """The plan of ``options`` (TranslateOptions, or any options object: a field it lacks runs
+    with ``PLAN_DEFAULTS``') on ``machine``; the number of --path checkpoints from ``path``."""
+    o = {name: getattr(options, name, default) for name, default in PLAN_DEFAULTS.items()}
+    engine, int8_engine, workers = o["engine"], o["int8_engine"], o["workers"]
+    if int8_engine != DEFAULT_INT8_ENGINE and (o["quantize"] != "int8" or engine != "xf"):
+        raise ConfigError(f"--int8-engine {int8_engine} is the library of xf's --quantize int8 layers"
+                          + (": add --quantize int8" if engine == "xf" else
+                             ", not of --engine ctranslate2 (which brings its own)"))
+    if engine == "ctranslate2":
+        if len(options.path) != 1:
+            raise ConfigError("--engine ctranslate2 takes one --path (ensembles are xf-engine only)")
+        if o["sampling"]:
+            raise ConfigError("--engine ctranslate2 does not sample: use the xf engine for --sampling")
+        if o["compile"]:
+            raise ConfigError("--compile compiles xf's own search: --engine ctranslate2 runs CTranslate2's")
+    if workers > 1 and o["sampling"]:
+        raise ConfigError(f"--workers {workers} decodes batches in parallel, but --sampling's random "
+                          "stream runs through the batches in order: use --workers 1 to sample")
+    device = _device(o["device"], machine)
+    precision, warning = _precision(engine, device, o["precision"], o["quantize"], machine)
+    int8 = "none" if o["quantize"] != "int8" else "matmul" if o["compile"] else "dynamic"
+    if o["compile"] and device == "cuda":
+        raise ConfigError("--compile compiles the decoder step ahead of time on the CPU; on CUDA it is not "
+                          "measured yet (bench/gpu.sh): drop --compile")
+    if int8 == "matmul" and not machine.int8_exact:
+        raise ConfigError("--compile --quantize int8 needs int8 products this CPU computes exactly (VNNI or AMX; "
+                          "without them torch._int_mm saturates): drop --compile, or --quantize")
+    threads = max(1, (o["threads"] or machine.threads) // workers) if o["threads"] > 0 or workers > 1 else 0
+    plan = DecodingPlan(engine=engine, device=device, precision=precision, int8=int8,
+                        int8_engine=int8_engine if int8 != "none" and engine == "xf" else None,
+                        step="aot" if o["compile"] else "eager", workers=workers,
+                        processes=workers > 1 and device == "cpu", threads=threads, shortlist=o["shortlist"],
+                        steering=engine == "xf" and not o["sampling"], warning=warning)
+    if o["glossary"]:
+        plan.refuse_steering("--glossary")
+    return plan
+
+
+def _device(option: str, machine: Machine) -> str:
+    if option == "auto":
+        return "cuda" if machine.cuda else "cpu"
+    if option == "cuda" and not machine.cuda:
+        raise XfError("--device cuda: no CUDA device is available (use --device cpu)")
+    return option
+
+
+def _precision(engine: str, device: str, precision: str, quantize: str, machine: Machine) -> tuple[str, Optional[str]]:
+    """(precision, warning): xf's by ``resolve_precision`` over what it computes in here;
+    CTranslate2's resolved by its engine, which asks CTranslate2 what its device computes in."""
+    if engine != "xf":
+        return precision, None
+    import torch  # a torch.device names the device in resolve_precision's messages: no hardware call
+
+    where = torch.device(device)
+    available = xf_precisions(where, machine.cuda_bf16 if device == "cuda" else machine.cpu_bf16)
+    resolved = resolve_precision(where, precision, quantize, available, "xf")
+    return resolved, precision_warning(where, resolved, available)
