@@ -21,9 +21,9 @@ from xformer_cli.search import (
     length_penalty,
     max_output_lengths,
     sample,
-    top_candidates,
     top_k_top_p_filter,
 )
+from xformer_cli.selection import top_candidates
 
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # conftest: tiny tensors gain nothing from threads

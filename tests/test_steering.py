@@ -362,3 +362,26 @@ def test_constraints_through_the_compiled_step_equal_eager(tmp_path):
     assert_same(compiled, beam_search([model], src, options, constraints=BatchConstraints(constraints)))
     assert step.graphs == 1  # it ran compiled
     assert all(compiled), "every sentence has a translation"
+
+
+def test_sentences_without_constraints_in_a_constrained_batch_get_the_plain_output_with_ties_and_wide_rows():
+    """The plain search takes its 2k best with the grouped top-k (``selection.top_candidates``,
+    used only for wide rows: k x V >= 1,024 here), whose choice among equal scores is its own: the
+    constrained search takes them with the same top-k, so an unconstrained sentence of a
+    constrained batch gets the plain output bit for bit even where scores tie (output rows
+    duplicated in pairs: every token's score has a twin), with a shortlist too."""
+    model = tiny(vocab_size=600, seed=4)
+    with torch.no_grad():
+        weight = model.output_proj.weight
+        weight[5::2] = weight[4:-1:2]  # token 2j+1 scores exactly as token 2j: ties everywhere
+    sources = ([5, 6, 7, 8, 9, 10], [11, 12], [13, 14, 15, 16], [17], [40, 41, 42])
+    src = batch(*sources)
+    constraints = [[[[20, 21]]], [], [[[22], [23, 24]], [[25]]], [], []]
+    shortlist = torch.unique(torch.cat([torch.arange(4), torch.arange(4, 600, 2), torch.arange(5, 400, 2),
+                                        torch.tensor(BatchConstraints(constraints).tokens())]))
+    for options in (D(beam_size=4, nbest=4, max_len_b=6), D(beam_size=5, nbest=2, max_len_b=4)):
+        for candidates in (None, shortlist):
+            found = beam_search([model], src, options, candidates=candidates, constraints=BatchConstraints(constraints))
+            plain = beam_search([model], src, options, candidates=candidates)
+            for i in (1, 3, 4):
+                assert found[i] == plain[i], (options, candidates is not None, i)  # tokens and scores, bit for bit

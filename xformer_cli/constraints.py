@@ -42,6 +42,7 @@ from typing import Optional, Sequence
 
 import torch
 
+from .selection import top_candidates
 from .vocab import EOS_ID, PAD_ID
 
 LOG_ZERO = float("-inf")
@@ -176,14 +177,19 @@ class BatchConstraints:
         lprobs[:, EOS_ID].masked_fill_(forbid, LOG_ZERO)  # column EOS_ID: a shortlist holds 0-3
         return lprobs
 
+    def choose(self, scores: torch.Tensor, lprobs: torch.Tensor, step: int, candidates: Optional[torch.Tensor]):
+        """``selection.PlainSelection.choose``'s call: eos forbidden where constraints are unmet
+        (``mask_eos``), then dynamic beam allocation's extensions (``extensions``)."""
+        return self.extensions(scores, self.mask_eos(lprobs, step), candidates)
+
     def extensions(self, scores: torch.Tensor, lprobs: torch.Tensor, candidates: Optional[torch.Tensor]):
-        """As ``search._best_extensions`` (scores (sents k,), lprobs (sents k, V)) but W >= 2k wide:
+        """As ``selection.best_extensions`` (scores (sents k,), lprobs (sents k, V)) but W >= 2k wide:
         a constrained sentence's candidates in dynamic beam allocation's order, the others' 2k best
         in their own order, each padded with -inf candidates of the token pad (never chosen)."""
         k, vocab = self.beams, lprobs.size(1)
         sents = scores.size(0) // k
         cand = (scores[:, None] + lprobs).view(-1, k * vocab)  # (sents, k V)
-        top_idx = cand.topk(2 * k, dim=1).indices  # (sents, 2k)
+        top_idx = top_candidates(cand, 2 * k)[1]  # (sents, 2k): the plain search's, so its output is theirs
         rows = torch.arange(sents * k, device=cand.device)
         row_sent = self._sentence_of(rows)
         offset = (rows % k) * vocab  # (rows,): where each row's columns start in its sentence's k V

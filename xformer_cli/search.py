@@ -32,6 +32,7 @@ from .constraints import BatchConstraints
 from .decoder_step import LOG_ZERO, EagerStep, forbid_specials
 from .model import Transformer
 from .options import DecodingOptions
+from .selection import PlainSelection
 from .shortlist import RestrictedProjection
 from .vocab import PAD_ID, BOS_ID, EOS_ID
 
@@ -254,46 +255,6 @@ def _finished_and_next(top_scores: torch.Tensor, top_beam: torch.Tensor, top_tok
     return base_rows, final, norm, order, rows
 
 
-def top_candidates(x: torch.Tensor, n: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """``x.topk(n, dim=1)`` (values, indices) of a contiguous x (R, W), faster for wide rows: the
-    columns in G strided groups (column c in group c % (W / G)), and since each group's maximum
-    is at least every element of it, the n largest lie in the n groups of largest maximum, so
-    one top-k runs over the W / G maxima and one over those groups' n G elements. aten's CPU
-    top-k costs about 3 ns an element, and it partially sorts (its fast path) only a row of at
-    least 64 n elements, so G is the largest divisor of W with W / G >= 64 n (at most 64):
-    measured 2x faster for 64 sentences of 4 beams x 704 shortlisted columns, 4x over 4 x 8,000.
-    The same values, sorted; the same indices where values are distinct (among equal values
-    both pick any, aten's own order not being defined)."""
-    rows, width = x.shape
-    most = min(width // (64 * n), 64) if x.device.type == "cpu" else 1  # an accelerator's top-k: its own
-    groups = next((g for g in range(most, 1, -1) if width % g == 0), 1)
-    if groups == 1:
-        return x.topk(n, dim=1)
-    size = width // groups
-    maxima = x.view(rows, groups, size).amax(dim=1)  # (R, size): column c's group {c, c + size, ...}
-    columns = maxima.topk(n, dim=1).indices  # (R, n)
-    idx = (columns[:, :, None] + torch.arange(0, width, size, device=x.device)).view(rows, n * groups)
-    values, at = x.gather(1, idx).topk(n, dim=1)
-    return values, idx.gather(1, at)
-
-
-def _best_extensions(scores: torch.Tensor, lprobs: torch.Tensor, k: int, candidates: Optional[torch.Tensor]):
-    """The 2k best extensions of each sentence's k hypotheses, scores (sents k,) and lprobs
-    (sents k, V): their cumulative scores, beam (0..k-1), token id and token log-probability,
-    each (sents, 2k), best first. One top-k over beam * vocab for every sentence at once
-    (``top_candidates``; measured: faster on a CPU than a top-k of each row first, although that
-    skips adding the scores to every row). candidates: the ids of lprobs' columns (a shortlist),
-    None: all."""
-    vocab = lprobs.size(1)
-    cand = (scores[:, None] + lprobs).view(-1, k * vocab)  # (sents, k V)
-    top_scores, top_idx = top_candidates(cand, 2 * k)  # (sents, 2k)
-    top_beam, top_token = top_idx // vocab, top_idx % vocab
-    top_lprobs = lprobs.view(-1, k * vocab).gather(1, top_idx)
-    if candidates is not None:  # columns to token ids
-        top_token = candidates[top_token]
-    return top_scores, top_beam, top_token, top_lprobs
-
-
 @torch.inference_mode()
 def beam_search(
     models: Sequence[Transformer], src: torch.Tensor, options: DecodingOptions = DecodingOptions(), use_cache: bool = True,
@@ -333,12 +294,16 @@ def _beam_search(models: Sequence[Transformer], src: torch.Tensor, options: Deco
                  candidates: Optional[torch.Tensor], all_finished: bool, decoder_step: Optional[DecoderStep],
                  prefix: Optional[torch.Tensor], constraints: Optional[BatchConstraints] = None,
                  ) -> list[list[Hypothesis]]:
-    """``beam_search`` itself; with constraints, a sentence none of whose hypotheses met them has none."""
+    """``beam_search`` itself, the one beam loop; the extensions each step keeps are chosen by
+    ``selection`` (``selection.PlainSelection``, or the constraints' dynamic beam allocation);
+    with constraints, a sentence none of whose hypotheses met them has none."""
     # One function on purpose: a step is one story over about ten tensors that change together.
     k, nbest, device, nsent = options.beam_size, options.nbest, src.device, src.size(0)
     lp = lambda length: length_penalty(length, options.lenpen, options.lenpen_style)  # noqa: E731
     state, max_len = _open_search(models, src, options, use_cache, candidates, decoder_step, prefix)
     finished: list[list[Hypothesis]] = [[] for _ in range(nsent)]
+    selection = constraints if constraints else PlainSelection()  # one with no constraint at all: the plain one
+    selection.start(max_len, k)
 
     sent_ids = torch.arange(nsent, device=device)  # original index of each active sentence
     tokens = torch.full((nsent, 1), BOS_ID, dtype=torch.long, device=device)  # (rows, t + 1)
@@ -349,9 +314,6 @@ def _beam_search(models: Sequence[Transformer], src: torch.Tensor, options: Deco
     max_lp = lp(max_len.double() + 1).float()  # penalty of the longest output each sentence may have
     shortest = int(max_len.min())  # host copy: which step first forces eos, without a device sync
     beam_offsets = torch.arange(k, device=device)
-    tracker = constraints if constraints else None  # one with no constraint at all: the plain search
-    if tracker is not None:
-        tracker.start(max_len, k)
 
     for step in range(int(max_len.max()) + 1):
         per_sentence = k if step > 0 else 1
@@ -364,11 +326,7 @@ def _beam_search(models: Sequence[Transformer], src: torch.Tensor, options: Deco
             state.expand_beams(k)
             lprobs, tokens, pos_scores = lprobs[expand], tokens[expand], pos_scores[expand]
             scores = torch.zeros(nsent, k, device=device).index_fill_(1, beam_offsets[1:], LOG_ZERO).view(-1)
-        if tracker is None:
-            top_scores, top_beam, top_token, top_lprobs = _best_extensions(scores, lprobs, k, candidates)  # (sents, 2k)
-        else:  # (sents, W >= 2k), in dynamic beam allocation's order
-            top_scores, top_beam, top_token, top_lprobs = tracker.extensions(scores, tracker.mask_eos(lprobs, step),
-                                                                             candidates)
+        top_scores, top_beam, top_token, top_lprobs = selection.choose(scores, lprobs, step, candidates)  # (sents, W)
         base_rows, final, norm, order, rows = _finished_and_next(top_scores, top_beam, top_token, k, lp(step + 1.0))
         fin_count += final.sum(dim=1)
         fin_best = torch.cat([fin_best, norm], dim=1).topk(nbest, dim=1).values
@@ -376,9 +334,7 @@ def _beam_search(models: Sequence[Transformer], src: torch.Tensor, options: Deco
         scores = top_scores.gather(1, order).view(-1)  # (rows,)
         tokens = torch.cat([tokens[rows], top_token.gather(1, order).view(-1, 1)], dim=1)
         pos_scores = torch.cat([pos_scores[rows], top_lprobs.gather(1, order).view(-1, 1)], dim=1)
-        # the caches follow the beams (rows) below, in one gather with the done sentences' removal
-        if tracker is not None:
-            tracker.follow(rows, tokens[:, -1])
+        selection.follow(rows, tokens[:, -1])  # the caches follow below, with the done sentences' removal
 
         # A sentence is done with k finished, when no live hypothesis can beat its nbest-th
         # finished one, or at its maximum length.
@@ -388,16 +344,9 @@ def _beam_search(models: Sequence[Transformer], src: torch.Tensor, options: Deco
         if not all_finished:  # the bound holds for this lenpen only: a rescore needs them all
             done = done | fin_best[:, -1].ge(bound)
         any_final, all_done, any_done = torch.stack((final.any(), done.all(), done.any())).tolist()  # one sync
-
         if any_final:
-            sent, rank = final.nonzero(as_tuple=True)
-            done_rows = base_rows[:, 0][sent] + top_beam[sent, rank]
-            for i, row, row_tokens, row_pos, s, last in zip(
-                sent_ids[sent].tolist(), done_rows.tolist(), prev_tokens[done_rows, 1:].tolist(),
-                prev_pos_scores[done_rows].tolist(), norm[sent, rank].tolist(), top_lprobs[sent, rank].tolist(),
-            ):
-                if tracker is None or tracker.met(row):  # not one that ended at the limit without them
-                    finished[i].append(Hypothesis(row_tokens + [EOS_ID], s, row_pos + [last]))
+            _add_finished(finished, selection, final, base_rows, top_beam, sent_ids, prev_tokens,
+                                      prev_pos_scores, norm, top_lprobs)
         if all_done:
             break
         if not any_done:
@@ -411,11 +360,25 @@ def _beam_search(models: Sequence[Transformer], src: torch.Tensor, options: Deco
             fin_count, fin_best = fin_count[keep], fin_best[keep]
             tokens, pos_scores, scores = tokens[keep_rows], pos_scores[keep_rows], scores[keep_rows]
             shortest = int(max_len.min())
-            if tracker is not None:
-                tracker.keep(keep, keep_rows)
+            selection.keep(keep, keep_rows)
 
     # all_finished: in the order found, so that rescore's stable sort breaks ties as this one does
     return finished if all_finished else [sorted(hyps, key=lambda h: -h.score)[:nbest] for hyps in finished]
+
+
+def _add_finished(finished: list[list[Hypothesis]], selection, final, base_rows, top_beam, sent_ids, prev_tokens,
+                  prev_pos_scores, norm, top_lprobs) -> None:
+    """A step's finished hypotheses (``final`` (sents, k): eos among the first k candidates) added
+    to their sentences' lists, except one that ``selection`` says may not end there (it ended at
+    the length limit without its constraints)."""
+    sent, rank = final.nonzero(as_tuple=True)
+    done_rows = base_rows[:, 0][sent] + top_beam[sent, rank]
+    for i, row, row_tokens, row_pos, s, last in zip(
+        sent_ids[sent].tolist(), done_rows.tolist(), prev_tokens[done_rows, 1:].tolist(),
+        prev_pos_scores[done_rows].tolist(), norm[sent, rank].tolist(), top_lprobs[sent, rank].tolist(),
+    ):
+        if selection.met(row):
+            finished[i].append(Hypothesis(row_tokens + [EOS_ID], s, row_pos + [last]))
 
 
 def rescore(hyps: Sequence[Hypothesis], alpha: float, style: str = "gnmt") -> list[Hypothesis]:
