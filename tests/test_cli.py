@@ -154,15 +154,15 @@ def test_a_removed_option_says_what_replaces_it(args, words):
     ("translate: {path: [m.pt], quantize: int8, int8_engine: auto}\n", "--int8-engine auto was removed"),
 ])
 def test_a_removed_yaml_key_says_what_replaces_it(tmp_path, yaml_text, words):
-    from xformer_cli.config import load_options
+    from xformer_cli.frame import load_command_options
     from xformer_cli.errors import ConfigError
     from xformer_cli.options import TranslateOptions
 
     (tmp_path / "xf.yaml").write_text(yaml_text)
     with pytest.raises(ConfigError, match=words) as caught:
-        load_options(TranslateOptions, tmp_path / "xf.yaml", section="translate")
+        load_command_options(TranslateOptions, tmp_path / "xf.yaml", section="translate")
     assert str(caught.value).startswith(str(tmp_path / "xf.yaml")) and "\n" not in str(caught.value)
     # a value that stays is still a value: x86 is the default, fbgemm an override
     for engine in ("x86", "fbgemm"):
         (tmp_path / "ok.yaml").write_text(f"translate: {{path: [m.pt], quantize: int8, int8_engine: {engine}}}\n")
-        assert load_options(TranslateOptions, tmp_path / "ok.yaml", section="translate").int8_engine == engine
+        assert load_command_options(TranslateOptions, tmp_path / "ok.yaml", section="translate").int8_engine == engine

@@ -3,6 +3,7 @@
 import pytest
 
 from xformer_cli.config import load_options, to_dict
+from xformer_cli.frame import load_command_options
 from xformer_cli.errors import ConfigError
 import dataclasses
 
@@ -17,7 +18,7 @@ def write(tmp_path, text):
 
 def test_yaml_then_flags(tmp_path):
     cfg = write(tmp_path, "data: d\nmax_tokens: 2000\narch: small\nadam-betas: [0.9, 0.997]\n")
-    opts = load_options(TrainOptions, cfg, {"max_tokens": 3000}, section="train")
+    opts = load_command_options(TrainOptions, cfg, {"max_tokens": 3000}, section="train")
     assert opts.max_tokens == 3000  # the flag wins
     assert opts.arch == "small"
     assert opts.adam_betas == (0.9, 0.997)
@@ -26,8 +27,8 @@ def test_yaml_then_flags(tmp_path):
 
 def test_sectioned_file(tmp_path):
     cfg = write(tmp_path, "train:\n  data: d\n  max_update: 7\ntranslate:\n  beam: 5\n  path: [a.pt]\n")
-    assert load_options(TrainOptions, cfg, section="train").max_update == 7
-    assert load_options(TranslateOptions, cfg, section="translate").beam_size == 5
+    assert load_command_options(TrainOptions, cfg, section="train").max_update == 7
+    assert load_command_options(TranslateOptions, cfg, section="translate").beam_size == 5
 
 
 def test_unknown_key_names_the_nearest(tmp_path):
@@ -39,7 +40,7 @@ def test_unknown_key_names_the_nearest(tmp_path):
 def test_unknown_section(tmp_path):
     cfg = write(tmp_path, "train: {data: d}\ntranslat: {beam: 2}\n")
     with pytest.raises(ConfigError, match="did you mean 'translate'"):
-        load_options(TrainOptions, cfg, section="train")
+        load_command_options(TrainOptions, cfg, section="train")
 
 
 @pytest.mark.parametrize("text,nearest", [
@@ -50,7 +51,7 @@ def test_unknown_section(tmp_path):
 ])
 def test_misspelled_section_names_the_nearest_section(tmp_path, text, nearest):
     with pytest.raises(ConfigError, match=rf"unknown section '\w+' \(did you mean '{nearest}'\?\)"):
-        load_options(TrainOptions, write(tmp_path, text), section="train")
+        load_command_options(TrainOptions, write(tmp_path, text), section="train")
 
 
 @pytest.mark.parametrize(

@@ -21,7 +21,7 @@ import torch
 
 from helpers import cli_args, opts, records
 from xformer_cli.checkpoint import load_checkpoint, make_checkpoint, save_checkpoint
-from xformer_cli.config import load_options
+from xformer_cli.frame import load_command_options
 from xformer_cli.options import TrainOptions
 from xformer_cli.model import build_model
 from xformer_cli.commands.train import train
@@ -158,7 +158,7 @@ def test_disk_full_at_every_train_write_site(data_dir, tmp_path, enospc):
             assert now[kept] == good[kept], f"{kept} changed when {site} could not be written"
         if site == "config.yaml":
             assert now["config.yaml"] == before["config.yaml"]
-        assert load_options(TrainOptions, save / "config.yaml", section="train").max_update in (2, 4)  # whole
+        assert load_command_options(TrainOptions, save / "config.yaml", section="train").max_update in (2, 4)  # whole
         assert now["train_log.jsonl"].startswith(before["train_log.jsonl"])  # appended to, at most
         assert not list(save.glob(".*.tmp"))
     # resumable: with space again, the same command ends where an uninterrupted run does

@@ -20,7 +20,8 @@ import yaml
 from typer.testing import CliRunner
 
 from xformer_cli import cli, frame
-from xformer_cli.config import _is_optional, field_types, load_options, option
+from xformer_cli.config import _is_optional, field_types, option
+from xformer_cli.frame import load_command_options
 from xformer_cli.frame import COMMANDS, Command, Input, Output
 from xformer_cli.safety import SaveDirLock
 
@@ -243,7 +244,7 @@ def test_one_yaml_file_holds_a_section_for_every_command(tmp_path):
     config.write_text(yaml.safe_dump(chosen))
     for command in COMMANDS:
         required = {k: v for k, v in _required(command, _fresh(tmp_path)).items()}
-        options = load_options(command.options, config, required, section=command.section)
+        options = load_command_options(command.options, config, required, section=command.section)
         (name, value), = chosen[command.section].items()
         assert getattr(options, name) == value, command.words
 

@@ -111,3 +111,65 @@ def test_only_the_front_end_names_the_command_modules():
     assert offenders == []
     assert 'f"xformer_cli.commands.{module}"' in (PACKAGE / "frame.py").read_text(encoding="utf-8")
 
+
+
+def import_graph() -> dict[str, set[str]]:
+    """Every package module -> the package modules it imports (function-level and type-checking
+    imports included: a circle closed inside a function is still a circle)."""
+    modules = {module_name(p).removesuffix(".__init__"): p for p in PACKAGE.rglob("*.py")}
+    return {m: {n for n in imported_modules(p) if n in modules and n != m} for m, p in modules.items()}
+
+
+def circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan's algorithm)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    found: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        for w in sorted(graph[v]):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while not component or component[-1] != v:
+                component.append(stack.pop())
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return found
+
+
+def test_the_package_imports_without_circles():
+    assert circles(import_graph()) == []
+
+
+def test_the_circle_finder_sees_a_circle_closed_inside_a_function():
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}
+    assert circles(graph) == [["a", "b", "c"]]
+    source = "def f():\n    from .engines import XfEngine\n"
+    assert "engines" in imported_modules(PACKAGE / "decode_workers.py", source)
+
+
+def test_no_library_module_imports_the_front_end():
+    """The library sits below the command table and the CLI: no library module imports ``cli``,
+    ``frame`` or ``__main__`` (the command modules are checked above)."""
+    graph = import_graph()
+    offenders = {module_name(p): sorted(graph[module_name(p)] & FRONT_END) for p in library()}
+    assert {k: v for k, v in offenders.items() if v} == {}
+
+
+def test_the_search_does_not_import_the_trainer():
+    """--compile's helpers live in compiling.py: the search and its step import nothing of
+    training.py, function-level imports included (search.py once did, for them)."""
+    graph = import_graph()
+    assert "training" not in graph["search"] | graph["decoder_step"] and "compiling" in graph["decoder_step"]

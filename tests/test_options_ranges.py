@@ -15,7 +15,8 @@ from typer.testing import CliRunner
 from xformer_cli import options as options_module
 from xformer_cli import cli
 from xformer_cli.cli import app
-from xformer_cli.config import ConfigError, Range, _is_optional, build_options, field_types, load_options
+from xformer_cli.config import ConfigError, Range, _is_optional, build_options, field_types
+from xformer_cli.frame import load_command_options
 
 runner = CliRunner()
 HOSTILE = (math.nan, math.inf, -math.inf, -1, 0, 1e30)
@@ -133,4 +134,4 @@ def test_the_command_line_refuses_them_in_one_line_before_writing_anything(words
 def test_yaml_numbers_obey_the_same_ranges(tmp_path, text, what):
     (tmp_path / "c.yaml").write_text(text)
     with pytest.raises(ConfigError, match=re.escape(f"c.yaml: {what}")):
-        load_options(options_module.TrainOptions, tmp_path / "c.yaml", {"data": "d"}, section="train")
+        load_command_options(options_module.TrainOptions, tmp_path / "c.yaml", {"data": "d"}, section="train")

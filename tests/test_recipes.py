@@ -218,25 +218,25 @@ def test_recipes_reject_bad_arguments(tmp_path):
 
 def test_configs_load_as_options():
     """Every YAML of every recipe is valid for every subcommand it has a section for."""
-    from xformer_cli.config import load_options
+    from xformer_cli.frame import load_command_options
     from xformer_cli.options import AverageOptions, PreprocessOptions, ScoreOptions, TrainOptions, TranslateOptions
 
     configs = sorted(RECIPES.glob("*/*.yaml"))
     assert len(configs) >= 6
     for config in configs:
-        load_options(PreprocessOptions, config, {"destdir": "d"}, section="preprocess")
-        train = load_options(TrainOptions, config, {"data": "d"}, section="train")
-        average = load_options(AverageOptions, config, {"inputs": ("d",), "output": "o"}, section="average_checkpoints")
-        translate = load_options(TranslateOptions, config, {"path": ("c",)}, section="translate")
-        load_options(ScoreOptions, config, {"ref": ("r",)}, section="score")
+        load_command_options(PreprocessOptions, config, {"destdir": "d"}, section="preprocess")
+        train = load_command_options(TrainOptions, config, {"data": "d"}, section="train")
+        average = load_command_options(AverageOptions, config, {"inputs": ("d",), "output": "o"}, section="average_checkpoints")
+        translate = load_command_options(TranslateOptions, config, {"path": ("c",)}, section="translate")
+        load_command_options(ScoreOptions, config, {"ref": ("r",)}, section="score")
         assert average.num_update_checkpoints <= train.keep_last_checkpoints, config
         assert translate.beam_size == 4, config  # the paper's beam
         # and its length penalty, but where a recipe chose another on val (docs/multi30k-tuning.md)
         tuned_on_val = {RECIPES / "multi30k" / "cpu.yaml": 2.0}
         assert translate.lenpen == tuned_on_val.get(config, 0.6), config
     for pair in ("en_de", "en_fr"):
-        base = load_options(TrainOptions, RECIPES / f"wmt14_{pair}" / "base.yaml", {"data": "d"}, section="train")
-        big = load_options(TrainOptions, RECIPES / f"wmt14_{pair}" / "big.yaml", {"data": "d"}, section="train")
+        base = load_command_options(TrainOptions, RECIPES / f"wmt14_{pair}" / "base.yaml", {"data": "d"}, section="train")
+        big = load_command_options(TrainOptions, RECIPES / f"wmt14_{pair}" / "big.yaml", {"data": "d"}, section="train")
         assert (base.arch, base.max_update, base.warmup_updates, base.label_smoothing) == ("base", 100_000, 4000, 0.1)
         assert (big.arch, big.max_update) == ("big", 300_000)
         assert big.dropout == (0.1 if pair == "en_fr" else None)  # EN-DE big keeps the preset's 0.3
@@ -373,12 +373,13 @@ def test_ablation_rows_keep_the_papers_ratios():
     d_k with d_model in (C), by the paper's ratios to its base."""
     import csv
 
-    from xformer_cli.config import load_options, read_yaml
+    from xformer_cli.config import read_yaml
+    from xformer_cli.frame import load_command_options
     from xformer_cli.options import TrainOptions, model_config, MODEL_OVERRIDES
 
     def config(row_file=None):
         overrides = read_yaml(row_file, None) if row_file else {}
-        o = load_options(TrainOptions, ABLATIONS / "base.yaml", {"data": "d", **overrides}, section="train")
+        o = load_command_options(TrainOptions, ABLATIONS / "base.yaml", {"data": "d", **overrides}, section="train")
         return o, model_config(o.arch, vocab_size=2000, **{k: getattr(o, k) for k in MODEL_OVERRIDES})
 
     base, base_model = config()

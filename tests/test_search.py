@@ -238,16 +238,6 @@ def test_training_mode_is_refused():
         greedy_search([tiny().train()], batch([5]))
 
 
-def test_search_does_not_import_the_trainer():
-    """--compile's helpers live in compiling.py: the search and its step import nothing of
-    training.py, function-level imports included (search.py once did, for them)."""
-    from test_layout import PACKAGE, imported_modules
-
-    for name in ("search.py", "decoder_step.py"):
-        assert {m for m in imported_modules(PACKAGE / name) if m.split(".")[0] == "training"} == set()
-    assert "compiling" in imported_modules(PACKAGE / "decoder_step.py")
-
-
 def _count_decoder_rows(model):
     rows = []
     decode = model.decode

@@ -30,7 +30,8 @@ pytest.importorskip("uvicorn", reason="the serve extra is not installed")
 
 from xformer_cli.commands.translate import translate  # noqa: E402
 from xformer_cli.errors import ConfigError, XfError  # noqa: E402
-from xformer_cli.config import build_options, load_options  # noqa: E402
+from xformer_cli.config import build_options  # noqa: E402
+from xformer_cli.frame import load_command_options
 from xformer_cli.options import ServeOptions, TranslateOptions  # noqa: E402
 from xformer_cli.search import Hypothesis  # noqa: E402
 from xformer_cli.serve_queue import BatchQueue, Direction, Job, QueueFull  # noqa: E402
@@ -562,7 +563,7 @@ def test_bind_names_host_and_port_and_the_cause(monkeypatch):
 
 def test_serve_options(tmp_path):
     (tmp_path / "xf.yaml").write_text("translate: {beam: 6}\nserve: {model: [en-de=a.pt], beam: 5, nbest: 3}\n")
-    options = load_options(ServeOptions, tmp_path / "xf.yaml", {"port": 8080}, section="serve")
+    options = load_command_options(ServeOptions, tmp_path / "xf.yaml", {"port": 8080}, section="serve")
     assert (options.beam_size, options.nbest, options.port) == (5, 3, 8080)
     translate_options = options.translate_options("a.pt")
     assert (translate_options.path, translate_options.beam_size, translate_options.nbest) == (("a.pt",), 5, 3)

@@ -17,7 +17,8 @@ import pytest
 
 pytest.importorskip("starlette", reason="the serve extra is not installed")
 
-from xformer_cli.config import build_options, load_options  # noqa: E402
+from xformer_cli.config import build_options  # noqa: E402
+from xformer_cli.frame import load_command_options
 from xformer_cli.errors import ConfigError, XfError  # noqa: E402
 from xformer_cli.glossary import Glossary, find_terms  # noqa: E402
 from xformer_cli.options import ServeOptions, TranslateOptions  # noqa: E402
@@ -92,7 +93,7 @@ def test_a_request_glossary_is_read_by_the_files_rules():
 # -- the options and the start-up ------------------------------------------------------------------
 def test_glossary_options(tmp_path):
     (tmp_path / "xf.yaml").write_text("serve: {model: [en-de=a.pt, de-en=b.pt], glossary: [en-de=terms.tsv]}\n")
-    options = load_options(ServeOptions, tmp_path / "xf.yaml", {}, section="serve")
+    options = load_command_options(ServeOptions, tmp_path / "xf.yaml", {}, section="serve")
     assert options.glossary == ("en-de=terms.tsv",) and options.max_glossary_terms == 500
     assert options.translate_options("a.pt").glossary is None  # the server applies it, not xf translate's reader
     for values, message in (({"glossary": ["en-fr=t.tsv"]}, "no --model serves en-fr"),

@@ -17,7 +17,7 @@ from xformer_cli import distributed, training
 from xformer_cli.batching import Prefetch
 from xformer_cli.commands import train as train_module
 from xformer_cli.checkpoint import load_checkpoint
-from xformer_cli.config import load_options
+from xformer_cli.frame import load_command_options
 from xformer_cli.data import DataDir
 from xformer_cli.errors import XfError
 from xformer_cli.model import Transformer
@@ -77,7 +77,7 @@ def test_trains_to_falling_validation_loss_with_all_outputs(data_dir, tmp_path):
     assert best["meta"]["valid_loss"] == pytest.approx(min(valid))
 
     # config.yaml is the effective configuration, and reusable as --config
-    again = load_options(TrainOptions, save / "config.yaml", section="train")
+    again = load_command_options(TrainOptions, save / "config.yaml", section="train")
     assert again.d_model == 32 and again.dropout == 0.0 and again.max_epoch == 3
     assert Path(again.data).is_absolute() and Path(again.save_dir).is_absolute()  # reusable from any directory
     train_log = records(save, "train")

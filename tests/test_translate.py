@@ -14,6 +14,8 @@ from typer.testing import CliRunner
 
 from xformer_cli.checkpoint import load_checkpoint
 from xformer_cli.cli import app
+from xformer_cli.decoding_plan import Machine, plan_decoding
+from xformer_cli.errors import ConfigError
 from xformer_cli.options import TranslateOptions
 from xformer_cli.search import gnmt_length_penalty
 from xformer_cli.checkpoint import load_ensemble
@@ -91,8 +93,8 @@ def test_workers_give_the_output_of_one_worker(tmp_path, ckpt, sentences):
     reference = run(tmp_path, ckpt, data, **extra)
     assert run(tmp_path, ckpt, data, workers=3, **extra) == reference
     assert reference.count("\n") == len(sentences) + 1
-    with pytest.raises(ValueError, match="--workers 2 decodes batches in parallel"):
-        TranslateOptions(path=(ckpt,), workers=2, sampling=True)
+    with pytest.raises(ConfigError, match="--workers 2 decodes batches in parallel"):
+        plan_decoding(TranslateOptions(path=(ckpt,), workers=2, sampling=True), Machine())
 
 
 @pytest.mark.slow
@@ -110,7 +112,8 @@ def test_workers_are_processes_on_the_cpu_with_the_output_of_one(tmp_path, ckpt,
     data = ("\n".join(lines) + "\n").encode()
     extra = dict(batch_size=2, input_format="jsonl", output_format="jsonl", quantize="int8", int8_engine="fbgemm")
     assert run(tmp_path, ckpt, data, workers=2, **extra) == run(tmp_path, ckpt, data, **extra)
-    engine, _ = XfEngine.open([ckpt], "cpu", workers=2)
+    engine, _ = XfEngine.open([ckpt], plan_decoding(TranslateOptions(path=(ckpt,), device="cpu", workers=2),
+                                                    Machine.here()))
     try:
         processes = list(engine.workers.pool._processes.values())
         assert len(processes) == 2 and all(p.is_alive() for p in processes)
@@ -353,15 +356,12 @@ def int8_tracks_fp32(ckpt, sources, targets, int8_engine):
     from xformer_cli.translation import open_engine
 
     fp32, sp, _ = open_engine(TranslateOptions(path=(ckpt,), device="cpu"))
-    try:
-        int8, _, _ = open_engine(TranslateOptions(path=(ckpt,), quantize="int8", int8_engine=int8_engine, device="cpu"))
-        engine = torch.backends.quantized.engine
-        (reference,), (model,) = fp32.models, int8.models
-        assert not [m for m in model.modules() if type(m) is torch.nn.Linear]  # every linear layer is int8
-        differ = (teacher_forced_log_probs(model, sp, sources, targets)
-                  - teacher_forced_log_probs(reference, sp, sources, targets)).abs()
-    finally:
-        torch.backends.quantized.engine = "fbgemm"  # process-wide: the next test gets the default
+    int8, _, _ = open_engine(TranslateOptions(path=(ckpt,), quantize="int8", int8_engine=int8_engine, device="cpu"))
+    (reference,), (model,) = fp32.models, int8.models
+    engine = model.int8_engine  # the model's own: the process-wide engine is left as it was
+    assert not [m for m in model.modules() if type(m) is torch.nn.Linear]  # every linear layer is int8
+    differ = (teacher_forced_log_probs(model, sp, sources, targets)
+              - teacher_forced_log_probs(reference, sp, sources, targets)).abs()
     assert differ.max() > 1e-4  # quantized: not fp32 under another name
     return engine, float(differ.max())
 
@@ -369,7 +369,8 @@ def int8_tracks_fp32(ckpt, sources, targets, int8_engine):
 @pytest.mark.slow
 @pytest.mark.kernels
 def test_quantize_int8(tmp_path, ckpt, sentences, multi30k_dir):
-    """--quantize int8 (fbgemm) tracks the fp32 model within INT8_LOG_PROB_BOUND, and translates."""
+    """--quantize int8 (fbgemm) tracks the fp32 model within INT8_LOG_PROB_BOUND, and translates
+    with the default engine, x86."""
     targets = (multi30k_dir / "test2016.de").read_text(encoding="utf-8").splitlines()[: len(sentences)]
     engine, differ = int8_tracks_fp32(ckpt, sentences, targets, "fbgemm")
     assert engine == "fbgemm" and differ < INT8_LOG_PROB_BOUND
@@ -388,15 +389,12 @@ def test_int8_engine_onednn_packs_for_onednn_and_tracks_fp32(tmp_path, ckpt, sen
     engine, differ = int8_tracks_fp32(ckpt, sentences, targets, "onednn")
     assert engine == "onednn" and differ < INT8_LOG_PROB_BOUND
     data = ("\n".join(sentences) + "\n").encode()
-    try:
-        out = run(tmp_path, ckpt, data, quantize="int8", int8_engine="onednn", device="cpu", output_format="jsonl")
-    finally:
-        torch.backends.quantized.engine = "fbgemm"
+    out = run(tmp_path, ckpt, data, quantize="int8", int8_engine="onednn", device="cpu", output_format="jsonl")
     assert [len(json.loads(line)["hypotheses"]) > 0 for line in out.splitlines()] == [True] * len(sentences)
     for bad, message in ((dict(int8_engine="onednn"), "add --quantize int8"),
                          (dict(int8_engine="onednn", quantize="int8", engine="ctranslate2"), "not of --engine ctranslate2")):
-        with pytest.raises(ValueError, match=message):
-            TranslateOptions(path=(ckpt,), **bad)
+        with pytest.raises(ConfigError, match=message):
+            plan_decoding(TranslateOptions(path=(ckpt,), **bad), Machine())
 
 
 def test_output_over_a_training_checkpoint_is_refused(tmp_path, ckpt):

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import hashlib
 import pickle
-import re
 import struct
 import zipfile
 from pathlib import Path
@@ -29,6 +28,7 @@ from typing import Any, Optional, Sequence
 import torch
 
 from .errors import ConfigError, XfError
+from .checkpoint_names import checkpoint_numbers
 from .fileio import atomic_write
 from .model import ModelConfig, Transformer, config_from_dict, config_to_dict
 from .options import PRESETS, REGULARIZATION
@@ -49,20 +49,6 @@ def upgrade_v1(ckpt: dict) -> dict:
 
 # One function per version change: UPGRADES[v] turns a version-v dict into version v + 1.
 UPGRADES: dict[int, Any] = {1: upgrade_v1}
-
-
-# checkpoint_<epoch>_<update>.pt: the numbered checkpoints that training writes and averaging reads
-NUMBERED_NAME = re.compile(r"checkpoint_(\d+)_(\d+)\.pt")
-
-
-def numbered_name(epoch: int, num_updates: int) -> str:
-    return f"checkpoint_{epoch}_{num_updates}.pt"
-
-
-def checkpoint_numbers(path: Path) -> Optional[tuple[int, int]]:
-    """(epoch, update) of a file named checkpoint_<epoch>_<update>.pt, else None."""
-    match = NUMBERED_NAME.fullmatch(path.name)
-    return (int(match[1]), int(match[2])) if match else None
 
 
 def remove_old_checkpoints(save_dir: Path, keep: int) -> None:
@@ -189,11 +175,6 @@ def newest_intact_checkpoint(save_dir: Path) -> Optional[Path]:
         if ckpt.get("train_state"):
             return p
     return None
-
-
-def is_training_checkpoint(path: Path) -> bool:
-    """Whether ``path`` is named as the checkpoints xf train writes (and resumes from)."""
-    return path.name in ("checkpoint_last.pt", "checkpoint_best.pt") or checkpoint_numbers(path) is not None
 
 
 def vocab_digest(spm_model: bytes) -> str:

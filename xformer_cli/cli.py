@@ -22,11 +22,11 @@ import click
 import typer
 
 from . import __version__
-from .config import _is_optional, field_types, load_options, removed
+from .config import _is_optional, field_types, removed
 from .errors import ConfigError
 from .errors import XfError
 from .signals import Terminated, sigterm_unwinds
-from .frame import COMMANDS, GROUPS, Command, check_outputs
+from .frame import COMMANDS, GROUPS, Command, check_outputs, load_command_options
 
 try:  # typer >= 0.22 raises the exceptions of its own copy of click
     from typer._click.exceptions import ClickException as _TyperClickException
@@ -233,7 +233,7 @@ def register(command: Command, parent: typer.Typer) -> None:
         overrides = {k: (tuple(v) if isinstance(v, list) else v) for k, v in kwargs.items()}
         overrides = {k: v for k, v in overrides.items() if v not in (None, ())}
         try:
-            options = load_options(options_cls, config, overrides, section=command.section)
+            options = load_command_options(options_cls, config, overrides, section=command.section)
             check_outputs(command, options)
             with sigterm_unwinds():
                 command.function()(options)

@@ -189,8 +189,10 @@ def _nearest(key: str, valid: typing.Iterable[str]) -> str:
     return f" (did you mean '{match[0]}'?)" if match else ""
 
 
-def read_yaml(path: str | Path, section: str | None) -> dict[str, Any]:
-    """Read a YAML options file; return the keys for ``section`` (a subcommand name)."""
+def read_yaml(path: str | Path, section: str | None, sections: typing.Sequence[str] = ()) -> dict[str, Any]:
+    """Read a YAML options file; return the keys for ``section`` (a subcommand name) of a file
+    split into ``sections`` (every command's: ``frame.sections()``, which the caller passes, since
+    the command table is above this module)."""
     path = Path(path)
     try:
         data = yaml.safe_load(path.read_text(encoding="utf-8"))
@@ -207,9 +209,7 @@ def read_yaml(path: str | Path, section: str | None) -> dict[str, Any]:
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: expected a mapping of option names to values")
     data = {str(k).replace("-", "_"): v for k, v in data.items()}
-    from .frame import sections  # the command table, which imports the options classes, which import this module
-
-    SECTIONS = sections()
+    SECTIONS = tuple(sections)
     # No option takes a mapping: a key holding one is a section, maybe a misspelled one
     if any(k in SECTIONS or isinstance(v, dict) for k, v in data.items()):
         for key in data:
@@ -260,12 +260,14 @@ def load_options(
     config: str | Path | None = None,
     overrides: dict[str, Any] | None = None,
     section: str | None = None,
+    sections: typing.Sequence[str] = (),
 ) -> Any:
-    """Options from an optional YAML file, then flag ``overrides`` on top (flags win)."""
+    """Options from an optional YAML file (its ``section`` of ``sections``, ``read_yaml``), then
+    flag ``overrides`` on top (flags win)."""
     values: dict[str, Any] = {}
     source = "options"
     if config is not None:
-        values.update(read_yaml(config, section))
+        values.update(read_yaml(config, section, sections))
         source = str(config)
     if overrides:
         values.update({k: v for k, v in overrides.items() if v is not None})

@@ -23,17 +23,15 @@ from .errors import XfError
 _engine = None  # the worker's XfEngine (worker processes only)
 
 
-def _open(paths: tuple[str, ...], plan, ready) -> None:
+def _open(opener, paths: tuple[str, ...], plan, ready) -> None:
     global _engine
     import signal
-
-    from .engines import XfEngine
 
     # Ctrl-C reaches the whole process group: the parent stops the run and closes the pool (its
     # running batches finish), rather than each worker dying mid-batch under it
     signal.signal(signal.SIGINT, signal.SIG_IGN)
 
-    _engine, _ = XfEngine.open(paths, plan)
+    _engine, _ = opener(paths, plan)
     ready.wait()  # every worker has loaded: the parent's first batches find them all ready
 
 
@@ -48,17 +46,19 @@ def _search(sentences, options, prefixes):
 
 
 class DecodeWorkers:
-    """A pool of ``workers`` decoding processes, each opening ``paths`` as ``plan`` (one worker's
-    ``decoding_plan.DecodingPlan``, resolved by the parent: every worker runs the same kernels) says;
+    """A pool of ``workers`` decoding processes, each opening ``paths`` with ``opener`` (the
+    engine's own ``XfEngine.open``, passed down: this module sits below the engine) as ``plan``
+    (one worker's ``decoding_plan.DecodingPlan``, resolved by the parent: every worker runs the
+    same kernels) says;
     ``search`` sends one batch to a free one and waits for its hypotheses (call it from as many
     threads as there are workers)."""
 
-    def __init__(self, paths: tuple[str, ...], plan, workers: int):
+    def __init__(self, opener, paths: tuple[str, ...], plan, workers: int):
         ctx = multiprocessing.get_context("spawn")
         ready = ctx.Barrier(workers)
         self.workers = workers
         self.compiles: dict[int, tuple[float, int, int]] = {}  # pid -> its compile counters, with --compile
-        self.pool = ProcessPoolExecutor(workers, ctx, initializer=_open, initargs=(paths, plan, ready))
+        self.pool = ProcessPoolExecutor(workers, ctx, initializer=_open, initargs=(opener, paths, plan, ready))
         try:  # start them all now, so that loading is not decoding time
             for future in [self.pool.submit(_ready) for _ in range(workers)]:
                 future.result()

@@ -109,7 +109,7 @@ class XfEngine(Engine):
         engine.int8_engine = {"matmul": f"decoder: int8 matmul, compiled ahead of time; encoder: {plan.int8_engine}",
                               "dynamic": plan.int8_engine}.get(plan.int8)
         if plan.processes:  # no shared interpreter lock; each opens one worker's plan
-            engine.workers = DecodeWorkers(tuple(paths), dataclasses.replace(plan, workers=1, processes=False),
+            engine.workers = DecodeWorkers(cls.open, tuple(paths), dataclasses.replace(plan, workers=1, processes=False),
                                            plan.workers)
         return engine, sp
 

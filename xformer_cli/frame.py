@@ -20,6 +20,7 @@ import importlib
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Literal, Optional, Union
 
+from .config import load_options
 from .options import (
     AverageOptions,
     ExportOptions,
@@ -172,6 +173,11 @@ COMMANDS: list[Command] = [
 def sections() -> tuple[str, ...]:
     """The sections a YAML file may hold: one per command."""
     return tuple(c.section for c in COMMANDS)
+
+
+def load_command_options(cls: type, config=None, overrides: Optional[dict] = None, section: Optional[str] = None):
+    """``config.load_options`` with every command's section known (a file may hold them all)."""
+    return load_options(cls, config, overrides, section, sections())
 
 
 def check_outputs(command: Command, options: Any) -> None:

@@ -15,6 +15,7 @@ import socket
 from pathlib import Path
 from typing import Optional
 
+from .checkpoint_names import is_training_checkpoint
 from .errors import ConfigError, XfError
 
 LOCK_NAME = "train.lock"
@@ -171,8 +172,6 @@ def _training_checkpoint_at(out: Path) -> Optional[Path]:
     """``out`` when it is a training checkpoint, or the first one inside the directory ``out``."""
     if not out.exists():
         return None
-    from .checkpoint import is_training_checkpoint  # here: a command with nothing to replace does not import torch
-
     if out.is_file():
         return out if is_training_checkpoint(out) else None
     if out.is_dir():

@@ -9,10 +9,6 @@ import asyncio
 import contextlib
 import sys
 import time
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from .serving import Server
 
 KNOWN_PATHS = ("/", "/translate", "/translate_file", "/detect", "/languages", "/frontend/settings", "/health",
                "/metrics")
@@ -25,8 +21,8 @@ class AccessLog:
     (its one-line cause in the log, never a traceback) for anything a handler did not answer, and
     a 503 for a request still unanswered when the grace period of a shutdown is over."""
 
-    def __init__(self, app, server: Server):
-        self.app, self.server = app, server
+    def __init__(self, app, server):
+        self.app, self.server = app, server  # serving.Server, which imports this module
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":

@@ -19,7 +19,7 @@ import dataclasses
 import math
 from typing import Optional
 
-from .checkpoint import numbered_name
+from .checkpoint_names import numbered_name
 from .options import TrainOptions
 
 

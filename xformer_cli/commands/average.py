@@ -19,7 +19,8 @@ from typing import Optional
 
 import torch
 
-from ..checkpoint import checkpoint_numbers, load_checkpoint, model_from_checkpoint
+from ..checkpoint import load_checkpoint, model_from_checkpoint
+from ..checkpoint_names import checkpoint_numbers
 from ..checkpoint import same_vocabulary, save_checkpoint
 from ..choose import REPORT_VERSION, Candidate, candidate_sets, fixed_candidate, lenpen_grid, winner
 from ..choose import read_valid, valid_bleu, valid_loss, valid_pairs
