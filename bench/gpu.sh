@@ -121,7 +121,7 @@ stage train-base 60 env "${BASE[@]}" XF_BENCH_TRAIN_COMPILE=0 "$PY" bench/bench_
 stage train-big 45 env "${BIG[@]}" XF_BENCH_TRAIN_COMPILE=0 XF_BENCH_TRAIN_REFERENCE=0 \
   "$PY" bench/bench_train.py "$OUT/train-big.json"
 stage decode-base 45 env XF_BENCH_DECODE_SENTENCES=$([ $DRY = 1 ] && echo 40 || echo 1000) \
-  XF_BENCH_DECODE_CPU_SENTENCES=$([ $DRY = 1 ] && echo 10 || echo 30) "$PY" bench/decode_speed.py "$OUT/decode-base.json"
+  XF_BENCH_DECODE_CPU_SENTENCES=$([ $DRY = 1 ] && echo 10 || echo 30) "$PY" bench/decode.py "$OUT/decode-base.json"
 stage train-base-compiled 120 env "${BASE[@]}" XF_BENCH_TRAIN_COMPILE=1 XF_BENCH_TRAIN_REFERENCE=0 \
   "$PY" bench/bench_train.py "$OUT/train-base-compiled.json"
 stage quality 185 "$PY" bench/gpu_quality.py "$OUT/quality.json"

@@ -1,4 +1,4 @@
-"""bench/decode_speed.py --cpu, the table of docs/performance.md: every case it names runs, with a
+"""bench/decode.py --cpu, the table of docs/benchmarks.md: every case it names runs, with a
 shortlist and a reference, so the script a CPU kind is measured with does not rot between uses.
 Speeds are not asserted (make bench's rule): the rows, their BLEU and the case checks are."""
 
@@ -13,11 +13,11 @@ pytest.importorskip("ctranslate2", reason="the export extra (CTranslate2) is ins
 
 from helpers import bench_module  # noqa: E402
 
-BENCH = Path(__file__).resolve().parents[1] / "bench" / "decode_speed.py"
+BENCH = Path(__file__).resolve().parents[1] / "bench" / "decode.py"
 from xformer_cli.precision import cpu_flags  # noqa: E402
 
 # CT2_FORCE_CPU_ISA=AVX512 only where the CPU has it (an AVX2-only CPU cannot run that case)
-CASES = ["xf fp32", "xf int8 auto shortlist workers 2", "CTranslate2 int8 vmap inter 2",
+CASES = ["xf fp32", "xf int8 shortlist workers 2", "CTranslate2 int8 vmap inter 2",
          "CTranslate2 float32 AVX512" if "avx512f" in cpu_flags() else "CTranslate2 float32"]
 
 
@@ -51,6 +51,6 @@ def test_unknown_case_and_shortlist_case_without_a_shortlist_are_refused(tmp_pat
     proc = subprocess.run([sys.executable, str(BENCH), "--cpu", "x.pt", "y.en", "--cases", "xf fp64"],
                           capture_output=True, text=True)
     assert proc.returncode == 2 and "unknown case(s) xf fp64" in proc.stderr
-    bench = bench_module("decode_speed")
+    bench = bench_module("decode")
     with pytest.raises(SystemExit, match="needs --shortlist"):
         bench.cpu_case("xf fp32 shortlist", "x.pt", str(tmp_path / "none"), 1, 0, 1, "", None, None)

@@ -11,22 +11,22 @@ on a subset, measured in the same run (the ratio is device over CPU).
 
 Environment: XF_BENCH_DECODE_SENTENCES (2000), XF_BENCH_DECODE_CPU_SENTENCES (100),
 XF_BENCH_DRY_RUN=1 (tiny model, vocabulary 1000, 40 sentences, CPU only).
-``python bench/decode_speed.py OUT.json`` writes the rows to OUT.json after every measurement.
+``python bench/decode.py OUT.json`` writes the rows to OUT.json after every measurement.
 
 Every CPU kind at its best (``--cpu``): one trained checkpoint on real sources, each engine and
 setting in a fresh process, run one after another, best of --rounds passes each::
 
-    python bench/decode_speed.py --cpu CHECKPOINT SOURCE [--reference REF] [--shortlist FILE] \
+    python bench/decode.py --cpu CHECKPOINT SOURCE [--reference REF] [--shortlist FILE] \
         [--lines 500] [--threads 0] [--rounds 2] [--cases NAME,...] [OUT.json]
 
 xf fp32, bf16 (where native), int8 with each of torch's quantized engines (fbgemm, x86, onednn)
-and with --int8-engine auto (which one it picked), and int8 with --workers 2; CTranslate2
+and int8 with --workers 2 (the default engine, x86); CTranslate2
 float32 and int8 (xf's own export of the checkpoint, its own beam search) each with CT2_USE_MKL=0
 and =1 and CT2_FORCE_CPU_ISA=AVX512 or not, since CTranslate2 uses MKL and AVX-512 only on
-GenuineIntel CPUs by default, and with inter_threads 2 (its --workers). xf fp32 and bf16 with --compile (ahead of time on the
-CPU: the first case run builds the package into xf's cache, later runs load it) and, when --cases
-names it, int8 with --compile (jit; minutes of compiling): the compile is outside the timed passes,
-its seconds in the row. --shortlist FILE (xf
+GenuineIntel CPUs by default, and with inter_threads 2 (its --workers). xf fp32, bf16 and int8
+with --compile (ahead of time: the first case run builds the package into xf's cache, later runs
+load it; int8 where its products are exact): the build or load is outside the timed passes, its
+seconds in the row. --shortlist FILE (xf
 shortlist) adds xf with the shortlist and CTranslate2 with it as its vocabulary map (use_vmap).
 CTranslate2's best setting is the reference of the ratios; --reference adds each case's
 sacreBLEU on those lines, so that a faster case is seen to keep its BLEU.
@@ -90,23 +90,21 @@ CPU_CASES = {  # name -> (engine, TranslateOptions fields or CTranslate2 setting
     "xf int8 fbgemm": ("xf", {"quantize": "int8", "int8_engine": "fbgemm"}, {}),
     "xf int8 x86": ("xf", {"quantize": "int8", "int8_engine": "x86"}, {}),
     "xf int8 onednn": ("xf", {"quantize": "int8", "int8_engine": "onednn"}, {}),
-    "xf int8 auto": ("xf", {"quantize": "int8"}, {}),
-    "xf int8 auto workers 2": ("xf", {"quantize": "int8", "workers": 2}, {}),
+    "xf int8 workers 2": ("xf", {"quantize": "int8", "workers": 2}, {}),  # the default engine, x86
     "xf fp32 shortlist": ("xf", {"shortlist": True}, {}),
-    "xf int8 auto shortlist": ("xf", {"quantize": "int8", "shortlist": True}, {}),
-    "xf int8 auto shortlist workers 2": ("xf", {"quantize": "int8", "shortlist": True, "workers": 2}, {}),
+    "xf int8 shortlist": ("xf", {"quantize": "int8", "shortlist": True}, {}),
+    "xf int8 shortlist workers 2": ("xf", {"quantize": "int8", "shortlist": True, "workers": 2}, {}),
     # --compile: its warm-up pass builds (or loads) the compiled step, outside the timed passes
     "xf fp32 compile": ("xf", {"compile": True}, {}),
     "xf fp32 compile workers 2": ("xf", {"compile": True, "workers": 2}, {}),
     "xf fp32 compile shortlist workers 2": ("xf", {"compile": True, "shortlist": True, "workers": 2}, {}),
     "xf bf16 compile": ("xf", {"precision": "bf16", "compile": True}, {}),
-    # int8 --compile: ahead of time over torch._int_mm where this CPU's int8 products are exact
-    # (VNNI, AMX), else jit with oneDNN's products (minutes of compiling, every run)
+    # int8 --compile: ahead of time over torch._int_mm, where this CPU's int8 products are exact
+    # (VNNI, AMX; refused elsewhere, and the case is reported as refused)
     "xf int8 compile": ("xf", {"quantize": "int8", "compile": True}, {}),
     "xf int8 compile workers 2": ("xf", {"quantize": "int8", "compile": True, "workers": 2}, {}),
     "xf int8 compile shortlist workers 2": ("xf", {"quantize": "int8", "compile": True, "shortlist": True,
                                                    "workers": 2}, {}),
-    "xf int8 compile jit": ("xf", {"quantize": "int8", "compile": True, "compile_mode": "jit"}, {}),
     # CTranslate2 picks MKL and AVX-512 only on GenuineIntel CPUs unless told: each combination
     **{f"CTranslate2 {ct}{' MKL' * mkl}{' AVX512' * avx512}": (
         "ct2", {"compute_type": ct}, {"CT2_USE_MKL": str(mkl), **({"CT2_FORCE_CPU_ISA": "AVX512"} if avx512 else {})})
@@ -118,7 +116,6 @@ CPU_CASES = {  # name -> (engine, TranslateOptions fields or CTranslate2 setting
        for extra, setting in ((" inter 2", {"workers": 2}), (" vmap", {"shortlist": True}),
                               (" vmap inter 2", {"workers": 2, "shortlist": True}))},
 }
-SLOW_CASES = {"xf int8 compile jit"}  # run only when --cases names them: a cold jit int8 compile takes minutes
 FLAGS = ("avx2", "avx512f", "avx512bw", "avx512vl", "avx512_vnni", "avx_vnni", "avx512_bf16", "amx_tile",
          "amx_int8", "amx_bf16")  # the instruction sets the engines' kernels choose between
 
@@ -126,7 +123,7 @@ FLAGS = ("avx2", "avx512f", "avx512bw", "avx512vl", "avx512_vnni", "avx_vnni", "
 def cpu_case(name: str, checkpoint: str, source: str, lines: int, threads: int, rounds: int, ct2_dir: str,
              shortlist: Optional[str] = None, reference: Optional[str] = None) -> dict:
     """In this process: the best of ``rounds`` passes of case ``name`` over the first ``lines``
-    lines, beam 4, batches of 64 (loading and, for int8 auto, the engine's timing excluded);
+    lines, beam 4, batches of 64 (loading excluded);
     with ``reference``, the sacreBLEU of the last pass's output against its first ``lines`` lines."""
     from xformer_cli.options import TranslateOptions
     from xformer_cli.translation import Stats, open_engine, translate_buffer
@@ -203,7 +200,7 @@ def cpu_main(argv: list[str]) -> None:
     import argparse
     import tempfile
 
-    parser = argparse.ArgumentParser(description="decode_speed.py --cpu: every engine of this CPU")
+    parser = argparse.ArgumentParser(description="decode.py --cpu: every engine of this CPU")
     parser.add_argument("checkpoint")
     parser.add_argument("source")
     parser.add_argument("out", nargs="?")
@@ -223,7 +220,7 @@ def cpu_main(argv: list[str]) -> None:
         return
     cases = args.cases.split(",") if args.cases else [
         name for name, case in CPU_CASES.items()
-        if (args.shortlist or not case[1].get("shortlist")) and name not in SLOW_CASES]
+        if args.shortlist or not case[1].get("shortlist")]
     unknown = [name for name in cases if name not in CPU_CASES]
     if unknown:
         parser.error(f"unknown case(s) {', '.join(unknown)}; the cases: {', '.join(CPU_CASES)}")
