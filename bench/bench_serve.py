@@ -17,7 +17,7 @@ The cases alternate, XF_BENCH_ROUNDS rounds (default 2), each figure the best ro
 xf translate's" counts the served translations that differ from the file's (every round). The clients
 share the CPU with the server: on a 2-core machine their HTTP work is part of the cost.
 
-XF_BENCH_CHECKPOINT=PATH serves a trained checkpoint; without it bench_translate's random `small`
+XF_BENCH_CHECKPOINT=PATH serves a trained checkpoint; without it bench/decode.py's random `small`
 model stands in (outputs capped at the source length). XF_BENCH_SENTENCES=N (default 200) lines;
 XF_BENCH_THREADS=N (default 1) torch threads for the server and both references.
 """
@@ -55,12 +55,12 @@ PARAGRAPHS = int(os.environ.get("XF_BENCH_SERVE_PARAGRAPHS", "8"))
 
 
 def _bench_translate():
-    """bench_translate's random checkpoint maker (one home for it)."""
-    if "bench_translate" in sys.modules:
-        return sys.modules["bench_translate"]
-    spec = importlib.util.spec_from_file_location("bench_translate", HERE / "bench_translate.py")
+    """decode.py, whose random checkpoint maker is the one home for it."""
+    if "decode" in sys.modules:
+        return sys.modules["decode"]
+    spec = importlib.util.spec_from_file_location("decode", HERE / "decode.py")
     module = importlib.util.module_from_spec(spec)
-    sys.modules["bench_translate"] = module
+    sys.modules["decode"] = module
     spec.loader.exec_module(module)
     return module
 

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from helpers import learn_spm, make_data, slice_multi30k, tiny_checkpoint, train_tiny
-from testdata import data_root, multi30k
+from helpers import data_root, multi30k
 
 
 def data_lines() -> list[str]:

@@ -14,7 +14,6 @@ from xformer_cli.batching import batch_by_size
 from xformer_cli.data import DataDir
 from xformer_cli.model import build_model
 from xformer_cli.options import TrainOptions
-from xformer_cli.vocab import EOS_ID, PAD_ID
 from xformer_cli.commands.train import train
 
 from helpers import MICRO
@@ -94,21 +93,3 @@ def test_a_first_batch_with_as_many_source_as_target_positions_does_not_speciali
     assert forward.training is model.training  # attributes reach the module through the wrapper
 
 
-# -- xf translate --compile ----------------------------------------------------------------------
-def random_batch(generator, sentences: int, longest: int) -> torch.Tensor:
-    """sentences (B, longest + 1) of random ids + eos, right-padded, of random lengths 1..longest."""
-    lengths = torch.randint(1, longest + 1, (sentences,), generator=generator)
-    lengths[0] = longest
-    src = torch.full((sentences, longest + 1), PAD_ID)
-    for i, n in enumerate(lengths.tolist()):
-        src[i, :n] = torch.randint(4, 40, (n,), generator=generator)
-        src[i, n] = EOS_ID
-    return src
-
-
-def assert_same_search(a, b):
-    for hyps_a, hyps_b in zip(a, b, strict=True):
-        assert [h.tokens for h in hyps_a] == [h.tokens for h in hyps_b]
-        for x, y in zip(hyps_a, hyps_b):
-            assert x.score == pytest.approx(y.score, abs=1e-4)
-            assert x.positional_scores == pytest.approx(y.positional_scores, abs=1e-4)

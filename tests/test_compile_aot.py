@@ -14,7 +14,7 @@ from xformer_cli.decoder_step import AotStep
 from xformer_cli.search import search
 from xformer_cli.commands.translate import translate
 
-from test_compile import assert_same_search, random_batch
+from helpers import assert_same_search, random_batch
 
 
 @pytest.mark.slow

@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from test_recipes import RECIPES, TINY, multi30k_slice, read, run_recipe, write
+from helpers import RECIPES, TINY, multi30k_slice, read, run_recipe, write
 
 FILTER = RECIPES / "multi30k" / "distill_filter.py"
 

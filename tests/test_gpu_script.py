@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from helpers import bench_module
-from testdata import multi30k
+from helpers import multi30k
 
 REPO = Path(__file__).resolve().parents[1]
 STAGES = ["info", "cuda-tests", "train-base", "train-big", "decode-base", "train-base-compiled", "quality",

@@ -173,3 +173,32 @@ def test_the_search_does_not_import_the_trainer():
     training.py, function-level imports included (search.py once did, for them)."""
     graph = import_graph()
     assert "training" not in graph["search"] | graph["decoder_step"] and "compiling" in graph["decoder_step"]
+
+
+def test_test_modules_import_only_the_package_and_helpers():
+    """What two test modules share lives in tests/helpers.py: a test module imports from tests/
+    nothing but ``helpers`` (conftest.py's fixtures reach them through pytest), so no test depends
+    on another test module's collection, fixtures or import side effects."""
+    tests = REPO / "tests"
+    local = {p.stem for p in tests.glob("*.py")} - {"helpers"}
+    offenders = {}
+    for path in sorted(tests.glob("*.py")):
+        names = set()
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.ImportFrom) and not node.level and node.module:
+                names.add(node.module.split(".")[0])
+            elif isinstance(node, ast.Import):
+                names.update(a.name.split(".")[0] for a in node.names)
+        if names & local:
+            offenders[path.name] = sorted(names & local)
+    assert offenders == {}
+
+
+def test_no_function_of_the_package_is_over_80_lines():
+    """Functions you can read whole (STYLE.md item 11): the longest, decorators excluded, fit in 80 lines."""
+    long = []
+    for path in PACKAGE.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.end_lineno - node.lineno + 1 > 80:
+                long.append(f"{module_name(path)}.{node.name}: {node.end_lineno - node.lineno + 1} lines")
+    assert long == []

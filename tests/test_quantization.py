@@ -15,7 +15,7 @@ from xformer_cli.engines import XfEngine
 from xformer_cli.options import DecodingOptions, TranslateOptions
 from xformer_cli.search import search
 
-from test_translate import INT8_LOG_PROB_BOUND, teacher_forced_log_probs
+from helpers import INT8_LOG_PROB_BOUND, teacher_forced_log_probs
 
 
 def int8_tracks_fp32_and_source(model, reference, sp, sentences, multi30k_dir) -> torch.Tensor:

@@ -23,64 +23,10 @@ import tarfile
 from pathlib import Path
 
 import pytest
-from testdata import data_root
+
+from helpers import RECIPES, TINY, multi30k_slice, read, run_recipe, shared, write
 
 REPO = Path(__file__).resolve().parents[1]
-RECIPES = REPO / "recipes"
-
-TINY = """\
-# a model that trains in seconds: tests only
-preprocess:
-  bpe_vocab_size: 300
-  workers: 1
-train:
-  arch: tiny
-  max_update: 6
-  max_tokens: 600
-  save_interval_updates: 2
-  keep_last_checkpoints: 3
-  warmup_updates: 2
-  log_interval: 1
-  device: cpu
-  precision: fp32
-average_checkpoints:
-  num_update_checkpoints: 2
-translate:
-  beam: 2
-  max_len_a: 0
-  max_len_b: 6
-  batch_size: 256
-  device: cpu
-"""
-
-
-def read(path: Path) -> list[str]:
-    return path.read_text(encoding="utf-8").splitlines()
-
-
-def write(path: Path, lines) -> Path:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
-    return path
-
-
-def shared(*parts) -> Path:
-    """A file of ../shared/data, or of the corpus generated in its place (tests/testdata.py)."""
-    return data_root()[0].joinpath(*parts)
-
-
-def run_recipe(script: str, env: dict, *args, check=True, timeout=600) -> subprocess.CompletedProcess:
-    """Run a recipe script with xf from this interpreter's environment first on PATH."""
-    full_env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}", "NGPU": "0"}
-    full_env.update({k: str(v) for k, v in env.items()})
-    out = subprocess.run(
-        ["bash", str(RECIPES / script), *args], env=full_env, capture_output=True, text=True, timeout=timeout
-    )
-    if check and out.returncode != 0:
-        raise AssertionError(f"{script} failed ({out.returncode}):\n{out.stdout[-3000:]}\n{out.stderr[-5000:]}")
-    return out
-
-
 # -- WMT14 archives in the official layout, made from the shared samples -------------------------
 def add(tar: tarfile.TarFile, name: str, data: bytes) -> None:
     info = tarfile.TarInfo(name)
@@ -240,16 +186,6 @@ def test_configs_load_as_options():
         assert (base.arch, base.max_update, base.warmup_updates, base.label_smoothing) == ("base", 100_000, 4000, 0.1)
         assert (big.arch, big.max_update) == ("big", 300_000)
         assert big.dropout == (0.1 if pair == "en_fr" else None)  # EN-DE big keeps the preset's 0.3
-
-
-# -- end to end ----------------------------------------------------------------------------------
-def multi30k_slice(root: Path) -> Path:
-    """The first lines of Multi30k: 400 train, 40 val, 30 test2016 pairs, all three languages."""
-    src = shared("multi30k")
-    for split, n in (("train", 400), ("val", 40), ("test2016", 30)):
-        for lang in ("en", "de", "fr"):
-            write(root / f"{split}.{lang}", read(src / f"{split}.{lang}")[:n])
-    return root
 
 
 def tiny_config(tmp_path: Path) -> Path:

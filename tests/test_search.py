@@ -1,16 +1,13 @@
 """Search: the length penalty and filters by hand, beam search against exhaustive search, and the
 invariants (beam 1 = greedy, batched = one by one, cached = full prefix, ensembles)."""
 
-import itertools
 
 import pytest
 import torch
 import torch.nn.functional as F
 
-from xformer_cli.model import build_model
 
 from xformer_cli.vocab import PAD_ID, BOS_ID, EOS_ID
-from xformer_cli.options import DecodingOptions
 from xformer_cli.search import (
     DecoderState,
     beam_search,
@@ -25,38 +22,10 @@ from xformer_cli.search import (
 )
 from xformer_cli.selection import top_candidates
 
+from helpers import D, SOURCES, assert_same, batch, exhaustive, tiny
+
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # conftest: tiny tensors gain nothing from threads
-
-
-D = DecodingOptions
-
-
-def tiny(vocab_size=40, seed=0, **overrides):
-    torch.manual_seed(seed)
-    shape = dict(d_model=32, d_ff=64, heads=4, encoder_layers=2, decoder_layers=2)
-    return build_model("tiny", vocab_size=vocab_size, **{**shape, **overrides}).eval()
-
-
-def batch(*sentences):
-    """Right-padded source batch of ids + [eos]."""
-    src = torch.full((len(sentences), max(map(len, sentences)) + 1), PAD_ID)
-    for i, s in enumerate(sentences):
-        src[i, : len(s)] = torch.tensor(s)
-        src[i, len(s)] = EOS_ID
-    return src
-
-
-SOURCES = ([5, 6, 7, 8, 9, 10], [11, 12], [13, 14, 15, 16], [17])
-
-
-def assert_same(a, b, atol=1e-4):
-    assert len(a) == len(b)
-    for hyps_a, hyps_b in zip(a, b):
-        assert [h.tokens for h in hyps_a] == [h.tokens for h in hyps_b]
-        for ha, hb in zip(hyps_a, hyps_b):
-            assert ha.score == pytest.approx(hb.score, abs=atol)
-            assert ha.positional_scores == pytest.approx(hb.positional_scores, abs=atol)
 
 
 # -- the math, by hand -----------------------------------------------------------------------------
@@ -128,24 +97,6 @@ def test_top_k_top_p_filter_by_hand():
     assert kept(top_k_top_p_filter(logits)) == [True] * 4
     shuffled = logits[:, [2, 0, 3, 1]]  # the filter follows probabilities, not positions
     assert kept(top_k_top_p_filter(shuffled, top_p=0.7)) == [False, True, False, True]
-
-
-# -- beam search against exhaustive search ---------------------------------------------------------
-def exhaustive(model, src_row, max_len, alpha, style, nbest):
-    """Score every output of at most max_len tokens (+ eos) by full teacher-forced decoding."""
-    vocab = model.cfg.vocab_size
-    allowed = [t for t in range(vocab) if t not in (PAD_ID, BOS_ID, EOS_ID)]
-    results = []
-    with torch.no_grad():
-        for n in range(max_len + 1):
-            for body in itertools.product(allowed, repeat=n):
-                out = list(body) + [EOS_ID]
-                prev = torch.tensor([[BOS_ID] + out[:-1]])
-                lprobs = F.log_softmax(model(src_row[None], prev).float(), dim=-1)[0]
-                logp = lprobs.gather(1, torch.tensor(out)[:, None]).sum().item()
-                results.append((logp / length_penalty(len(out), alpha, style), out))
-    results.sort(key=lambda r: -r[0])
-    return results[:nbest]
 
 
 @pytest.mark.parametrize("alpha,style", [(0.6, "gnmt"), (1.0, "length"), (0.0, "gnmt"), (-0.5, "gnmt")])

@@ -9,18 +9,14 @@ Every request loop is bounded in count and time; every address is loopback."""
 from __future__ import annotations
 
 import asyncio
-import http.client
 import json
-import os
 import random
-import signal
 import socket
 import subprocess
 import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 from urllib.parse import urlencode
 
 import pytest
@@ -28,81 +24,16 @@ import pytest
 pytest.importorskip("starlette", reason="the serve extra is not installed")
 pytest.importorskip("uvicorn", reason="the serve extra is not installed")
 
-from xformer_cli.commands.translate import translate  # noqa: E402
 from xformer_cli.errors import ConfigError, XfError  # noqa: E402
 from xformer_cli.config import build_options  # noqa: E402
 from xformer_cli.frame import load_command_options
 from xformer_cli.options import ServeOptions, TranslateOptions  # noqa: E402
-from xformer_cli.search import Hypothesis  # noqa: E402
 from xformer_cli.serve_queue import BatchQueue, Direction, Job, QueueFull  # noqa: E402
 from xformer_cli.serving import Server, bind  # noqa: E402
 
-REPO = Path(__file__).resolve().parents[1]
+from helpers import DECODING, FakeEngine, FakeSp, REPO, Served, call, until, xf_translate
+
 pytestmark = pytest.mark.usefixtures("one_thread")  # conftest.py: torch on one thread (the in-process references)
-DECODING = ["--nbest", "2", "--max-len-a", "0.5", "--max-len-b", "3", "--threads", "1"]
-
-
-# -- a server process ----------------------------------------------------------------------------
-class Served:
-    """``xf serve ARGS --port 0`` as a process; its port from the start line, its stderr kept."""
-
-    def __init__(self, *args: str, env=None):
-        self.proc = subprocess.Popen([sys.executable, "-m", "xformer_cli", "serve", "--port", "0", *args],
-                                     stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True, cwd=REPO,
-                                     env={**os.environ, **(env or {})})
-        self.lines: list[str] = []
-        deadline = time.time() + 120
-        while time.time() < deadline:
-            line = self.proc.stderr.readline()
-            if not line:
-                raise AssertionError(f"xf serve exited {self.proc.wait()}: {''.join(self.lines)}")
-            self.lines.append(line)
-            if "listening on http://127.0.0.1:" in line:
-                self.port = int(line.split("127.0.0.1:")[1].split()[0])
-                break
-        self.reader = threading.Thread(target=self._read, daemon=True)
-        self.reader.start()
-
-    def _read(self):
-        for line in self.proc.stderr:
-            self.lines.append(line)
-
-    def request(self, method: str, path: str, body=None, headers=None, raw: bytes | None = None):
-        """(status, headers, parsed JSON or text) of one request on a fresh connection."""
-        conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=60)
-        data = raw if raw is not None else (json.dumps(body).encode() if body is not None else None)
-        conn.request(method, path, body=data, headers={"Content-Type": "application/json", **(headers or {})})
-        response = conn.getresponse()
-        payload = response.read().decode("utf-8")
-        conn.close()
-        kind = response.getheader("Content-Type", "")
-        return response.status, dict(response.getheaders()), json.loads(payload) if "json" in kind else payload
-
-    def translate(self, q, **fields):
-        return self.request("POST", "/translate", {"q": q, "source": "en", "target": "de", **fields})
-
-    def stop(self, timeout: float = 30) -> int:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-        code = self.proc.wait(timeout)
-        self.reader.join(5)
-        return code
-
-    @property
-    def log(self) -> str:
-        return "".join(self.lines)
-
-
-def xf_translate(ckpt_path, lines: list[str], tmp_path, **overrides) -> list[list[str]]:
-    """xf translate's hypotheses (texts, best first) for each line, with the servers' options."""
-    (tmp_path / "ref.in").write_text("\n".join(lines) + "\n", encoding="utf-8")
-    options = dict(path=(ckpt_path,), input=str(tmp_path / "ref.in"), output=str(tmp_path / "ref.jsonl"), nbest=2,
-                   max_len_a=0.5, max_len_b=3, output_format="jsonl", quiet=True, **overrides)
-    translate(TranslateOptions(**options))
-    records = [json.loads(line) for line in (tmp_path / "ref.jsonl").read_text(encoding="utf-8").splitlines()]
-    return [[h["text"] for h in r["hypotheses"]] for r in records]
-
-
 @pytest.fixture(scope="module")
 def lines(multi30k_dir) -> list[str]:
     return (multi30k_dir / "test2016.en").read_text(encoding="utf-8").splitlines()[:600]
@@ -336,16 +267,6 @@ def sentences_decoded(served: Served) -> float:
     return float(metrics.split("xf_serve_batch_sentences_sum ")[1].split()[0])
 
 
-def until(condition, seconds: float) -> bool:
-    """Polls condition every 20 ms for at most ``seconds``; whether it came true."""
-    deadline = time.time() + seconds
-    while not condition():
-        if time.time() > deadline:
-            return False
-        time.sleep(0.02)
-    return True
-
-
 @pytest.mark.slow
 def test_a_gone_clients_lines_are_dropped_and_sigterm_mid_batch_exits_0(ckpt, lines):
     # batches of 64 subwords: 100 lines are some 70 batches of about 0.1 s each, one after another
@@ -416,31 +337,6 @@ def test_ctranslate2_engine(ckpt, lines, tmp_path):
     got = [text for status, _, answer in answers for text in answer["translatedText"]]
     assert all(status == 200 for status, _, _ in answers) and got == [r[0] for r in reference]
     assert "engine ctranslate2" in served.log
-
-
-# -- the queue and the options, without a server --------------------------------------------------
-class FakeEngine:
-    """Translates a sentence to itself reversed; records the sentences of each search."""
-
-    max_source = 100
-
-    def __init__(self):
-        self.batches: list[list[list[int]]] = []
-
-    def search(self, sentences, options, generator=None):
-        self.batches.append([list(s) for s in sentences])
-        return [[Hypothesis(list(reversed(s)) + [3], 0.0, [])] for s in sentences]
-
-
-class FakeSp:
-    def decode(self, ids):
-        return " ".join(map(str, ids))
-
-    def encode(self, lines, out_type=int):  # "5 6 7" -> [5, 6, 7]
-        return [[int(word) for word in line.split()] for line in lines]
-
-    def id_to_piece(self, i):  # every number a word of its own
-        return f"\u2581{i}"
 
 
 def direction(code="en-de"):
@@ -581,27 +477,6 @@ def test_serve_options(tmp_path):
 class FailingEngine(FakeEngine):
     def search(self, sentences, options, generator=None):
         raise RuntimeError("out of memory")
-
-
-async def call(app, path: str, body: bytes = b"", method: str = "POST", leave: asyncio.Event | None = None):
-    """(status, JSON answer) of one request to the ASGI app; the client disconnects once ``leave`` is set."""
-    messages, sent = [{"type": "http.request", "body": body, "more_body": False}], []
-
-    async def receive():
-        if messages:
-            return messages.pop(0)
-        await (leave or asyncio.Event()).wait()
-        return {"type": "http.disconnect"}
-
-    async def send(message):
-        sent.append(message)
-
-    scope = {"type": "http", "method": method, "path": path, "headers": [(b"content-type", b"application/json")],
-             "query_string": b"", "http_version": "1.1", "scheme": "http", "root_path": "",
-             "server": ("127.0.0.1", 5000), "client": ("127.0.0.1", 40000)}
-    await asyncio.wait_for(app(scope, receive, send), 10)
-    status = next(m["status"] for m in sent if m["type"] == "http.response.start")
-    return status, json.loads(b"".join(m.get("body", b"") for m in sent if m["type"] == "http.response.body"))
 
 
 def in_process(engine) -> Server:

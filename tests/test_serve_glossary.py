@@ -26,7 +26,7 @@ from xformer_cli.serve_queue import Direction  # noqa: E402
 from xformer_cli.serve_requests import form_fields  # noqa: E402
 from xformer_cli.serving import Server, load_directions, load_glossaries  # noqa: E402
 
-from test_serve import REPO, Served, call  # noqa: E402
+from helpers import REPO, Served, call  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 DECODING = {"max_len_a": 0.5, "max_len_b": 3, "beam_size": 4, "threads": 1, "max_wait_ms": 0}

@@ -21,7 +21,7 @@ from xformer_cli.search import Hypothesis  # noqa: E402
 from xformer_cli.serve_queue import Direction  # noqa: E402
 from xformer_cli.serving import Server  # noqa: E402
 
-from test_serve import Served, call  # noqa: E402
+from helpers import Served, call  # noqa: E402
 
 
 class WordSp:

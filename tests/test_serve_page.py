@@ -17,7 +17,7 @@ import pytest
 pytest.importorskip("starlette", reason="the serve extra is not installed")
 pytest.importorskip("uvicorn", reason="the serve extra is not installed")
 
-from test_serve import FakeEngine, FakeSp, Served, call  # noqa: E402  a server process; the app in-process
+from helpers import FakeEngine, FakeSp, Served, call  # noqa: E402  a server process; the app in-process
 from xformer_cli.config import build_options  # noqa: E402
 from xformer_cli.options import ServeOptions, TranslateOptions  # noqa: E402
 from xformer_cli.serve_queue import Direction  # noqa: E402

@@ -19,7 +19,7 @@ pytest.importorskip("sentencex", reason="the serve extra is not installed")
 
 from xformer_cli.segment import fit, line_texts, sentence_spans, split_texts  # noqa: E402
 
-from test_serve import DECODING, FakeSp, Served, until, xf_translate  # noqa: E402
+from helpers import DECODING, FakeSp, Served, until, xf_translate  # noqa: E402
 
 
 

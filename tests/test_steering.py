@@ -19,7 +19,7 @@ from xformer_cli.search import (DecoderState, beam_search, greedy_search, next_t
 from xformer_cli.translation import read_steered_line
 from xformer_cli.vocab import BOS_ID, EOS_ID, PAD_ID
 
-from test_search import D, SOURCES, assert_same, batch, exhaustive, tiny
+from helpers import D, SOURCES, assert_same, batch, exhaustive, tiny
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -305,7 +305,7 @@ def test_serve_steering_fields():
 @pytest.mark.slow
 def test_serve_prefix_and_constraints(ckpt, tmp_path):
     pytest.importorskip("starlette", reason="the serve extra is not installed")
-    from test_serve import DECODING, Served
+    from helpers import DECODING, Served
 
     server = Served("--model", f"en-de={ckpt}", *DECODING)
     try:

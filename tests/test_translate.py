@@ -23,6 +23,7 @@ from xformer_cli.commands.translate import translate
 from xformer_cli.translation import Stats, translate_buffer
 from xformer_cli.engines import XfEngine
 from helpers import learn_spm, tiny_checkpoint
+from helpers import INT8_LOG_PROB_BOUND, teacher_forced_log_probs
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # conftest.py: torch on one thread for the module
 
@@ -321,34 +322,6 @@ def test_precision_auto_and_its_refusals(monkeypatch):
         resolve_precision(cuda, "fp32", "int8", {"fp32": "native", "fp16": "native"})  # the xf engine's on a GPU
     with pytest.raises(ConfigError, match="not --precision bf16"):
         resolve_precision(cpu, "bf16", "int8")
-
-
-# How far an int8 engine's log-probabilities may be from the fp32 model's, in nats, at any position
-# and vocabulary entry. The bound is against fp32 on the same machine, never one int8 library
-# against another: the int8 kernels of every x86 kind accumulate the int8 products exactly in
-# int32 (VNNI and AMX natively; AVX2 through 16-bit pair sums that 7-bit activations, torch's
-# reduce_range on x86, keep from saturating), so what separates an engine from fp32 is the
-# quantization itself (half a step of 1/127 of each activation's range, of 1/255 of each weight
-# tensor's), the same on every CPU. Measured on this tiny model: 0.099 nats at most on Multi30k,
-# 0.103 on the generated corpus, fbgemm and oneDNN alike, with AVX-512 VNNI and capped at AVX2
-# (tests/test_cpu_kinds.py); 0.25 leaves 2.5x that. Decoded tokens are not compared: the random
-# model's near-ties turn any error into other tokens, on one CPU kind and not another (fbgemm
-# and oneDNN outputs agreed on 6 of 7 sentences on one CPU, their scores 0.02 apart on another).
-INT8_LOG_PROB_BOUND = 0.25
-
-
-def teacher_forced_log_probs(model, sp, sources: list[str], targets: list[str]) -> torch.Tensor:
-    """log p of every vocabulary entry at every target position (the targets' subwords and eos),
-    (N, V) in float32, the targets fed to the decoder."""
-    import numpy as np
-
-    from xformer_cli.batching import collate
-    from xformer_cli.vocab import PAD_ID
-
-    batch = collate([(np.array(sp.encode(a)), np.array(sp.encode(b))) for a, b in zip(sources, targets)])
-    with torch.no_grad():
-        log_probs = model(batch["src"], batch["prev_output"]).float().log_softmax(-1)
-    return log_probs[batch["target"] != PAD_ID]
 
 
 def int8_tracks_fp32(ckpt, sources, targets, int8_engine):
