@@ -142,12 +142,12 @@ def evaluate_last(a: argparse.Namespace, save_dir: Path) -> dict:
     of its beam search of val (the config's translate beam and lenpen) and its val nll."""
     from xformer_cli.checkpoint import load_ensemble
     from xformer_cli.choose import read_valid, valid_bleu, valid_loss, valid_pairs
-    from xformer_cli.config import load_options
+    from xformer_cli.frame import load_command_options
     from xformer_cli.distributed import resolve_device
     from xformer_cli.options import TranslateOptions
 
     path = save_dir / "checkpoint_last.pt"
-    options = load_options(TranslateOptions, a.config, {"path": (str(path),), "quiet": True}, section="translate")
+    options = load_command_options(TranslateOptions, a.config, {"path": (str(path),), "quiet": True}, section="translate")
     device = resolve_device(a.device)
     models, sp = load_ensemble([str(path)], device)
     source, reference = read_valid(str(a.multi30k / f"val.{a.src}"), str(a.multi30k / f"val.{a.tgt}"))

@@ -210,10 +210,11 @@ def read_yaml(path: str | Path, section: str | None, sections: typing.Sequence[s
         raise ConfigError(f"{path}: expected a mapping of option names to values")
     data = {str(k).replace("-", "_"): v for k, v in data.items()}
     SECTIONS = tuple(sections)
-    # No option takes a mapping: a key holding one is a section, maybe a misspelled one
+    # No option takes a mapping: a key holding one is a section, maybe a misspelled one (without
+    # ``sections`` to check them against, every key of a sectioned file is taken for one)
     if any(k in SECTIONS or isinstance(v, dict) for k, v in data.items()):
         for key in data:
-            if key not in SECTIONS:
+            if SECTIONS and key not in SECTIONS:
                 raise ConfigError(
                     f"{path}: unknown section '{key}'{_nearest(key, SECTIONS)}; "
                     f"a sectioned file holds only {', '.join(SECTIONS)}"
