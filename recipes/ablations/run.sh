@@ -30,8 +30,8 @@
 # the whole study runs first, one per claim of the paper, so that a short sitting covers them all.
 #
 # RECORD (default: none) keeps the study's results beyond a work dir, so that it spreads over
-# sittings on different machines (docs/ablations.md's table is recipes/ablations/record):
-#   RECORD=recipes/ablations/record JOBS=2 bash recipes/ablations/run.sh
+# sittings on different machines (docs/ablations.md's table is results/ablations/record):
+#   RECORD=results/ablations/record JOBS=2 bash recipes/ablations/run.sh
 # A run recorded there is skipped (its options must be the same: else an error says to remove
 # it), a finished one is copied there (rows/SPEC/: train_log.jsonl, val.score.json, cpu.tsv,
 # flags.txt, machine.txt), so are the chosen length penalty (lenpen.txt, lenpen/) and the
