@@ -54,8 +54,8 @@ CONCURRENCY = (1, 8, 32)
 PARAGRAPHS = int(os.environ.get("XF_BENCH_SERVE_PARAGRAPHS", "8"))
 
 
-def _bench_translate():
-    """decode.py, whose random checkpoint maker is the one home for it."""
+def _bench_decode():
+    """bench/decode.py, whose random checkpoint maker is the one home for it."""
     if "decode" in sys.modules:
         return sys.modules["decode"]
     spec = importlib.util.spec_from_file_location("decode", HERE / "decode.py")
@@ -177,7 +177,7 @@ def rows() -> list[dict]:
     requests = requests_of(lines)
     with tempfile.TemporaryDirectory() as tmp:
         directory = Path(tmp)
-        checkpoint = CHECKPOINT or _bench_translate().random_checkpoint(directory)
+        checkpoint = CHECKPOINT or _bench_decode().random_checkpoint(directory)
         trained = CHECKPOINT is not None
         reference = InProcess(checkpoint, trained)
         reference.seconds(lines[0])  # warm-up

@@ -120,8 +120,12 @@ stage cuda-tests 80 "$PY" -m pytest -v -rA -m cuda -p no:cacheprovider "${PER_TE
 stage train-base 60 env "${BASE[@]}" XF_BENCH_TRAIN_COMPILE=0 "$PY" bench/bench_train.py "$OUT/train-base.json"
 stage train-big 45 env "${BIG[@]}" XF_BENCH_TRAIN_COMPILE=0 XF_BENCH_TRAIN_REFERENCE=0 \
   "$PY" bench/bench_train.py "$OUT/train-big.json"
-stage decode-base 45 env XF_BENCH_DECODE_SENTENCES=$([ $DRY = 1 ] && echo 40 || echo 1000) \
-  XF_BENCH_DECODE_CPU_SENTENCES=$([ $DRY = 1 ] && echo 10 || echo 30) "$PY" bench/decode.py "$OUT/decode-base.json"
+# a random base model (the dry run's: tiny), made-up words, WMT-like lengths: CUDA fp32 and bf16
+# against the CPU's fp32 on the first lines
+if [ $DRY = 1 ]; then DECODE=(--arch tiny --vocab-size 1000 --lines 40 --cpu-lines 10 --cases "xf fp32")
+else DECODE=(--arch base --vocab-size 37000 --lines 1000 --cpu-lines 30 --cases "xf fp32,xf cuda fp32,xf cuda bf16"); fi
+stage decode-base 45 "$PY" bench/decode.py --source wmt-like "${DECODE[@]}" --rounds 1 \
+  --batch "${XF_BENCH_DECODE_BATCH:-128}" --json "$OUT/decode-base.json"
 stage train-base-compiled 120 env "${BASE[@]}" XF_BENCH_TRAIN_COMPILE=1 XF_BENCH_TRAIN_REFERENCE=0 \
   "$PY" bench/bench_train.py "$OUT/train-base-compiled.json"
 stage quality 185 "$PY" bench/gpu_quality.py "$OUT/quality.json"

@@ -1,4 +1,4 @@
-"""make bench: run every bench/bench_*.py and bench/decode.py's rows() (BENCH=translate), and print one table.
+"""make bench: run every bench/bench_*.py and bench/decode.py and print one table.
 
 Each module has ``rows() -> list[dict]`` with keys: bench, case, metric, value, unit and optionally
 ratio (against a reference measured in the same run) and note. Benchmarks measure; they never
@@ -26,8 +26,8 @@ def main() -> None:
     wanted = {w for w in os.environ.get("BENCH", "").split(",") if w}
     console = Console(stderr=True)
     rows: list[dict] = []
-    for path in [*sorted(HERE.glob("bench_*.py")), HERE / "decode.py"]:  # decode.py's rows(): "translate"
-        name = "translate" if path.stem == "decode" else path.stem[len("bench_"):]
+    for path in [*sorted(HERE.glob("bench_*.py")), HERE / "decode.py"]:
+        name = path.stem.removeprefix("bench_")
         if wanted and name not in wanted:
             continue
         console.print(f"[bold]running {path.name}[/bold]")

@@ -1,6 +1,8 @@
-"""Terminology through lexical constraints: term-hit rate, BLEU and speed, as one command.
+"""Terminology through lexical constraints and glossaries: term-hit rate, BLEU and speed, in
+xf translate and in xf serve, as one command.
 
-    python bench/terminology.py --path averaged.pt [--data ../shared/data] [--threads 1] [--out DIR]
+    python bench/terminology.py [--path averaged.pt] [--data ../shared/data] [--threads 1] [--out DIR]
+                                [--only terminology|in-domain|speed|serve]
 
 1. The Wiktionary set of Dinu et al. (2019) (``terminology/``: 727 newstest2017 EN-DE sentences,
    884 term pairs): the term-hit rate (the share of term pairs whose target term occurs in the
@@ -19,33 +21,23 @@
    beam 4 with 0, 1, 2 and 4 constraints per sentence, each a word of the sentence's reference
    (the longest not yet taken), the runs alternated for ``--rounds`` rounds, each figure its
    best round, wall time of the whole command (model loading included, the same in every run).
+4. xf serve's glossaries (``--only serve``): what they change and cost. The first --sentences of
+   the Wiktionary set, its 884 pairs as one glossary file, four runs alternated for ``--rounds``
+   rounds, each figure its best round: a real ``xf serve --no-split-sentences`` process (a line is
+   a sentence, as in a file) sent the sentences as requests of 1-5 lines from ``--concurrency``
+   clients with no glossary, with the server's (``--glossary en-de=FILE``), and with the request's
+   (the 884 pairs in every request: parsed, checked and compiled per request, the worst case); and
+   ``xf translate --glossary FILE`` on the same lines as one file, the reference the served lines
+   are compared with line by line (same constraints, same sentences: they should be the same).
+   Also the microseconds a sentence of finding the terms (``glossary.find_terms`` over the
+   direction's glossary, and over a request's and the direction's) against ``Glossary.constraints``.
 
 Writes DIR/terminology.md (the tables) and prints it; every run goes through the CLI
-(``xf translate``), as a user runs it. The figures are only as good as the model: a Multi30k
-caption model translates news poorly, so compare the rows with each other, not with the paper.
-
-xf serve's glossaries: what they change (the served translations against xf translate --glossary's)
-and what they cost (matching, and served throughput with and without), as one command.
-
-    python bench/terminology.py serve [--path CKPT] [--data ../shared/data] [--sentences 200] [--rounds 2]
-
-The Wiktionary set's sentences (newstest2017 EN, ``terminology/``) and its 884 term pairs as one
-glossary file (``glossary_text``). Four runs, each a real ``xf serve
---no-split-sentences`` process (so a line is a sentence, as in a file) sent the sentences as
-requests of 1-5 lines from ``--concurrency`` clients, and alternated for ``--rounds`` rounds, each
-figure its best round:
-- no glossary;
-- the server's (``--glossary en-de=FILE``);
-- the request's: the same 884 pairs in every request's ``glossary`` (the worst case of a request
-  glossary: parsed, checked and compiled per request; ``--max-glossary-terms 1000``);
-- the reference: ``xf translate --glossary FILE`` on the same lines as one file.
-The served outputs of the two glossary runs are compared line by line with the reference's (the
-same constraints on the same sentences: they should be the same lines), and the term-hit rate
-(``term_hits``) of each. Also: microseconds a sentence of finding the terms
-(``glossary.find_terms`` over the direction's glossary, and over a request's and the direction's
-together) against ``Glossary.constraints`` (xf translate's).
-Without --path, bench/decode.py's random ``small`` model (outputs capped at the source length):
-the comparisons and the costs hold for any model; the hit rates mean something with a trained one.
+(``xf translate``, ``xf serve``), as a user runs it. Without --path a random ``small`` model
+(bench/decode.py's; outputs capped at the source length) stands in: the comparisons and costs
+hold for any model, the hit rates and BLEU mean something with a trained one. The figures are only
+as good as the model: a Multi30k caption model translates news poorly, so compare the rows with
+each other, not with the paper.
 """
 
 from __future__ import annotations
@@ -65,8 +57,18 @@ from typing import Optional
 REPO = Path(__file__).resolve().parents[1]
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-sys.path.insert(0, str(HERE.parent))
 from xf_command import write_report  # noqa: E402
+
+
+def bench_module(name: str):
+    """A sibling bench script as a module (one home for what it defines)."""
+    if name in sys.modules:
+        return sys.modules[name]
+    spec = importlib.util.spec_from_file_location(name, HERE / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
 
 
 def xf(*args, threads: int) -> float:
@@ -239,46 +241,6 @@ def speed(a, work: Path) -> list[str]:
     return out
 
 
-def main(argv: list[str]) -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--path", required=True, help="the checkpoint (EN-DE)")
-    ap.add_argument("--data", type=Path, default=REPO.parent / "shared" / "data",
-                    help="a folder with terminology/ and multi30k/ (default ../shared/data)")
-    ap.add_argument("--threads", type=int, default=1)
-    ap.add_argument("--lines", type=int, default=500, help="Multi30k val lines of the speed runs")
-    ap.add_argument("--rounds", type=int, default=2)
-    ap.add_argument("--only", choices=("terminology", "in-domain", "speed"), default=None,
-                    help="run one part (default: all three)")
-    ap.add_argument("--out", type=Path, default=None, help="where terminology.md goes (default: a temporary folder)")
-    a = ap.parse_args(argv)
-    with tempfile.TemporaryDirectory(prefix="xf-terms-") as tmp:
-        work = Path(tmp)
-        flags = " ".join(sorted(set(re.findall(r"\b(avx2|avx512f|avx512_vnni|avx512_bf16|amx_int8|amx_bf16)\b",
-                                              Path("/proc/cpuinfo").read_text())))) if Path("/proc/cpuinfo").exists() else "?"
-        common = ["translate", "--path", a.path, "--beam-size", 4, "--threads", a.threads, "--quiet"]
-        parts = {
-            "terminology": lambda: ["## The Wiktionary set (Dinu et al. 2019), 727 sentences", "",
-                                    *terminology(a, work), ""],
-            "in-domain": lambda: ["## In domain: Multi30k val, the words the model gets wrong", "",
-                                  *in_domain(a, work, common), ""],
-            "speed": lambda: [f"## Speed: Multi30k val, {a.lines} lines, {a.rounds} rounds", "", *speed(a, work), ""],
-        }
-        text = "\n".join([f"# Terminology: {a.path}, beam 4, {a.threads} thread(s); CPU flags: {flags}", "",
-                          *(line for name, part in parts.items() if a.only in (None, name) for line in part())])
-    write_report(text, a.out, "terminology.md")
-
-
-def bench_module(name: str):
-    """A sibling bench script as a module (one home for what it defines)."""
-    if name in sys.modules:
-        return sys.modules[name]
-    spec = importlib.util.spec_from_file_location(name, HERE / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
 def served(checkpoint: str, requests: list[list[str]], args: list[str], concurrency: int, threads: int,
            glossary: list | None = None) -> tuple[float, list[str]]:
     """(sentences/s, outputs in order) of one xf serve process answering ``requests``."""
@@ -341,60 +303,75 @@ def matching(sources: list[str], glossary_file: Path, pairs: list) -> list[str]:
     return out
 
 
-def serve_main(argv: list[str]) -> None:
-    """``terminology.py serve``: xf serve's glossaries (the docstring's last part)."""
-    ap = argparse.ArgumentParser(prog="terminology.py serve", description="xf serve's glossaries: what they change and cost")
-    ap.add_argument("--path", default=None, help="the checkpoint (EN-DE); default: a random small model")
-    ap.add_argument("--data", type=Path, default=HERE.parent.parent / "shared" / "data",
-                    help="a folder with terminology/ and multi30k/ (default ../shared/data)")
-    ap.add_argument("--sentences", type=int, default=200, help="the first N of the set's 727 sentences")
-    ap.add_argument("--concurrency", type=int, default=8)
-    ap.add_argument("--threads", type=int, default=1, help="torch threads of the server and of xf translate")
-    ap.add_argument("--rounds", type=int, default=2)
-    a = ap.parse_args(argv)
+def serving(a, work: Path) -> list[str]:
+    """Part 4: xf serve with no glossary, the server's and the request's, against xf translate --glossary."""
     sources, _, terms = wiktionary(a.data / "terminology")
-    sources, terms = sources[:a.sentences], terms[:a.sentences]
+    sources, terms = sources[: a.sentences], terms[: a.sentences]
     requests = bench_module("bench_serve").requests_of(sources)
-    with tempfile.TemporaryDirectory(prefix="xf-serve-glossary-") as tmp:
+    glossary_file = work / "serve-glossary.tsv"
+    glossary_file.write_text(glossary_text(terms), encoding="utf-8")
+    pairs = [line.split("\t") for line in glossary_file.read_text(encoding="utf-8").splitlines()]
+    (work / "serve.en").write_text("\n".join(sources) + "\n", encoding="utf-8")
+    runs = {"no glossary": ([], None), "the server's (--glossary)": (["--glossary", f"en-de={glossary_file}"], None),
+            "the request's (884 pairs in each)": (["--max-glossary-terms", "1000"], pairs)}
+    best, outputs, reference_s = {name: 0.0 for name in runs}, {}, 0.0
+    for _ in range(a.rounds):
+        for name, (args, glossary) in runs.items():
+            rate, outputs[name] = served(a.path, requests, args, a.concurrency, a.threads, glossary)
+            best[name] = max(best[name], rate)
+        seconds = xf("translate", "--path", a.path, "--input", work / "serve.en", "--output", work / "serve.de",
+                     "--glossary", glossary_file, "--threads", a.threads, "--max-len-a", 1, "--max-len-b", 0, "--quiet",
+                     threads=a.threads)
+        reference_s = max(reference_s, len(sources) / seconds)  # model loading included
+    reference = (work / "serve.de").read_text(encoding="utf-8").splitlines()
+    hit, total = term_hits(reference, terms)
+    lines = [f"{len(sources)} sentences, {len(requests)} requests, concurrency {a.concurrency}", "",
+             "| run | sentences/s (best round) | ratio to no glossary | lines unlike xf translate --glossary's | "
+             "term-hit rate |", "|---|---|---|---|---|"]
+    for name in runs:
+        unlike = "" if name == "no glossary" else \
+            f"{sum(x != y for x, y in zip(outputs[name], reference))} of {len(reference)}"
+        h, t = term_hits(outputs[name], terms)
+        lines.append(f"| {name} | {best[name]:.1f} | {best[name] / best['no glossary']:.2f}x | {unlike} | {h}/{t} |")
+    lines.append(f"| xf translate --glossary, one file (model loading included) | {reference_s:.1f} | "
+                 f"{reference_s / best['no glossary']:.2f}x | | {hit}/{total} |")
+    return [*lines, "", *matching(sources, glossary_file, pairs)]
+
+
+def main(argv: list[str]) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--path", default=None, help="the checkpoint (EN-DE); default: a random small model")
+    ap.add_argument("--data", type=Path, default=REPO.parent / "shared" / "data",
+                    help="a folder with terminology/ and multi30k/ (default ../shared/data)")
+    ap.add_argument("--threads", type=int, default=1, help="torch threads of xf translate and xf serve")
+    ap.add_argument("--lines", type=int, default=500, help="Multi30k val lines of the speed runs")
+    ap.add_argument("--sentences", type=int, default=200, help="the serve part: the first N of the set's 727")
+    ap.add_argument("--concurrency", type=int, default=8, help="the serve part's clients")
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--only", choices=("terminology", "in-domain", "speed", "serve"), default=None,
+                    help="run one part (default: all four)")
+    ap.add_argument("--out", type=Path, default=None, help="where terminology.md goes (default: a temporary folder)")
+    a = ap.parse_args(argv)
+    with tempfile.TemporaryDirectory(prefix="xf-terms-") as tmp:
         work = Path(tmp)
-        checkpoint = a.path or bench_module("decode").random_checkpoint(work)
-        glossary_file = work / "glossary.tsv"
-        glossary_file.write_text(glossary_text(terms), encoding="utf-8")
-        pairs = [line.split("\t") for line in glossary_file.read_text(encoding="utf-8").splitlines()]
-        (work / "in.en").write_text("\n".join(sources) + "\n", encoding="utf-8")
-        runs = {"no glossary": ([], None), "the server's (--glossary)": (["--glossary", f"en-de={glossary_file}"], None),
-                "the request's (884 pairs in each)": (["--max-glossary-terms", "1000"], pairs)}
-        best, outputs, reference_s = {name: 0.0 for name in runs}, {}, 0.0
-        for _ in range(a.rounds):
-            for name, (args, glossary) in runs.items():
-                rate, outputs[name] = served(checkpoint, requests, args, a.concurrency, a.threads, glossary)
-                best[name] = max(best[name], rate)
-            start = time.perf_counter()
-            subprocess.run([sys.executable, "-m", "xformer_cli", "translate", "--path", checkpoint, "--input",
-                            str(work / "in.en"), "--output", str(work / "ref.de"), "--glossary", str(glossary_file),
-                            "--threads", str(a.threads), "--max-len-a", "1", "--max-len-b", "0", "--quiet"],
-                           check=True, cwd=HERE.parent)
-            reference_s = max(reference_s, len(sources) / (time.perf_counter() - start))  # model loading included
-        reference = (work / "ref.de").read_text(encoding="utf-8").splitlines()
         flags = " ".join(sorted(set(re.findall(r"\b(avx2|avx512f|avx512_vnni|avx512_bf16|amx_int8|amx_bf16)\b",
                                               Path("/proc/cpuinfo").read_text())))) if Path("/proc/cpuinfo").exists() else "?"
-        hit, total = term_hits(reference, terms)
-        lines = [f"# xf serve glossaries: {a.path or 'a random small model'}, {len(sources)} sentences of the "
-                 f"Wiktionary set, {len(requests)} requests, concurrency {a.concurrency}, {a.threads} thread(s), "
-                 f"{a.rounds} round(s); CPU flags: {flags}", "",
-                 "| run | sentences/s (best round) | ratio to no glossary | lines unlike xf translate --glossary's | "
-                 "term-hit rate |", "|---|---|---|---|---|"]
-        for name in runs:
-            same = "" if name == "no glossary" else \
-                f"{sum(x != y for x, y in zip(outputs[name], reference))} of {len(reference)}"
-            h, t = term_hits(outputs[name], terms)
-            lines.append(f"| {name} | {best[name]:.1f} | {best[name] / best['no glossary']:.2f}x | {same} | "
-                         f"{h}/{t} |")
-        lines.append(f"| xf translate --glossary, one file (model loading included) | {reference_s:.1f} | "
-                     f"{reference_s / best['no glossary']:.2f}x | | {hit}/{total} |")
-        lines += ["", *matching(sources, glossary_file, pairs)]
-    print("\n".join(lines))
+        model = a.path or "a random small model"
+        a.path = a.path or bench_module("decode").random_checkpoint(work)
+        common = ["translate", "--path", a.path, "--beam-size", 4, "--threads", a.threads, "--quiet"]
+        parts = {
+            "terminology": lambda: ["## The Wiktionary set (Dinu et al. 2019), 727 sentences", "",
+                                    *terminology(a, work), ""],
+            "in-domain": lambda: ["## In domain: Multi30k val, the words the model gets wrong", "",
+                                  *in_domain(a, work, common), ""],
+            "speed": lambda: [f"## Speed: Multi30k val, {a.lines} lines, {a.rounds} rounds", "", *speed(a, work), ""],
+            "serve": lambda: [f"## xf serve's glossaries: the Wiktionary set, {a.rounds} round(s)", "",
+                              *serving(a, work), ""],
+        }
+        text = "\n".join([f"# Terminology: {model}, beam 4, {a.threads} thread(s); CPU flags: {flags}", "",
+                          *(line for name, part in parts.items() if a.only in (None, name) for line in part())])
+    write_report(text, a.out, "terminology.md")
 
 
 if __name__ == "__main__":
-    serve_main(sys.argv[2:]) if sys.argv[1:2] == ["serve"] else main(sys.argv[1:])
+    main(sys.argv[1:])

@@ -1,6 +1,7 @@
-"""bench/decode.py --cpu, the table of docs/benchmarks.md: every case it names runs, with a
-shortlist and a reference, so the script a CPU kind is measured with does not rot between uses.
-Speeds are not asserted (make bench's rule): the rows, their BLEU and the case checks are."""
+"""bench/decode.py, the one decoding-speed bench (docs/benchmarks.md's tables come from it): its
+case words, its refusals (the decoding plan's), its rows, and one real run of every kind of case
+with a shortlist and a reference, so that the script a CPU kind is measured with does not rot
+between uses. Speeds are not asserted (make bench's rule): the rows, ratios, BLEU and counts are."""
 
 import json
 import subprocess
@@ -9,48 +10,96 @@ from pathlib import Path
 
 import pytest
 
-pytest.importorskip("ctranslate2", reason="the export extra (CTranslate2) is installed by make test")
-
-from helpers import bench_module  # noqa: E402
+from helpers import bench_module
 
 BENCH = Path(__file__).resolve().parents[1] / "bench" / "decode.py"
-from xformer_cli.precision import cpu_flags  # noqa: E402
 
-# CT2_FORCE_CPU_ISA=AVX512 only where the CPU has it (an AVX2-only CPU cannot run that case)
-CASES = ["xf fp32", "xf int8 shortlist workers 2", "CTranslate2 int8 vmap inter 2",
-         "CTranslate2 float32 AVX512" if "avx512f" in cpu_flags() else "CTranslate2 float32"]
+
+def test_a_case_is_words_and_a_wrong_word_is_named():
+    decode = bench_module("decode")
+    case = decode.parse_case("xf int8 onednn shortlist workers2 compile")
+    assert (case.engine, case.precision, case.int8_engine, case.shortlist, case.workers, case.compile) == (
+        "xf", "int8", "onednn", True, 2, True)
+    assert decode.parse_case("ct2 int8 mkl avx512").env == {"CT2_USE_MKL": "1", "CT2_FORCE_CPU_ISA": "AVX512"}
+    assert decode.parse_case("greedy").engine == "xf" and decode.parse_case("greedy").greedy
+    for name, message in (("xf fp64", "unknown word 'fp64'"), ("xf onednn", "add int8"),
+                          ("xf mkl", "CTranslate2's backends"), ("ct2 compile", "xf's own step"),
+                          ("xf workers0", "unknown word 'workers0'")):
+        with pytest.raises(ValueError, match=message):
+            decode.parse_case(name)
+
+
+def test_the_plan_refuses_a_case_before_it_runs(tmp_path):
+    decode = bench_module("decode")
+    job = dict(checkpoint=str(tmp_path / "m.pt"), ct2_dir=None, trained=True, beam=4, batch=64, threads=0,
+               shortlist=None, cpu_flags="avx2")
+    why = decode.refusal(decode.parse_case("xf cuda compile"), job)  # the plan's one line, with CUDA or without
+    assert "no CUDA device is available" in why or "on CUDA it is not measured yet" in why
+    assert "no shortlist" in decode.refusal(decode.parse_case("xf shortlist"), job)
+    assert decode.refusal(decode.parse_case("xf int8 fbgemm"), job) is None
+
+
+def test_rows_give_same_run_ratios_identical_outputs_and_bleu():
+    decode = bench_module("decode")
+    refs = ["a man rides a red bike", "two dogs play in the snow"]
+    best = {"a": dict(seconds=2.0, tokens=40, outputs=refs, backend="b", threads=1, peak_mib=10.0),
+            "b": dict(seconds=1.0, tokens=40, outputs=[refs[0], "a cat sleeps"], backend="b", threads=1,
+                      peak_mib=10.0, compile_seconds=3.5, built=1, loaded=0)}
+    rows = {r["case"]: r for r in decode.result_rows({"cpu_flags": "avx2"}, best, "a", refs)}
+    assert rows["a"]["value"] == 1.0 and rows["b"]["value"] == 2.0 and rows["b"]["ratio"] == 2.0
+    assert (rows["a"]["identical"], rows["b"]["identical"]) == (2, 1)
+    assert rows["a"]["bleu"] == 100.0 and rows["b"]["bleu"] < 100.0
+    assert rows["b"]["compile_seconds"] == 3.5 and "CPU flags avx2" in rows["b"]["note"]
 
 
 @pytest.mark.slow
-def test_cpu_table_runs_every_kind_of_case_with_bleu(trained_tiny, multi30k_dir, tmp_path):
+def test_every_kind_of_case_runs_with_ratios_and_bleu(trained_tiny, multi30k_dir, tmp_path):
+    pytest.importorskip("ctranslate2", reason="the export extra (CTranslate2) is installed by make test")
     data = trained_tiny.parents[1] / "data"
     shortlist = tmp_path / "shortlist.npz"
     subprocess.run([sys.executable, "-m", "xformer_cli", "shortlist", str(data), "--output", str(shortlist)], check=True,
                    capture_output=True)
+    cases = ["xf fp32", "xf int8 fbgemm shortlist workers2", "xf compile", "ct2 int8 workers2", "ct2-engine fp32"]
     out = tmp_path / "rows.json"
-    proc = subprocess.run([sys.executable, str(BENCH), "--cpu", str(trained_tiny), str(multi30k_dir / "val.en"),
-                           "--reference", str(multi30k_dir / "val.de"), "--shortlist", str(shortlist),
-                           "--lines", "12", "--rounds", "1", "--threads", "2", "--cases", ",".join(CASES),
-                           str(out)],  # OUT last, as docs/performance.md writes the command
-                          capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stderr
+    proc = subprocess.run([sys.executable, str(BENCH), "--path", str(trained_tiny), "--source",
+                           str(multi30k_dir / "val.en"), "--reference", str(multi30k_dir / "val.de"), "--shortlist",
+                           str(shortlist), "--lines", "12", "--rounds", "2", "--threads", "2", "--cases",
+                           ",".join(cases + ["xf cuda compile"]), "--against", "ct2 int8 workers2", "--json", str(out)],
+                          capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stderr + proc.stdout
     found = json.loads(out.read_text())
-    assert found["cpu_flags"]
+    assert found["cpu_flags"] and "its defaults" in found["ct2_backends"]
     rows = {r["case"]: r for r in found["rows"]}
-    assert sorted(rows) == sorted(CASES), proc.stderr  # none failed
+    assert sorted(rows) == sorted(cases), found["skipped"]  # none failed
+    assert list(found["skipped"]) == ["xf cuda compile"]  # refused by the plan, with CUDA or without
+    assert rows["ct2 int8 workers2"]["ratio"] == 1.0
     for row in rows.values():
-        assert row["sentences/s"] > 0 and 0 <= row["bleu"] <= 100
-    # the table: one line a case, each with its ratio to CTranslate2's best and its BLEU
-    table = [line for line in proc.stdout.splitlines() if "sent/s," in line]
-    assert len(table) == len(CASES) and all("BLEU" in line for line in table)
-    assert "CTranslate2 with its defaults:" in proc.stdout  # the backends of every setting
+        assert row["value"] > 0 and row["tokens_per_s"] > 0 and 0 <= row["bleu"] <= 100 and row["lines"] == 12
+        assert 0 <= row["identical"] <= 12 and row["ratio"] > 0
+    compiled = rows["xf compile"]  # its package built in one round or loaded (the best round's figures)
+    assert compiled["built"] + compiled["loaded"] >= 1 and compiled["compile_seconds"] > 0
+    assert "step aot" in compiled["backend"] and "compile_seconds" not in rows["xf fp32"]
+    assert "int8 dynamic (fbgemm)" in rows["xf int8 fbgemm shortlist workers2"]["backend"]
+    assert rows["ct2-engine fp32"]["backend"].startswith("engine ctranslate2")
+    # the table: the CPU flags, one line a case with its ratio and BLEU, the skipped one with the plan's reason
+    assert f"CPU flags: {found['cpu_flags']}" in proc.stdout
+    table = [line for line in proc.stdout.splitlines() if " sent/s " in line]
+    assert len(table) == len(cases) and all("x ct2 int8 workers2" in line and "BLEU" in line for line in table)
+    assert "xf cuda compile" in proc.stdout and "skipped: " in proc.stdout
 
 
 @pytest.mark.slow
-def test_unknown_case_and_shortlist_case_without_a_shortlist_are_refused(tmp_path):
-    proc = subprocess.run([sys.executable, str(BENCH), "--cpu", "x.pt", "y.en", "--cases", "xf fp64"],
+def test_wmt_like_sources_need_no_data_and_a_bad_case_is_refused(tmp_path):
+    out = tmp_path / "rows.json"
+    proc = subprocess.run([sys.executable, str(BENCH), "--source", "wmt-like", "--arch", "tiny", "--vocab-size", "300",
+                           "--lines", "6", "--cpu-lines", "4", "--rounds", "1", "--cases", "xf fp32,xf greedy",
+                           "--json", str(out)], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    rows = json.loads(out.read_text())["rows"]
+    assert [(r["case"], r["lines"]) for r in rows] == [("xf fp32", 4), ("xf greedy", 4)]
+    assert rows[0]["ratio"] == 1.0 and rows[1]["value"] > 0
+    proc = subprocess.run([sys.executable, str(BENCH), "--cases", "xf fp64"], capture_output=True, text=True)
+    assert proc.returncode == 2 and "unknown word 'fp64'" in proc.stderr
+    proc = subprocess.run([sys.executable, str(BENCH), "--cases", "xf fp32", "--against", "ct2 fp32"],
                           capture_output=True, text=True)
-    assert proc.returncode == 2 and "unknown case(s) xf fp64" in proc.stderr
-    bench = bench_module("decode")
-    with pytest.raises(SystemExit, match="needs --shortlist"):
-        bench.cpu_case("xf fp32 shortlist", "x.pt", str(tmp_path / "none"), 1, 0, 1, "", None, None)
+    assert proc.returncode == 2 and "--against 'ct2 fp32' is not one of --cases" in proc.stderr
