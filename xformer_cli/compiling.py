@@ -79,12 +79,14 @@ def cache_dir() -> Path:
 
 
 def machine_key() -> str:
-    """What a cached compiled kernel or timing depends on besides the model: this CPU's
-    instruction sets (its /proc/cpuinfo flags, as a digest) and the torch build."""
+    """What a compiled package depends on besides the model and the code: the torch build, this
+    CPU's instruction sets (its /proc/cpuinfo flags, as a digest) and the set torch's kernels and
+    inductor's generated code use (``ATEN_CPU_CAPABILITY`` caps it below the CPU's: a run capped
+    at AVX2 must not load a package of AVX-512 kernels)."""
     from .precision import cpu_flags
 
     flags = hashlib.sha256(" ".join(sorted(cpu_flags())).encode()).hexdigest()[:16]
-    return f"torch {torch.__version__}, cpu flags {flags}"
+    return f"torch {torch.__version__}, cpu flags {flags}, capability {torch.backends.cpu.get_cpu_capability()}"
 
 
 def untrusted(path: Path) -> Optional[str]:

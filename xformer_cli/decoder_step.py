@@ -37,9 +37,7 @@ def forbid_specials(lprobs: torch.Tensor, at_max: Optional[torch.Tensor]) -> tor
     lprobs[:, PAD_ID] = LOG_ZERO
     lprobs[:, BOS_ID] = LOG_ZERO
     if at_max is not None:
-        # One masked select, not "save eos, fill the row, write eos back": three in-place writes
-        # whose order a compiled kernel must keep, or a row at its limit loses its eos, and a
-        # sentence that reaches its limit (a constrained one first) ends with no hypothesis.
+        # one masked select keeps eos (rather than saving it, filling the row and writing it back)
         keep = torch.arange(lprobs.size(1), device=lprobs.device).eq(EOS_ID)  # (V,)
         lprobs = lprobs.masked_fill(at_max[:, None] & ~keep, LOG_ZERO)
     return lprobs
