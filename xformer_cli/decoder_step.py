@@ -47,8 +47,8 @@ def forbid_specials(lprobs: torch.Tensor, at_max: Optional[torch.Tensor]) -> tor
 
 def _decoder_step(model: Transformer, token, memory, src_pad, keys, values, cross_keys, cross_values, length: int,
                   at_max, project: bool) -> torch.Tensor:
-    """One incremental decoder step written over tensors and one int, the function CompiledStep
-    compiles: token (N, 1), the layers' self-attention buffers keys/values (capacity, N, H, K)
+    """One incremental decoder step written over tensors and one int, the function AotStep exports
+    and compiles: token (N, 1), the layers' self-attention buffers keys/values (capacity, N, H, K)
     with ``length`` positions filled (this step writes the next), their cross-attention
     keys/values (B, H, S, K) -> log p(next token) (N, V) with the specials forbidden; project
     False (a shortlist): the decoder's features (N, D) instead."""

@@ -130,7 +130,7 @@ class KeyValueCache:
     @classmethod
     def of(cls, k: torch.Tensor, v: torch.Tensor, length: int) -> "KeyValueCache":
         """A cache over the buffers k, v (capacity, N, H, K) whose first ``length`` positions are
-        filled: what a compiled decoder step (``search.CompiledStep``) gets in place of the cache
+        filled: what the compiled decoder step (``decoder_step.AotStep``) gets in place of the cache
         object, so that the graph depends on tensors and one int, not on a Python object."""
         cache = cls(k.size(0))
         cache.k, cache.v, cache.length = k, v, length
@@ -177,7 +177,7 @@ class DecoderCache:
     search: a sentence's beams share its memory, ``MultiHeadAttention._grouped_cross_attention``).
     The search changes rows with ``select_rows`` (rows and memory alike), ``follow_beams`` (rows
     within their sentences) and ``keep_sentences`` (drop done sentences and their beams); the
-    compiled decoder step (``search.CompiledStep``) passes it into its graph as tensors
+    compiled decoder step (``decoder_step.AotStep``) passes it into its graph as tensors
     (``tensors``, ``of``) and moves it on one position after (``advance``).
     """
 
