@@ -77,7 +77,8 @@ def test_every_kind_of_case_runs_with_ratios_and_bleu(trained_tiny, multi30k_dir
         assert row["value"] > 0 and row["tokens_per_s"] > 0 and 0 <= row["bleu"] <= 100 and row["lines"] == 12
         assert 0 <= row["identical"] <= 12 and row["ratio"] > 0
     compiled = rows["xf compile"]  # its package built in one round or loaded (the best round's figures)
-    assert compiled["built"] + compiled["loaded"] >= 1 and compiled["compile_seconds"] > 0
+    # a build takes seconds; a load can round to 0.0 s in the row
+    assert compiled["built"] + compiled["loaded"] >= 1 and (compiled["compile_seconds"] > 0 or not compiled["built"])
     assert "step aot" in compiled["backend"] and "compile_seconds" not in rows["xf fp32"]
     assert "int8 dynamic (fbgemm)" in rows["xf int8 fbgemm shortlist workers2"]["backend"]
     assert rows["ct2-engine fp32"]["backend"].startswith("engine ctranslate2")
