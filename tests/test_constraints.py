@@ -4,7 +4,7 @@ states (overlaps, disjunctions, word ends), banks and the order of dynamic beam 
 import pytest
 import torch
 
-from xformer_cli.constraints import BatchConstraints, word_boundaries
+from xformer_cli.constraints import BatchConstraints, distinct_first, least_tokens, word_boundaries
 from xformer_cli.vocab import BOS_ID, EOS_ID, PAD_ID
 
 PHRASE = [(7, 8)]  # one constraint, one form: the phrase "7 8"
@@ -124,3 +124,68 @@ def test_batch_constraints_refuse_empty_forms_and_list_their_tokens():
     for bad in ([[[]]], [[[[]]]], [[[[1], []]]]):
         with pytest.raises(ValueError, match="at least one"):
             BatchConstraints(bad)
+
+
+def test_least_tokens_lets_only_constraints_that_share_a_token_overlap():
+    assert least_tokens([[(1, 4)], [(4, 5)]]) == 2  # "1 4 5" meets both
+    assert least_tokens([[(1,)], [(2,)], [(3, 4)]]) == 4  # no token shared: end to end
+    assert least_tokens([[(1, 2), (7,)], [(2, 3)], [(9,)]]) == 3  # 1 2 / 2 3 may overlap (2), then 9
+    assert least_tokens([[(5,)], [(5,)]]) == 1  # one token meets both
+
+
+def test_a_sentence_whose_constraints_cannot_fit_is_searched_without_them_up_front():
+    given = BatchConstraints([[[(t,)] for t in range(4, 304)], [[(5,)]], [[(6, 7, 8), (9,)]]])  # 300 distinct words
+    given.start(torch.tensor([10, 10, 2]), beams=4)
+    assert given.unmet == [0] and given.constraints[0] == []
+    assert given.constraints[2] == [[(9,)]]  # a form longer than the limit is dropped, the constraint stays
+    assert given.token.shape == (3, 1)  # no state for what was dropped
+
+
+def test_distinct_first_keeps_each_valid_candidate_once_in_order():
+    generator = torch.Generator().manual_seed(0)
+    for _ in range(50):
+        pool = torch.randint(0, 12, (3, 20), generator=generator)
+        valid = torch.rand(3, 20, generator=generator) < 0.7
+        got = distinct_first(pool, valid)
+        for row in range(3):
+            want = list(dict.fromkeys(pool[row][valid[row]].tolist()))
+            assert got[row, :len(want)].tolist() == want
+            assert got[row, len(want):].eq(PAD_ID).all()
+
+
+WORST = """
+import resource, sys, time, random, torch
+sys.path.insert(0, {tests!r})
+from helpers import tiny, batch
+from xformer_cli.constraints import BatchConstraints
+from xformer_cli.options import DecodingOptions
+from xformer_cli.search import beam_search
+torch.set_num_threads(1)
+limits = DecodingOptions()
+rng, vocab = random.Random(0), 8000
+model = tiny(vocab_size=vocab)
+per_form = limits.max_constraint_subwords // (limits.max_constraints * limits.max_constraint_forms)
+sentence = [[[rng.randrange(4, vocab) for _ in range(per_form)] for _ in range(limits.max_constraint_forms)]
+            for _ in range(limits.max_constraints)]
+src = batch(*[[rng.randrange(4, vocab) for _ in range(20)] for _ in range(16)])
+beam_search([model], src[:1], DecodingOptions())  # the plain search's own memory first
+before, start = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, time.perf_counter()
+beam_search([model], src, DecodingOptions(), constraints=BatchConstraints([sentence] * 16))
+print((resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) / 1024, time.perf_counter() - start)
+"""
+
+
+def test_the_worst_batch_the_limits_admit_stays_in_the_documented_bound():
+    """docs/decoding.md: a batch of 16 sentences, each at every default limit (16 constraints of
+    8 forms, 256 subwords: random words of an 8,000 vocabulary, the most candidates), takes under
+    400 MB beyond the plain search and no hang (before the limits and the flat state: 1,000 forms
+    of one constraint took 44 s and 600 MB alone; 5,000 grew past 23 GB)."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = WORST.format(tests=str(Path(__file__).parent))
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    megabytes, seconds = map(float, out.stdout.split())
+    assert megabytes < 400 and seconds < 120, (megabytes, seconds)

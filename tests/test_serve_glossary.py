@@ -123,7 +123,8 @@ def served(ckpt, tmp_path_factory):
     """An en-de server whose direction's glossary holds 'man' -> Hund and 'girl' -> Katze|Katzen."""
     terms = glossary_file(tmp_path_factory.mktemp("glossary"), "man\tHund\ngirl\tKatze|Katzen\n")
     options = build_options(ServeOptions, {"model": [f"en-de={ckpt}"], "glossary": [f"en-de={terms}"],
-                                           "max_glossary_terms": 3, **DECODING}, "test")
+                                           "max_glossary_terms": 3, "max_constraints": 3, "max_constraint_forms": 3,
+                                           "max_constraint_subwords": 120, **DECODING}, "test")
     server = Server(load_directions(options, load_glossaries(options)), options, [])
     server.loop = asyncio.new_event_loop()  # one loop for the server's requests, as uvicorn runs it
     server.queue.start()
@@ -217,10 +218,45 @@ def test_a_term_that_cannot_be_met_is_reported_not_refused(served):
     ([["boy", "Baum"], ["Boy", "Busch"]], 400, "'glossary' item 2: the source term 'Boy' is given twice"),
     ([["boy", "Baum|"]], 400, "'glossary' item 1: an empty target term"),
     ([["a", "b"], ["c", "d"], ["e", "f"], ["g", "h"]], 413, "'glossary' has 4 pairs, over the limit of 3"),
+    ([["boy", "a|b|c|d"]], 413, "'glossary' item 1: 'boy' has 4 target forms, over the limit of 3 "
+                                "(--max-constraint-forms)"),
 ])
 def test_a_bad_request_glossary_is_an_error_naming_the_field(served, glossary, status, message):
     got, answer = ask(served, q="A boy runs.", glossary=glossary)
     assert (got, answer["error"][:len(message)]) == (status, message), answer
+
+
+@pytest.mark.parametrize("fields,message", [
+    (dict(constraints=["Haus", "Baum", "Hund", "Katze"]), "q item 1: 4 lexical constraints (its glossary terms "
+     "included), over the limit of 3 a sentence (--max-constraints)"),
+    # two of its own and the direction's two terms found in it
+    (dict(q="A man and a girl run.", constraints=["Haus", "Baum"]), "q item 1: 4 lexical constraints"),
+    (dict(q=["A boy runs.", "A man runs."], constraints=[[], ["Haus", "Baum", ["Hund", "Katze"]]]),
+     "q item 2: 4 lexical constraints"),
+    (dict(constraints=[["Haus", "Baum", "Hund", "Katze"]]), "q item 1: constraint 1 has 4 forms, over the limit "
+     "of 3 (--max-constraint-forms)"),
+    (dict(constraints=["Fahrradweg " * 8] * 2), "q item 1: its constraints' forms have 128 subwords together, "
+     "over the limit of 120 a sentence (--max-constraint-subwords)"),
+])
+def test_constraints_over_the_limits_are_a_413_naming_the_item_and_the_limit(served, fields, message):
+    got, answer = ask(served, **{"q": "A boy runs.", **fields})
+    assert (got, answer["error"][:len(message)]) == (413, message), answer
+    assert translated(served, "A boy runs.", constraints=["Haus", "Baum"])  # the server is up, the limits admit 2
+
+
+def test_an_allocation_that_fails_is_a_500_naming_the_limits_and_the_server_stays_up(served, monkeypatch):
+    import xformer_cli.serve_queue as serve_queue
+
+    def fails(*args, **kwargs):
+        raise RuntimeError("[enforce fail at alloc_cpu.cpp:117] data. DefaultCPUAllocator: can't allocate memory: "
+                           "you tried to allocate 4333502464 bytes. Error code 12 (Cannot allocate memory)")
+
+    with monkeypatch.context() as patched:
+        patched.setattr(serve_queue, "search_lines", fails)
+        got, answer = ask(served, q="A boy runs.")
+    assert got == 500 and answer["error"].startswith("out of memory decoding this request's batch ([enforce fail")
+    assert "--max-batch-tokens" in answer["error"] and "--max-constraints" in answer["error"]
+    assert translated(served, "A boy runs.")["translatedText"]
 
 
 def test_server_glossary_is_a_boolean(served):

@@ -12,7 +12,7 @@ import torch
 from xformer_cli.decoding_plan import Machine, plan_decoding
 from xformer_cli.constraints import BatchConstraints
 from xformer_cli.engines import XfEngine, collate_prefix
-from xformer_cli.errors import ConfigError
+from xformer_cli.errors import ConfigError, XfError
 from xformer_cli.options import TranslateOptions
 from xformer_cli.search import (DecoderState, beam_search, greedy_search, next_token_alternatives, sample,
                                 with_prefix_candidates)
@@ -277,6 +277,46 @@ def test_translate_jsonl_input_with_constraints(tmp_path, ckpt):
     (tmp_path / "a.txt").write_text("a\n", encoding="utf-8")
     short = dict(max_len_a=0.0, max_len_b=3)
     assert run("long.txt", "long.jsonl", input_format="jsonl", **short) == run("a.out", "a.txt", **short)
+
+
+def test_translate_refuses_a_line_over_the_constraint_limits_naming_it(tmp_path, ckpt):
+    from xformer_cli.commands.translate import translate
+
+    def run(record, **kw):
+        (tmp_path / "in.jsonl").write_text(json.dumps({"source": "a man"}) + "\n" + json.dumps(record) + "\n",
+                                           encoding="utf-8")
+        translate(TranslateOptions(path=(str(ckpt),), input=str(tmp_path / "in.jsonl"), input_format="jsonl",
+                                   output=str(tmp_path / "out.txt"), quiet=True, device="cpu", **kw))
+
+    many = {"source": "a man", "constraints": [f"Hund{i}" for i in range(17)]}
+    with pytest.raises(ConfigError, match=r"in.jsonl: line 2: 17 lexical constraints \(its glossary terms included\), "
+                       r"over the limit of 16 a sentence \(--max-constraints\)"):
+        run(many)
+    forms = {"source": "a man", "constraints": [[f"Hund{i}" for i in range(5000)]]}  # once 23.8 GB: now refused
+    with pytest.raises(ConfigError, match=r"line 2: constraint 1 has 5,000 forms, over the limit of 8 "
+                       r"\(--max-constraint-forms\)"):
+        run(forms)
+    with pytest.raises(ConfigError, match=r"line 2: its constraints' forms have \d+ subwords together, over the "
+                       r"limit of 10 a sentence \(--max-constraint-subwords\)"):
+        run({"source": "a man", "constraints": ["Fahrradweg", "Katzenhaus", "Baum"]}, max_constraint_subwords=10)
+    assert not (tmp_path / "out.txt").exists()  # nothing written
+    glossary = tmp_path / "terms.tsv"
+    glossary.write_text("man\tMann\n", encoding="utf-8")
+    with pytest.raises(ConfigError, match=r"line 2: 3 lexical constraints \(its glossary terms included\), over the "
+                       r"limit of 2"):  # its own two and the glossary's term
+        run({"source": "a man", "constraints": ["Hund", "Katze"]}, glossary=str(glossary), max_constraints=2)
+    import xformer_cli.commands.translate as command
+
+    def fails(*args, **kwargs):
+        raise RuntimeError("DefaultCPUAllocator: can't allocate memory: you tried to allocate 23800000000 bytes")
+
+    with pytest.MonkeyPatch.context() as patched:
+        patched.setattr(command, "translate_buffer", fails)
+        with pytest.raises(XfError, match=r"^out of memory while decoding \(DefaultCPUAllocator: can't allocate memory: "
+                           r"you tried .*\); lower --max-tokens, or what one line may ask \(--max-constraints"):
+            run({"source": "a man"})
+    run(many, max_constraints=17, max_len_b=4)  # a higher limit admits it
+    assert len((tmp_path / "out.txt").read_text(encoding="utf-8").splitlines()) == 2
 
 
 # -- xf serve --------------------------------------------------------------------------------------

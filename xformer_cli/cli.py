@@ -23,7 +23,7 @@ import typer
 
 from . import __version__
 from .config import _is_optional, field_types, removed
-from .errors import ConfigError
+from .errors import ConfigError, memory_detail, out_of_memory
 from .errors import XfError
 from .signals import Terminated, sigterm_unwinds
 from .frame import COMMANDS, GROUPS, Command, check_outputs, load_command_options
@@ -200,6 +200,8 @@ def _failure(e: BaseException) -> tuple[str, int]:
         return f"stopped by {e}", 128 + e.signum
     if isinstance(e, XfError):  # ConfigError: a usage or configuration error, 2
         return str(e), 2 if isinstance(e, ConfigError) else 1
+    if out_of_memory(e):
+        return f"out of memory ({memory_detail(e)}); lower the batch size (--max-tokens) and try again", 1
     return f"{type(e).__name__}: {e} (run with --verbose for the traceback)", 1
 
 

@@ -47,6 +47,23 @@ from .vocab import EOS_ID, PAD_ID
 
 LOG_ZERO = float("-inf")
 NO_TOKEN = -1  # the token of a padding position of ``forms``: no output token equals it
+ALLOCATE_ELEMENTS = 1 << 21  # candidate states (W x P) ranked at once: tens of MB, whatever the batch
+
+
+def distinct_first(pool: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+    """pool (S, W) of candidate indices, ``valid`` (S, W): each row's valid candidates, each once
+    (its first place), in their order, then the token pad (never chosen) up to the width of the
+    row with the most. By sorting: a (W, W) comparison is gigabytes for the pools of long
+    constraint lists."""
+    places = torch.arange(pool.size(1), device=pool.device)
+    key = torch.where(valid, pool, -1 - places)  # invalid ones: distinct, below every index
+    ordered, order = key.sort(dim=1, stable=True)  # equal ones: earliest first
+    repeat = torch.zeros_like(valid)
+    repeat[:, 1:] = ordered[:, 1:].eq(ordered[:, :-1])
+    valid = valid & ~torch.empty_like(valid).scatter_(1, order, repeat)
+    width = int(valid.sum(dim=1).max())
+    kept = valid.to(torch.uint8).sort(dim=1, descending=True, stable=True).indices[:, :width]
+    return torch.where(valid, pool, torch.full_like(pool, PAD_ID)).gather(1, kept)
 
 
 @functools.lru_cache(maxsize=8)  # one table per model, not per buffer
@@ -59,10 +76,27 @@ def word_boundaries(sp) -> torch.Tensor:
                          for i, p in enumerate(pieces)])
 
 
-def longest_needed(constraints: Sequence[Sequence[tuple[int, ...]]]) -> int:
-    """The most output tokens one constraint needs (its shortest form's): more than the limit and
-    the constraints cannot be met (together they may need more: forms can overlap)."""
-    return max(min(len(f) for f in forms) for forms in constraints)
+def least_tokens(constraints: Sequence[Sequence[tuple[int, ...]]]) -> int:
+    """A lower bound of the output tokens that meet every constraint: two forms can share an
+    output position only if they share a token, so constraints that share no token with each
+    other (directly or through others) take disjoint positions, each group at least its longest
+    shortest form ("1 4" and "4 5" may overlap in "1 4 5": 2; "a" and "b": 2)."""
+    group = list(range(len(constraints)))  # union-find over constraints
+
+    def root(c: int) -> int:
+        while group[c] != c:
+            group[c] = group[group[c]]
+            c = group[c]
+        return c
+
+    owner: dict[int, int] = {}
+    for c, forms in enumerate(constraints):
+        for token in {t for form in forms for t in form}:
+            group[root(c)] = root(owner.setdefault(token, c))
+    need: dict[int, int] = {}
+    for c, forms in enumerate(constraints):
+        need[root(c)] = max(need.get(root(c), 0), min(map(len, forms)))
+    return sum(need.values())
 
 
 class BatchConstraints:
@@ -95,62 +129,71 @@ class BatchConstraints:
     # -- the search's calls -----------------------------------------------------------------------
     def start(self, max_len: torch.Tensor, beams: int) -> None:
         """Open a search of this batch with ``beams`` rows per sentence and each sentence's most
-        output tokens ``max_len``; sentences whose constraints cannot fit are searched without."""
-        for i, (sentence, limit) in enumerate(zip(self.constraints, max_len.tolist())):
-            if sentence and longest_needed(sentence) > limit:
-                self.constraints[i] = []
+        output tokens ``max_len``. A form longer than its sentence's limit can never be met and is
+        dropped; a sentence left with a constraint of no form, or whose constraints need more tokens
+        than its limit (``least_tokens``), is searched without its constraints (listed in ``unmet``)."""
+        for i, limit in enumerate(max_len.tolist()):
+            kept = [[form for form in forms if len(form) <= limit] for forms in self.constraints[i]]
+            if kept and (not all(kept) or least_tokens(kept) > limit):
+                kept = []
                 self.unmet.append(i)
-        device, k = max_len.device, beams
-        nforms = max([sum(len(forms) for forms in s) for s in self.constraints] + [1])
+            self.constraints[i] = kept
+        device, k, sents = max_len.device, beams, len(self.constraints)
+        # Every form's tokens laid end to end, one row a sentence: position p holds token[p] of the
+        # form of constraint owner[p] at depth[p] (1: its first token); padding positions own the
+        # extra constraint C (never one's) and hold NO_TOKEN.
+        width = max([sum(len(f) for forms in s for f in forms) for s in self.constraints] + [1])
         ncons = max([len(s) for s in self.constraints] + [1])
-        width = max([len(f) for s in self.constraints for forms in s for f in forms] + [1])
-        forms = torch.full((len(self.constraints), nforms, width), NO_TOKEN, dtype=torch.long)
-        lengths = torch.zeros(len(self.constraints), nforms, dtype=torch.long)
-        member = torch.zeros(len(self.constraints), nforms, ncons, dtype=torch.bool)  # form f is of constraint c
-        shortest = torch.zeros(len(self.constraints), ncons, dtype=torch.long)
+        token = torch.full((sents, width), NO_TOKEN, dtype=torch.long)
+        depth = torch.zeros(sents, width, dtype=torch.long)
+        last = torch.zeros(sents, width, dtype=torch.bool)
+        owner = torch.full((sents, width), ncons, dtype=torch.long)
+        shortest = torch.zeros(sents, ncons, dtype=torch.long)
         for i, sentence in enumerate(self.constraints):
-            f = 0
+            p = 0
             for c, alternatives in enumerate(sentence):
                 shortest[i, c] = min(len(form) for form in alternatives)
                 for form in alternatives:
-                    forms[i, f, : len(form)] = torch.tensor(form)
-                    lengths[i, f], member[i, f, c] = len(form), True
-                    f += 1
-        self.beams, self.max_len = k, max_len
+                    span = slice(p, p + len(form))
+                    token[i, span], depth[i, span], owner[i, span] = torch.tensor(form), torch.arange(1, len(form) + 1), c
+                    last[i, p + len(form) - 1] = True
+                    p += len(form)
+        self.beams, self.max_len, self.ncons = k, max_len, ncons
         self.most_tokens = int(shortest.sum(dim=1).max())  # the highest bank
-        self.forms, self.lengths, self.member, self.shortest = (t.to(device) for t in (forms, lengths, member, shortest))
+        self.token, self.depth, self.last, self.owner, self.shortest = (
+            t.to(device) for t in (token, depth, last, owner, shortest))
         self.constrained = torch.tensor([bool(s) for s in self.constraints], device=device)  # (sents,)
         self.any_constrained = bool(self)
-        rows = len(self.constraints) * k
-        self.partial = torch.zeros(rows, nforms, width + 1, dtype=torch.bool, device=device)
-        self.satisfied = (~member.any(dim=1)).to(device).repeat_interleave(k, dim=0)  # padding constraints: met
+        self.partial = torch.zeros(sents * k, width, dtype=torch.bool, device=device)
+        unused = torch.arange(ncons)[None, :] >= torch.tensor([len(s) for s in self.constraints])[:, None]
+        self.satisfied = unused.to(device).repeat_interleave(k, dim=0)  # padding constraints: met
         self.prev_partial, self.prev_satisfied = self.partial, self.satisfied
-        self.steps = torch.arange(width + 1, device=device)
 
     def _sentence_of(self, rows: torch.Tensor) -> torch.Tensor:
         return torch.div(rows, self.beams, rounding_mode="floor")
 
-    def _advance(self, partial: torch.Tensor, met: torch.Tensor, tokens: torch.Tensor, sents: torch.Tensor):
-        """The states (partial (N, F, L + 1), met (N, C)) of N hypotheses of sentences ``sents``
-        (N,) after emitting ``tokens`` (N,)."""
-        forms = self.forms[sents]  # (N, F, L)
-        grown = torch.zeros_like(partial)
-        grown[:, :, 1:] = forms.eq(tokens[:, None, None])
-        grown[:, :, 2:] &= partial[:, :, 1:-1]  # n + 1 tokens matched: n were, and the next is this one
-        if self.word_starts is None:  # a form is met by its tokens
-            done = self._complete(grown, sents)  # (N, F)
-        else:  # a complete form (it waited at its length) is met if this token may follow a word
-            done = self._complete(partial, sents) & self.word_starts.to(tokens.device)[tokens][:, None]
-        met = met | (done[:, :, None] & self.member[sents]).any(dim=1)
-        return grown, met
+    def _per_constraint(self, at: torch.Tensor, sents: torch.Tensor) -> torch.Tensor:
+        """(N, C): whether any position (N, P) set in ``at`` belongs to each constraint."""
+        owner = torch.where(at, self.owner[sents], self.ncons)  # unset: the padding constraint
+        out = torch.zeros(at.size(0), self.ncons + 1, dtype=torch.bool, device=at.device)
+        return out.scatter_(1, owner, True)[:, :-1]
 
-    def _complete(self, partial: torch.Tensor, sents: torch.Tensor) -> torch.Tensor:
-        """(N, F): each form matched whole at the end of the hypothesis."""
-        return partial.gather(2, self.lengths[sents][:, :, None]).squeeze(2)  # padding forms: n = 0, never set
+    def _advance(self, partial: torch.Tensor, met: torch.Tensor, tokens: torch.Tensor, sents: torch.Tensor):
+        """The states (partial (N, P), met (N, C)) of N hypotheses of sentences ``sents`` (N,)
+        after emitting ``tokens`` (N,)."""
+        depth = self.depth[sents]
+        before = torch.zeros_like(partial)
+        before[:, 1:] = partial[:, :-1]  # depth d matched after this token: d - 1 were, before it
+        grown = self.token[sents].eq(tokens[:, None]) & (depth.eq(1) | before)
+        if self.word_starts is None:  # a form is met by its tokens
+            done = grown & self.last[sents]
+        else:  # a complete form (it waited at its length) is met if this token may follow a word
+            done = partial & self.last[sents] & self.word_starts.to(tokens.device)[tokens][:, None]
+        return grown, met | self._per_constraint(done, sents)
 
     def _waiting(self, partial: torch.Tensor, sents: torch.Tensor) -> torch.Tensor:
         """(N, C): a form of the constraint is complete and waits for a word boundary."""
-        return (self._complete(partial, sents)[:, :, None] & self.member[sents]).any(dim=1)
+        return self._per_constraint(partial & self.last[sents], sents)
 
     def _ready(self, partial: torch.Tensor, met: torch.Tensor, sents: torch.Tensor) -> torch.Tensor:
         """(N, C): met, or met by ending here (eos ends a word)."""
@@ -161,9 +204,9 @@ class BatchConstraints:
         the word's end) counts its shortest form's length, an unmet one its longest partial match
         (at most that length - 1). The word's end is no bank of its own: with one more bank per
         constraint the banks outnumber a beam of 4 and those that have begun none get no place."""
-        matched = (partial * self.steps).amax(dim=2)  # (N, F): the longest partial match of each form
-        member = self.member[sents]
-        longest = (matched[:, :, None] * member).amax(dim=1)  # (N, C)
+        matched = partial * self.depth[sents]  # (N, P): the depth of each matched position
+        longest = torch.zeros(partial.size(0), self.ncons + 1, dtype=torch.long, device=partial.device)
+        longest = longest.scatter_reduce_(1, self.owner[sents], matched, "amax")[:, :-1]  # (N, C)
         shortest = self.shortest[sents]
         per = torch.where(self._ready(partial, met, sents), shortest, torch.minimum(longest, shortest - 1))
         return per.sum(dim=1)
@@ -199,45 +242,44 @@ class BatchConstraints:
         # search among them alone.
         own = offset[:, None] + lprobs.topk(min(k, vocab), dim=1).indices  # (rows, k)
         # The next token of each unmet constraint's forms: the first of each, the one after each partial match.
-        forms = self.forms[row_sent]  # (rows, F, L)
+        # The next token of each unmet constraint's forms: the first of each, the one after each partial match.
+        token = self.token[row_sent]  # (rows, P)
         open_ = ~self._ready(self.partial, self.satisfied, row_sent)  # (rows, C)
-        form_open = (self.member[row_sent] & open_[:, None, :]).any(dim=2)  # (rows, F)
-        wanted = self.partial[:, :, :-1].clone()
-        wanted[:, :, 0] = True
-        wanted &= form_open[:, :, None] & forms.ne(NO_TOKEN)
-        cols = forms.clamp(min=0) if candidates is None else torch.searchsorted(candidates, forms.clamp(min=0))
-        steered = offset[:, None, None] + cols  # (rows, F, L)
+        open_ = torch.cat([open_, open_.new_zeros(open_.size(0), 1)], dim=1).gather(1, self.owner[row_sent])
+        after = torch.zeros_like(self.partial)
+        after[:, 1:] = self.partial[:, :-1]
+        wanted = (self.depth[row_sent].eq(1) | after) & open_ & token.ne(NO_TOKEN)  # (rows, P)
+        cols = token.clamp(min=0) if candidates is None else torch.searchsorted(candidates, token.clamp(min=0))
+        steered = offset[:, None] + cols  # (rows, P)
         constrained = self.constrained[row_sent]
         parts = [top_idx, own.view(sents, -1), steered.view(sents, -1)]
         valid = [torch.ones_like(top_idx, dtype=torch.bool), constrained[:, None].expand_as(own).reshape(sents, -1),
-                 (wanted & constrained[:, None, None]).view(sents, -1)]
+                 (wanted & constrained[:, None]).view(sents, -1)]
         if self.word_starts is not None:  # a form that waits for a word boundary: the best token that ends the word
             starts = self.word_starts.to(lprobs.device)
             starts = starts if candidates is None else starts[candidates]
             parts.append((offset + lprobs.masked_fill(~starts, LOG_ZERO).argmax(dim=1)).view(sents, k))
             valid.append((self._waiting(self.partial, row_sent).any(dim=1) & constrained).view(sents, k))
-        pool, valid = torch.cat(parts, dim=1), torch.cat(valid, dim=1)  # (sents, W)
-        # Each candidate once: drop one that an earlier valid one repeats.
-        same = pool[:, :, None].eq(pool[:, None, :]) & valid[:, None, :]  # (sents, W, W): [j, i] j equals a valid i
-        earlier = torch.ones(pool.size(1), pool.size(1), dtype=torch.bool, device=pool.device).tril(-1)
-        valid &= ~(same & earlier).any(dim=2)
-        idx = torch.where(valid, pool, torch.full_like(pool, PAD_ID))  # pad: -inf, never chosen
-        if self.any_constrained:
-            idx = self._allocate(idx, cand.gather(1, idx), vocab, candidates)
+        idx = distinct_first(torch.cat(parts, dim=1), torch.cat(valid, dim=1))  # (sents, W)
+        if self.any_constrained:  # a few sentences at a time: the states of their W candidates are W x P each
+            step = max(1, ALLOCATE_ELEMENTS // (idx.size(1) * self.token.size(1)))
+            idx = torch.cat([self._allocate(idx[s:s + step], cand[s:s + step].gather(1, idx[s:s + step]), vocab,
+                                            candidates, s) for s in range(0, sents, step)])
         top_beam, top_token = idx // vocab, idx % vocab
         if candidates is not None:
             top_token = candidates[top_token]
         return cand.gather(1, idx), top_beam, top_token, lprobs.view(-1, k * vocab).gather(1, idx)
 
     def _allocate(self, idx: torch.Tensor, values: torch.Tensor, vocab: int,
-                  candidates: Optional[torch.Tensor]) -> torch.Tensor:
-        """Each constrained sentence's pool idx (sents, W) reordered (the others unchanged): the
+                  candidates: Optional[torch.Tensor], first: int) -> torch.Tensor:
+        """Sentences ``first``... of the batch: each constrained one's pool idx (sents, W) reordered (the others unchanged): the
         finite candidates round-robin across banks (rank 0 of every bank, most met first, then
         rank 1, ...), then those that the k best of the top bank beat, then the -inf ones."""
         k, (sents, width) = self.beams, idx.shape
         beam, col = idx // vocab, idx % vocab
         token = col if candidates is None else candidates[col]
-        parents = (torch.arange(sents, device=idx.device)[:, None] * k + beam).view(-1)
+        mine = slice(first, first + sents)
+        parents = ((first + torch.arange(sents, device=idx.device))[:, None] * k + beam).view(-1)
         who = self._sentence_of(parents)
         partial, met = self._advance(self.partial[parents], self.satisfied[parents], token.view(-1), who)
         bank = self._progress(partial, met, who).view(sents, width)
@@ -254,7 +296,7 @@ class BatchConstraints:
         rank_sorted = place - torch.where(starts, place, torch.zeros_like(place)).cummax(dim=1).values
         rank = torch.empty_like(rank_sorted).scatter_(1, ranked, rank_sorted)  # (sents, W)
         # Within a round, most met first (Post & Vilar): at beam 1 the constraint is placed first.
-        full = self.shortest.sum(dim=1)[:, None]  # (sents, 1): the top bank, every constraint met
+        full = self.shortest[mine].sum(dim=1)[:, None]  # (sents, 1): the top bank, every constraint met
         span = self.most_tokens + 2
         key = rank * span + (full - bank)
         # A candidate that has not met them all and scores below the k best that have is pruned
@@ -267,7 +309,7 @@ class BatchConstraints:
         beaten = bank.lt(full) & values.lt(top_values.topk(min(k, width), dim=1).values[:, -1:])
         rounds = span * (width + 1)  # more than any rank * span + (full - bank)
         key = key + rounds * beaten + 2 * rounds * ~finite
-        key = torch.where(self.constrained[:, None], key, place)  # unconstrained sentences: as they were
+        key = torch.where(self.constrained[mine, None], key, place)  # unconstrained sentences: as they were
         return idx.gather(1, key.sort(dim=1, stable=True).indices)
 
     def follow(self, rows: torch.Tensor, tokens: torch.Tensor) -> None:
@@ -288,8 +330,8 @@ class BatchConstraints:
 
     def keep(self, keep: torch.Tensor, keep_rows: torch.Tensor) -> None:
         """Only sentences ``keep`` (positions among the active ones) and rows ``keep_rows`` stay."""
-        self.forms, self.lengths, self.member, self.shortest = (
-            t[keep] for t in (self.forms, self.lengths, self.member, self.shortest))
+        self.token, self.depth, self.last, self.owner, self.shortest = (
+            t[keep] for t in (self.token, self.depth, self.last, self.owner, self.shortest))
         self.constrained, self.max_len = self.constrained[keep], self.max_len[keep]
         self.partial, self.satisfied = self.partial[keep_rows], self.satisfied[keep_rows]
         self.any_constrained = bool(self.constrained.any())

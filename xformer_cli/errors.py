@@ -14,3 +14,18 @@ class ConfigError(XfError, ValueError):
 
     Also a ValueError: the options dataclasses raise it from ``__post_init__``, and
     ``config.build_options`` adds the name of the file it came from."""
+
+
+def out_of_memory(e: BaseException) -> bool:
+    """Whether ``e`` is an allocation that failed: Python's MemoryError, torch's CPU allocator
+    ("DefaultCPUAllocator: can't allocate memory") or a device's out-of-memory error."""
+    if isinstance(e, MemoryError):
+        return True
+    text = str(e)
+    return isinstance(e, RuntimeError) and ("can't allocate memory" in text or "out of memory" in text.lower())
+
+
+def memory_detail(e: BaseException) -> str:
+    """The first line of an allocation error's message (torch's run to several), at most 160 characters."""
+    line = (str(e).strip().splitlines() or [type(e).__name__])[0]
+    return line if len(line) <= 160 else line[:157] + "..."

@@ -325,6 +325,13 @@ class DecodingOptions:
     top_p: float = option(1.0, "nucleus sampling probability mass", aliases=("topp",), range=Range(0, 1, lo_open=True))
     seed: int = option(1, "sampling seed: the same samples again for the same --seed with the same --batch-size, "
                        "--max-tokens and --buffer-size (they decide which sentences share a random stream)", range=COUNT)
+    # What one sentence's lexical constraints may ask: the search's time and memory grow with them
+    # (docs/decoding.md gives the bound); more is a one-line error (xf translate) or a 413 (xf serve).
+    max_constraints: int = option(16, "lexical constraints of one sentence at most, its glossary terms included",
+                                  range=COUNT1)
+    max_constraint_forms: int = option(8, "alternative forms of one constraint or glossary entry at most", range=COUNT1)
+    max_constraint_subwords: int = option(
+        256, "subwords of all the forms of one sentence's constraints together at most", range=COUNT1)
 
     def __post_init__(self) -> None:
         check_ranges(self)

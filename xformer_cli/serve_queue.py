@@ -24,8 +24,10 @@ from typing import Callable, Optional
 from .attention_maps import alignment_pairs, word_ids
 from .constraints import word_boundaries
 from .engines import Engine
+from .errors import memory_detail, out_of_memory
 from .glossary import Glossary
 from .options import TranslateOptions
+from .serve_requests import HttpError
 from .translation import Stats, hypothesis_texts, search_lines
 
 
@@ -233,6 +235,10 @@ class BatchQueue:
                                     # a constraint ends a word, as in xf translate (not Hund in Hunde)
                                     word_starts=word_boundaries(direction.sp) if "constraints" in steer else None)
         except Exception as e:  # noqa: BLE001 - the request gets the error, the worker goes on
+            if out_of_memory(e):  # a 500 that says which limit to lower; the server stays up
+                e = HttpError(500, f"out of memory decoding this request's batch ({memory_detail(e)}); lower "
+                              "--max-batch-tokens or what one sentence may ask (--max-constraints, "
+                              "--max-constraint-forms, --max-constraint-subwords)")
             for job, _, _ in batch:
                 self.drop(job)  # its lines not yet taken are not decoded
                 if not job.future.done():

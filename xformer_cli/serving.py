@@ -60,8 +60,8 @@ from .serve_queue import BatchQueue, Direction, Job, QueueFull
 from .serve_log import ANSWER_SECONDS, CLIENT_GONE, AccessLog
 from .serve_requests import HttpError, disconnected, request_fields, shown, text_lines
 from .decoding_plan import Machine, plan_decoding
-from .translation import (Stats, encode_constraints, encode_lines, encode_prefixes, open_engine, read_constraints,
-                          text_field)
+from .translation import (Stats, encode_constraints, encode_lines, encode_prefixes, open_engine, over_constraint_limits,
+                          read_constraints, text_field)
 
 # ISO 639-1 names for /languages; a code not listed is shown as itself.
 LANGUAGE_NAMES = {
@@ -104,7 +104,8 @@ def load_directions(options: ServeOptions, glossaries: Optional[dict[str, Glossa
         if glossary is not None:  # refused by the plan before the model loads
             plan_decoding(translate_options, Machine.here()).refuse_steering(f"--glossary {source}-{target}=...")
         engine, sp, _device = open_engine(translate_options)
-        unfit = glossary is not None and unfit_term(glossary, sp, engine.max_source)
+        unfit = glossary is not None and (unfit_term(glossary, sp, engine.max_source)
+                                          or too_many_forms(glossary, options.max_constraint_forms))
         if unfit:
             where = next(g for g in options.glossary if g.startswith(f"{source}-{target}="))
             raise XfError(f"--glossary {where}: entry {unfit[0]}: {unfit[1]}")
@@ -121,6 +122,15 @@ def unfit_term(glossary: Glossary, sp, most: int) -> Optional[tuple[int, str]]:
             if not ids or len(ids) > most:
                 return n, (f"the target term {form!r} of {source!r} has {len(ids)} subwords (1 to the model's {most} "
                            "output positions)")
+    return None
+
+
+def too_many_forms(glossary: Glossary, most: int) -> Optional[tuple[int, str]]:
+    """(entry number from 1, why) of the first entry with more than ``most`` target forms
+    (--max-constraint-forms: each entry found becomes a constraint), or None."""
+    for n, (source, forms) in enumerate(glossary.entries.items(), 1):
+        if len(forms) > most:
+            return n, f"{source!r} has {len(forms):,} target forms, over the limit of {most:,} (--max-constraint-forms)"
     return None
 
 
@@ -252,6 +262,9 @@ def request_glossaries(value, use_server, direction: Direction, most: int) -> tu
     unfit = unfit_term(own, direction.sp, direction.engine.max_source)
     if unfit:
         raise HttpError(400, f"'glossary' item {unfit[0]}: {unfit[1]}")
+    crowded = too_many_forms(own, direction.options.max_constraint_forms)
+    if crowded:
+        raise HttpError(413, f"'glossary' item {crowded[0]}: {crowded[1]}")
     return [own, *server], True
 
 
@@ -346,6 +359,7 @@ class Translation:
             job.prefixes, job.constraints = unit_steering(self.steer, self.units, self.direction)
         if self.glossaries:
             job.constraints = self._glossary_constraints(job.constraints)
+        self._refuse_over_limits(job.constraints)
         try:
             self.server.queue.submit(job)
         except QueueFull as e:
@@ -383,6 +397,15 @@ class Translation:
             raise HttpError(413, f"the text splits into {len(units.pieces):,} sentences (pieces of the model's "
                             f"length), over the {most:,} the queue holds (--max-queue-lines)")
         return units
+
+    def _refuse_over_limits(self, constraints: Optional[list]) -> None:
+        """A 413 when a sentence's constraints (its own and its glossary terms) ask more than the
+        direction's limits (--max-constraints ...), naming the q item whose text it is."""
+        for unit, wanted in enumerate(constraints or []):
+            problem = over_constraint_limits(wanted, self.direction.options)
+            if problem:
+                item = next(i for i, layout in enumerate(self.units.layouts) if unit in layout.parts) + 1
+                raise HttpError(413, f"q item {item}: {problem}")
 
     def _glossary_constraints(self, own: Optional[list]) -> Optional[list]:
         """Each unit's constraints (ids) with its glossary terms' added after its own; the terms are

@@ -196,6 +196,24 @@ def encode_constraints(sp, constraints: list[list[list[str]]], max_target: int, 
     return out
 
 
+def over_constraint_limits(constraints: list[list[list[int]]], options) -> Optional[str]:
+    """Why one sentence's constraints (subword ids of each form of each, its glossary terms'
+    included) ask more than the decoding options allow (``max_constraints`` and the two beside
+    it), or None. The limits bound the search's time and memory (docs/decoding.md)."""
+    if len(constraints) > options.max_constraints:
+        return (f"{len(constraints):,} lexical constraints (its glossary terms included), over the limit of "
+                f"{options.max_constraints:,} a sentence (--max-constraints)")
+    for n, forms in enumerate(constraints, 1):
+        if len(forms) > options.max_constraint_forms:
+            return (f"constraint {n} has {len(forms):,} forms, over the limit of {options.max_constraint_forms:,} "
+                    "(--max-constraint-forms)")
+    subwords = sum(len(form) for forms in constraints for form in forms)
+    if subwords > options.max_constraint_subwords:
+        return (f"its constraints' forms have {subwords:,} subwords together, over the limit of "
+                f"{options.max_constraint_subwords:,} a sentence (--max-constraint-subwords)")
+    return None
+
+
 def search_lines(engine: Engine, pieces: list[list[int]], options: TranslateOptions, stats: Stats,
                  max_tokens: Optional[int], max_sentences: Optional[int], generator=None, on_batch=None,
                  prefixes: Optional[list[list[int]]] = None, constraints: Optional[list] = None,

@@ -19,12 +19,12 @@ from typing import IO, Iterator, Optional
 import torch
 
 from ..console import invalid_utf8_warning, print_summary, stderr_console, warn
-from ..errors import ConfigError, XfError
+from ..errors import ConfigError, XfError, memory_detail, out_of_memory
 from ..fileio import atomic_write
 from ..glossary import Glossary
 from ..options import TranslateOptions
 from ..translation import (Stats, decode_input_line, encode_constraints, encode_prefixes, open_engine,
-                           read_steered_line, translate_buffer, translate_sentences)
+                           over_constraint_limits, read_steered_line, translate_buffer, translate_sentences)
 
 
 # -- reading and writing -------------------------------------------------------------------------
@@ -81,6 +81,11 @@ def translate(options: TranslateOptions) -> None:
     engine, sp, device = open_engine(options)
     try:
         _translate(engine, sp, device, options, glossary)
+    except (MemoryError, RuntimeError) as e:
+        if not out_of_memory(e):
+            raise
+        raise XfError(f"out of memory while decoding ({memory_detail(e)}); lower --max-tokens, or what one line may "
+                      "ask (--max-constraints, --max-constraint-forms, --max-constraint-subwords)") from None
     finally:
         engine.close()  # --workers: its decoding processes
 
@@ -115,12 +120,12 @@ def _translate(engine, sp, device, options: TranslateOptions, glossary: Optional
                     steered = [read_steered_line(text, stats.lines + i + 1, where) for i, text in enumerate(lines)]
                     prefixes = encode_prefixes(sp, [s.prefix for s in steered], engine.max_source, where, stats.lines)
                     wanted = [s.constraints + (glossary.constraints(s.source) if glossary else []) for s in steered]
-                    constraints = _constraints(sp, wanted, engine.max_source, engine.plan, where, stats.lines)
+                    constraints = _constraints(sp, wanted, engine, options, where, stats.lines)
                     outputs = translate_buffer(engine, sp, [s.source for s in steered], stats.lines, options, stats,
                                                generator, prefixes, constraints)
                 elif glossary is not None:
-                    constraints = _constraints(sp, [glossary.constraints(line) for line in lines], engine.max_source,
-                                               engine.plan, where, stats.lines)
+                    constraints = _constraints(sp, [glossary.constraints(line) for line in lines], engine, options,
+                                               where, stats.lines)
                     outputs = translate_buffer(engine, sp, lines, stats.lines, options, stats, generator, None,
                                                constraints)
                 else:
@@ -149,18 +154,23 @@ def _translate(engine, sp, device, options: TranslateOptions, glossary: Optional
         _summary(console, stats, elapsed, options, getattr(engine, "compiled", None), getattr(engine, "int8_engine", None))
 
 
-def _constraints(sp, wanted: list, max_target: int, plan, where: str, first_line: int):
+def _constraints(sp, wanted: list, engine, options: TranslateOptions, where: str, first_line: int):
     """The buffer's lexical constraints (per line, ``read_constraints``'s form) as subword ids
-    (None when no line has any); refused where the plan cannot meet them (CTranslate2,
-    sampling), naming the first line that has them."""
+    (None when no line has any); refused where the engine's plan cannot meet them (CTranslate2,
+    sampling) or where a line asks more than the limits (--max-constraints ...), naming the line."""
     if not any(wanted):
         return None
     line = first_line + 1 + next(i for i, c in enumerate(wanted) if c)
     try:
-        plan.refuse_steering("'constraints'")
+        engine.plan.refuse_steering("'constraints'")
     except ConfigError as e:
         raise ConfigError(f"{where}: line {line}: {e}") from None
-    return encode_constraints(sp, wanted, max_target, where, first_line)
+    encoded = encode_constraints(sp, wanted, engine.max_source, where, first_line)
+    for i, constraints in enumerate(encoded):
+        problem = over_constraint_limits(constraints, options)
+        if problem:
+            raise ConfigError(f"{where}: line {first_line + i + 1}: {problem}")
+    return encoded
 
 
 def compile_cell(compiled) -> str:
