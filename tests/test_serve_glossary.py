@@ -202,6 +202,11 @@ def test_format_html_with_a_glossary(served):
     assert answer["glossaryTerms"] == [{"source": "boy", "target": ["Baum"], "from": "request", "inTranslation": True}]
 
 
+def test_a_whitespace_only_text_comes_back_as_sent_with_an_empty_report(served):
+    assert translated(served, " \n\t") == {"translatedText": " \n\t", "glossaryTerms": []}
+    assert translated(served, ["  ", "A man."], glossary=[["man", "Fahrrad"]])["glossaryTerms"][0] == []
+
+
 def test_a_term_that_cannot_be_met_is_reported_not_refused(served):
     long_form = " ".join(["Fahrradweg"] * 12)  # more subwords than the sentence's length limit (|X|/2 + 3)
     answer = translated(served, "A boy runs.", glossary=[["boy", long_form]])

@@ -339,13 +339,13 @@ class Translation:
         client disconnects. Whatever ends the wait (those, or a cancel at shutdown), the lines not
         yet decoded leave the queue."""
         self.units = self._units()
-        if self.documents is not None and not self.units.pieces:  # a page without text: nothing to queue
-            return self._answer([], [])
         job = Job(self.direction, self.units.pieces, align=self.documents is not None)
         if self.steer is not None:
             job.prefixes, job.constraints = unit_steering(self.steer, self.units, self.direction)
         if self.glossaries:
             job.constraints = self._glossary_constraints(job.constraints)
+        if not any(self.units.pieces):  # whitespace only, a page without text: nothing to search, nothing queued
+            return self._answer([[""] for _ in self.units.pieces], [None for _ in self.units.pieces])
         try:
             self.server.queue.submit(job)
         except QueueFull as e:
