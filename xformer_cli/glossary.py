@@ -1,9 +1,9 @@
 """Glossaries (xf translate --glossary FILE): source terms whose target terms become a line's
 lexical constraints (``constraints.py``).
 
-The file is UTF-8 TSV, one entry a line: the source term, a tab, then the target term or its
-alternative forms separated by ``|`` (any one form satisfies the constraint: ``cat<TAB>Katze|Katzen``).
-Blank lines are skipped; anything else malformed is an error naming the file and line.
+The file is UTF-8 TSV (a byte-order mark at its start skipped), one entry a line: the source
+term, a tab, then the target term or its alternative forms separated by ``|`` (any one form
+satisfies the constraint: ``cat<TAB>Katze|Katzen``). Blank lines are skipped; anything else malformed is an error naming the file and line.
 
 Matching: source terms are found in a line on word boundaries (not inside a longer word), case-
 insensitive on the source (Python's re.IGNORECASE with str.lower: "Cat" and "CAT" match "cat"); at a position the longest
@@ -38,9 +38,9 @@ class Glossary:
         except OSError as e:
             raise ConfigError(f"{path}: cannot read the glossary: {e.strerror}") from None
         try:
-            text = raw.decode("utf-8")
+            text = raw.decode("utf-8-sig")  # a byte-order mark (Notepad, a spreadsheet's export) is no term's
         except UnicodeDecodeError as e:
-            line = raw[: e.start].count(b"\n") + 1
+            line = e.object[: e.start].count(b"\n") + 1  # e.object: the bytes after the mark
             raise ConfigError(f"{path}: line {line}: not UTF-8 text") from None
         entries: dict[str, list[str]] = {}
         for n, line in enumerate(text.splitlines(), 1):
