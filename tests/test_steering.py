@@ -345,6 +345,31 @@ def test_translate_with_a_glossary(tmp_path, ckpt):
         plan_decoding(TranslateOptions(path=("x",), glossary="terms.tsv", sampling=True), Machine())
 
 
+def test_a_target_form_the_vocabulary_cannot_spell_is_refused(tmp_path, ckpt):
+    """Regression: a glossary term or a constraint with characters the model's sentencepiece has no
+    piece for was forced into the translation as ⁇. Refused before anything is written: a
+    glossary's naming its file and line, a constraint's its input line."""
+    from typer.testing import CliRunner
+
+    from xformer_cli.cli import app
+
+    (tmp_path / "terms.tsv").write_text("man\tHund\n\ndog\tKäfer|Жук\n", encoding="utf-8")
+    (tmp_path / "in.txt").write_text("a man sleeps\na cat runs\n", encoding="utf-8")
+    (tmp_path / "in.jsonl").write_text(json.dumps({"source": "a man"}) + "\n" + json.dumps(
+        {"source": "a dog", "constraints": ["Hund", ["Katze", "Hund €"]]}) + "\n", encoding="utf-8")
+    cannot = "has characters the model's vocabulary cannot spell"
+    for args, message in [
+        (["--input", tmp_path / "in.txt", "--glossary", tmp_path / "terms.tsv"],
+         f"{tmp_path / 'terms.tsv'}: line 3: the target term 'Жук' of 'dog' {cannot} (Ж у к): they would come out as ⁇"),
+        (["--input", tmp_path / "in.jsonl", "--input-format", "jsonl"],
+         f"{tmp_path / 'in.jsonl'}: line 2: the constraint 'Hund €' {cannot} (€): they would come out as ⁇"),
+    ]:
+        result = CliRunner().invoke(app, ["translate", "--path", ckpt, *map(str, args), "--output",
+                                          str(tmp_path / "out.txt"), "--quiet", "--max-len-b", "8"])
+        assert result.exit_code == 2 and result.output == f"xf: error: {message}\n", result.output
+        assert not (tmp_path / "out.txt").exists()  # nothing half-written
+
+
 @pytest.mark.slow
 @pytest.mark.kernels
 def test_constraints_through_the_compiled_step_equal_eager(tmp_path):

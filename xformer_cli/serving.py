@@ -61,7 +61,7 @@ from .serve_log import ANSWER_SECONDS, CLIENT_GONE, AccessLog
 from .serve_requests import HttpError, disconnected, request_fields, shown, text_lines
 from .decoding_plan import Machine, plan_decoding
 from .translation import (Stats, encode_constraints, encode_lines, encode_prefixes, open_engine, read_constraints,
-                          text_field)
+                          text_field, unfit_term)
 
 # ISO 639-1 names for /languages; a code not listed is shown as itself.
 LANGUAGE_NAMES = {
@@ -106,22 +106,9 @@ def load_directions(options: ServeOptions, glossaries: Optional[dict[str, Glossa
         engine, sp, _device = open_engine(translate_options)
         unfit = glossary is not None and unfit_term(glossary, sp, engine.max_source)
         if unfit:
-            where = next(g for g in options.glossary if g.startswith(f"{source}-{target}="))
-            raise XfError(f"--glossary {where}: entry {unfit[0]}: {unfit[1]}")
+            raise XfError(f"--glossary {source}-{target}: {unfit}")
         directions.append(Direction(source, target, engine, sp, translate_options, glossary))
     return directions
-
-
-def unfit_term(glossary: Glossary, sp, most: int) -> Optional[tuple[int, str]]:
-    """(entry number from 1, why) of the first target form that cuts into no subword or into more
-    than ``most`` (the model's output positions), as ``encode_constraints`` refuses them; None if
-    every form fits."""
-    for n, (source, forms) in enumerate(glossary.entries.items(), 1):
-        for form, ids in zip(forms, sp.encode(forms, out_type=int)):
-            if not ids or len(ids) > most:
-                return n, (f"the target term {form!r} of {source!r} has {len(ids)} subwords (1 to the model's {most} "
-                           "output positions)")
-    return None
 
 
 def read_api_keys(path: Optional[str]) -> list[str]:
@@ -251,7 +238,7 @@ def request_glossaries(value, use_server, direction: Direction, most: int) -> tu
         raise HttpError(400, str(e)) from None
     unfit = unfit_term(own, direction.sp, direction.engine.max_source)
     if unfit:
-        raise HttpError(400, f"'glossary' item {unfit[0]}: {unfit[1]}")
+        raise HttpError(400, unfit)
     return [own, *server], True
 
 
