@@ -306,7 +306,8 @@ def test_start_up_with_a_glossary_and_its_errors(ckpt, tmp_path):
     fails(["--model", f"en-de={ckpt}", "--glossary", f"en-de={tmp_path / 'none.tsv'}"], "cannot read the glossary")
     fails(["--model", f"en-de={ckpt}", "--glossary", f"de-en={bad}"], "no --model serves de-en")
     unfit = glossary_file(tmp_path, "man\tHund\nboy\t" + "Baum " * 600 + "\n", "unfit.tsv")
-    fails(["--model", f"en-de={ckpt}", "--glossary", f"en-de={unfit}"], f"--glossary en-de: {unfit}: line 2: the target term")
+    fails(["--model", f"en-de={ckpt}", "--glossary", f"en-de={unfit}"],
+          f"--glossary en-de: {unfit}: line 2: the target term")
 
     good = glossary_file(tmp_path, "man\tHund\n", "good.tsv")
     (tmp_path / "xf.yaml").write_text(json.dumps({"serve": {"glossary": [f"en-de={good}"]}}), encoding="utf-8")

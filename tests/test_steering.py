@@ -360,7 +360,8 @@ def test_a_target_form_the_vocabulary_cannot_spell_is_refused(tmp_path, ckpt):
     cannot = "has characters the model's vocabulary cannot spell"
     for args, message in [
         (["--input", tmp_path / "in.txt", "--glossary", tmp_path / "terms.tsv"],
-         f"{tmp_path / 'terms.tsv'}: line 3: the target term 'Жук' of 'dog' {cannot} (Ж у к): they would come out as ⁇"),
+         f"{tmp_path / 'terms.tsv'}: line 3: the target term 'Жук' of 'dog' {cannot} (Ж у к): they would come out "
+         "as ⁇"),
         (["--input", tmp_path / "in.jsonl", "--input-format", "jsonl"],
          f"{tmp_path / 'in.jsonl'}: line 2: the constraint 'Hund €' {cannot} (€): they would come out as ⁇"),
     ]:

@@ -3,7 +3,8 @@ lexical constraints (``constraints.py``).
 
 The file is UTF-8 TSV (a byte-order mark at its start skipped), one entry a line: the source
 term, a tab, then the target term or its alternative forms separated by ``|`` (any one form
-satisfies the constraint: ``cat<TAB>Katze|Katzen``). Blank lines are skipped; anything else malformed is an error naming the file and line.
+satisfies the constraint: ``cat<TAB>Katze|Katzen``). Blank lines are skipped; anything else
+malformed is an error naming the file and line.
 
 Matching: source terms are found in a line on word boundaries (not inside a longer word), case-
 insensitive on the source (Python's re.IGNORECASE with str.lower: "Cat" and "CAT" match "cat"); at a position the longest
