@@ -397,7 +397,8 @@ class FakeSp:
         return f"\u2581{i}"
 
 
-async def call(app, path: str, body: bytes = b"", method: str = "POST", leave: asyncio.Event | None = None):
+async def call(app, path: str, body: bytes = b"", method: str = "POST", leave: asyncio.Event | None = None,
+               content_type: str = "application/json"):
     """(status, JSON answer) of one request to the ASGI app; the client disconnects once ``leave`` is set."""
     messages, sent = [{"type": "http.request", "body": body, "more_body": False}], []
 
@@ -410,7 +411,7 @@ async def call(app, path: str, body: bytes = b"", method: str = "POST", leave: a
     async def send(message):
         sent.append(message)
 
-    scope = {"type": "http", "method": method, "path": path, "headers": [(b"content-type", b"application/json")],
+    scope = {"type": "http", "method": method, "path": path, "headers": [(b"content-type", content_type.encode())],
              "query_string": b"", "http_version": "1.1", "scheme": "http", "root_path": "",
              "server": ("127.0.0.1", 5000), "client": ("127.0.0.1", 40000)}
     await asyncio.wait_for(app(scope, receive, send), 10)

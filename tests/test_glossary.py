@@ -40,3 +40,14 @@ def test_a_glossary_that_is_not_utf8_or_not_there(tmp_path):
         Glossary.load(str(tmp_path / "terms.tsv"))
     with pytest.raises(ConfigError, match="nope.tsv: cannot read the glossary"):
         Glossary.load(str(tmp_path / "nope.tsv"))
+
+
+def test_a_byte_order_mark_is_not_part_of_the_first_term(tmp_path):
+    """Regression: a file saved with a BOM (Notepad, Excel's UTF-8 CSV) lost its first term to it."""
+    (tmp_path / "terms.tsv").write_bytes("\ufeffcat\tKatze\ndog\tHund\n".encode("utf-8"))
+    glossary = Glossary.load(str(tmp_path / "terms.tsv"))
+    assert glossary.entries == {"cat": ["Katze"], "dog": ["Hund"]}
+    assert glossary.constraints("a cat and a dog") == [["Katze"], ["Hund"]]
+    (tmp_path / "terms.tsv").write_bytes(b"\xef\xbb\xbfcat\tKatze\ndog\t\xff\n")
+    with pytest.raises(ConfigError, match="terms.tsv: line 2: not UTF-8"):
+        Glossary.load(str(tmp_path / "terms.tsv"))

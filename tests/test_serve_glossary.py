@@ -203,6 +203,11 @@ def test_format_html_with_a_glossary(served):
     assert answer["glossaryTerms"] == [{"source": "boy", "target": ["Baum"], "from": "request", "inTranslation": True}]
 
 
+def test_a_whitespace_only_text_comes_back_as_sent_with_an_empty_report(served):
+    assert translated(served, " \n\t") == {"translatedText": " \n\t", "glossaryTerms": []}
+    assert translated(served, ["  ", "A man."], glossary=[["man", "Fahrrad"]])["glossaryTerms"][0] == []
+
+
 def test_a_term_that_cannot_be_met_is_reported_not_refused(served):
     long_form = " ".join(["Fahrradweg"] * 12)  # more subwords than the sentence's length limit (|X|/2 + 3)
     answer = translated(served, "A boy runs.", glossary=[["boy", long_form]])
@@ -220,6 +225,9 @@ def test_a_term_that_cannot_be_met_is_reported_not_refused(served):
     ([["a", "b"], ["c", "d"], ["e", "f"], ["g", "h"]], 413, "'glossary' has 4 pairs, over the limit of 3"),
     ([["boy", "a|b|c|d"]], 413, "'glossary' item 1: 'boy' has 4 target forms, over the limit of 3 "
                                 "(--max-constraint-forms)"),
+    # the tiny model's sentencepiece has no piece for Cyrillic: it would be forced in as ⁇
+    ([["boy", "Baum"], ["man", "Käfer|Жук"]], 400, "'glossary' item 2: the target term 'Жук' of 'man' has characters "
+     "the model's vocabulary cannot spell (Ж у к)"),
 ])
 def test_a_bad_request_glossary_is_an_error_naming_the_field(served, glossary, status, message):
     got, answer = ask(served, q="A boy runs.", glossary=glossary)
@@ -257,6 +265,19 @@ def test_an_allocation_that_fails_is_a_500_naming_the_limits_and_the_server_stay
     assert got == 500 and answer["error"].startswith("out of memory decoding this request's batch ([enforce fail")
     assert "--max-batch-tokens" in answer["error"] and "--max-constraints" in answer["error"]
     assert translated(served, "A boy runs.")["translatedText"]
+def test_a_constraint_the_vocabulary_cannot_spell_is_refused(served):
+    got, answer = ask(served, q="A boy runs.", constraints=[["Hund", "Hund €"]], glossary=False)
+    assert (got, answer["error"]) == (400, "q item 1: the constraint 'Hund €' has characters the model's vocabulary "
+                                           "cannot spell (€): they would come out as ⁇")
+
+
+def test_a_glossary_file_term_the_vocabulary_cannot_spell_names_its_line(ckpt, tmp_path):
+    terms = glossary_file(tmp_path, "man\tHund\n\nboy\tBaum|Жук\n")
+    options = build_options(ServeOptions, {"model": [f"en-de={ckpt}"], "glossary": [f"en-de={terms}"]}, "test")
+    with pytest.raises(XfError) as e:
+        load_directions(options, load_glossaries(options))
+    assert str(e.value) == (f"--glossary en-de: {terms}: line 3: the target term 'Жук' of 'boy' has characters the "
+                            "model's vocabulary cannot spell (Ж у к): they would come out as ⁇")
 
 
 def test_server_glossary_is_a_boolean(served):
@@ -319,7 +340,8 @@ def test_start_up_with_a_glossary_and_its_errors(ckpt, tmp_path):
     fails(["--model", f"en-de={ckpt}", "--glossary", f"en-de={tmp_path / 'none.tsv'}"], "cannot read the glossary")
     fails(["--model", f"en-de={ckpt}", "--glossary", f"de-en={bad}"], "no --model serves de-en")
     unfit = glossary_file(tmp_path, "man\tHund\nboy\t" + "Baum " * 600 + "\n", "unfit.tsv")
-    fails(["--model", f"en-de={ckpt}", "--glossary", f"en-de={unfit}"], "entry 2: the target term")
+    fails(["--model", f"en-de={ckpt}", "--glossary", f"en-de={unfit}"],
+          f"--glossary en-de: {unfit}: line 2: the target term")
 
     good = glossary_file(tmp_path, "man\tHund\n", "good.tsv")
     (tmp_path / "xf.yaml").write_text(json.dumps({"serve": {"glossary": [f"en-de={good}"]}}), encoding="utf-8")

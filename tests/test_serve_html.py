@@ -152,6 +152,25 @@ def test_broken_html_is_answered_and_keeps_its_markup(broken):
     assert re.findall(r"<[^>]*>", out) == re.findall(r"<[^>]*>", broken) or "&lt;" in out
 
 
+@pytest.mark.parametrize("document,expected", [
+    ("<p>Hi</p><!-- note", "<p>HI</p><!-- note"),  # a comment never closed: to the end, a comment
+    ('<p>Hi</p><a href="x', '<p>HI</p><a href="x'),  # a tag never closed: dropped by a browser
+    ("<p>Hi</p><a href=x", "<p>HI</p><a href=x"),
+    ('<p>Hi</p><a title="x> there <b>y</b>', '<p>HI</p><a title="x> there <b>y</b>'),  # all inside the quote
+    ("<p>Hi there <b", "<p>HI THERE <b"),
+    ("<p>Hi</p></p", "<p>HI</p></p"),
+    ("<p>Hi</p><!DOCTYPE", "<p>HI</p><!DOCTYPE"),
+    ("<p>Hi</p><?php echo", "<p>HI</p><?php echo"),
+    ("<p>Hi</p><![CDATA[x", "<p>HI</p><![CDATA[x"),
+    ("a <", "A &lt;"), ("a </", "A &lt;/"),  # a < that opens nothing is text, as a browser has it
+])
+def test_markup_left_open_at_the_end_is_kept_not_translated(document, expected):
+    """Regression: the parser's close() gave what was left open at the end as text, which was
+    translated (and got invented sentences). A browser's tokenizer reads it as markup."""
+    status, answer = translate(document)
+    assert (status, answer["translatedText"]) == (200, expected)
+
+
 @pytest.mark.parametrize("empty", ["", "   \n\t ", "<p></p>", "<p>  </p>\n<br>", "<!DOCTYPE html><html></html>"])
 def test_empty_and_whitespace_only_documents(empty):
     status, answer = translate(empty)

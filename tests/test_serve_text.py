@@ -6,6 +6,7 @@ process on 127.0.0.1 (test_serve.Served); every request loop is bounded."""
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import json
 import uuid
@@ -17,9 +18,13 @@ import pytest
 pytest.importorskip("starlette", reason="the serve extra is not installed")
 pytest.importorskip("sentencex", reason="the serve extra is not installed")
 
+from xformer_cli.config import build_options  # noqa: E402
+from xformer_cli.options import ServeOptions, TranslateOptions  # noqa: E402
 from xformer_cli.segment import fit, line_texts, sentence_spans, split_texts  # noqa: E402
+from xformer_cli.serve_queue import Direction  # noqa: E402
+from xformer_cli.serving import Server  # noqa: E402
 
-from helpers import DECODING, FakeSp, Served, until, xf_translate  # noqa: E402
+from helpers import DECODING, FakeEngine, FakeSp, Served, call, until, xf_translate  # noqa: E402
 
 
 
@@ -225,9 +230,43 @@ def test_translate_file(served, sentences):
     status, _, answer = served.request("POST", "/translate_file", raw=body, headers=headers)
     assert status == 200 and answer["translatedFileUrl"].startswith("data:text/plain;charset=utf-8;base64,")
     assert base64.b64decode(answer["translatedFileUrl"].split(",", 1)[1]).decode() == expected["translatedText"]
+    # a blank file and a whitespace-only text come back as sent, at once (they were a 504 after --timeout)
+    body, headers = multipart_file("blank.txt", b"\n \n", source="en", target="de")
+    status, _, answer = served.request("POST", "/translate_file", raw=body, headers=headers)
+    assert status == 200 and base64.b64decode(answer["translatedFileUrl"].split(",", 1)[1]) == b"\n \n"
+    assert served.translate("   ")[::2] == (200, {"translatedText": "   "})
     body, headers = multipart_file("doc.pdf", b"%PDF", source="en", target="de")
     status, _, answer = served.request("POST", "/translate_file", raw=body, headers=headers)
     assert status == 400 and "only .txt" in answer["error"]
     status, _, answer = served.request("POST", "/translate_file", {"q": "a", "source": "en", "target": "de"})
     assert status == 400 and "multipart field 'file'" in answer["error"]
     assert "Traceback" not in served.log and json.dumps(answer)
+
+
+# -- nothing to translate --------------------------------------------------------------------------
+@pytest.mark.parametrize("split,expected", [
+    (True, ["   ", "\n", " \t\n \n", ["  ", "\n"]]),  # as sent
+    (False, ["", "\n", "\n\n", ["", "\n"]]),  # as xf translate gives such lines: empty
+])
+def test_a_whitespace_only_text_is_answered_at_once(split, expected):
+    """Regression: a whitespace-only text (sentences split) made a job of no sentences, which the
+    queue never finished: a 504 after --timeout. Nothing to search is answered without the queue,
+    here one whose worker never starts (a request that waited on it would be a 504)."""
+    options = build_options(ServeOptions, {"model": ["en-de=x.pt"], "timeout": 2, "split_sentences": split}, "test")
+    server = Server([Direction("en", "de", FakeEngine(), FakeSp(), TranslateOptions(path=("x",)))], options, [])
+    app = server.app()
+
+    async def answers():
+        out = []
+        for q in ["   ", "\n", " \t\n \n", ["  ", "\n"]]:
+            body = json.dumps({"q": q, "source": "en", "target": "de"}).encode()
+            status, answer = await call(app, "/translate", body)
+            assert status == 200, answer
+            out.append(answer["translatedText"])
+        body, headers = multipart_file("blank.txt", b" \t\n \n", source="en", target="de")
+        status, answer = await call(app, "/translate_file", body, content_type=headers["Content-Type"])
+        assert status == 200, answer
+        out.append(base64.b64decode(answer["translatedFileUrl"].split(",", 1)[1]).decode())
+        return out
+
+    assert asyncio.run(answers()) == [*expected, expected[2]]

@@ -279,6 +279,16 @@ def test_translate_jsonl_input_with_constraints(tmp_path, ckpt):
     assert run("long.txt", "long.jsonl", input_format="jsonl", **short) == run("a.out", "a.txt", **short)
 
 
+def _letters(i: int) -> str:
+    """i written in base 26 with the letters a-z."""
+    out = ""
+    while True:
+        i, d = divmod(i, 26)
+        out = chr(97 + d) + out
+        if not i:
+            return out
+
+
 def test_translate_refuses_a_line_over_the_constraint_limits_naming_it(tmp_path, ckpt):
     from xformer_cli.commands.translate import translate
 
@@ -288,11 +298,14 @@ def test_translate_refuses_a_line_over_the_constraint_limits_naming_it(tmp_path,
         translate(TranslateOptions(path=(str(ckpt),), input=str(tmp_path / "in.jsonl"), input_format="jsonl",
                                    output=str(tmp_path / "out.txt"), quiet=True, device="cpu", **kw))
 
-    many = {"source": "a man", "constraints": [f"Hund{i}" for i in range(17)]}
+    def word(i):  # Hunda, Hundb, ...: letters the tiny vocabulary spells (it has no digits)
+        return "Hund" + _letters(i)
+
+    many = {"source": "a man", "constraints": [word(i) for i in range(17)]}
     with pytest.raises(ConfigError, match=r"in.jsonl: line 2: 17 lexical constraints \(its glossary terms included\), "
                        r"over the limit of 16 a sentence \(--max-constraints\)"):
         run(many)
-    forms = {"source": "a man", "constraints": [[f"Hund{i}" for i in range(5000)]]}  # once 23.8 GB: now refused
+    forms = {"source": "a man", "constraints": [[word(i) for i in range(5000)]]}  # once 23.8 GB: now refused
     with pytest.raises(ConfigError, match=r"line 2: constraint 1 has 5,000 forms, over the limit of 8 "
                        r"\(--max-constraint-forms\)"):
         run(forms)
@@ -315,6 +328,11 @@ def test_translate_refuses_a_line_over_the_constraint_limits_naming_it(tmp_path,
         with pytest.raises(XfError, match=r"^out of memory while decoding \(DefaultCPUAllocator: can't allocate memory: "
                            r"you tried .*\); lower --max-tokens, or what one line may ask \(--max-constraints"):
             run({"source": "a man"})
+    crowded = tmp_path / "crowded.tsv"
+    crowded.write_text("dog\tHund\n\nman\t" + "|".join("Mann" + _letters(i) for i in range(9)) + "\n", encoding="utf-8")
+    with pytest.raises(ConfigError, match=rf"^{crowded}: line 3: 'man' has 9 target forms, over the limit of 8 "
+                       r"\(--max-constraint-forms\)$"):  # the file against the limit before any line
+        run({"source": "a dog"}, glossary=str(crowded))
     run(many, max_constraints=17, max_len_b=4)  # a higher limit admits it
     assert len((tmp_path / "out.txt").read_text(encoding="utf-8").splitlines()) == 2
 
@@ -383,6 +401,32 @@ def test_translate_with_a_glossary(tmp_path, ckpt):
     assert "Hund" in steered[0] and "Fahrrad" in steered[0]  # the line's own and the glossary's
     with pytest.raises(ConfigError, match="--glossary gives lexical constraints, which need xf's beam search"):
         plan_decoding(TranslateOptions(path=("x",), glossary="terms.tsv", sampling=True), Machine())
+
+
+def test_a_target_form_the_vocabulary_cannot_spell_is_refused(tmp_path, ckpt):
+    """Regression: a glossary term or a constraint with characters the model's sentencepiece has no
+    piece for was forced into the translation as ⁇. Refused before anything is written: a
+    glossary's naming its file and line, a constraint's its input line."""
+    from typer.testing import CliRunner
+
+    from xformer_cli.cli import app
+
+    (tmp_path / "terms.tsv").write_text("man\tHund\n\ndog\tKäfer|Жук\n", encoding="utf-8")
+    (tmp_path / "in.txt").write_text("a man sleeps\na cat runs\n", encoding="utf-8")
+    (tmp_path / "in.jsonl").write_text(json.dumps({"source": "a man"}) + "\n" + json.dumps(
+        {"source": "a dog", "constraints": ["Hund", ["Katze", "Hund €"]]}) + "\n", encoding="utf-8")
+    cannot = "has characters the model's vocabulary cannot spell"
+    for args, message in [
+        (["--input", tmp_path / "in.txt", "--glossary", tmp_path / "terms.tsv"],
+         f"{tmp_path / 'terms.tsv'}: line 3: the target term 'Жук' of 'dog' {cannot} (Ж у к): they would come out "
+         "as ⁇"),
+        (["--input", tmp_path / "in.jsonl", "--input-format", "jsonl"],
+         f"{tmp_path / 'in.jsonl'}: line 2: the constraint 'Hund €' {cannot} (€): they would come out as ⁇"),
+    ]:
+        result = CliRunner().invoke(app, ["translate", "--path", ckpt, *map(str, args), "--output",
+                                          str(tmp_path / "out.txt"), "--quiet", "--max-len-b", "8"])
+        assert result.exit_code == 2 and result.output == f"xf: error: {message}\n", result.output
+        assert not (tmp_path / "out.txt").exists()  # nothing half-written
 
 
 @pytest.mark.slow

@@ -1,9 +1,10 @@
 """Glossaries (xf translate --glossary FILE): source terms whose target terms become a line's
 lexical constraints (``constraints.py``).
 
-The file is UTF-8 TSV, one entry a line: the source term, a tab, then the target term or its
-alternative forms separated by ``|`` (any one form satisfies the constraint: ``cat<TAB>Katze|Katzen``).
-Blank lines are skipped; anything else malformed is an error naming the file and line.
+The file is UTF-8 TSV (a byte-order mark at its start skipped), one entry a line: the source
+term, a tab, then the target term or its alternative forms separated by ``|`` (any one form
+satisfies the constraint: ``cat<TAB>Katze|Katzen``). Blank lines are skipped; anything else
+malformed is an error naming the file and line.
 
 Matching: source terms are found in a line on word boundaries (not inside a longer word), case-
 insensitive on the source (Python's re.IGNORECASE with str.lower: "Cat" and "CAT" match "cat"); at a position the longest
@@ -29,6 +30,7 @@ from .errors import ConfigError
 class Glossary:
     entries: dict[str, list[str]]  # lowercased source term -> its target forms
     pattern: "re.Pattern"
+    origins: dict[str, str]  # the same key -> where it was given ("terms.tsv: line 3"), for errors
 
     @classmethod
     def load(cls, path: str) -> "Glossary":
@@ -38,11 +40,12 @@ class Glossary:
         except OSError as e:
             raise ConfigError(f"{path}: cannot read the glossary: {e.strerror}") from None
         try:
-            text = raw.decode("utf-8")
+            text = raw.decode("utf-8-sig")  # a byte-order mark (Notepad, a spreadsheet's export) is no term's
         except UnicodeDecodeError as e:
-            line = raw[: e.start].count(b"\n") + 1
+            line = e.object[: e.start].count(b"\n") + 1  # e.object: the bytes after the mark
             raise ConfigError(f"{path}: line {line}: not UTF-8 text") from None
         entries: dict[str, list[str]] = {}
+        origins: dict[str, str] = {}
         for n, line in enumerate(text.splitlines(), 1):
             if not line.strip():
                 continue
@@ -50,10 +53,10 @@ class Glossary:
             if len(fields) != 2:
                 raise ConfigError(f"{path}: line {n}: expected two tab-separated fields (source term, target term or "
                                   f"forms separated by |), got {len(fields)}")
-            add_entry(entries, fields[0], fields[1].split("|"), f"{path}: line {n}")
+            add_entry(entries, origins, fields[0], fields[1].split("|"), f"{path}: line {n}")
         if not entries:
             raise ConfigError(f"{path}: the glossary has no entries")
-        return cls(entries, term_pattern(entries))
+        return cls(entries, term_pattern(entries), origins)
 
     @classmethod
     def from_pairs(cls, pairs: list, where: str) -> "Glossary":
@@ -62,6 +65,7 @@ class Glossary:
         alternative forms; a ConfigError naming ``where`` and the pair (counted from 1) otherwise.
         ``pairs`` holds at least one pair."""
         entries: dict[str, list[str]] = {}
+        origins: dict[str, str] = {}
         for n, pair in enumerate(pairs, 1):
             at = f"{where} item {n}"
             if not isinstance(pair, list) or len(pair) != 2:
@@ -75,8 +79,8 @@ class Glossary:
                                   "of strings")
             if any(not is_text(term) for term in [source, *forms]):
                 raise ConfigError(f"{at}: a term holds a line break or a lone surrogate escape: one term, one line")
-            add_entry(entries, source, forms, at)
-        return cls(entries, term_pattern(entries))
+            add_entry(entries, origins, source, forms, at)
+        return cls(entries, term_pattern(entries), origins)
 
     def constraints(self, line: str) -> list[list[str]]:
         """The target forms of every term found in ``line``, one constraint per term, in order."""
@@ -133,10 +137,10 @@ def find_terms(line: str, glossaries: Sequence[Glossary]) -> list[tuple[str, lis
     return [(key, forms, g) for key, (forms, g) in found.items()]
 
 
-def add_entry(entries: dict[str, list[str]], source: str, forms: list[str], at: str) -> None:
+def add_entry(entries: dict[str, list[str]], origins: dict[str, str], source: str, forms: list[str], at: str) -> None:
     """Add one glossary entry (a file's line or a request's pair: the same rules), its terms
-    stripped, keyed by the lowercased source term; a ConfigError naming ``at`` for an empty term
-    or a source term given twice (case-insensitive)."""
+    stripped, keyed by the lowercased source term, and ``at`` as its origin; a ConfigError naming
+    ``at`` for an empty term or a source term given twice (case-insensitive)."""
     source, forms = source.strip(), [form.strip() for form in forms]
     if not source:
         raise ConfigError(f"{at}: an empty source term")
@@ -145,4 +149,4 @@ def add_entry(entries: dict[str, list[str]], source: str, forms: list[str], at: 
     key = source.lower()
     if key in entries:
         raise ConfigError(f"{at}: the source term {source!r} is given twice (case-insensitive)")
-    entries[key] = forms
+    entries[key], origins[key] = forms, at

@@ -3,12 +3,13 @@
 The document is tokenized by the standard library's ``html.parser`` (the HTML5 tokenizer's rules:
 a ``<`` that opens no tag is text, unquoted attributes, ``<script>``/``<style>`` content raw),
 and every token is kept as the bytes it was in the document: only the words of text change. A
-document is ``parts``: verbatim markup (any tag but the inline ones, comments, the doctype, and
-whole ``<script>``, ``<style>``, ``<code>``, ``<pre>``, ``<textarea>`` elements, and any with
-``translate="no"`` or class ``notranslate``) and ``Block``s: the text between two such parts,
-with the inline tags inside it (``<b>``, ``<a href>``, ``<span>``, ...). Since the markup is the
-document's own, a browser builds the same tree of the answer as of the question: broken HTML
-stays broken in the same way, and HTML well-formed stays so (inline tags are put back balanced).
+document is ``parts``: verbatim markup (any tag but the inline ones, comments, the doctype, a
+tag or comment left open at the end, and whole ``<script>``, ``<style>``, ``<code>``, ``<pre>``,
+``<textarea>`` elements, and any with ``translate="no"`` or class ``notranslate``) and
+``Block``s: the text between two such parts, with the inline tags inside it (``<b>``,
+``<a href>``, ``<span>``, ...). Since the markup is the document's own, a browser builds the same
+tree of the answer as of the question: broken HTML stays broken in the same way, and HTML
+well-formed stays so (inline tags are put back balanced).
 
 A block's text is translated as one line (its whitespace runs, which HTML renders as one space,
 made one space); its inline tags go around the target words aligned with the source words they
@@ -28,6 +29,10 @@ POINT = frozenset("br img wbr".split())  # void inline elements: a point in the 
 VERBATIM = frozenset("script style code pre textarea kbd samp var".split())  # kept whole, never translated
 INLINE_VERBATIM = frozenset("code kbd samp var")  # those that sit in a sentence: a point in it
 ENTITY_FREE = str.maketrans({"&": "&amp;", "<": "&lt;", ">": "&gt;"})
+# A tag, end tag, comment, doctype or processing instruction begun and never finished: to the end of
+# the document, markup that a browser's tokenizer drops or reads as a comment, never text ("<" then
+# a space, or "</" at the very end, is text).
+OPEN_AT_END = re.compile(r"<([A-Za-z!?]|/.)", re.S)
 
 
 @dataclass
@@ -124,10 +129,15 @@ class Tokens(HTMLParser):
 
 
 def tokens(document: str) -> list[tuple[str, str, str, list, str]]:
-    """(kind, markup, name, attrs, decoded text) of each token, the markups adding up to the document."""
+    """(kind, markup, name, attrs, decoded text) of each token, the markups adding up to the document;
+    kind ``open``: markup left open at the end (``OPEN_AT_END``)."""
     parser = Tokens(document)
     parser.feed(document)
-    parser.close()
+    left = parser.rawdata  # what feed() could not finish; close() would give a tag or comment left open as text
+    if OPEN_AT_END.match(left):
+        parser.tokens.append(("open", len(document) - len(left), "", []))
+    else:
+        parser.close()
     found = parser.tokens
     starts = [t[1] for t in found] + [len(document)]
     if not found or starts[0] != 0:  # nothing is ever lost: what the parser skipped stays as written

@@ -60,8 +60,8 @@ from .serve_queue import BatchQueue, Direction, Job, QueueFull
 from .serve_log import ANSWER_SECONDS, CLIENT_GONE, AccessLog
 from .serve_requests import HttpError, disconnected, request_fields, shown, text_lines
 from .decoding_plan import Machine, plan_decoding
-from .translation import (Stats, encode_constraints, encode_lines, encode_prefixes, open_engine, over_constraint_limits,
-                          read_constraints, text_field)
+from .translation import (Stats, crowded_term, encode_constraints, encode_lines, encode_prefixes, open_engine,
+                          over_constraint_limits, read_constraints, text_field, unfit_term)
 
 # ISO 639-1 names for /languages; a code not listed is shown as itself.
 LANGUAGE_NAMES = {
@@ -105,33 +105,11 @@ def load_directions(options: ServeOptions, glossaries: Optional[dict[str, Glossa
             plan_decoding(translate_options, Machine.here()).refuse_steering(f"--glossary {source}-{target}=...")
         engine, sp, _device = open_engine(translate_options)
         unfit = glossary is not None and (unfit_term(glossary, sp, engine.max_source)
-                                          or too_many_forms(glossary, options.max_constraint_forms))
+                                          or crowded_term(glossary, options.max_constraint_forms))
         if unfit:
-            where = next(g for g in options.glossary if g.startswith(f"{source}-{target}="))
-            raise XfError(f"--glossary {where}: entry {unfit[0]}: {unfit[1]}")
+            raise XfError(f"--glossary {source}-{target}: {unfit}")
         directions.append(Direction(source, target, engine, sp, translate_options, glossary))
     return directions
-
-
-def unfit_term(glossary: Glossary, sp, most: int) -> Optional[tuple[int, str]]:
-    """(entry number from 1, why) of the first target form that cuts into no subword or into more
-    than ``most`` (the model's output positions), as ``encode_constraints`` refuses them; None if
-    every form fits."""
-    for n, (source, forms) in enumerate(glossary.entries.items(), 1):
-        for form, ids in zip(forms, sp.encode(forms, out_type=int)):
-            if not ids or len(ids) > most:
-                return n, (f"the target term {form!r} of {source!r} has {len(ids)} subwords (1 to the model's {most} "
-                           "output positions)")
-    return None
-
-
-def too_many_forms(glossary: Glossary, most: int) -> Optional[tuple[int, str]]:
-    """(entry number from 1, why) of the first entry with more than ``most`` target forms
-    (--max-constraint-forms: each entry found becomes a constraint), or None."""
-    for n, (source, forms) in enumerate(glossary.entries.items(), 1):
-        if len(forms) > most:
-            return n, f"{source!r} has {len(forms):,} target forms, over the limit of {most:,} (--max-constraint-forms)"
-    return None
 
 
 def read_api_keys(path: Optional[str]) -> list[str]:
@@ -261,10 +239,10 @@ def request_glossaries(value, use_server, direction: Direction, most: int) -> tu
         raise HttpError(400, str(e)) from None
     unfit = unfit_term(own, direction.sp, direction.engine.max_source)
     if unfit:
-        raise HttpError(400, f"'glossary' item {unfit[0]}: {unfit[1]}")
-    crowded = too_many_forms(own, direction.options.max_constraint_forms)
+        raise HttpError(400, unfit)
+    crowded = crowded_term(own, direction.options.max_constraint_forms)
     if crowded:
-        raise HttpError(413, f"'glossary' item {crowded[0]}: {crowded[1]}")
+        raise HttpError(413, crowded)
     return [own, *server], True
 
 
@@ -352,14 +330,14 @@ class Translation:
         client disconnects. Whatever ends the wait (those, or a cancel at shutdown), the lines not
         yet decoded leave the queue."""
         self.units = self._units()
-        if self.documents is not None and not self.units.pieces:  # a page without text: nothing to queue
-            return self._answer([], [])
         job = Job(self.direction, self.units.pieces, align=self.documents is not None)
         if self.steer is not None:
             job.prefixes, job.constraints = unit_steering(self.steer, self.units, self.direction)
         if self.glossaries:
             job.constraints = self._glossary_constraints(job.constraints)
         self._refuse_over_limits(job.constraints)
+        if not any(self.units.pieces):  # whitespace only, a page without text: nothing to search, nothing queued
+            return self._answer([[""] for _ in self.units.pieces], [None for _ in self.units.pieces])
         try:
             self.server.queue.submit(job)
         except QueueFull as e:

@@ -29,10 +29,11 @@ from .ctranslate2_format import CTranslate2Engine
 from .engines import Engine, XfEngine
 from .decoding_plan import Machine, plan_decoding
 from .errors import ConfigError
+from .glossary import Glossary
 from .options import TranslateOptions
 from .search import Hypothesis
 from .segment import split_texts
-from .vocab import decode_line
+from .vocab import UNK_ID, decode_line
 
 
 def open_engine(options: TranslateOptions, machine: Optional[Machine] = None):
@@ -176,21 +177,55 @@ def encode_prefixes(sp, prefixes: list[str], max_prefix: int, where: str, first_
     return pieces
 
 
+def unfit_form(sp, form: str, ids: list[int], max_target: int) -> Optional[str]:
+    """Why a target form that a search must write (a constraint's, a glossary term's), cut into
+    ``ids``, cannot be: no subword, more than ``max_target`` (the model's output positions), or a
+    character the vocabulary has no piece for (sentencepiece's unknown piece: the search would
+    write it, and it decodes as ⁇); None if it can be written."""
+    if not ids or len(ids) > max_target:
+        return f"has {len(ids)} subwords (1 to the model's {max_target} output positions)"
+    if UNK_ID in ids:
+        unknown = [c for c in dict.fromkeys(form) if UNK_ID in sp.encode(c, out_type=int)]
+        return f"has characters the model's vocabulary cannot spell ({' '.join(unknown)}): they would come out as ⁇"
+    return None
+
+
+def unfit_term(glossary: Glossary, sp, max_target: int) -> Optional[str]:
+    """The error of the first glossary target form that cannot be written (``unfit_form``),
+    naming where the entry was given (a file's line, a request's item); None if every form can."""
+    for source, forms in glossary.entries.items():
+        for form, ids in zip(forms, sp.encode(forms, out_type=int)):
+            why = unfit_form(sp, form, ids, max_target)
+            if why:
+                return f"{glossary.origins[source]}: the target term {form!r} of {source!r} {why}"
+    return None
+
+
+def crowded_term(glossary: Glossary, most: int) -> Optional[str]:
+    """The error of the first glossary entry with more than ``most`` target forms (each entry
+    found becomes a constraint: --max-constraint-forms), naming where it was given; None if none."""
+    for source, forms in glossary.entries.items():
+        if len(forms) > most:
+            return (f"{glossary.origins[source]}: {source!r} has {len(forms):,} target forms, over the limit of "
+                    f"{most:,} (--max-constraint-forms)")
+    return None
+
+
 def encode_constraints(sp, constraints: list[list[list[str]]], max_target: int, where: str,
                        first_line: int) -> list[list[list[list[int]]]]:
     """The subword ids of every form of each line's constraints (``read_constraints``); a form
-    that cuts into no subword, or into more than ``max_target`` (the model's output positions),
-    is a ConfigError naming its line. A form longer than a sentence's own length limit
-    (--max-len-a/b) is no error: that line is translated without its constraints and counted."""
+    that cannot be written (``unfit_form``) is a ConfigError naming its line. A form longer than
+    a sentence's own length limit (--max-len-a/b) is no error: that line is translated without
+    its constraints and counted."""
     out = []
     for i, line in enumerate(constraints):
         encoded = []
         for forms in line:
             ids = sp.encode(forms, out_type=int)
             for form, form_ids in zip(forms, ids):
-                if not form_ids or len(form_ids) > max_target:
-                    raise ConfigError(f"{where}: line {first_line + i + 1}: the constraint {form!r} has "
-                                      f"{len(form_ids)} subwords (1 to the model's {max_target} output positions)")
+                why = unfit_form(sp, form, form_ids, max_target)
+                if why:
+                    raise ConfigError(f"{where}: line {first_line + i + 1}: the constraint {form!r} {why}")
             encoded.append(ids)
         out.append(encoded)
     return out

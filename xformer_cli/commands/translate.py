@@ -24,7 +24,8 @@ from ..fileio import atomic_write
 from ..glossary import Glossary
 from ..options import TranslateOptions
 from ..translation import (Stats, decode_input_line, encode_constraints, encode_prefixes, open_engine,
-                           over_constraint_limits, read_steered_line, translate_buffer, translate_sentences)
+                           crowded_term, over_constraint_limits, read_steered_line, translate_buffer,
+                           translate_sentences, unfit_term)
 
 
 # -- reading and writing -------------------------------------------------------------------------
@@ -80,6 +81,10 @@ def translate(options: TranslateOptions) -> None:
     glossary = Glossary.load(options.glossary) if options.glossary is not None else None  # fails before loading
     engine, sp, device = open_engine(options)
     try:
+        unfit = glossary is not None and (unfit_term(glossary, sp, engine.max_source)
+                                          or crowded_term(glossary, options.max_constraint_forms))
+        if unfit:  # its terms against the model, before a line is written
+            raise ConfigError(unfit)
         _translate(engine, sp, device, options, glossary)
     except (MemoryError, RuntimeError) as e:
         if not out_of_memory(e):
