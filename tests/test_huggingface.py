@@ -611,6 +611,15 @@ def test_import_refuses_bad_input_in_one_line(tmp_path, marian_dir, case):
     assert not (tmp_path / "m.pt").exists() and [p.name for p in tmp_path.iterdir()] == ["hf"]
 
 
+def test_a_config_json_nested_too_deeply_is_one_line(tmp_path):
+    """100,000 nested arrays in config.json: json's parser raised RecursionError (no file named)."""
+    (tmp_path / "hf").mkdir()
+    (tmp_path / "hf" / "config.json").write_text('{"model_type": "marian", "x": ' + "[" * 100_000 + "]" * 100_000 + "}")
+    fails(["import", "huggingface", tmp_path / "hf", "--output", tmp_path / "m.pt"],
+          f"{tmp_path / 'hf' / 'config.json'}: nests arrays or objects deeper than 64 levels")
+    assert not (tmp_path / "m.pt").exists()
+
+
 class Payload:
     """A pickle that would create a file when unpickled without weights_only."""
 

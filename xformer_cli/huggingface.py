@@ -49,6 +49,7 @@ import torch
 
 from .config import option_range
 from .errors import XfError
+from .json_input import read_json
 from .model import Transformer, model_config
 from .options import ModelConfig
 from .vocab import BOS_ID, EOS_ID, PAD_ID, UNK_ID, MappedVocabulary, load_sentencepiece
@@ -269,10 +270,7 @@ def _read_json(path: Path) -> dict:
     if not path.is_file():
         raise XfError(f"{path}: missing (a MarianMT directory has config.json, model.safetensors, source.spm, "
                       "target.spm and vocab.json)")
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as e:
-        raise XfError(f"{path}: not readable JSON ({e})") from None
+    data = read_json(path)
     if not isinstance(data, dict):
         raise XfError(f"{path}: not a JSON object")
     return data

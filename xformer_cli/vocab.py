@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Optional, Union
 
 from .errors import XfError
+from .json_input import parse_json
 
 PAD_ID, UNK_ID, BOS_ID, EOS_ID = 0, 1, 2, 3  # sentencepiece is trained with these (preprocess)
 
@@ -61,7 +62,7 @@ class MappedVocabulary:
     def from_bytes(cls, data: bytes, where: str) -> "MappedVocabulary":
         try:
             line, rest = data[len(MAPPED_MAGIC):].split(b"\n", 1)
-            header = json.loads(line.decode("utf-8"))
+            header = parse_json(line.decode("utf-8"), f"{where}: the mapped vocabulary's header")
             n, m = header["source_spm"], header["target_spm"]
             if header["version"] != 1 or len(rest) != n + m:
                 raise ValueError("sizes")
