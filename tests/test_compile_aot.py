@@ -85,6 +85,48 @@ def test_a_package_others_can_write_or_that_does_not_load_is_not_used(tmp_path, 
     assert packages.path("tiny; fp32") != packages.path("tiny; bf16")
 
 
+def test_a_cache_directory_others_can_write_is_not_written_into(tmp_path, capsys):
+    """An aot directory of mode 777: one warning naming it and why, and this run's packages go to
+    a private temporary directory (it built into the shared one, then refused to load what it
+    built: three warnings and a failure, every run)."""
+    shared = tmp_path / "aot"
+    shared.mkdir()
+    shared.chmod(0o777)
+    packages = compiling.AotPackages(shared)
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and f"{shared}: not using this cache of compiled steps (writable by others (mode 777))" in err[0]
+    assert packages.root != shared and compiling.untrusted(packages.root) is None
+    assert packages.path("tiny; fp32").parent == packages.root
+    private = packages.root
+    del packages  # the temporary directory goes with the packages
+    assert not private.exists() and list(shared.iterdir()) == []
+
+
+@pytest.mark.slow
+@pytest.mark.usefixtures("one_thread")
+def test_translate_compile_with_an_untrusted_cache_warns_once_and_decodes_the_same(tmp_path, ckpt, sentences, capsys,
+                                                                                   monkeypatch):
+    """xf's cache (XDG_CACHE_HOME/xf/aot) writable by others: one warning, the eager search's
+    output, nothing written into it; the worker processes use their parent's private directory
+    (they build one package between them, and say nothing)."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    shared = tmp_path / "cache" / "xf" / "aot"
+    shared.mkdir(parents=True)
+    shared.chmod(0o777)
+    data = tmp_path / "in.txt"
+    data.write_text("\n".join(sentences[:6]) + "\n", encoding="utf-8")
+    kw = dict(path=(ckpt,), input=str(data), max_len_a=0.5, max_len_b=3, threads=1, batch_size=2)
+    translate(TranslateOptions(**kw, output=str(tmp_path / "eager.txt")))
+    capsys.readouterr()
+    translate(TranslateOptions(**kw, output=str(tmp_path / "compiled.txt"), compile=True, workers=2))
+    err = capsys.readouterr().err
+    assert (tmp_path / "compiled.txt").read_text() == (tmp_path / "eager.txt").read_text()
+    warnings = [line for line in err.splitlines() if "warning" in line]
+    assert len(warnings) == 1 and f"{shared}: not using this cache of compiled steps" in warnings[0], err
+    assert "ahead of time: 1 package(s) built" in err, err
+    assert list(shared.iterdir()) == []
+
+
 def test_a_torch_without_the_package_loader_loads_through_its_public_function(tmp_path, monkeypatch):
     """compiling._load_package makes the package's loader directly (no ISA probe, no archive
     import); a torch whose internals differ goes through aoti_load_package instead."""

@@ -56,6 +56,53 @@ def test_filter_refuses_scores_of_another_file_and_writes_nothing(tmp_path):
     assert out.returncode != 0 and "must be in [0, 1]" in out.stderr and not list(tmp_path.glob("kept*"))
 
 
+def one_line_refusal(out, message):
+    err = out.stderr.strip()
+    assert out.returncode != 0 and len(err.splitlines()) == 1 and "Traceback" not in err, err
+    assert message in err, err
+
+
+@pytest.mark.parametrize("cuts, message", [
+    (("abc",), "DROP (distill.sh's FILTER_DROP), the fraction to drop, must be in [0, 1], not 'abc'"),
+    (("",), "DROP (distill.sh's FILTER_DROP), the fraction to drop, must be in [0, 1], not ''"),
+    (("nan",), "DROP (distill.sh's FILTER_DROP), the fraction to drop, must be in [0, 1], not 'nan'"),
+    ((0, "x"), "MIN_MEAN (distill.sh's FILTER_MIN_MEAN) must be a number or -inf, not 'x'"),
+    ((0, "nan"), "MIN_MEAN (distill.sh's FILTER_MIN_MEAN) must be a number or -inf, not 'nan'"),
+])
+def test_filter_refuses_bad_settings_in_one_line(tmp_path, cuts, message):
+    """FILTER_DROP=abc or FILTER_MIN_MEAN=x were a ValueError traceback."""
+    one_line_refusal(run_filter(tmp_path, [-1.0, -2.0], ["a", "b"], *cuts), message)
+    assert not list(tmp_path.glob("kept*"))
+
+
+def test_filter_refuses_missing_or_bad_input_in_one_line(tmp_path):
+    """A scores file that is missing, not JSON or without a number 'mean', and a missing source:
+    each was a traceback (FileNotFoundError, JSONDecodeError, KeyError, TypeError)."""
+    assert run_filter(tmp_path, [-1.0], ["a"], 0).returncode == 0  # writes the files broken below
+    scores, source, target = tmp_path / "scores.jsonl", tmp_path / "src.en", tmp_path / "hyp.de"
+
+    def refused(message):
+        for path in tmp_path.glob("kept*"):
+            path.unlink()
+        one_line_refusal(subprocess.run([sys.executable, str(FILTER), str(scores), str(source), str(target),
+                                         str(tmp_path / "kept"), "en", "de", "0"], capture_output=True, text=True),
+                         message)
+        assert not list(tmp_path.glob("kept*"))
+
+    for text, message in [(b'{"line": 1, "mean": -1.0}\n{"line": 2\n', f"{scores}:2: not JSON: Expecting ',' delimiter"),
+                          (b'{"line": 1}\n', f"{scores}:1: no number 'mean'"),
+                          (b'{"line": 1, "mean": "low"}\n', f"{scores}:1: no number 'mean'"),
+                          (b"[" * 100_000 + b"]" * 100_000 + b"\n", f"{scores}:1: nests arrays or objects deeper than 64"),
+                          (b"\xff\n", f"{scores}:1: not JSON: Expecting value")]:
+        scores.write_bytes(text)
+        refused(message)
+    scores.write_bytes(b'{"line": 1, "mean": -1.0}\n')
+    source.unlink()
+    refused(f"{source}: cannot read (No such file or directory)")
+    scores.unlink()
+    refused(f"{scores}: cannot read (No such file or directory)")
+
+
 STUDENT = TINY.replace("  bpe_vocab_size: 300\n", "").replace(
     "  arch: tiny\n", "  arch: tiny\n  decoder_layers: 1\n").replace(
     "  num_update_checkpoints: 2\n", "  num_update_checkpoints: 2\n  choose_on_valid: true\n"

@@ -385,6 +385,6 @@ def test_a_damaged_exported_model_names_the_file_and_the_cause(tmp_path, spm_mod
     other = damaged("other_vocab", lambda d: (d / "spm.model").write_bytes(french))
     translate_fails(other, f"{other / 'spm.model'}: not the sentencepiece model this directory was exported with")
     garbage = damaged("garbage", lambda d: (d / "config.json").write_text('{"add_source_bos": false,\n  oops}'))
-    translate_fails(garbage, f"{garbage / 'config.json'}: line 2: not valid JSON")
+    translate_fails(garbage, f"{garbage / 'config.json'}: line 2: not JSON")
     no_info = damaged("no_info", lambda d: (d / "xf.json").write_text("[]"))
     translate_fails(no_info, f"{no_info / 'xf.json'}: not a JSON object")

@@ -5,6 +5,7 @@ models); the xf -> HF -> xf round trip bit for bit; one-line refusals of bad inp
 
 import functools
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -212,6 +213,7 @@ def fails(args, message):
     assert result.exit_code != 0
     lines = result.output.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("xf: error:") and message in lines[0], result.output
+    return lines[0]
 
 
 @pytest.mark.parametrize("variant, option", [
@@ -582,6 +584,16 @@ def reshape_weight(out):
     save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
 
 
+def poison_weight(value):
+    def edit(out):
+        from safetensors.torch import load_file, save_file
+
+        tensors = load_file(str(out / "model.safetensors"))
+        tensors["model.decoder.layers.1.fc2.weight"][3, 5] = value
+        save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
+    return edit
+
+
 BAD_INPUT = {
     "not-marian": (edit_json("config.json", model_type="bart"), "config.json: not a MarianMT model (model_type 'bart'"),
     "no-config": (lambda out: (out / "config.json").unlink(), "config.json: missing"),
@@ -599,6 +611,8 @@ BAD_INPUT = {
     "config-a-list": (lambda out: (out / "config.json").write_text("[1]"), "config.json: not a JSON object"),
     "eos-an-empty-list": (edit_json("config.json", eos_token_id=[]), "config.json: eos_token_id [] is not an id"),
     "vocab-string-ids": (edit_json("vocab.json", **{"<unk>": "1"}), "vocab.json: its ids are not 0.."),
+    "nan-weight": (poison_weight(float("nan")), "model.decoder.layers.1.fc2.weight has 1 value that is not finite"),
+    "inf-weight": (poison_weight(float("-inf")), "model.decoder.layers.1.fc2.weight has 1 value that is not finite"),
 }
 
 
@@ -609,6 +623,26 @@ def test_import_refuses_bad_input_in_one_line(tmp_path, marian_dir, case):
     directory = broken_copy(marian_dir, tmp_path, edit)
     fails(["import", "huggingface", directory, "--output", tmp_path / "m.pt"], message)
     assert not (tmp_path / "m.pt").exists() and [p.name for p in tmp_path.iterdir()] == ["hf"]
+
+
+def test_a_config_json_nested_too_deeply_is_one_line(tmp_path):
+    """100,000 nested arrays in config.json: json's parser raised RecursionError (no file named)."""
+    (tmp_path / "hf").mkdir()
+    (tmp_path / "hf" / "config.json").write_text('{"model_type": "marian", "x": ' + "[" * 100_000 + "]" * 100_000 + "}")
+    fails(["import", "huggingface", tmp_path / "hf", "--output", tmp_path / "m.pt"],
+          f"{tmp_path / 'hf' / 'config.json'}: nests arrays or objects deeper than 64 levels")
+    assert not (tmp_path / "m.pt").exists()
+
+
+@pytest.mark.slow  # builds MarianMT models with transformers (seconds)
+def test_import_refuses_a_sentencepiece_model_that_does_not_spell_the_vocabulary(tmp_path, marian_dir, multi30k_dir):
+    """A source.spm of another model (here one learned from French): MarianTokenizer made its
+    pieces that vocab.json lacks unknown, and the import was accepted."""
+    french = learn_unigram((multi30k_dir / "train.fr").read_text(encoding="utf-8").splitlines()[:500], 150)
+    directory = broken_copy(marian_dir, tmp_path, lambda out: (out / "source.spm").write_bytes(french))
+    line = fails(["import", "huggingface", directory, "--output", tmp_path / "m.pt"], f"{directory / 'source.spm'}: ")
+    assert re.search(r": \d+ of its 1\d\d pieces are not in vocab\.json \(first: '.+'\)", line), line
+    assert not (tmp_path / "m.pt").exists()
 
 
 class Payload:

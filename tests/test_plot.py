@@ -122,7 +122,8 @@ def test_bad_logs_are_one_line_errors(tmp_path):
     fails([tmp_path / "missing"], "train_log.jsonl: not found")
     bad = write_log(tmp_path / "bad" / "train_log.jsonl", fake_run()[:3])
     bad.write_text(bad.read_text() + "{oops\n" + json.dumps(fake_run()[3]) + "\n")
-    fails([bad.parent], "train_log.jsonl line 4: not a JSON record of xf train")
+    fails([bad.parent], "train_log.jsonl line 4: not JSON: Expecting property name enclosed in double quotes "
+          "(column 2); not a record of xf train")
     write_log(tmp_path / "empty" / "train_log.jsonl", fake_run()[:1])
     fails([tmp_path / "empty"], "no training or validation records yet")
     write_log(tmp_path / "ok" / "train_log.jsonl", fake_run())

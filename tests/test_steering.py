@@ -213,6 +213,8 @@ def test_steered_lines():
         ('{"source": "a", "constraints": [[]]}', "in.jsonl: line 4: an empty constraint"),
         ('{"source": "a", "constraints": [["Hund", 3]]}', "in.jsonl: line 4: 'constraints' must be a string"),
         ('{"source": "a"', "in.jsonl: line 4: not JSON"),
+        ('{"source": "a", "constraints": ' + "[" * 100_000 + "]" * 100_000 + "}",
+         "in.jsonl: line 4: nests arrays or objects deeper than 64 levels"),  # was a RecursionError
     ]:
         with pytest.raises(ConfigError, match="^" + message.replace("(", r"\(")):
             read_steered_line(line, 4, "in.jsonl")

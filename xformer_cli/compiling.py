@@ -181,10 +181,21 @@ class AotPackages:
     / "aot"), one file a key and machine: a run that finds its package loads it in about a
     second, where torch.compile traces again every run. A package is native code: one that is
     not this user's, is writable by others or does not load is not used (a warning) and built
-    again; a build is written whole or not at all."""
+    again; a build is written whole or not at all. A ``root`` that is not this user's own or that
+    others can write is not written into either (what others can replace there would be refused
+    at the next load): one warning, and this run builds into a private temporary directory,
+    removed with these packages."""
 
     def __init__(self, root: Optional[Path] = None):
-        self.root = cache_dir() / "aot" if root is None else root
+        self.root = cache_dir() / "aot" if root is None else Path(root)
+        why = untrusted(self.root) if self.root.is_dir() else None
+        self.private: Optional[tempfile.TemporaryDirectory] = None
+        if why:
+            warn(f"{self.root}: not using this cache of compiled steps ({why}); compiling into a private "
+                 "temporary directory for this run only (make it this user's own, not writable by others, to "
+                 "keep the packages between runs)")
+            self.private = tempfile.TemporaryDirectory(prefix="xf-aot-")  # mode 0700
+            self.root = Path(self.private.name)
 
     def path(self, key: str) -> Path:
         digest = hashlib.sha256(f"{machine_key()}; {key}".encode()).hexdigest()[:24]

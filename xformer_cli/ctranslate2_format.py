@@ -34,6 +34,7 @@ import torch
 from .checkpoint import spm_digest
 from .engines import Engine, check_shortlist
 from .errors import XfError
+from .json_input import read_json
 from .model import Transformer
 from .options import TranslateOptions
 from .precision import ct2_compute_type, ct2_precisions, resolve_precision
@@ -163,14 +164,7 @@ def read_exported_model(path: Path) -> dict:
     the one exported (xf.json's spm_sha256). Returns xf.json's dict."""
     found = {}
     for name in ("config.json", "xf.json"):
-        try:
-            found[name] = json.loads((path / name).read_text(encoding="utf-8"))
-        except FileNotFoundError:
-            raise XfError(f"{path / name}: missing (export the model again)") from None
-        except (OSError, UnicodeDecodeError) as e:
-            raise XfError(f"{path / name}: unreadable ({e}); export the model again") from None
-        except json.JSONDecodeError as e:
-            raise XfError(f"{path / name}: line {e.lineno}: not valid JSON ({e.msg}); export the model again") from None
+        found[name] = read_json(path / name, hint="export the model again")
         if not isinstance(found[name], dict):
             raise XfError(f"{path / name}: not a JSON object; export the model again")
     info = found["xf.json"]

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import hashlib
 import itertools
-import json
 import mmap
 import os
 import struct
@@ -30,6 +29,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from .errors import XfError
+from .json_input import read_json
 from .vocab import BOS_ID, EOS_ID, PAD_ID, UNK_ID, load_sentencepiece
 
 MAGIC = b"XFIDX\x00\x00\x00"
@@ -231,10 +231,7 @@ class DataDir:
         meta_path = path / "meta.json"
         if not meta_path.exists():
             raise XfError(f"{path} is not a complete xf data directory (no meta.json; was xf preprocess interrupted?)")
-        try:
-            meta = json.loads(meta_path.read_text(encoding="utf-8"))
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-            raise XfError(f"{meta_path}: unreadable ({e})") from None
+        meta = read_json(meta_path)
         if not isinstance(meta, dict) or "format_version" not in meta:
             raise XfError(f"{meta_path}: not an xf data directory's meta.json (no format_version)")
         version = meta["format_version"]

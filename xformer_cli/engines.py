@@ -10,6 +10,8 @@ can be asked for. ``XfEngine`` is xf's search (``search.py``); the CTranslate2 e
 from __future__ import annotations
 
 import dataclasses
+import functools
+from pathlib import Path
 from typing import Optional, Sequence
 
 import torch
@@ -19,6 +21,7 @@ from . import distributed
 from .attention_maps import hard_alignments, resolve_layer
 from .batching import collate_source
 from .checkpoint import load_ensemble, vocab_digest
+from .compiling import AotPackages
 from .constraints import BatchConstraints
 from .decode_workers import DecodeWorkers
 from .decoder_step import AotStep
@@ -87,10 +90,12 @@ class XfEngine(Engine):
         self.workers: Optional[DecodeWorkers] = None
 
     @classmethod
-    def open(cls, paths: Sequence[str], plan: DecodingPlan):
+    def open(cls, paths: Sequence[str], plan: DecodingPlan, packages: Optional[Path] = None):
         """(engine, sentencepiece processor) of the checkpoints ``paths`` (an ensemble when more
         than one), loaded and run as ``plan`` (``decoding_plan.plan_decoding``) says: its device,
-        precision, int8 layers, step, worker processes and shortlist."""
+        precision, int8 layers, step, worker processes and shortlist. ``packages``: the directory
+        of compiled steps (a worker gets its parent's: the cache, or the private directory that
+        replaces an untrusted one, so that they share what they build and only the parent warns)."""
         bound_native_memory()  # decoding makes a new product shape at every step: oneDNN's cache stays bounded
         if plan.warning:
             warn(plan.warning)
@@ -105,11 +110,12 @@ class XfEngine(Engine):
             models = [quantize_int8_matmul(m, plan.int8_engine) for m in models]
         elif plan.int8 == "dynamic":
             models = [quantize_int8(m, plan.int8_engine) for m in models]
-        engine = cls(models, device, loaded, AotStep() if plan.step == "aot" else None)
+        engine = cls(models, device, loaded, AotStep(AotPackages(packages)) if plan.step == "aot" else None)
         engine.int8_engine = {"matmul": f"decoder: int8 matmul, compiled ahead of time; encoder: {plan.int8_engine}",
                               "dynamic": plan.int8_engine}.get(plan.int8)
         if plan.processes:  # no shared interpreter lock; each opens one worker's plan
-            engine.workers = DecodeWorkers(cls.open, tuple(paths), dataclasses.replace(plan, workers=1, processes=False),
+            opener = functools.partial(cls.open, packages=engine.compiled.packages.root) if engine.compiled else cls.open
+            engine.workers = DecodeWorkers(opener, tuple(paths), dataclasses.replace(plan, workers=1, processes=False),
                                            plan.workers)
         return engine, sp
 

@@ -49,9 +49,10 @@ import torch
 
 from .config import option_range
 from .errors import XfError
+from .json_input import read_json
 from .model import Transformer, model_config
 from .options import ModelConfig
-from .vocab import BOS_ID, EOS_ID, PAD_ID, UNK_ID, MappedVocabulary, load_sentencepiece
+from .vocab import BOS_ID, EOS_ID, PAD_ID, UNK_ID, MappedVocabulary, load_sentencepiece, spm_processor
 
 # The logit of a row that MarianMT does not have (xf's pad, when MarianMT's pad is its decoder
 # start): exp(-1000 - max logit) is 0 in float32, yet finite in the label-smoothed loss.
@@ -269,10 +270,7 @@ def _read_json(path: Path) -> dict:
     if not path.is_file():
         raise XfError(f"{path}: missing (a MarianMT directory has config.json, model.safetensors, source.spm, "
                       "target.spm and vocab.json)")
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as e:
-        raise XfError(f"{path}: not readable JSON ({e})") from None
+    data = read_json(path)
     if not isinstance(data, dict):
         raise XfError(f"{path}: not a JSON object")
     return data
@@ -387,6 +385,7 @@ def read_tokenizer(directory: Path, config: dict, size: int) -> tuple[bytes, lis
         if not (directory / name).is_file():
             raise XfError(f"{directory / name}: missing (MarianTokenizer's sentencepiece model)")
         spms[name] = (directory / name).read_bytes()
+        check_pieces(spms[name], directory / name, vocab)
     hf_pieces = [""] * size
     for piece, i in vocab.items():
         hf_pieces[i] = piece
@@ -401,6 +400,20 @@ def read_tokenizer(directory: Path, config: dict, size: int) -> tuple[bytes, lis
                       "xf needs unk, eos and the decoder start apart (pad may be the decoder start)")
     rows = xf_id_order(size, pad, unk, start, eos)
     return xf_vocabulary(spms["source.spm"], spms["target.spm"], hf_pieces, rows), rows
+
+
+def check_pieces(model: bytes, where: Path, vocab: dict) -> None:
+    """Refuse a sentencepiece model that does not spell vocab.json: one of its pieces (control and
+    unknown pieces aside: tokenizer_config.json names those) that vocab.json lacks. MarianTokenizer
+    makes such a piece unknown, and OPUS-MT builds vocab.json from every piece of both models, so
+    a missing piece means another model's sentencepiece model, whose pieces the weights never saw."""
+    sp = spm_processor(model, str(where))
+    pieces = [sp.id_to_piece(i) for i in range(sp.get_piece_size())
+              if not (sp.is_control(i) or sp.is_unknown(i) or sp.is_unused(i))]
+    missing = [p for p in pieces if p not in vocab]
+    if missing:
+        raise XfError(f"{where}: {len(missing):,} of its {len(pieces):,} pieces are not in vocab.json (first: "
+                      f"{missing[0]!r}): not the sentencepiece model of these weights, whose every piece has an id")
 
 
 def read_weights(directory: Path) -> tuple[dict[str, torch.Tensor], Path]:
@@ -459,6 +472,11 @@ def checked_weights(directory: Path, cfg: ModelConfig) -> dict[str, torch.Tensor
     unknown = sorted(set(tensors) - known)
     if unknown:
         raise XfError(f"{weights_path}: {unknown[0]} is not part of MarianMTModel (an architecture xf cannot represent)")
+    for key, value in sorted(tensors.items()):  # a NaN would spread through every translation it reaches
+        bad = int((~torch.isfinite(value)).sum()) if value.is_floating_point() else 0
+        if bad:
+            raise XfError(f"{weights_path}: {key} has {bad:,} value{'s that are' if bad > 1 else ' that is'} not "
+                          "finite (NaN or infinite); xf imports finite weights only")
     return tensors
 
 

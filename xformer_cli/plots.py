@@ -9,13 +9,13 @@ what to show and draws it.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
 from .errors import ConfigError, XfError
 from .fileio import atomic_write
+from .json_input import parse_json
 from .options import DecodingOptions, PlotAttentionOptions
 
 FORMATS = ("png", "pdf", "svg")
@@ -96,12 +96,13 @@ def read_train_log(path: Path) -> list[tuple[int, dict]]:
     for number, line in enumerate(lines, 1):
         if not line.strip():
             continue
-        try:
-            record = json.loads(line)
-        except (ValueError, UnicodeDecodeError):
+        try:  # invalid UTF-8 becomes U+FFFD: outside a string, invalid JSON; inside one, a changed label
+            record = parse_json(line.decode("utf-8", "replace"), f"{path} line {number}",
+                                hint="not a record of xf train")
+        except XfError:
             if number == len(lines):  # no newline yet: being written
                 continue
-            raise XfError(f"{path} line {number}: not a JSON record of xf train") from None
+            raise
         if not isinstance(record, dict) or "type" not in record:
             raise XfError(f"{path} line {number}: not a record of xf train (no 'type')")
         records.append((number, record))

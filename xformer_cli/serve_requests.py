@@ -9,6 +9,8 @@ from __future__ import annotations
 import json
 from typing import Optional
 
+from .errors import XfError
+from .json_input import parse_json
 from .translation import Stats, decode_input_line
 
 
@@ -44,16 +46,13 @@ def text_lines(text: str, stats: Stats) -> list[str]:
     return [decode_input_line(line, i + 1, stats, "request") for i, line in enumerate(raw.split(b"\n"))]
 
 
-def parse_json(text: str):
-    """A JSON body, or a 400 naming why not (nested too deeply, a number too long: hostile bodies)."""
+def json_body(text: str):
+    """A JSON body, or a 400 naming why not (json_input's refusals: nested too deeply, a number too
+    long, not JSON)."""
     try:
-        return json.loads(text)
-    except json.JSONDecodeError as e:
-        raise HttpError(400, f"the body is not JSON: {e.msg} (line {e.lineno}, column {e.colno})") from None
-    except RecursionError:
-        raise HttpError(400, "the body is not JSON xf reads: it nests arrays or objects too deeply") from None
-    except ValueError as e:  # e.g. an integer of more digits than Python converts
-        raise HttpError(400, f"the body is not JSON xf reads: {e}") from None
+        return parse_json(text, "the body")
+    except XfError as e:
+        raise HttpError(400, str(e)) from None
 
 
 def shown(value) -> str:
@@ -109,7 +108,7 @@ async def request_fields(request, limit: int, info: dict) -> dict:
         return {**query, **form_fields(text)}
     if not text.strip() and query:
         return query
-    payload = parse_json(text)
+    payload = json_body(text)
     if not isinstance(payload, dict):
         raise HttpError(400, "the body must be a JSON object with q, source and target")
     return {**query, **payload}

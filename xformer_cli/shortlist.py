@@ -26,6 +26,7 @@ import torch
 
 from .errors import XfError
 from .fileio import atomic_write
+from .json_input import parse_json
 from .quantization import INT8_ENGINE_ATTR, Int8MatmulLinear, int8_matmul, quantized_engine
 from .vocab import EOS_ID, PAD_ID
 
@@ -150,7 +151,7 @@ class Shortlist:
         """The shortlist in ``path``; a one-line XfError naming it when it is not one."""
         try:
             with np.load(path, allow_pickle=False) as z:
-                header = json.loads(bytes(z["header"]).decode("utf-8"))
+                header = bytes(z["header"]).decode("utf-8", "replace")  # read here, parsed below
                 frequent, per_source = np.asarray(z["frequent"]), np.asarray(z["per_source"])
         except FileNotFoundError:
             raise XfError(f"{path}: shortlist file not found") from None
@@ -158,6 +159,7 @@ class Shortlist:
             # numpy's header parser raise a dozen types (BadZipFile, EOFError, zlib.error, ...) on a cut file
             why = " ".join(str(e).split())[:120] or type(e).__name__
             raise XfError(f"{path}: not a shortlist written by xf shortlist, or a damaged one ({why})") from None
+        header = parse_json(header, f"{path}: its header", hint="not a shortlist written by xf shortlist")
         if not isinstance(header, dict) or header.get("format") != "xf-shortlist":
             raise XfError(f"{path}: not a shortlist written by xf shortlist")
         if header.get("format_version") != FORMAT_VERSION:

@@ -28,8 +28,9 @@ from .constraints import BatchConstraints, word_boundaries
 from .ctranslate2_format import CTranslate2Engine
 from .engines import Engine, XfEngine
 from .decoding_plan import Machine, plan_decoding
-from .errors import ConfigError
+from .errors import ConfigError, XfError
 from .glossary import Glossary
+from .json_input import parse_json
 from .options import TranslateOptions
 from .search import Hypothesis
 from .segment import split_texts
@@ -150,10 +151,10 @@ def read_steered_line(text: str, line_no: int, where: str) -> SteeredLine:
     if not text.strip():
         return SteeredLine("")
     try:
-        record = json.loads(text)
-    except ValueError as e:
-        raise ConfigError(f"{where}: line {line_no}: not JSON ({e.msg}); --input-format jsonl takes one object a line, "
-                          '{"source": ..., "prefix": ...}') from None
+        record = parse_json(text, f"{where}: line {line_no}",
+                            hint='--input-format jsonl takes one object a line, {"source": ..., "prefix": ...}')
+    except XfError as e:  # a usage error, as every other refusal of a line here
+        raise ConfigError(str(e)) from None
     if not isinstance(record, dict):
         raise ConfigError(f"{where}: line {line_no}: expected a JSON object {{\"source\": ...}}, "
                           f"got {type(record).__name__}")

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Optional, Union
 
 from .errors import XfError
+from .json_input import parse_json
 
 PAD_ID, UNK_ID, BOS_ID, EOS_ID = 0, 1, 2, 3  # sentencepiece is trained with these (preprocess)
 
@@ -25,7 +26,9 @@ PAD_ID, UNK_ID, BOS_ID, EOS_ID = 0, 1, 2, 3  # sentencepiece is trained with the
 MAPPED_MAGIC = b"xf-mapped-vocabulary\n"
 
 
-def _processor(model: bytes, where: str):
+def spm_processor(model: bytes, where: str):
+    """A SentencePieceProcessor of a model's bytes, its ids as trained (``load_sentencepiece``
+    checks xf's), or a one-line error naming ``where``."""
     import sentencepiece as spm
 
     sp = spm.SentencePieceProcessor()
@@ -49,7 +52,7 @@ class MappedVocabulary:
         if len(pieces) < 4 or len(set(pieces)) != len(pieces):
             raise XfError(f"{where}: the piece list needs at least 4 distinct pieces")
         self.source_spm, self.target_spm, self.pieces = source_spm, target_spm, list(pieces)
-        self.source, self.target = _processor(source_spm, f"{where} (source)"), _processor(target_spm, f"{where} (target)")
+        self.source, self.target = spm_processor(source_spm, f"{where} (source)"), spm_processor(target_spm, f"{where} (target)")
         self.ids = {piece: i for i, piece in enumerate(self.pieces)}
 
     def to_bytes(self) -> bytes:
@@ -61,7 +64,7 @@ class MappedVocabulary:
     def from_bytes(cls, data: bytes, where: str) -> "MappedVocabulary":
         try:
             line, rest = data[len(MAPPED_MAGIC):].split(b"\n", 1)
-            header = json.loads(line.decode("utf-8"))
+            header = parse_json(line.decode("utf-8"), f"{where}: the mapped vocabulary's header")
             n, m = header["source_spm"], header["target_spm"]
             if header["version"] != 1 or len(rest) != n + m:
                 raise ValueError("sizes")
@@ -119,7 +122,7 @@ def load_sentencepiece(model: Union[Path, bytes], where: Optional[str] = None):
             raise XfError(f"{where}: not a readable sentencepiece model ({e.strerror})") from None
     if model.startswith(MAPPED_MAGIC):
         return MappedVocabulary.from_bytes(model, where)
-    sp = _processor(model, where)
+    sp = spm_processor(model, where)
     ids = (sp.pad_id(), sp.unk_id(), sp.bos_id(), sp.eos_id())
     if ids != (PAD_ID, UNK_ID, BOS_ID, EOS_ID):
         raise XfError(

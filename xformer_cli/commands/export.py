@@ -8,7 +8,6 @@ aside first, deleted once the new one is in place) and the summary.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Optional
 
@@ -16,6 +15,7 @@ from ..checkpoint import load_checkpoint, model_from_checkpoint
 from ..console import print_summary, stderr_console
 from ..errors import XfError
 from ..fileio import atomic_directory
+from ..json_input import read_json
 from ..options import ExportOptions
 
 
@@ -43,10 +43,11 @@ def export_ctranslate2(options: ExportOptions) -> Path:
 
 def read_bleu(path: str) -> tuple[float, str]:
     """(BLEU, its sacreBLEU signature) of a file written by xf score --json, for the model card."""
+    bleu = read_json(path, hint="not the output of xf score --json")
     try:
-        bleu = json.loads(Path(path).read_text(encoding="utf-8"))["bleu"]
+        bleu = bleu["bleu"]
         return float(bleu["score"]), str(bleu["signature"])
-    except (OSError, ValueError, KeyError, TypeError) as e:
+    except (ValueError, KeyError, TypeError) as e:
         raise XfError(f"{path}: not the output of xf score --json with BLEU ({type(e).__name__}: {e})") from None
 
 
