@@ -4,13 +4,14 @@ says why, and leaves the previous content and no temporary file."""
 import errno
 import os
 import stat
+from pathlib import Path
 
 import pytest
 import torch
 
 from xformer_cli.checkpoint import load_checkpoint, make_checkpoint, save_checkpoint
 from xformer_cli.errors import XfError
-from xformer_cli.fileio import atomic_write, atomic_write_text, remove_stale_temporaries
+from xformer_cli.fileio import atomic_directory, atomic_write, atomic_write_text, remove_stale_temporaries
 from xformer_cli.model import build_model
 
 
@@ -94,3 +95,75 @@ def test_a_write_removes_the_temporaries_that_killed_writers_of_the_same_file_le
     assert not stale.exists() and live.exists() and mine.exists() and other.exists()
     with atomic_write(tmp_path / "x.bin"):
         assert [p.name.startswith(f".x.bin.{os.getpid()}.") for p in tmp_path.glob(".x.bin.*")] == [True]
+
+
+# -- outputs that are not regular files (fileio.output_route, the one rule) -------------------------
+def test_a_fifo_is_written_in_place_and_stays_a_fifo(tmp_path):
+    fifo = tmp_path / "out.fifo"
+    os.mkfifo(fifo)
+    reader = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)  # its reader is there: the write does not wait
+    try:
+        with atomic_write(fifo, "w", encoding="utf-8") as f:
+            f.write("Ein Hund.\n")
+        assert os.read(reader, 100) == b"Ein Hund.\n" and stat.S_ISFIFO(os.stat(fifo).st_mode)
+    finally:
+        os.close(reader)
+    assert [p.name for p in tmp_path.iterdir()] == ["out.fifo"]  # no temporary beside it
+
+
+def test_a_character_device_is_written_in_place(tmp_path):
+    with atomic_write("/dev/null", "wb") as f:
+        f.write(b"gone")
+    assert stat.S_ISCHR(os.stat("/dev/null").st_mode)
+
+
+def test_a_symlink_is_written_through_and_stays_a_symlink(tmp_path):
+    target = tmp_path / "real.txt"
+    target.write_text("old")
+    link = tmp_path / "link.txt"
+    link.symlink_to(target.name)  # relative, as ln -s makes it
+    with atomic_write(link, "w", encoding="utf-8") as f:
+        f.write("new")
+    assert link.is_symlink() and target.read_text() == "new"
+    dangling = tmp_path / "dangling.txt"
+    dangling.symlink_to(tmp_path / "made.txt")
+    atomic_write_text(dangling, "made")
+    assert dangling.is_symlink() and (tmp_path / "made.txt").read_text() == "made"
+
+
+def test_a_descriptor_through_a_symlink_is_written_to_the_open_file(tmp_path):
+    read, write = os.pipe()
+    link = tmp_path / "mystdout"
+    link.symlink_to(f"/proc/self/fd/{write}")
+    try:
+        atomic_write_text(link, "eins\nzwei\n")
+        os.close(write)
+        assert os.read(read, 100) == b"eins\nzwei\n" and link.is_symlink()
+    finally:
+        os.close(read)
+
+
+def test_a_socket_or_a_block_device_is_refused_in_one_line(tmp_path):
+    import socket
+
+    path = tmp_path / "s.sock"
+    with socket.socket(socket.AF_UNIX) as s:
+        s.bind(str(path))
+        with pytest.raises(XfError, match=r"s.sock: is a socket; xf writes files, FIFOs and character devices only"):
+            atomic_write_text(path, "x")
+
+
+def test_a_directory_output_goes_through_a_symlink_and_refuses_a_fifo(tmp_path):
+    real = tmp_path / "real"
+    real.mkdir()
+    (real / "old.txt").write_text("old")
+    link = tmp_path / "model"
+    link.symlink_to(real)
+    with atomic_directory(link) as tmp:
+        (tmp / "new.txt").write_text("new")
+    assert link.is_symlink() and sorted(p.name for p in real.iterdir()) == ["new.txt"]
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    with pytest.raises(XfError, match="fifo: is a FIFO, not a directory"):
+        with atomic_directory(fifo):
+            pass

@@ -23,6 +23,7 @@ from xformer_cli import cli, frame
 from xformer_cli.config import _is_optional, field_types, option
 from xformer_cli.frame import load_command_options
 from xformer_cli.frame import COMMANDS, Command, Input, Output
+from xformer_cli.errors import ConfigError
 from xformer_cli.safety import SaveDirLock
 
 runner = CliRunner()
@@ -168,7 +169,7 @@ def test_no_output_of_any_command_can_replace_its_input(tmp_path, command, outpu
 def _replaced_outputs():
     for command in COMMANDS:
         for output in command.outputs:
-            if output.kind != "into":
+            if output.kind not in ("into", "locked"):
                 yield pytest.param(command, output, id=f"{command.words}:{output.option}")
 
 
@@ -198,13 +199,90 @@ def _every_output():
 @pytest.mark.parametrize("command,output", list(_every_output()))
 def test_no_command_writes_into_a_running_training(tmp_path, command, output):
     save = tmp_path / "running"
+    # inside it, and (but xf train's own --save-dir, which its lock guards) the save dir itself:
+    # --tensorboard-logdir pointed at a running training's save dir was once accepted
+    places = [save / "inside"] + ([save] if output.kind != "locked" else [])
     with SaveDirLock(save) as lock:
         lock.acquire()
-        values = _required(command, _fresh(tmp_path))
-        values[output.option] = str(save / "inside")
-        result = runner.invoke(cli.app, _arguments(command, values))
-        assert result.exit_code == 2 and "of a running xf train" in result.output, result.output
+        for place in places:
+            values = _required(command, _fresh(tmp_path))
+            values[output.option] = str(place)
+            result = runner.invoke(cli.app, _arguments(command, values))
+            assert result.exit_code == 2 and "of a running xf train" in result.output, result.output
     assert sorted(p.name for p in save.iterdir()) == ["train.lock"]
+
+
+def _options(command: Command, values: dict):
+    for name in list(values):
+        values.update(CONTEXT.get((command.words, name), {}))
+    return load_command_options(command.options, None, values, section=command.section)
+
+
+@pytest.mark.parametrize("command,output", list(_every_output()))
+def test_every_output_meets_fifos_devices_sockets_and_stdout_by_one_rule(tmp_path, command, output):
+    """A file output that is a FIFO, a character device or a descriptor (/proc/self/fd/N, through
+    a symlink too) passes the guard, to be written in place (fileio.output_route; test_fileio
+    writes each); a directory output refuses them; a socket is refused everywhere, and ``-``
+    (stdout) everywhere but where the command streams."""
+    import socket
+
+    fifo, link = tmp_path / "fifo", tmp_path / "mystdout"
+    os.mkfifo(fifo)
+    link.symlink_to("/proc/self/fd/1")
+    is_file = output.kind in ("file", "stdout")
+    for special, what in ((fifo, "a FIFO"), ("/dev/null", "a character device"), (link, None)):
+        values = _required(command, _fresh(tmp_path))
+        values[output.option] = str(special)
+        if is_file:
+            frame.check_outputs(command, _options(command, values))
+        elif what:
+            with pytest.raises(ConfigError, match=f"is {what}, not a directory"):
+                frame.check_outputs(command, _options(command, values))
+    with socket.socket(socket.AF_UNIX) as s:
+        s.bind(str(tmp_path / "s.sock"))
+        values = _required(command, _fresh(tmp_path))
+        values[output.option] = str(tmp_path / "s.sock")
+        with pytest.raises(ConfigError, match="is a socket"):
+            frame.check_outputs(command, _options(command, values))
+    values = _required(command, _fresh(tmp_path))
+    values[output.option] = "-"
+    if output.kind == "stdout":
+        frame.check_outputs(command, _options(command, values))
+    else:
+        with pytest.raises(ConfigError, match=r"-: this output is a .*; xf writes only translations and scores to "
+                           "stdout"):
+            frame.check_outputs(command, _options(command, values))
+
+
+def _outputs_beside_inputs():
+    for command in COMMANDS:
+        for output in command.outputs:
+            if output.kind not in ("file", "stdout"):
+                continue
+            for spec in command.inputs:
+                if spec.kind != "file" and spec.suffixes == ("",) and not spec.when:
+                    yield pytest.param(command, output, spec, id=f"{command.words}:{output.option}-in-{spec.option}")
+
+
+@pytest.mark.parametrize("command,output,spec", list(_outputs_beside_inputs()))
+def test_a_new_file_inside_an_input_directory_is_allowed_unless_its_name_is_read_there(tmp_path, command, output,
+                                                                                       spec):
+    """xf average-checkpoints --inputs ckpt --output ckpt/avg.pt (fairseq's habit): nothing to
+    destroy; an existing file there, or a name that a data directory or a training reads, is refused."""
+    for name, allowed in (("avg.pt", True), ("notes.txt", False), ("meta.json", False),
+                          ("checkpoint_2_100.pt", False), ("train.en.bin", False)):
+        values = _required(command, _fresh(tmp_path))
+        value, paths = _make_input(_fresh(tmp_path), spec)
+        values[spec.option] = (value,) if _is_list(command, spec.option) else value
+        place = paths[0] / name
+        if name == "notes.txt":
+            place.write_text("mine")
+        values[output.option] = str(place)
+        if allowed:
+            frame.check_outputs(command, _options(command, values))
+        else:
+            with pytest.raises(ConfigError, match="(the input|the training checkpoint)"):
+                frame.check_outputs(command, _options(command, values))
 
 
 @pytest.mark.parametrize("command,output", [p for p in _replaced_outputs()

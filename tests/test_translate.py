@@ -2,7 +2,9 @@
 ensembles and errors. A tiny random model with a tiny sentencepiece model learned on Multi30k."""
 
 import json
+import os
 import select
+import stat
 import subprocess
 import sys
 import time
@@ -436,3 +438,38 @@ def test_split_sentences_options():
         TranslateOptions(path=("a.pt",), split_sentences="en", output_format="jsonl")
     with pytest.raises(ValueError, match="expected a language code"):
         TranslateOptions(path=("a.pt",), split_sentences="e n")
+
+
+def test_outputs_that_are_not_files_are_written_in_place_and_stdin_is_an_input(tmp_path, ckpt):
+    """A symlink to /proc/self/fd/1 (`--output mystdout | wc -l` once counted 0 lines: the link was
+    replaced by a file), a FIFO (its reader once waited forever), `-`; and `< same.txt --output
+    same.txt`, once accepted (the English replaced by German), refused as `--input same.txt` is."""
+    source = tmp_path / "same.txt"
+    source.write_text("a dog runs\ntwo men\n", encoding="utf-8")
+    xf = [sys.executable, "-m", "xformer_cli", "translate", "--path", str(ckpt), "--device", "cpu", "--quiet",
+          "--max-len-b", "5"]
+
+    def run(*args, stdin=None):
+        return subprocess.run(xf + [str(a) for a in args], stdin=stdin, capture_output=True, text=True, timeout=120)
+
+    with open(source, "rb") as f:
+        refused = run("--output", source, stdin=f)
+    assert refused.returncode == 2 and refused.stderr.strip() == (
+        f"xf: error: --output {source} is the input stdin; writing it could destroy the input (choose another output)")
+    assert source.read_text(encoding="utf-8") == "a dog runs\ntwo men\n"
+    plain = run("--input", source)
+    link = tmp_path / "mystdout"
+    link.symlink_to("/proc/self/fd/1")
+    through = run("--input", source, "--output", link)
+    assert through.returncode == 0 and through.stdout == plain.stdout and len(plain.stdout.splitlines()) == 2
+    assert link.is_symlink()
+    assert run("--input", source, "--output", "-").stdout == plain.stdout
+    fifo = tmp_path / "out.fifo"
+    os.mkfifo(fifo)
+    reader = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)
+    try:
+        assert run("--input", source, "--output", fifo).returncode == 0
+        assert os.read(reader, 1 << 16).decode("utf-8") == plain.stdout
+    finally:
+        os.close(reader)
+    assert stat.S_ISFIFO(os.stat(fifo).st_mode)

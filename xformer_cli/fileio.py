@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import IO, Iterator, Optional
 
 from .errors import XfError
+from .safety import directory_target, output_route, refuse_running_training
 
 _umask_lock = threading.Lock()
 
@@ -80,13 +81,26 @@ def _new_file_mode(path: Path) -> int:
 
 
 @contextlib.contextmanager
+def _streamed(path: Path, mode: str, encoding: Optional[str]) -> Iterator[IO]:
+    """``path`` opened in place for appending (``output_route``'s stream); a failed write names it."""
+    with reporting_write_errors(path):
+        with open(path, mode.replace("w", "a"), encoding=encoding) as f:
+            yield f
+
+
+@contextlib.contextmanager
 def atomic_write(path: str | Path, mode: str = "wb", encoding: str | None = None) -> Iterator[IO]:
     """Write to a temporary file beside ``path``, fsync, then rename over ``path``.
 
     On any exception the temporary file is removed and ``path`` keeps its previous content; an
-    OSError (a full disk) becomes an XfError naming ``path``.
+    OSError (a full disk) becomes an XfError naming ``path``. A symlink is written through (its
+    target replaced); a FIFO or device is written in place (``output_route``).
     """
-    path = Path(path)
+    route, path = output_route(path)
+    if route == "stream":
+        with _streamed(path, mode, encoding) as f:
+            yield f
+        return
     with reporting_write_errors(path):
         fd, tmp = tempfile.mkstemp(prefix=temporary_prefix(path), suffix=".tmp", dir=path.parent)
     try:
@@ -230,9 +244,7 @@ def atomic_directory(output: str | Path) -> Iterator[Path]:
     temporary directory is removed and ``output`` is as it was; after success, the leftovers of
     killed earlier writers of ``output`` are removed.
     """
-    from .safety import refuse_running_training
-
-    output = Path(output)
+    output = directory_target(output)
     parent = output.resolve().parent
     if not parent.is_dir():
         raise XfError(f"{output}: its directory does not exist")

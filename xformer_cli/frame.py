@@ -46,17 +46,20 @@ class Input:
     option: str
     kind: Literal["file", "directory", "path"] = "file"
     suffixes: tuple[str, ...] = ("",)
+    stdin: bool = False  # unset, the command reads stdin (``xf translate`` without --input)
     when: Optional[str] = None  # a bool option that makes it an input (``xf preprocess --verify`` reads --destdir)
 
 
 @dataclass(frozen=True)
 class Output:
     """An option naming what a command writes. ``file`` and ``directory`` are replaced whole (an
-    existing one only with ``--overwrite`` where the command has that option, and atomically);
-    ``into`` is a directory the command writes files into (a save dir, a log dir)."""
+    existing one only with ``--overwrite`` where the command has that option, and atomically; a
+    FIFO or device written in place); ``stdout``: a file, or ``-`` for stdout; ``into`` is a
+    directory the command writes files into (a log dir), ``locked`` one it holds the lock of (xf
+    train's save dir, ``safety.SaveDirLock``)."""
 
     option: str
-    kind: Literal["file", "directory", "into"] = "file"
+    kind: Literal["file", "stdout", "directory", "into", "locked"] = "file"
     unless: Optional[str] = None  # a bool option that makes it no output (``xf preprocess --verify`` writes nothing)
 
 
@@ -128,15 +131,15 @@ COMMANDS: list[Command] = [
     Command("train", TrainOptions, "train:train",
             "Train a Transformer (one CPU, one GPU, or many under torchrun).",
             inputs=(Input("data", "directory"), Input("init_from")),
-            outputs=(Output("save_dir", "into"), Output("tensorboard_logdir", "into"))),
+            outputs=(Output("save_dir", "locked"), Output("tensorboard_logdir", "into"))),
     Command("average-checkpoints", AverageOptions, "average:average_checkpoints",
             "Average the parameters of the last N checkpoints, as the paper does.",
             inputs=(Input("inputs", "path"), Input("valid_source"), Input("valid_reference")),
             outputs=(Output("output"), Output("choose_report"))),
     Command("translate", TranslateOptions, "translate:translate",
             "Translate stdin to stdout with batched beam search: one output line per input line.",
-            inputs=(Input("path", "path"), Input("input"), Input("shortlist"), Input("glossary")),
-            outputs=(Output("output"),)),
+            inputs=(Input("path", "path"), Input("input", stdin=True), Input("shortlist"), Input("glossary")),
+            outputs=(Output("output", "stdout"),)),
     Command("shortlist", ShortlistOptions, "shortlist:shortlist",
             "Build a vocabulary shortlist for xf translate --shortlist from a data directory's training pairs.",
             inputs=(Input("data", "directory"),),
@@ -155,7 +158,7 @@ COMMANDS: list[Command] = [
     Command("score-pairs", ScorePairsOptions, "score_pairs:score_pairs",
             "Score given source-target pairs by forced decoding: log-probabilities, and dual cross-entropy with a reverse model.",
             inputs=(Input("path"), Input("reverse_path"), Input("source"), Input("target")),
-            outputs=(Output("output"),)),
+            outputs=(Output("output", "stdout"),)),
     Command("serve", ServeOptions, "serve:serve",
             "Serve translations over HTTP (LibreTranslate's API) with dynamic batching: xf serve --model en-de=avg.pt.",
             inputs=(Input("api_keys"),)),
@@ -184,5 +187,6 @@ def check_outputs(command: Command, options: Any) -> None:
     """The output guard of every command, from its declared inputs and outputs (before any work)."""
     from .safety import refuse_unsafe_outputs
 
+    reads_stdin = any(spec.stdin and getattr(options, spec.option) in (None, "-") for spec in command.inputs)
     refuse_unsafe_outputs(list(command.output_paths(options)), list(command.input_paths(options)),
-                          overwrite=getattr(options, "overwrite", None))
+                          overwrite=getattr(options, "overwrite", None), stdin=reads_stdin)

@@ -350,8 +350,9 @@ class TranslateOptions(DecodingOptions):
     engine: Literal["xf", "ctranslate2"] = option(
         "xf", "xf's own search, or CTranslate2 on an exported model (pip install 'xformer-cli[ctranslate2]')"
     )
-    input: Optional[str] = option(None, "read this file instead of stdin")
-    output: Optional[str] = option(None, "write this file instead of stdout (atomically)")
+    input: Optional[str] = option(None, "read this file instead of stdin (-: stdin)")
+    output: Optional[str] = option(None, "write this file instead of stdout (atomically; -: stdout; a FIFO or "
+                                   "device is written in place)")
     batch_size: int = option(64, "sentences per batch", range=Range(1, 1 << 20))
     max_tokens: int = option(0, "padded source subwords per batch instead of --batch-size (0: use batch_size)", range=COUNT)
     buffer_size: int = option(2000, "lines read ahead and sorted by length into batches", range=Range(1, 1 << 24))
@@ -624,7 +625,8 @@ class ScorePairsOptions:
         (), "checkpoint(s) of a target->source model: also score each pair in reverse and give the dual conditional "
         "cross-entropy |H_fwd - H_rev| + (H_fwd + H_rev)/2 (Junczys-Dowmunt, 2018; lower is better)"
     )
-    output: Optional[str] = option(None, "write this file instead of stdout (atomically)")
+    output: Optional[str] = option(None, "write this file instead of stdout (atomically; -: stdout; a FIFO or "
+                                   "device is written in place)")
     output_format: Literal["jsonl", "text"] = option(
         "jsonl", "JSON lines {\"line\", \"score\" (summed log-probability), \"tokens\" (target subwords + eos), \"mean\"} "
         "(with --reverse-path also the reverse's and the cross-entropies and dual score), or one number a line"

@@ -49,7 +49,7 @@ from ..config import option_range
 from ..console import print_table, stderr_console
 from ..data import FORMAT_VERSION, DataDir, TokenArrayWriter, file_sha256, smallest_dtype
 from ..errors import XfError
-from ..fileio import fsync_dir, remove_stale_temporaries_of, replace_path, reporting_write_errors, temporary_prefix
+from ..fileio import directory_target, fsync_dir, remove_stale_temporaries_of, replace_path, reporting_write_errors, temporary_prefix
 from ..options import PreprocessOptions
 from ..safety import refuse_running_training
 from ..vocab import BOS_ID, EOS_ID, PAD_ID, UNK_ID, decode_line, encode_target, load_sentencepiece
@@ -498,7 +498,7 @@ def preprocess(o: PreprocessOptions) -> dict:
     check_destination(o)
     splits = plan_splits(o)
     console = stderr_console()
-    dest = Path(o.destdir)
+    dest = directory_target(o.destdir)  # a symlink: its target is replaced, the link stays
     began = time.perf_counter()
     with make_progress(console) as progress, reporting_write_errors(dest):  # a full disk: names destdir
         train = check_inputs(splits, progress)

@@ -130,7 +130,8 @@ def score_pairs(options: ScorePairsOptions) -> None:
     sums, tokens, dual_sum, lines = [0.0] * len(directions), [0] * len(directions), 0.0, 0
     start = time.perf_counter()
     # --output is written atomically: nothing half-written if scoring fails
-    output = atomic_write(options.output, "wb") if options.output else contextlib.nullcontext(sys.stdout.buffer)
+    stdout = options.output in (None, "-")
+    output = contextlib.nullcontext(sys.stdout.buffer) if stdout else atomic_write(options.output, "wb")
     with open(options.source, "rb") as source, open(options.target, "rb") as target, output as sink:
         progress = Progress(
             TextColumn("scoring"), BarColumn(), TextColumn("{task.completed:,} pairs"),

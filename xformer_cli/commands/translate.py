@@ -42,7 +42,7 @@ def read_buffers(stream: IO[bytes], size: int) -> Iterator[list[bytes]]:
 
 @contextlib.contextmanager
 def _open_output(path: Optional[str]) -> Iterator[IO[bytes]]:
-    if path is None:
+    if path in (None, "-"):
         yield sys.stdout.buffer
     else:
         with atomic_write(path, "wb") as f:  # nothing half-written if translation fails
@@ -51,7 +51,7 @@ def _open_output(path: Optional[str]) -> Iterator[IO[bytes]]:
 
 @contextlib.contextmanager
 def _open_input(path: Optional[str]) -> Iterator[IO[bytes]]:
-    if path is None:
+    if path in (None, "-"):
         yield sys.stdin.buffer
         return
     try:
@@ -76,7 +76,7 @@ def _input_size(stream: IO[bytes]) -> Optional[int]:
 # -- the command ---------------------------------------------------------------------------------
 def translate(options: TranslateOptions) -> None:
     """Translate the input (stdin or --input) to the output (stdout or --output)."""
-    if options.input is not None and not Path(options.input).is_file():
+    if options.input not in (None, "-") and not Path(options.input).is_file():
         raise XfError(f"{options.input}: input file not found")
     glossary = Glossary.load(options.glossary) if options.glossary is not None else None  # fails before loading
     engine, sp, device = open_engine(options)
@@ -105,9 +105,9 @@ def _translate(engine, sp, device, options: TranslateOptions, glossary: Optional
     console = stderr_console()
     stats = Stats()
     start = time.perf_counter()
-    where = options.input or "stdin"
+    where = "stdin" if options.input in (None, "-") else options.input
     with _open_input(options.input) as source, _open_output(options.output) as sink:
-        interactive = options.input is None and sys.stdin.isatty()
+        interactive = options.input in (None, "-") and sys.stdin.isatty()
         buffer_size = 1 if interactive else options.buffer_size  # answer each line as it is typed
         total = _input_size(source)
         progress = Progress(
