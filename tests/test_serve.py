@@ -532,3 +532,11 @@ def test_past_the_grace_period_a_503_and_a_gone_client_499_both_drop_their_lines
     assert "POST /translate 499" in log and "lines dropped undecoded 4" in log and clean(log)
 
 
+
+
+def test_an_api_keys_file_with_a_byte_order_mark_keeps_its_first_key(tmp_path):
+    from xformer_cli.serving import read_api_keys
+
+    keys = tmp_path / "keys"
+    keys.write_bytes("\ufeffsecret-1\n# a comment\nsecret-2\n".encode("utf-8"))
+    assert read_api_keys(str(keys)) == ["secret-1", "secret-2"]

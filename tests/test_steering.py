@@ -16,7 +16,7 @@ from xformer_cli.errors import ConfigError, XfError
 from xformer_cli.options import TranslateOptions
 from xformer_cli.search import (DecoderState, beam_search, greedy_search, next_token_alternatives, sample,
                                 with_prefix_candidates)
-from xformer_cli.translation import read_steered_line
+from xformer_cli.translation import encode_prefixes, read_steered_line
 from xformer_cli.vocab import BOS_ID, EOS_ID, PAD_ID
 
 from helpers import D, SOURCES, assert_same, batch, exhaustive, tiny
@@ -279,6 +279,16 @@ def test_translate_jsonl_input_with_constraints(tmp_path, ckpt):
     (tmp_path / "a.txt").write_text("a\n", encoding="utf-8")
     short = dict(max_len_a=0.0, max_len_b=3)
     assert run("long.txt", "long.jsonl", input_format="jsonl", **short) == run("a.out", "a.txt", **short)
+
+
+def test_a_prefix_the_vocabulary_cannot_spell_is_refused_naming_its_line(spm_model):
+    import sentencepiece as spm
+
+    sp = spm.SentencePieceProcessor(model_proto=spm_model)
+    assert encode_prefixes(sp, ["ein", ""], 100, "in.jsonl", 0)[1] == []
+    with pytest.raises(ConfigError, match=r"^in.jsonl: line 3: the prefix 'ein Жук' has characters the model's "
+                       r"vocabulary cannot spell \(Ж у к\): they would come out as ⁇$"):
+        encode_prefixes(sp, ["ein", "", "ein Жук"], 100, "in.jsonl", 0)
 
 
 def _letters(i: int) -> str:

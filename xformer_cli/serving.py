@@ -117,7 +117,7 @@ def read_api_keys(path: Optional[str]) -> list[str]:
     if path is None:
         return []
     try:
-        text = Path(path).read_text(encoding="utf-8")
+        text = Path(path).read_text(encoding="utf-8-sig")  # a BOM (Notepad) is not part of the first key
     except FileNotFoundError:
         raise XfError(f"--api-keys {path}: file not found") from None
     except (OSError, UnicodeDecodeError) as e:

@@ -169,12 +169,16 @@ def read_steered_line(text: str, line_no: int, where: str) -> SteeredLine:
 
 def encode_prefixes(sp, prefixes: list[str], max_prefix: int, where: str, first_line: int) -> list[list[int]]:
     """The subword ids of each target prefix ([] for an empty or whitespace-only one: no prefix);
-    a prefix over ``max_prefix`` subwords (the model's positions) is a ConfigError naming its line."""
+    a prefix over ``max_prefix`` subwords (the model's positions), or with a character the
+    vocabulary cannot spell (``unfit_form``), is a ConfigError naming its line."""
     pieces = sp.encode([p if p.strip() else "" for p in prefixes], out_type=int)
-    for i, ids in enumerate(pieces):
+    for i, (prefix, ids) in enumerate(zip(prefixes, pieces)):
         if len(ids) > max_prefix:
             raise ConfigError(f"{where}: line {first_line + i + 1}: the prefix has {len(ids)} subwords, more than "
                               f"the model's {max_prefix} output positions")
+        why = ids and unfit_form(sp, prefix, ids, max_prefix)  # forced as written: no ⁇ either
+        if why:
+            raise ConfigError(f"{where}: line {first_line + i + 1}: the prefix {prefix!r} {why}")
     return pieces
 
 
