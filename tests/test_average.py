@@ -150,7 +150,7 @@ def test_output_is_never_an_input_nor_a_training_checkpoint(tmp_path, monkeypatc
     monkeypatch.chdir(tmp_path)
     for output, inputs, message in (("ck/checkpoint_1_1.pt", [a, b], "is the input"),
                                     ("link.pt", [a, b], "is the input"),
-                                    ("ck/avg.pt", [save], "lies inside the input"),
+                                    ("ck/checkpoint_9_9.pt", [save], "lies inside the input"),  # a name train writes
                                     ("ck/checkpoint_last.pt", [a, b], "is the training checkpoint")):
         args = [x for p in inputs for x in ("--inputs", str(p))] + ["--output", output]
         result = runner_invoke(args + (["--num-update-checkpoints", "2"] if inputs == [save] else []))
@@ -160,3 +160,7 @@ def test_output_is_never_an_input_nor_a_training_checkpoint(tmp_path, monkeypatc
     assert result.exit_code == 0, result.output
     assert load_checkpoint(tmp_path / "avg.pt")["meta"]["averaged_from"] == ["checkpoint_1_1.pt", "checkpoint_1_2.pt"]
     assert {p.name: p.read_bytes() for p in save.iterdir()} == before
+    # fairseq's habit, a new file beside the checkpoints it averages: nothing to destroy, written
+    result = runner_invoke(["--inputs", str(save), "--num-update-checkpoints", "2", "--output", "ck/avg.pt"])
+    assert result.exit_code == 0, result.output
+    assert {p.name: p.read_bytes() for p in save.iterdir() if p.name != "avg.pt"} == before
