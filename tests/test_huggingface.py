@@ -522,6 +522,8 @@ BAD_FIELDS = {
     "float width": (dict(encoder_ffn_dim=64.5, decoder_ffn_dim=64.5), "encoder_ffn_dim 64.5 is not an integer"),
     "bool size": (dict(vocab_size=True), "vocab_size true is not an integer"),
     "huge positions": (dict(max_position_embeddings=1 << 40), "max_position_embeddings 1099511627776 must be in"),
+    # an int past a float's range: OverflowError in Range.problem (found by tests/test_fuzz.py)
+    "401 digits": (dict(vocab_size=10**400), "vocab_size 1" + "0" * 400 + " must be at most 2147483647"),
     "missing d_model": (dict(d_model=None), "'d_model' is missing"),
     "string decoder vocabulary": (dict(decoder_vocab_size="200"), 'decoder_vocab_size "200" is not an integer'),
     "dropout above 1": (dict(dropout=1.5), "dropout 1.5 must be in"),
