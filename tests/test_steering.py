@@ -213,6 +213,7 @@ def test_steered_lines():
         ('{"source": "a", "constraints": [[]]}', "in.jsonl: line 4: an empty constraint"),
         ('{"source": "a", "constraints": [["Hund", 3]]}', "in.jsonl: line 4: 'constraints' must be a string"),
         ('{"source": "a"', "in.jsonl: line 4: not JSON"),
+        ("1" + "0" * 4400, "in.jsonl: line 4: not JSON (Exceeds the limit"),  # AttributeError (tests/test_fuzz.py)
     ]:
         with pytest.raises(ConfigError, match="^" + message.replace("(", r"\(")):
             read_steered_line(line, 4, "in.jsonl")

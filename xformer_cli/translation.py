@@ -150,9 +150,9 @@ def read_steered_line(text: str, line_no: int, where: str) -> SteeredLine:
         return SteeredLine("")
     try:
         record = json.loads(text)
-    except ValueError as e:
-        raise ConfigError(f"{where}: line {line_no}: not JSON ({e.msg}); --input-format jsonl takes one object a line, "
-                          '{"source": ..., "prefix": ...}') from None
+    except ValueError as e:  # a JSONDecodeError, or a number of more digits than Python converts (no .msg)
+        raise ConfigError(f"{where}: line {line_no}: not JSON ({getattr(e, 'msg', e)}); --input-format jsonl takes one "
+                          'object a line, {"source": ..., "prefix": ...}') from None
     if not isinstance(record, dict):
         raise ConfigError(f"{where}: line {line_no}: expected a JSON object {{\"source\": ...}}, "
                           f"got {type(record).__name__}")
