@@ -498,6 +498,22 @@ def test_a_failed_search_is_a_json_500_and_one_log_line(capsys):
     assert server.outcomes == {"internal error": 1}
 
 
+def test_a_query_string_of_invalid_utf8_is_read_as_a_body_is():
+    """A byte that is not UTF-8 in the query string was a 500 (Starlette's request.url decodes it
+    strictly); found by tests/test_fuzz.py."""
+    server = in_process(FakeEngine())
+
+    async def both():  # on one event loop, as a server runs
+        app = server.app()
+        return [await call(app, "/translate", b'{"q": "5 6", "source": "en", "target": "de"}', query=b"\x80"),
+                await call(app, "/translate", query=b"q=5+6&source=en&target=de&x=\xff", headers=[])]
+
+    try:
+        assert asyncio.run(both()) == [(200, {"translatedText": "6 5"})] * 2
+    finally:
+        server.queue.stop()
+
+
 def test_past_the_grace_period_a_503_and_a_gone_client_499_both_drop_their_lines(capsys):
     engine = GatedEngine()
     server = in_process(engine)

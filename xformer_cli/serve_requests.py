@@ -95,7 +95,8 @@ def numbers(fields: dict) -> dict:
 async def request_fields(request, limit: int, info: dict) -> dict:
     """The fields of a POST as LibreTranslate takes them: the query string's, then the body's over
     them (JSON, form-encoded or multipart; an empty body: the query string's alone)."""
-    query = form_fields(request.url.query) if request.url.query else {}
+    raw_query = request.scope.get("query_string", b"")  # not request.url: it decodes as strict UTF-8 (a 500)
+    query = form_fields(raw_query.decode("utf-8", errors="replace")) if raw_query else {}
     kind = request.headers.get("content-type", "")
     if kind.startswith("multipart/form-data"):
         return {**query, **await multipart_fields(request, limit)}
