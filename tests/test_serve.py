@@ -514,6 +514,18 @@ def test_a_query_string_of_invalid_utf8_is_read_as_a_body_is():
         server.queue.stop()
 
 
+def test_a_direction_not_served_is_named_on_one_line():
+    """A source code holding a line break was written as it was into the error (found by
+    tests/test_fuzz.py)."""
+    server = in_process(FakeEngine())
+    body = json.dumps({"q": "5", "source": "\n", "target": "de"}).encode()
+    try:
+        status, answer = asyncio.run(call(server.app(), "/translate", body))
+    finally:
+        server.queue.stop()
+    assert (status, answer) == (400, {"error": '"\\n-de" is not served; served: en-de'})
+
+
 def test_past_the_grace_period_a_503_and_a_gone_client_499_both_drop_their_lines(capsys):
     engine = GatedEngine()
     server = in_process(engine)
