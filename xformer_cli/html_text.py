@@ -28,6 +28,7 @@ POINT = frozenset("br img wbr".split())  # void inline elements: a point in the 
 VERBATIM = frozenset("script style code pre textarea kbd samp var".split())  # kept whole, never translated
 INLINE_VERBATIM = frozenset("code kbd samp var")  # those that sit in a sentence: a point in it
 ENTITY_FREE = str.maketrans({"&": "&amp;", "<": "&lt;", ">": "&gt;"})
+MAX_DEPTH = 100  # inline tags nested deeper are points: the walks of a block's tree recurse once a level
 
 
 @dataclass
@@ -189,7 +190,7 @@ def parse(document: str) -> Document:
 def make_block(run: list[tuple]) -> Block:
     """A block of the run's tokens: its words, and its inline tags paired into a tree (an end tag
     closes the latest open tag of its name, the ones opened since becoming points; an end tag
-    with none open, and a tag never closed, are points)."""
+    with none open, a tag never closed, and one opened deeper than ``MAX_DEPTH``, are points)."""
     raw = "".join(item[1] for item in run)
     plain = "".join(item[2] for item in run if item[0] == "text")
     if not plain.strip():
@@ -213,7 +214,7 @@ def make_block(run: list[tuple]) -> Block:
     root = Tag("", 0, len(words))
     stack: list[tuple[Tag, str]] = [(root, "")]
     for index, kind, markup, name in marks:
-        if kind == "start":
+        if kind == "start" and len(stack) <= MAX_DEPTH:
             tag = Tag(markup, index)
             stack[-1][0].children.append(tag)
             stack.append((tag, name))
