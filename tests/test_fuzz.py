@@ -145,9 +145,10 @@ def form_pairs(draw) -> list[tuple[str, str]]:
     pairs = [("q", t) for t in draw(usually(st.lists(texts, min_size=1, max_size=3), st.just([])))]
     pairs += [("source", draw(usually(st.sampled_from(["en", "auto"]), TEXT))),
               ("target", draw(usually(st.just("de"), TEXT))), ("api_key", draw(usually(st.just(KEY), TEXT)))]
-    values = st.sampled_from(["0", "1", "2", "-1", "true", "false", "html", "text", "[]"]) | texts
-    others = st.lists(st.tuples(st.sampled_from(FIELDS) | TEXT, values), max_size=draw(st.sampled_from([0, 0, 1, 3])))
-    pairs += draw(others)
+    values = usually(st.sampled_from(["0", "1", "2", "-1", "\u00b2", "true", "false", "html", "text", "[]"]), texts)
+    known = st.lists(st.sampled_from(FIELDS[3:]), unique=True, max_size=draw(st.sampled_from([0, 0, 1, 3])))
+    pairs += [(key, draw(values)) for key in draw(known)]
+    pairs += draw(st.lists(st.tuples(TEXT, values), max_size=draw(st.sampled_from([0, 0, 1]))))  # fields xf ignores
     return draw(st.permutations(pairs))
 
 
@@ -156,12 +157,13 @@ def form(pairs) -> bytes:
 
 
 @st.composite
-def multipart(draw) -> tuple[bytes, bytes]:
-    """(body, content type) of multipart/form-data: form_pairs' fields, maybe a file, maybe cut or garbled."""
+def multipart(draw, files=st.booleans()) -> tuple[bytes, bytes]:
+    """(body, content type) of multipart/form-data: form_pairs' fields, a file if ``files`` draws
+    True, maybe cut or garbled."""
     boundary = draw(usually(st.just("xf-fuzz"), st.sampled_from(["a", "x" * 70, ""])))
     parts = [utf8(f'--{boundary}\r\nContent-Disposition: form-data; name="{name}"\r\n\r\n{value}\r\n')
              for name, value in draw(form_pairs())]
-    if draw(st.booleans()):  # what /translate_file reads
+    if draw(files):  # what /translate_file reads
         name = draw(usually(st.sampled_from(["doc.txt", "DOC.TXT"]), st.sampled_from(["doc.pdf", ""]) | TEXT))
         data = draw((st.binary(max_size=40) | TEXT.map(utf8)).map(
             lambda b: b if not b or b.decode("utf-8", "replace").strip() else b + b"man"))  # no_blank
@@ -182,7 +184,8 @@ PATHS = usually(st.just("/translate"), st.sampled_from(["/detect", "/translate_f
 @st.composite
 def length_header(draw, body: bytes) -> list[tuple[bytes, bytes]]:
     """No Content-Length, the right one, or one a client got wrong."""
-    wrong = st.sampled_from(["0", "-1", " 7 ", "abc", "9" * 30]) | st.text(st.characters(max_codepoint=255), max_size=3)
+    wrong = st.sampled_from(["0", "-1", " 7 ", "abc", "9" * 30, "\u00b2"]) | st.text(st.characters(max_codepoint=255),
+                                                                                       max_size=3)
     value = draw(usually(st.sampled_from([None, str(len(body))]), wrong))
     return [] if value is None else [(b"content-length", value.encode("latin-1"))]
 
@@ -243,8 +246,9 @@ def test_form_bodies_and_query_strings_are_answered(served, data):
 @fuzz(200, 5000)
 @given(data=st.data())
 def test_multipart_bodies_are_answered(served, data):
-    body, kind = data.draw(multipart())
     path = data.draw(st.sampled_from(["/translate", "/translate_file", "/detect"]))
+    files = usually(st.just(True), st.just(False)) if path == "/translate_file" else st.booleans()
+    body, kind = data.draw(multipart(files))
     answered(served, path, body, [(b"content-type", kind), *data.draw(length_header(body))])
 
 
