@@ -297,6 +297,13 @@ def teacher_forced_log_probs(model, sp, sources: list[str], targets: list[str]) 
     return log_probs[batch["target"] != PAD_ID]
 
 
+# -- xf import huggingface: a good MarianMT config.json, whose fields the tests change ----------------
+MARIAN_CONFIG = dict(model_type="marian", vocab_size=200, decoder_vocab_size=200, d_model=32, encoder_layers=2,
+                     decoder_layers=2, encoder_attention_heads=4, decoder_attention_heads=4, encoder_ffn_dim=64,
+                     decoder_ffn_dim=64, max_position_embeddings=128, activation_function="swish", dropout=0.1,
+                     scale_embedding=False, share_encoder_decoder_embeddings=True, tie_word_embeddings=True)
+
+
 # -- xf serve --------------------------------------------------------------------------------------
 DECODING = ["--nbest", "2", "--max-len-a", "0.5", "--max-len-b", "3", "--threads", "1"]
 
@@ -398,8 +405,10 @@ class FakeSp:
 
 
 async def call(app, path: str, body: bytes = b"", method: str = "POST", leave: asyncio.Event | None = None,
-               content_type: str = "application/json"):
-    """(status, JSON answer) of one request to the ASGI app; the client disconnects once ``leave`` is set."""
+               content_type: str = "application/json", headers: list[tuple[bytes, bytes]] | None = None,
+               query: bytes = b""):
+    """(status, JSON answer) of one request to the ASGI app; the client disconnects once ``leave`` is set.
+    ``headers``: the request's (default: ``content_type``'s); ``query``: its query string."""
     messages, sent = [{"type": "http.request", "body": body, "more_body": False}], []
 
     async def receive():
@@ -411,8 +420,9 @@ async def call(app, path: str, body: bytes = b"", method: str = "POST", leave: a
     async def send(message):
         sent.append(message)
 
-    scope = {"type": "http", "method": method, "path": path, "headers": [(b"content-type", content_type.encode())],
-             "query_string": b"", "http_version": "1.1", "scheme": "http", "root_path": "",
+    headers = [(b"content-type", content_type.encode())] if headers is None else headers
+    scope = {"type": "http", "method": method, "path": path, "headers": headers,
+             "query_string": query, "http_version": "1.1", "scheme": "http", "root_path": "",
              "server": ("127.0.0.1", 5000), "client": ("127.0.0.1", 40000)}
     await asyncio.wait_for(app(scope, receive, send), 10)
     status = next(m["status"] for m in sent if m["type"] == "http.response.start")

@@ -4,7 +4,7 @@ longest first), by hand."""
 import pytest
 
 from xformer_cli.errors import ConfigError
-from xformer_cli.glossary import Glossary
+from xformer_cli.glossary import Glossary, find_terms
 
 
 def load(tmp_path, text: str) -> Glossary:
@@ -19,6 +19,15 @@ def test_terms_match_whole_words_case_insensitively_longest_first(tmp_path):
     assert glossary.constraints("catalogue of bikes") == []  # not inside a longer word
     assert glossary.constraints("a bike, a cat, another cat") == [["Fahrrad"], ["Katze", "Katzen"]]  # once each
     assert glossary.constraints("I like C++.") == [["C++"]]
+
+
+def test_a_term_whose_lowercase_is_longer_is_found(tmp_path):
+    """'İ' lowercases to 'i' and a combining dot: the term, lowercased, was never found in a line
+    that wrote it as the file does (found by tests/test_fuzz.py)."""
+    assert load(tmp_path, "İ\tcat\n").constraints("İ") == [["cat"]]
+    glossary = load(tmp_path, "İstanbul\tIstanbul\n")
+    assert glossary.constraints("We flew to İSTANBUL.") == [["Istanbul"]]
+    assert find_terms("İstanbul", [glossary]) == [("i\u0307stanbul", ["Istanbul"], 0)]
 
 
 @pytest.mark.parametrize("text,message", [

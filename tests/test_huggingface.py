@@ -24,7 +24,7 @@ from xformer_cli.options import DecodingOptions, ExportOptions
 from xformer_cli.search import beam_search
 from xformer_cli.vocab import BOS_ID, EOS_ID
 
-from helpers import random_checkpoint
+from helpers import MARIAN_CONFIG, random_checkpoint
 
 class _Transformers:
     """transformers, imported on first use (its import takes seconds; the fast tests never need it)."""
@@ -517,11 +517,6 @@ def test_fine_tuning_an_imported_model_lowers_its_loss_on_a_new_domain(tmp_path,
 
 
 # -- config.json: every field checked before use ---------------------------------------------------
-MARIAN_CONFIG = dict(model_type="marian", vocab_size=200, decoder_vocab_size=200, d_model=32, encoder_layers=2,
-                     decoder_layers=2, encoder_attention_heads=4, decoder_attention_heads=4, encoder_ffn_dim=64,
-                     decoder_ffn_dim=64, max_position_embeddings=128, activation_function="swish", dropout=0.1,
-                     scale_embedding=False, share_encoder_decoder_embeddings=True, tie_word_embeddings=True)
-
 BAD_FIELDS = {
     "the issue's": (dict(encoder_layers=-1, d_model="x"), 'd_model "x" is not an integer'),
     "negative layers": (dict(encoder_layers=-1), "encoder_layers -1 must be at least 1"),
@@ -529,6 +524,8 @@ BAD_FIELDS = {
     "float width": (dict(encoder_ffn_dim=64.5, decoder_ffn_dim=64.5), "encoder_ffn_dim 64.5 is not an integer"),
     "bool size": (dict(vocab_size=True), "vocab_size true is not an integer"),
     "huge positions": (dict(max_position_embeddings=1 << 40), "max_position_embeddings 1099511627776 must be in"),
+    # an int past a float's range: OverflowError in Range.problem (found by tests/test_fuzz.py)
+    "401 digits": (dict(vocab_size=10**400), "vocab_size 1" + "0" * 400 + " must be at most 2147483647"),
     "missing d_model": (dict(d_model=None), "'d_model' is missing"),
     "string decoder vocabulary": (dict(decoder_vocab_size="200"), 'decoder_vocab_size "200" is not an integer'),
     "dropout above 1": (dict(dropout=1.5), "dropout 1.5 must be in"),

@@ -500,6 +500,53 @@ def test_a_failed_search_is_a_json_500_and_one_log_line(capsys):
     assert server.outcomes == {"internal error": 1}
 
 
+def test_a_query_string_of_invalid_utf8_is_read_as_a_body_is():
+    """A byte that is not UTF-8 in the query string was a 500 (Starlette's request.url decodes it
+    strictly); found by tests/test_fuzz.py."""
+    server = in_process(FakeEngine())
+
+    async def both():  # on one event loop, as a server runs
+        app = server.app()
+        return [await call(app, "/translate", b'{"q": "5 6", "source": "en", "target": "de"}', query=b"\x80"),
+                await call(app, "/translate", query=b"q=5+6&source=en&target=de&x=\xff", headers=[])]
+
+    try:
+        assert asyncio.run(both()) == [(200, {"translatedText": "6 5"})] * 2
+    finally:
+        server.queue.stop()
+
+
+def test_a_superscript_digit_is_not_a_number():
+    """'²' passes str.isdigit and fails int(): as a Content-Length, or a form's alternatives, it was a
+    500 (found by tests/test_fuzz.py)."""
+    server = in_process(FakeEngine())
+    form = [(b"content-type", b"application/x-www-form-urlencoded")]
+
+    async def both():  # on one event loop, as a server runs
+        app = server.app()
+        return [await call(app, "/translate", b'{"q": "5"}', headers=[(b"content-length", b"\xb2")]),
+                await call(app, "/translate", "q=5&source=en&target=de&alternatives=²".encode(), headers=form)]
+
+    try:
+        length, alternatives = asyncio.run(both())
+    finally:
+        server.queue.stop()
+    assert length == (400, {"error": "Content-Length '²' is not a number"})
+    assert alternatives[0] == 400 and alternatives[1]["error"].startswith("'alternatives' must be a number from 0 to")
+
+
+def test_a_direction_not_served_is_named_on_one_line():
+    """A source code holding a line break was written as it was into the error (found by
+    tests/test_fuzz.py)."""
+    server = in_process(FakeEngine())
+    body = json.dumps({"q": "5", "source": "\n", "target": "de"}).encode()
+    try:
+        status, answer = asyncio.run(call(server.app(), "/translate", body))
+    finally:
+        server.queue.stop()
+    assert (status, answer) == (400, {"error": '"\\n-de" is not served; served: en-de'})
+
+
 def test_past_the_grace_period_a_503_and_a_gone_client_499_both_drop_their_lines(capsys):
     engine = GatedEngine()
     server = in_process(engine)

@@ -190,6 +190,16 @@ def test_a_1_mb_document_is_refused_by_the_character_limit_or_answered():
         assert answer["translatedText"].count("<p>A B.</p>") == 100_000
 
 
+def test_inline_tags_nested_a_thousand_deep_are_answered():
+    """A RecursionError (a 500) when the tags' tree was walked, "<b>" * 1000 + " man " within the
+    default --max-chars (found by tests/test_fuzz.py); past html_text.MAX_DEPTH a tag is a point,
+    kept where it stands."""
+    assert translate("<b>" * 1000 + " man ")[0] == 200
+    for document in ["<b>" * 1000 + "man" + "</b>" * 1000, "a <i>" * 1000 + "man" + "</i>" * 1000]:
+        expected = document.replace("man", "MAN").replace("a <i>", "A <i>")
+        assert translate(document, max_chars=10_000) == (200, {"translatedText": expected})
+
+
 def test_a_well_formed_page_stays_well_formed_whatever_the_alignment():
     block = parse("<p><b>a <i>b</i> c</b> <u>d</u> e</p>").blocks[0]
     for pairs in ([(0, 4), (1, 0), (2, 2), (3, 1), (4, 3)], [(0, 0)], [], None):

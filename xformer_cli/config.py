@@ -46,7 +46,7 @@ class Range:
 
     def problem(self, value: float) -> str | None:
         """Why ``value`` is not in the range (``must be at least 1``), or None when it is."""
-        if not math.isfinite(value):
+        if isinstance(value, float) and not math.isfinite(value):  # an int is finite, and may be past a float's range
             return f"must be a finite number in {self}"
         above = value > self.lo if self.lo_open else value >= self.lo
         below = value < self.hi if self.hi_open else value <= self.hi

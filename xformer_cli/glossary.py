@@ -7,7 +7,8 @@ satisfies the constraint: ``cat<TAB>Katze|Katzen``). Blank lines are skipped; an
 malformed is an error naming the file and line.
 
 Matching: source terms are found in a line on word boundaries (not inside a longer word), case-
-insensitive on the source (Python's re.IGNORECASE with str.lower: "Cat" and "CAT" match "cat"); at a position the longest
+insensitive on the source (Python's re.IGNORECASE with str.lower: "Cat" and "CAT" match "cat"; the line
+is lowercased too, as "İ" lowercases to two characters that IGNORECASE alone does not match); at a position the longest
 term wins, and matches do not overlap (scanned left to right). The target forms are used as
 given (case-sensitive), cut by the model's sentencepiece like any constraint. A term found twice
 gives one constraint.
@@ -85,7 +86,7 @@ class Glossary:
     def constraints(self, line: str) -> list[list[str]]:
         """The target forms of every term found in ``line``, one constraint per term, in order."""
         found: list[str] = []
-        for match in self.pattern.finditer(line):
+        for match in self.pattern.finditer(line.lower()):  # lowercased as the terms are (the module's docstring)
             key = match.group(1).lower()
             if key in self.entries and key not in found:
                 found.append(key)
@@ -118,7 +119,7 @@ def find_terms(line: str, glossaries: Sequence[Glossary]) -> list[tuple[str, lis
     Each glossary keeps its own compiled pattern (a large one compiles in a second: it is not
     compiled again to be merged with a small one)."""
     found: dict[str, tuple[list[str], int]] = {}
-    at = 0
+    at, line = 0, line.lower()  # lowercased as the terms are (the module's docstring)
     while True:
         # each glossary's next match (its longest term at its leftmost position: the regex's
         # alternation is longest first); the earliest of them, then the longest, then the first glossary

@@ -33,6 +33,7 @@ ENTITY_FREE = str.maketrans({"&": "&amp;", "<": "&lt;", ">": "&gt;"})
 # the document, markup that a browser's tokenizer drops or reads as a comment, never text ("<" then
 # a space, or "</" at the very end, is text).
 OPEN_AT_END = re.compile(r"<([A-Za-z!?]|/.)", re.S)
+MAX_DEPTH = 100  # inline tags nested deeper are points: the walks of a block's tree recurse once a level
 
 
 @dataclass
@@ -199,7 +200,7 @@ def parse(document: str) -> Document:
 def make_block(run: list[tuple]) -> Block:
     """A block of the run's tokens: its words, and its inline tags paired into a tree (an end tag
     closes the latest open tag of its name, the ones opened since becoming points; an end tag
-    with none open, and a tag never closed, are points)."""
+    with none open, a tag never closed, and one opened deeper than ``MAX_DEPTH``, are points)."""
     raw = "".join(item[1] for item in run)
     plain = "".join(item[2] for item in run if item[0] == "text")
     if not plain.strip():
@@ -223,7 +224,7 @@ def make_block(run: list[tuple]) -> Block:
     root = Tag("", 0, len(words))
     stack: list[tuple[Tag, str]] = [(root, "")]
     for index, kind, markup, name in marks:
-        if kind == "start":
+        if kind == "start" and len(stack) <= MAX_DEPTH:
             tag = Tag(markup, index)
             stack[-1][0].children.append(tag)
             stack.append((tag, name))

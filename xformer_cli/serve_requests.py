@@ -26,7 +26,7 @@ async def read_body(request, limit: int) -> bytes:
     """The request body, refused (413) as soon as it is known to be over ``limit`` bytes."""
     length = request.headers.get("content-length")
     if length is not None:
-        if not length.strip().isdigit():
+        if not length.strip().isdecimal():  # not isdigit: "²" is a digit int() refuses
             raise HttpError(400, f"Content-Length {length!r} is not a number")
         if int(length) > limit:
             raise HttpError(413, f"request body of {int(length):,} bytes is over the limit of {limit:,} (--max-body-bytes)")
@@ -83,7 +83,7 @@ def form_fields(text: str) -> dict:
 def numbers(fields: dict) -> dict:
     """Form fields are strings: alternatives as the number it names (LibreTranslate's int()),
     glossary and server_glossary "false" or "true" as the boolean (a form cannot hold a list of pairs)."""
-    if isinstance(fields.get("alternatives"), str) and fields["alternatives"].isdigit():
+    if isinstance(fields.get("alternatives"), str) and fields["alternatives"].isdecimal():  # "²" isdigit, not int()
         fields["alternatives"] = int(fields["alternatives"])
     for key in ("glossary", "server_glossary"):
         if fields.get(key) in ("false", "true"):
@@ -94,7 +94,8 @@ def numbers(fields: dict) -> dict:
 async def request_fields(request, limit: int, info: dict) -> dict:
     """The fields of a POST as LibreTranslate takes them: the query string's, then the body's over
     them (JSON, form-encoded or multipart; an empty body: the query string's alone)."""
-    query = form_fields(request.url.query) if request.url.query else {}
+    raw_query = request.scope.get("query_string", b"")  # not request.url: it decodes as strict UTF-8 (a 500)
+    query = form_fields(raw_query.decode("utf-8", errors="replace")) if raw_query else {}
     kind = request.headers.get("content-type", "")
     if kind.startswith("multipart/form-data"):
         return {**query, **await multipart_fields(request, limit)}
@@ -118,7 +119,7 @@ async def multipart_fields(request, limit: int) -> dict:
     """A multipart/form-data body's fields; a file's as {"filename": ..., "data": bytes} (the
     body's size checked as it is read; Starlette parses it with python-multipart)."""
     length = request.headers.get("content-length", "")
-    if length.strip().isdigit() and int(length) > limit:
+    if length.strip().isdecimal() and int(length) > limit:
         raise HttpError(413, f"request body of {int(length):,} bytes is over the limit of {limit:,} (--max-body-bytes)")
     try:
         form = await request.form(max_part_size=limit)

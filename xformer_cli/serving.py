@@ -322,7 +322,8 @@ class Translation:
             self.detected = {"language": source, "confidence": round(confidence, 4)}
         direction = self.server.directions.get(f"{source}-{target}")
         if direction is None:
-            raise HttpError(400, f"{source}-{target} is not served; served: {served}")
+            asked = f"{source}-{target}"  # a line break in it would break the one-line error
+            raise HttpError(400, f"{asked if asked.isprintable() else shown(asked)} is not served; served: {served}")
         return direction
 
     async def run(self, arrived: float, receive) -> dict:
