@@ -27,7 +27,6 @@ from urllib.parse import urlencode
 import pytest
 
 hypothesis = pytest.importorskip("hypothesis", reason="the test extra is not installed (hypothesis)")
-pytestmark = pytest.mark.filterwarnings("ignore:Generating overly large repr")  # the 100,000-deep texts
 pytest.importorskip("starlette", reason="the serve extra is not installed")
 
 from hypothesis import HealthCheck, given, settings  # noqa: E402
@@ -45,7 +44,8 @@ from xformer_cli.translation import (Stats, decode_input_line, encode_constraint
 
 from helpers import MARIAN_CONFIG, call  # noqa: E402
 
-pytestmark = pytest.mark.usefixtures("one_thread")
+pytestmark = [pytest.mark.usefixtures("one_thread"),
+              pytest.mark.filterwarnings("ignore:Generating overly large repr")]  # the 100,000-deep texts
 
 
 def fuzz(examples: int, deadline_ms: int = 2000):
