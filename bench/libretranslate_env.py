@@ -67,6 +67,7 @@ def ensure_venv(log=print) -> Path:
 def argos_env(home: Path) -> dict:
     """The environment of an argostranslate (or LibreTranslate) whose every file lies in ``home``:
     its packages, settings, caches, and an empty package index."""
+    home = home.resolve()
     home.mkdir(parents=True, exist_ok=True)
     index = home / "index"
     index.mkdir(exist_ok=True)
@@ -90,7 +91,9 @@ def free_port() -> int:
 
 
 class LibreTranslate:
-    """``libretranslate --load-only SRC,TGT`` on a free port of 127.0.0.1, its packages in ``home``."""
+    """``libretranslate --load-only SRC,TGT`` on a free port of 127.0.0.1, its packages in ``home``:
+    ``threads`` request threads (its --threads) and CTranslate2 threads (ARGOS_INTRA_THREADS;
+    argostranslate's default, 0, would take every core)."""
 
     def __init__(self, python: Path, home: Path, languages: tuple[str, str], threads: int = 4, timeout: float = 300):
         self.port = free_port()
@@ -99,7 +102,7 @@ class LibreTranslate:
         self.process = subprocess.Popen(
             [str(python), "-c", code, "--host", "127.0.0.1", "--port", str(self.port),
              "--load-only", ",".join(languages), "--threads", str(threads), "--disable-web-ui"],
-            env=argos_env(home), stdout=self.log, stderr=subprocess.STDOUT)
+            env={**argos_env(home), "ARGOS_INTRA_THREADS": str(threads)}, stdout=self.log, stderr=subprocess.STDOUT)
         deadline = time.monotonic() + timeout
         while True:
             if self.process.poll() is not None:

@@ -158,3 +158,13 @@ def test_libretranslate_serves_the_package_as_xf_translates(tmp_path, package, m
         assert {lang["code"] for lang in server.languages} == {"en", "de"}
         assert [server.translate(line, "en", "de") for line, _ in same[:10]] == [t for _, t in same[:10]]
         assert server.translate([line for line, _ in same], "en", "de") == [t for _, t in same]
+
+
+def test_the_guard_treats_the_output_as_a_file_for_argos_alone():
+    from xformer_cli.frame import COMMANDS
+    from xformer_cli.options import ExportOptions
+
+    export_command = next(c for c in COMMANDS if c.words == "export")
+    kinds = {fmt: [kind for _, _, kind in export_command.output_paths(ExportOptions(format=fmt, path="m.pt", output="o"))]
+             for fmt in ("ctranslate2", "huggingface", "argos")}
+    assert kinds == {"ctranslate2": ["directory"], "huggingface": ["directory"], "argos": ["file"]}
