@@ -71,9 +71,14 @@ def test_what_cannot_be_exported_is_one_line_and_writes_nothing(tmp_path, spm_mo
     fails(["export", "argos", "--path", ckpt, "--output", ckpt, "--overwrite"], "is the input --path")
     fails(["export", "argos", "--path", ckpt, "--output", tmp_path, "--overwrite"], "holds the input --path")
     fails(["export", "argos", "--path", ckpt, "--output", tmp_path / "no" / "x.argosmodel"], "x.argosmodel")
+    (tmp_path / "adir").mkdir()
+    fails(["export", "argos", "--path", ckpt, "--output", tmp_path / "adir", "--overwrite"], "is a directory, not a file")
     monkeypatch.setitem(sys.modules, "onnx", None)  # import onnx -> ImportError
-    fails(["export", "argos", "--path", ckpt, "--output", out], "pip install 'xformer-cli[argos]'")
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["m.pt", "rope.pt"]
+    fails(["export", "argos", "--path", ckpt, "--output", out], "onnx is not installed: pip install 'xformer-cli[argos]'")
+    monkeypatch.setitem(sys.modules, "ctranslate2", None)
+    fails(["export", "argos", "--path", ckpt, "--output", out], "ctranslate2 and onnx are not installed: pip install")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["adir", "m.pt", "rope.pt"]
+    assert not any((tmp_path / "adir").iterdir())
 
 
 def test_an_existing_package_is_replaced_only_with_overwrite(tmp_path, spm_model):

@@ -20,6 +20,7 @@ This module never imports ctranslate2 or onnx at the top: they are the ``argos``
 
 from __future__ import annotations
 
+import importlib
 import json
 import re
 import tempfile
@@ -38,13 +39,18 @@ SENTENCE_ENDS = ".!?"  # a sentence ends at one of these followed by a space
 _UNITS = ["<PAD>", "<UNK>", "<EMPTY>", "<ROOT>", " ", *SENTENCE_ENDS]  # MiniSBD's vocabulary: any other character is <UNK>
 
 
-def import_onnx():
-    """The onnx module, or a one-line error saying how to install it."""
-    try:
-        import onnx
-    except ImportError:
-        raise XfError("onnx is not installed (it writes the package's sentence splitter): "
-                      "pip install 'xformer-cli[argos]'") from None
+def import_argos_extra():
+    """The onnx module once ctranslate2 imports too (the package's model and its sentence splitter),
+    or a one-line error naming what is missing and the extra that brings it."""
+    missing, onnx = [], None
+    for name in ("ctranslate2", "onnx"):
+        try:
+            onnx = importlib.import_module(name)
+        except ImportError:
+            missing.append(name)
+    if missing:
+        raise XfError(f"{' and '.join(missing)} {'is' if len(missing) == 1 else 'are'} not installed: "
+                      "pip install 'xformer-cli[argos]'")
     return onnx
 
 
@@ -60,7 +66,7 @@ def sentence_splitter(lang: str) -> bytes:
     SENTENCE_ENDS followed by a space (MiniSBD itself ends the paragraph's last sentence). Its
     inputs are MiniSBD's: ``units`` (B, T) character ids of ``_UNITS``, ``features`` (B, T, 0)
     unused; its output (B, T, 5) one-hot scores of MiniSBD's classes."""
-    onnx = import_onnx()
+    onnx = import_argos_extra()
     from onnx import TensorProto, helper
 
     ends = [1.0 if u in SENTENCE_ENDS else 0.0 for u in _UNITS]

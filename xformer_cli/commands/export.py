@@ -20,6 +20,14 @@ from ..json_input import read_json
 from ..options import ExportOptions
 
 
+def ctranslate2_rows(options: ExportOptions, model) -> list[tuple[str, str]]:
+    """The summary rows of a CTranslate2 model: where from, its shape, its weight type."""
+    cfg = model.cfg
+    return [("from", str(options.path)),
+            ("model", f"{cfg.encoder_layers}+{cfg.decoder_layers} layers, d_model {cfg.d_model}, {cfg.vocab_size:,} subwords"),
+            ("weights", options.quantization)]
+
+
 def export_ctranslate2(options: ExportOptions) -> Path:
     """Write the CTranslate2 model directory of checkpoint options.path to options.output."""
     from ..ctranslate2_format import import_ctranslate2, write_model_directory
@@ -30,12 +38,8 @@ def export_ctranslate2(options: ExportOptions) -> Path:
         ckpt = load_checkpoint(options.path)
         model = model_from_checkpoint(ckpt, options.path).eval()
         write_model_directory(tmp, model, ckpt["spm_model"], options.quantization, str(options.path))
-    cfg = model.cfg
     print_summary(stderr_console(), "xf export ctranslate2", [
-        ("from", str(options.path)),
-        ("model", f"{cfg.encoder_layers}+{cfg.decoder_layers} layers, d_model {cfg.d_model}, "
-                  f"{cfg.vocab_size:,} subwords"),
-        ("weights", options.quantization),
+        *ctranslate2_rows(options, model),
         ("size", f"{sum(p.stat().st_size for p in output.iterdir()) / 2**20:.1f} MiB"),
         ("written", str(output)),
     ])
@@ -78,11 +82,9 @@ def export_huggingface(options: ExportOptions) -> Path:
 
 def export_argos(options: ExportOptions) -> Path:
     """Write the Argos Translate package (.argosmodel) of checkpoint options.path to options.output."""
-    from ..argos_format import check_language, import_onnx, write_package
-    from ..ctranslate2_format import import_ctranslate2
+    from ..argos_format import SENTENCE_ENDS, check_language, import_argos_extra, write_package
 
-    import_ctranslate2()  # the missing extras are said before anything is read or written
-    import_onnx()
+    import_argos_extra()  # the missing extra is said before anything is read or written
     source_lang = check_language(options.source_lang, "--source-lang")
     target_lang = check_language(options.target_lang, "--target-lang")
     output = Path(options.output)
@@ -93,15 +95,12 @@ def export_argos(options: ExportOptions) -> Path:
                                  source_name=options.source_name or source_lang,
                                  target_name=options.target_name or target_lang, version=options.package_version,
                                  quantization=options.quantization, source=str(options.path))
-    cfg = model.cfg
+    named = lambda code, name: code if name == code else f"{name} ({code})"  # noqa: E731
     print_summary(stderr_console(), "xf export argos", [
-        ("from", str(options.path)),
-        ("model", f"{cfg.encoder_layers}+{cfg.decoder_layers} layers, d_model {cfg.d_model}, "
-                  f"{cfg.vocab_size:,} subwords"),
-        ("weights", options.quantization),
-        ("package", f"{metadata['from_name']} ({source_lang}) -> {metadata['to_name']} ({target_lang}), "
+        *ctranslate2_rows(options, model),
+        ("package", f"{named(source_lang, metadata['from_name'])} -> {named(target_lang, metadata['to_name'])}, "
                     f"version {metadata['package_version']}"),
-        ("sentences", "split after . ! ? and a space (minisbd/, nothing downloaded)"),
+        ("sentences", f"end at {' '.join(SENTENCE_ENDS)} before a space (its own splitter: nothing downloaded)"),
         ("size", f"{output.stat().st_size / 2**20:.1f} MiB" if output.is_file() else "streamed"),
         ("written", str(output)),
     ])
