@@ -11,6 +11,8 @@ Multi30k test2016 lines (English to German) go from 1, 4 and 16 client threads o
 servers run one after the other, each alone with the clients. "unlike xf" counts the lines whose
 translation differs from xf serve's at concurrency 1 (LibreTranslate also gives a translation the
 source's final punctuation, and xf's torch engine may rank a near tie otherwise than CTranslate2).
+Each server runs as shipped: LibreTranslate logs every request's sentences and subwords (to a file
+here), xf serve its own log lines.
 """
 
 from __future__ import annotations
