@@ -64,30 +64,36 @@ def ensure_venv(log=print) -> Path:
     return python
 
 
-def argos_env(home: Path) -> dict:
-    """The environment of an argostranslate (or LibreTranslate) whose every file lies in ``home``:
-    its packages, settings, caches, and an empty package index."""
-    home = home.resolve()
-    home.mkdir(parents=True, exist_ok=True)
-    index = home / "index"
-    index.mkdir(exist_ok=True)
-    (index / "index.json").write_text("[]")
-    return {**os.environ, "HOME": str(home), "XDG_DATA_HOME": str(home / "data"),
-            "XDG_CONFIG_HOME": str(home / "config"), "XDG_CACHE_HOME": str(home / "cache"),
-            "ARGOS_PACKAGES_DIR": str(home / "packages"), "ARGOS_PACKAGE_INDEX": index.as_uri() + "/",
-            "ARGOS_DEVICE_TYPE": "cpu"}
-
-
-def install_package(python: Path, package: Path, home: Path) -> None:
-    """argostranslate.package.install_from_path of ``package`` under ``home``, by ``python``."""
-    code = "import sys; from argostranslate import package; package.install_from_path(sys.argv[1])"
-    subprocess.run([str(python), "-c", code, str(package)], env=argos_env(home), check=True)
+PROXIES = ("http_proxy", "https_proxy", "HTTP_PROXY", "HTTPS_PROXY", "all_proxy", "ALL_PROXY")
 
 
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def argos_env(home: Path) -> dict:
+    """The environment of an argostranslate (or LibreTranslate) whose every file lies in ``home``:
+    its packages, settings, caches, and an empty package index; and which fetches nothing: its
+    HTTP(S) proxy is a closed port, so a download it tries fails instead of running unseen."""
+    home = home.resolve()
+    home.mkdir(parents=True, exist_ok=True)
+    index = home / "index"
+    index.mkdir(exist_ok=True)
+    (index / "index.json").write_text("[]")
+    proxy = f"http://127.0.0.1:{free_port()}"  # nothing listens there: bound, then released
+    return {**os.environ, "HOME": str(home), "XDG_DATA_HOME": str(home / "data"),
+            "XDG_CONFIG_HOME": str(home / "config"), "XDG_CACHE_HOME": str(home / "cache"),
+            "ARGOS_PACKAGES_DIR": str(home / "packages"), "ARGOS_PACKAGE_INDEX": index.as_uri() + "/",
+            "ARGOS_DEVICE_TYPE": "cpu", **dict.fromkeys(PROXIES, proxy),
+            "no_proxy": "127.0.0.1,localhost", "NO_PROXY": "127.0.0.1,localhost"}
+
+
+def install_package(python: Path, package: Path, home: Path) -> None:
+    """argostranslate.package.install_from_path of ``package`` under ``home``, by ``python``."""
+    code = "import sys; from argostranslate import package; package.install_from_path(sys.argv[1])"
+    subprocess.run([str(python), "-c", code, str(package)], env=argos_env(home), check=True)
 
 
 class LibreTranslate:

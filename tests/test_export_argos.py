@@ -143,6 +143,14 @@ def test_argostranslate_translates_as_xf_and_sentence_by_sentence(tmp_path, pack
     assert sum(not m for m in mine) <= 5 and all(theirs[:-1])
     assert theirs[-1] == " ".join(mine[i] for i in single[:3])
     assert not (home / "data" / "argos-translate" / "minisbd").exists()  # no MiniSBD model fetched
+    # without its splitter, the package makes argostranslate download MiniSBD's (refused here)
+    with zipfile.ZipFile(package[0]) as z, zipfile.ZipFile(tmp_path / "bare.argosmodel", "w") as bare:
+        for name in z.namelist():
+            if "/minisbd/" not in name:
+                bare.writestr(name, z.read(name))
+    done = subprocess.run([sys.executable, "-c", ARGOS, str(tmp_path / "bare.argosmodel")], input=json.dumps(lines[:1]),
+                          env=env.argos_env(tmp_path / "bare"), capture_output=True, text=True, timeout=600)
+    assert done.returncode != 0 and "URLError" in done.stderr
 
 
 @pytest.mark.slow
