@@ -68,6 +68,7 @@ def test_what_cannot_be_exported_is_one_line_and_writes_nothing(tmp_path, spm_mo
     fails(["export", "argos", "--path", rope, "--output", out], "rope positions cannot be exported to CTranslate2")
     fails(["export", "argos", "--path", ckpt, "--output", out, "--target-lang", "en"], "both 'en'")
     fails(["export", "argos", "--path", ckpt, "--output", out, "--source-lang", "../en"], "not a language code")
+    fails(["export", "argos", "--path", ckpt, "--output", out, "--package-version", "1/../x"], "not a version")
     fails(["export", "argos", "--path", ckpt, "--output", ckpt, "--overwrite"], "is the input --path")
     fails(["export", "argos", "--path", ckpt, "--output", tmp_path, "--overwrite"], "holds the input --path")
     fails(["export", "argos", "--path", ckpt, "--output", tmp_path / "no" / "x.argosmodel"], "x.argosmodel")

@@ -61,6 +61,13 @@ def check_language(code: str, flag: str) -> str:
     return code
 
 
+def check_version(version: str) -> str:
+    """A package version argostranslate can compare and name a directory with."""
+    if not re.fullmatch(r"[0-9][0-9A-Za-z.+-]{0,31}", version):
+        raise XfError(f"--package-version {version!r}: not a version (digits, letters, ., + and -, e.g. 1.0)")
+    return version
+
+
 def sentence_splitter(lang: str) -> bytes:
     """MiniSBD's model file for ``lang``: an ONNX graph that marks a sentence end at a character of
     SENTENCE_ENDS followed by a space (MiniSBD itself ends the paragraph's last sentence). Its

@@ -82,18 +82,19 @@ def export_huggingface(options: ExportOptions) -> Path:
 
 def export_argos(options: ExportOptions) -> Path:
     """Write the Argos Translate package (.argosmodel) of checkpoint options.path to options.output."""
-    from ..argos_format import SENTENCE_ENDS, check_language, import_argos_extra, write_package
+    from ..argos_format import SENTENCE_ENDS, check_language, check_version, import_argos_extra, write_package
 
     import_argos_extra()  # the missing extra is said before anything is read or written
     source_lang = check_language(options.source_lang, "--source-lang")
     target_lang = check_language(options.target_lang, "--target-lang")
+    version = check_version(options.package_version)
     output = Path(options.output)
     ckpt = load_checkpoint(options.path)
     model = model_from_checkpoint(ckpt, options.path).eval()
     with atomic_write(output, "wb") as f:
         metadata = write_package(f, model, ckpt["spm_model"], source_lang=source_lang, target_lang=target_lang,
                                  source_name=options.source_name or source_lang,
-                                 target_name=options.target_name or target_lang, version=options.package_version,
+                                 target_name=options.target_name or target_lang, version=version,
                                  quantization=options.quantization, source=str(options.path))
     named = lambda code, name: code if name == code else f"{name} ({code})"  # noqa: E731
     print_summary(stderr_console(), "xf export argos", [
