@@ -9,11 +9,13 @@ A package is a zip of one directory (argostranslate 1.11's ``package.Package``):
         minisbd/en.onnx        the sentence splitter (below)
 
 argostranslate translates a text paragraph by paragraph ("\\n"), each paragraph sentence by
-sentence, with a splitter its package names by the folder it carries (``minisbd/``, ``stanza/``,
-``spacy/``). A package without one gets MiniSBD's model for its language, downloaded from GitHub
-on first use (argostranslate 1.11 and LibreTranslate 1.9's argos-translate-lt alike). So the
-package carries its own MiniSBD model: not a trained one, but ``sentence_splitter``'s rule as an
-ONNX graph, so that nothing is downloaded and the split is the same on every machine.
+sentence. It splits with MiniSBD, whose model it takes from the package's ``minisbd/`` folder
+where there is one (argostranslate 1.11 also takes a Stanza model from ``stanza/``, and a spaCy
+one only under ARGOS_CHUNK_TYPE=SPACY); a package without one gets MiniSBD's model for its
+language, downloaded from GitHub on first use (argostranslate 1.11 and LibreTranslate 1.9's
+argos-translate-lt alike). So the package carries its own MiniSBD model: not a trained one, but
+``sentence_splitter``'s rule as an ONNX graph, so that nothing is downloaded and the split is the
+same on every machine.
 
 This module never imports ctranslate2 or onnx at the top: they are the ``argos`` extra.
 """
@@ -103,7 +105,7 @@ def sentence_splitter(lang: str) -> bytes:
          const("nought", [0.0]), const("zero", [0], TensorProto.INT64), const("one", [1], TensorProto.INT64),
          const("two", [2], TensorProto.INT64), const("last", [2**62], TensorProto.INT64)])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)], producer_name="xf")
-    model.ir_version = 8  # onnxruntime 1.14 and later read it
+    model.ir_version = 8  # ONNX 1.10's: onnx writes its newest by default, more than an older onnxruntime reads
     vocab = {"lang": lang, "idx": 0, "cutoff": 0, "lower": False, "_id2unit": _UNITS,
              "_unit2id": {u: i for i, u in enumerate(_UNITS)}}
     helper.set_model_props(model, {"lang_code": lang, "config": json.dumps({"feat_funcs": [], "max_seqlen": 1000}),

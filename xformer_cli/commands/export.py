@@ -1,5 +1,5 @@
-"""``xf export ctranslate2|huggingface --path CKPT --output DIR``: an xf checkpoint as a model
-directory of another runtime. The conversions are the format modules' (``ctranslate2_format``:
+"""``xf export ctranslate2|huggingface|argos --path CKPT --output PATH``: an xf checkpoint as a
+model of another runtime. The conversions are the format modules' (``ctranslate2_format``:
 a CTranslate2 model directory, run by ``xf translate --engine ctranslate2``; ``huggingface``: a
 MarianMT directory; ``argos_format``: an Argos Translate package, one file); this command owns the
 options, the output (written atomically: built in a temporary directory or file beside it, then
