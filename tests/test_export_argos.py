@@ -93,6 +93,16 @@ def test_an_existing_package_is_replaced_only_with_overwrite(tmp_path, spm_model
     assert sorted(p.name for p in tmp_path.iterdir()) == ["m.pt", "x.argosmodel"]  # no temporary left
 
 
+def test_the_guard_treats_the_output_as_a_file_for_argos_alone():
+    from xformer_cli.frame import COMMANDS
+    from xformer_cli.options import ExportOptions
+
+    export_command = next(c for c in COMMANDS if c.words == "export")
+    kinds = {fmt: [kind for _, _, kind in export_command.output_paths(ExportOptions(format=fmt, path="m.pt", output="o"))]
+             for fmt in ("ctranslate2", "huggingface", "argos")}
+    assert kinds == {"ctranslate2": ["directory"], "huggingface": ["directory"], "argos": ["file"]}
+
+
 # -- the package where it runs (a small trained model) ----------------------------------------------
 @pytest.fixture(scope="module")
 def package(trained_tiny, tmp_path_factory):
@@ -166,19 +176,10 @@ def test_libretranslate_serves_the_package_as_xf_translates(tmp_path, package, m
     mine = xf_translations(tmp_path, package[1], lines)
     # LibreTranslate's improve_translation_formatting gives a translation the source's final
     # punctuation: compare where xf's has it already and the source is one sentence
-    same = [(line, t) for line, t in zip(lines, mine) if line[-1] == t[-1] == "." and ". " not in line]
+    same = [(line, t) for line, t in zip(lines, mine) if line[-1:] == t[-1:] == "." and ". " not in line]
     assert len(same) > 20
     with env.LibreTranslate(python, home, ("en", "de"), threads=1) as server:
         assert {lang["code"] for lang in server.languages} == {"en", "de"}
         assert [server.translate(line, "en", "de") for line, _ in same[:10]] == [t for _, t in same[:10]]
         assert server.translate([line for line, _ in same], "en", "de") == [t for _, t in same]
 
-
-def test_the_guard_treats_the_output_as_a_file_for_argos_alone():
-    from xformer_cli.frame import COMMANDS
-    from xformer_cli.options import ExportOptions
-
-    export_command = next(c for c in COMMANDS if c.words == "export")
-    kinds = {fmt: [kind for _, _, kind in export_command.output_paths(ExportOptions(format=fmt, path="m.pt", output="o"))]
-             for fmt in ("ctranslate2", "huggingface", "argos")}
-    assert kinds == {"ctranslate2": ["directory"], "huggingface": ["directory"], "argos": ["file"]}
