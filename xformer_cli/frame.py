@@ -61,6 +61,11 @@ class Output:
     option: str
     kind: Literal["file", "stdout", "directory", "into", "locked"] = "file"
     unless: Optional[str] = None  # a bool option that makes it no output (``xf preprocess --verify`` writes nothing)
+    # (option, value, kind): another kind where an option has that value (``xf export argos`` writes a file)
+    kind_when: tuple[tuple[str, Any, str], ...] = ()
+
+    def kind_for(self, options: Any) -> str:
+        return next((kind for name, value, kind in self.kind_when if getattr(options, name) == value), self.kind)
 
 
 @dataclass(frozen=True)
@@ -107,7 +112,7 @@ class Command:
                 continue
             value = getattr(options, spec.option)
             if value is not None:
-                yield _flag(spec.option), str(value), spec.kind
+                yield _flag(spec.option), str(value), spec.kind_for(options)
 
 
 def _flag(name: str) -> str:
@@ -145,9 +150,9 @@ COMMANDS: list[Command] = [
             inputs=(Input("data", "directory"),),
             outputs=(Output("output"),)),
     Command("export", ExportOptions, "export:export",
-            "Export a checkpoint for another runtime: xf export ctranslate2|huggingface --path CKPT --output DIR.",
+            "Export a checkpoint for another runtime: xf export ctranslate2|huggingface|argos --path CKPT --output PATH.",
             inputs=(Input("path"), Input("bleu")),
-            outputs=(Output("output", "directory"),)),
+            outputs=(Output("output", "directory", kind_when=(("format", "argos", "file"),)),)),
     Command("import", ImportOptions, "import_:import_model",
             "Import a model from another toolkit: xf import huggingface DIR --output CKPT (a MarianMT directory).",
             inputs=(Input("directory", "directory"),),

@@ -553,12 +553,14 @@ class ShortlistOptions:
 
 @dataclass(frozen=True)
 class ExportOptions:
-    format: Literal["ctranslate2", "huggingface"] = option(
-        help="what to export to: ctranslate2, or huggingface (a MarianMT directory)", positional=True)
+    format: Literal["ctranslate2", "huggingface", "argos"] = option(
+        help="what to export to: ctranslate2, huggingface (a MarianMT directory), or argos (an Argos Translate "
+             "package file, .argosmodel, for argostranslate and LibreTranslate)", positional=True)
     path: str = option(help="the xf checkpoint to export")
-    output: str = option(help="the model directory to write (ctranslate2: with the sentencepiece model as spm.model)")
+    output: str = option(help="the model directory to write (ctranslate2: with the sentencepiece model as spm.model; "
+                              "argos: the package file)")
     quantization: Literal["float32", "int8", "bfloat16"] = option(
-        "float32", "ctranslate2: weight type of the exported model (CTranslate2 can still compute in another type)"
+        "float32", "ctranslate2 and argos: weight type of the exported model (CTranslate2 can still compute in another type)"
     )
     beam_size: int = option(4, "huggingface: num_beams of generation_config.json", aliases=("beam",),
                             range=Range(1, 1000))
@@ -568,11 +570,18 @@ class ExportOptions:
     max_length: int = option(0, "huggingface: max_length of generation_config.json, decoder start and eos "
                              "included (0: 512, as OPUS-MT models have, or max_positions if fewer)",
                              range=Range(0, 1 << 20))
-    source_lang: str = option("en", "huggingface: source language, for the model card and tokenizer")
-    target_lang: str = option("de", "huggingface: target language, for the model card and tokenizer")
+    source_lang: str = option("en", "huggingface: source language, for the model card and tokenizer; argos: the "
+                              "package's from_code")
+    target_lang: str = option("de", "huggingface: target language, for the model card and tokenizer; argos: the "
+                              "package's to_code")
+    source_name: Optional[str] = option(None, "argos: the source language's name LibreTranslate shows (default: "
+                                        "--source-lang)")
+    target_name: Optional[str] = option(None, "argos: the target language's name (default: --target-lang)")
+    package_version: str = option("1.0", "argos: the package's version (metadata.json's package_version, "
+                                  "and its directory's name: translate-en_de-1_0)")
     bleu: Optional[str] = option(None, "huggingface: the test score for the model card: a file written by "
                                  "xf score --json (BLEU and its sacreBLEU signature)")
-    overwrite: bool = option(False, "replace an existing non-empty output directory")
+    overwrite: bool = option(False, "replace an existing non-empty output directory (argos: an existing file)")
 
     def __post_init__(self) -> None:
         check_ranges(self)
