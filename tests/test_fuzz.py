@@ -8,7 +8,7 @@ error (XfError, ConfigError; over HTTP a 4xx whose body is {"error": one line}),
 a 500 or a hang (each example's time bounded by ``deadline``, a request's by the server's
 --timeout). The examples come from a fixed seed (``derandomize``): the same on every run and in CI.
 
-The causes issue 47 fixed are drawn too: texts of whitespace only (once a 504), nesting 100,000
+Inputs that once failed are drawn too: texts of whitespace only (once a 504), nesting 100,000
 deep in jsonl input and config.json (a RecursionError), comments and tags left open at the end of
 a document (their text was translated), glossary files with a UTF-8 byte-order mark (the first
 term lost) and more constraints and forms than the limits admit (a 413, once gigabytes).
