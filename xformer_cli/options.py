@@ -553,25 +553,34 @@ class ShortlistOptions:
 
 @dataclass(frozen=True)
 class ExportOptions:
-    format: Literal["ctranslate2", "huggingface"] = option(
-        help="what to export to: ctranslate2, or huggingface (a MarianMT directory)", positional=True)
+    format: Literal["ctranslate2", "huggingface", "bergamot"] = option(
+        help="what to export to: ctranslate2, huggingface (a MarianMT directory) or bergamot (a page that "
+             "translates in the browser)", positional=True)
     path: str = option(help="the xf checkpoint to export")
     output: str = option(help="the model directory to write (ctranslate2: with the sentencepiece model as spm.model)")
     quantization: Literal["float32", "int8", "bfloat16"] = option(
         "float32", "ctranslate2: weight type of the exported model (CTranslate2 can still compute in another type)"
     )
-    beam_size: int = option(4, "huggingface: num_beams of generation_config.json", aliases=("beam",),
-                            range=Range(1, 1000))
-    lenpen: float = option(1.0, "huggingface: length_penalty of generation_config.json, score / |Y|^lenpen "
+    beam_size: int = option(4, "huggingface: num_beams of generation_config.json; bergamot: the page's beam size",
+                            aliases=("beam",), range=Range(1, 1000))
+    lenpen: float = option(1.0, "huggingface: length_penalty of generation_config.json; bergamot: Marian's "
+                           "normalize; both score / |Y|^lenpen "
                            "(xf translate --lenpen-style length; GNMT's penalty has no transformers equivalent)",
                            range=Range(-10, 10))
     max_length: int = option(0, "huggingface: max_length of generation_config.json, decoder start and eos "
                              "included (0: 512, as OPUS-MT models have, or max_positions if fewer)",
                              range=Range(0, 1 << 20))
-    source_lang: str = option("en", "huggingface: source language, for the model card and tokenizer")
-    target_lang: str = option("de", "huggingface: target language, for the model card and tokenizer")
+    source_lang: str = option("en", "huggingface: source language, for the model card and tokenizer; bergamot: "
+                              "its two letters name the direction")
+    target_lang: str = option("de", "huggingface: target language, for the model card and tokenizer; bergamot: "
+                              "as --source-lang")
     bleu: Optional[str] = option(None, "huggingface: the test score for the model card: a file written by "
                                  "xf score --json (BLEU and its sacreBLEU signature)")
+    shortlist: Optional[str] = option(None, "bergamot: the vocabulary shortlist written by xf shortlist for "
+                                      "this model (required), written as Bergamot's binary shortlist")
+    bergamot_package: str = option(".bergamot/node_modules/@browsermt/bergamot-translator",
+                                   "bergamot: the npm package @browsermt/bergamot-translator 0.4.9 whose engine "
+                                   "the page runs (make bergamot installs it there)")
     overwrite: bool = option(False, "replace an existing non-empty output directory")
 
     def __post_init__(self) -> None:

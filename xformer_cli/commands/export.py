@@ -1,7 +1,8 @@
-"""``xf export ctranslate2|huggingface --path CKPT --output DIR``: an xf checkpoint as a model
-directory of another runtime. The conversions are the format modules' (``ctranslate2_format``:
+"""``xf export ctranslate2|huggingface|bergamot --path CKPT --output DIR``: an xf checkpoint as a
+model directory of another runtime. The conversions are the format modules' (``ctranslate2_format``:
 a CTranslate2 model directory, run by ``xf translate --engine ctranslate2``; ``huggingface``: a
-MarianMT directory); this command owns the options, the output (written atomically: built in a
+MarianMT directory; ``bergamot_format``: Bergamot's files and a page that translates in the
+browser, over ``marian_format``'s parameters); this command owns the options, the output (written atomically: built in a
 temporary directory beside it, then renamed into place; an old output with --overwrite renamed
 aside first, deleted once the new one is in place) and the summary.
 """
@@ -75,8 +76,42 @@ def export_huggingface(options: ExportOptions) -> Path:
     return output
 
 
+def export_bergamot(options: ExportOptions) -> Path:
+    """Write the Bergamot directory (model, shortlist, vocabulary, engine, page) of options.path."""
+    from ..bergamot_format import binary_model, binary_shortlist, check_int8_shapes, engine_package, write_directory
+    from ..checkpoint import vocab_digest
+    from ..marian_format import marian_config, marian_params, refuse_unmarian
+    from ..shortlist import Shortlist
+
+    package = engine_package(options.bergamot_package)  # a missing engine is said before anything is read
+    if options.shortlist is None:
+        raise XfError("xf export bergamot needs --shortlist FILE: the model's shortlist, written by xf shortlist")
+    direction = f"{options.source_lang[:2]}{options.target_lang[:2]}".lower()
+    output = Path(options.output)
+    ckpt = load_checkpoint(options.path)
+    model = model_from_checkpoint(ckpt, options.path).eval()
+    refuse_unmarian(model, model.cfg)
+    check_int8_shapes(model.cfg)
+    shortlist = Shortlist.load(options.shortlist)
+    shortlist.check_vocabulary(options.shortlist, model.cfg.vocab_size, vocab_digest(ckpt["spm_model"]))
+    model_bytes = binary_model(marian_params(model), marian_config(model))
+    with atomic_directory(output) as tmp:
+        names = write_directory(tmp, model_bytes, binary_shortlist(shortlist), ckpt["spm_model"], package, direction,
+                                {"beam-size": options.beam_size, "normalize": options.lenpen})
+    print_summary(stderr_console(), "xf export bergamot", [
+        ("from", str(options.path)),
+        ("model", f"{names['model']}, int8 (intgemm8), {len(model_bytes) / 2**20:.1f} MiB"),
+        ("shortlist", f"{names['lex']}: {len(shortlist.frequent)} frequent pieces, top {shortlist.k} a source piece"),
+        ("decoding", f"beam {options.beam_size}, normalize {options.lenpen:g} (score / |Y|^normalize)"),
+        ("written", f"{output}: open index.html through a static file server (python -m http.server)"),
+    ])
+    return output
+
+
 def export(options: ExportOptions) -> Path:
-    """xf export FORMAT: ctranslate2 or huggingface."""
+    """xf export FORMAT: ctranslate2, huggingface or bergamot."""
     if options.format == "huggingface":
         return export_huggingface(options)
+    if options.format == "bergamot":
+        return export_bergamot(options)
     return export_ctranslate2(options)
