@@ -123,20 +123,21 @@ def _permute(t: torch.Tensor, how: str, perm: torch.Tensor) -> torch.Tensor:
 
 
 # -- export --------------------------------------------------------------------------------------
-def refuse_for_marian(cfg, where: str) -> None:
-    """A one-line error naming the option when MarianMT cannot compute what the model computes."""
+def refuse_for_marian(cfg, where: str, target: str = "MarianMT") -> None:
+    """A one-line error naming the option when ``target`` (MarianMT, or Marian: one architecture)
+    cannot compute what the model computes."""
     if cfg.normalize_before:
-        raise XfError(f"{where}: --normalize-before (pre-LN) cannot be exported to MarianMT, which is post-LN")
+        raise XfError(f"{where}: --normalize-before (pre-LN) cannot be exported to {target}, which is post-LN")
     if cfg.positions != "sinusoidal":
-        raise XfError(f"{where}: --positions {cfg.positions} cannot be exported to MarianMT (static sinusoids only)")
+        raise XfError(f"{where}: --positions {cfg.positions} cannot be exported to {target} (static sinusoids only)")
     if cfg.activation not in ACTIVATIONS:
-        raise XfError(f"{where}: --activation {cfg.activation} cannot be exported to MarianMT "
+        raise XfError(f"{where}: --activation {cfg.activation} cannot be exported to {target} "
                       f"({', '.join(ACTIVATIONS)} only)")
     if cfg.d_model % 2:
-        raise XfError(f"{where}: --d-model {cfg.d_model} is odd; MarianMT's sinusoids need an even width")
+        raise XfError(f"{where}: --d-model {cfg.d_model} is odd; {target}'s sinusoids need an even width")
     head_dim = getattr(cfg, "head_dim", None)  # projections d_model -> heads * head_dim, where that option exists
     if head_dim and head_dim * cfg.heads != cfg.d_model:
-        raise XfError(f"{where}: --head-dim {head_dim} (heads x head_dim != d_model) cannot be exported to MarianMT, "
+        raise XfError(f"{where}: --head-dim {head_dim} (heads x head_dim != d_model) cannot be exported to {target}, "
                       "whose heads split d_model")
 
 
