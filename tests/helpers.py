@@ -92,7 +92,7 @@ def random_checkpoint(path, spm_model: bytes, **overrides) -> str:
     """A random tiny model (vocabulary 200, d_model 32) whose LayerNorms, biases and output bias are
     away from their initialisation (ones and zeros), so that an export has to map them right."""
     torch.manual_seed(0)
-    model = build_model("tiny", vocab_size=200, d_model=32, d_ff=64, heads=4, max_positions=128, **overrides)
+    model = build_model("tiny", **{**dict(vocab_size=200, d_model=32, d_ff=64, heads=4, max_positions=128), **overrides})
     with torch.no_grad():
         for name, p in model.named_parameters():
             if "norm" in name or name.endswith("bias"):

@@ -15,8 +15,10 @@ const registry = await (await fetch(registryUrl)).json();
 const [key] = Object.keys(registry);  // one direction: "ende" is en -> de (Bergamot's 2+2 letters)
 const from = key.slice(0, 2), to = key.slice(2, 4);
 document.getElementById('direction').textContent = `${from} → ${to}`;
-const translator = new BatchTranslator({registryUrl, workers: 1, batchSize: 16,
-                                        onerror: error => say(`Error: ${error.message}`, 'error')});
+const translator = new BatchTranslator({registryUrl, workers: 1, batchSize: 16});
+// Set after construction: options are posted to the worker, which cannot take a function. A worker
+// that fails to start only calls these (its translations never settle), so the page says it here.
+translator.onerror = translator.backing.onerror = error => say(`Error: ${error.message}`, 'error');
 
 // Lines -> their translations, in order; empty lines stay empty (Bergamot would drop them).
 async function translateLines(lines) {

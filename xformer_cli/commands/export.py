@@ -82,6 +82,7 @@ def export_bergamot(options: ExportOptions) -> Path:
     from ..checkpoint import vocab_digest
     from ..marian_format import marian_config, marian_params, refuse_unmarian
     from ..shortlist import Shortlist
+    from ..vocab import MappedVocabulary, load_sentencepiece
 
     package = engine_package(options.bergamot_package)  # a missing engine is said before anything is read
     if options.shortlist is None:
@@ -90,14 +91,17 @@ def export_bergamot(options: ExportOptions) -> Path:
     output = Path(options.output)
     ckpt = load_checkpoint(options.path)
     model = model_from_checkpoint(ckpt, options.path).eval()
-    refuse_unmarian(model, model.cfg)
+    refuse_unmarian(model, str(options.path))
+    if isinstance(load_sentencepiece(ckpt["spm_model"], str(options.path)), MappedVocabulary):  # as write_marian_model
+        raise XfError(f"{options.path}: its vocabulary is a mapped one (two sentencepiece models, from xf import "
+                      "huggingface); Bergamot reads one sentencepiece model's own ids")
     check_int8_shapes(model.cfg)
     shortlist = Shortlist.load(options.shortlist)
     shortlist.check_vocabulary(options.shortlist, model.cfg.vocab_size, vocab_digest(ckpt["spm_model"]))
     model_bytes = binary_model(marian_params(model), marian_config(model))
     with atomic_directory(output) as tmp:
         names = write_directory(tmp, model_bytes, binary_shortlist(shortlist), ckpt["spm_model"], package, direction,
-                                {"beam-size": options.beam_size, "normalize": options.lenpen})
+                                {"beam-size": options.beam_size, "normalize": options.lenpen, "allow-unk": True})
     print_summary(stderr_console(), "xf export bergamot", [
         ("from", str(options.path)),
         ("model", f"{names['model']}, int8 (intgemm8), {len(model_bytes) / 2**20:.1f} MiB"),

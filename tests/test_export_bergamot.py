@@ -1,0 +1,145 @@
+"""xf export bergamot: bad input refused in one line with nothing written, and the page it writes,
+opened in a real headless chromium from a plain static file server, translating 100 test2016
+lines with Bergamot's WebAssembly engine as well as xf translate --quantize int8 does (sacreBLEU
+within 0.5) and saying how fast (sentences per second, printed, not asserted)."""
+
+from __future__ import annotations
+
+import functools
+import http.server
+import shutil
+import subprocess
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from xformer_cli.cli import app
+from xformer_cli.commands.export import export
+from xformer_cli.commands.shortlist import shortlist as build_shortlist
+from xformer_cli.commands.translate import translate
+from xformer_cli.options import ExportOptions, ShortlistOptions, TranslateOptions
+
+from helpers import random_checkpoint
+
+REPO = Path(__file__).resolve().parents[1]
+PACKAGE = REPO / ".bergamot/node_modules/@browsermt/bergamot-translator"
+CHROMIUM, CHROMEDRIVER, NPM = shutil.which("chromium"), shutil.which("chromedriver"), shutil.which("npm")
+LINES = 100
+runner = CliRunner()
+
+
+def fails(args, message):
+    result = runner.invoke(app, [str(a) for a in args])
+    assert result.exit_code != 0
+    err = result.stderr.strip()
+    assert len(err.splitlines()) == 1 and message in err, err
+
+
+@pytest.fixture(scope="module")
+def engine() -> Path:
+    """The pinned npm package, installed by make bergamot where it is not (CI has the npm registry)."""
+    if not (PACKAGE / "package.json").is_file():
+        if not NPM:
+            pytest.skip("no npm to install @browsermt/bergamot-translator (make bergamot)")
+        subprocess.run(["make", "bergamot"], cwd=REPO, check=True, capture_output=True)
+    return PACKAGE
+
+
+def test_bad_input_is_one_line_and_writes_nothing(tmp_path, spm_model):
+    ckpt = random_checkpoint(tmp_path / "m.pt", spm_model, d_model=64, d_ff=128)
+    out = tmp_path / "page"
+    fails(["export", "bergamot", "--path", ckpt, "--output", out, "--shortlist", tmp_path / "sl.npz",
+           "--bergamot-package", tmp_path / "nowhere"], "install it with make bergamot")
+    if (PACKAGE / "package.json").is_file():  # the rest passes the package check
+        fails(["export", "bergamot", "--path", ckpt, "--output", out], "needs --shortlist FILE")
+        fails(["export", "bergamot", "--path", random_checkpoint(tmp_path / "odd.pt", spm_model), "--output", out,
+               "--shortlist", tmp_path / "sl.npz"], "d_model 32")
+        fails(["export", "bergamot", "--path", random_checkpoint(tmp_path / "rope.pt", spm_model, positions="rope",
+                                                                   d_model=64, d_ff=128),
+               "--output", out, "--shortlist", tmp_path / "sl.npz"], "rope")
+        fails(["export", "bergamot", "--path", ckpt, "--output", out, "--shortlist", tmp_path / "sl.npz"],
+              "shortlist file not found")
+    assert not out.exists()
+    out.mkdir()
+    (out / "mine.txt").write_text("mine")
+    fails(["export", "bergamot", "--path", ckpt, "--output", out, "--shortlist", tmp_path / "sl.npz"], "--overwrite")
+    fails(["export", "bergamot", "--path", ckpt, "--output", tmp_path, "--shortlist", tmp_path / "sl.npz",
+           "--overwrite"], "m.pt")
+    assert [p.name for p in out.iterdir()] == ["mine.txt"]
+
+
+# -- the page in a headless browser ----------------------------------------------------------------
+needs_browser = pytest.mark.skipif(not (CHROMIUM and CHROMEDRIVER),
+                                   reason="no headless browser: apt-get install chromium chromium-driver (.ci/run does)")
+
+
+class Quiet(http.server.SimpleHTTPRequestHandler):
+    def log_message(self, *args):  # the test's output is its result, not the server's log
+        pass
+
+
+@pytest.fixture(scope="module")
+def page(trained_tiny, engine, tmp_path_factory):
+    """The export of conftest's trained model with its shortlist, served by a plain static file server."""
+    tmp = tmp_path_factory.mktemp("bergamot")
+    build_shortlist(ShortlistOptions(data=str(trained_tiny.parents[1] / "data"), output=str(tmp / "sl.npz")))
+    out = tmp / "page"
+    export(ExportOptions(format="bergamot", path=str(trained_tiny), output=str(out), shortlist=str(tmp / "sl.npz"),
+                         bergamot_package=str(engine)))
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(Quiet, directory=str(out)))
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{server.server_address[1]}/index.html"
+    server.shutdown()
+
+
+@pytest.fixture(scope="module")
+def browser(tmp_path_factory):
+    webdriver = pytest.importorskip("selenium.webdriver", reason="selenium (the test extra) is not installed")
+    options = webdriver.ChromeOptions()
+    options.binary_location = CHROMIUM
+    for flag in ("--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+                 "--disable-component-update", "--disable-sync", "--no-first-run", "--disable-dev-shm-usage",
+                 f"--user-data-dir={tmp_path_factory.mktemp('chromium-profile')}"):
+        options.add_argument(flag)
+    driver = webdriver.Chrome(service=webdriver.ChromeService(executable_path=CHROMEDRIVER), options=options)
+    driver.set_script_timeout(600)
+    yield driver
+    driver.quit()
+
+
+def xf_int8(ckpt, lines, tmp_path) -> list[str]:
+    """xf translate --quantize int8 with the page's search: beam 4, score / |Y|^1."""
+    (tmp_path / "in.txt").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    translate(TranslateOptions(path=(str(ckpt),), input=str(tmp_path / "in.txt"), output=str(tmp_path / "int8.txt"),
+                               quiet=True, device="cpu", quantize="int8", beam_size=4, lenpen=1.0,
+                               lenpen_style="length"))
+    return (tmp_path / "int8.txt").read_text(encoding="utf-8").splitlines()
+
+
+@needs_browser
+@pytest.mark.slow
+def test_the_page_translates_offline_as_well_as_xf_int8(page, browser, trained_tiny, multi30k_dir, tmp_path):
+    import sacrebleu
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    source = (multi30k_dir / "test2016.en").read_text(encoding="utf-8").splitlines()[:LINES]
+    refs = (multi30k_dir / "test2016.de").read_text(encoding="utf-8").splitlines()[:LINES]
+    browser.get(page)
+    status = browser.find_element(By.ID, "status")
+    WebDriverWait(browser, 120).until(lambda _: status.get_attribute("data-state") in ("ready", "error"))
+    assert status.get_attribute("data-state") == "ready", status.text
+    start = time.perf_counter()
+    theirs = browser.execute_async_script("xfTranslate(arguments[0]).then(arguments[1], e => arguments[1]("
+                                          "'error: ' + e.message))", source)
+    seconds = time.perf_counter() - start
+    assert isinstance(theirs, list) and len(theirs) == LINES, theirs
+    mine = xf_int8(trained_tiny, source, tmp_path)
+    bleu_page, bleu_xf = (sacrebleu.corpus_bleu(hyp, [refs]).score for hyp in (theirs, mine))
+    same = sum(a == b for a, b in zip(theirs, mine))
+    print(f"\nxf export bergamot page: BLEU {bleu_page:.2f} (xf translate --quantize int8: {bleu_xf:.2f}), "
+          f"{same}/{LINES} lines identical, {LINES / seconds:.1f} sentences/s in headless chromium")
+    assert abs(bleu_page - bleu_xf) <= 0.5
