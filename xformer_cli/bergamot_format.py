@@ -155,20 +155,21 @@ def engine_package(directory: str | Path) -> Path:
     return root
 
 
-def write_directory(directory: Path, model: bytes, shortlist: bytes, spm_model: bytes, package: Path,
+def write_directory(directory: Path, model: bytes, int8: bool, shortlist: bytes, spm_model: bytes, package: Path,
                     direction: str, decoding: Mapping) -> dict[str, str]:
-    """Fill ``directory`` with what the page loads: the model, shortlist and vocabulary under
-    Bergamot's names (model.ende.intgemm8.bin: the npm package sets int8shiftAll for that suffix
-    too), registry.json (their sha256, checked by the browser, and ``decoding``: Marian options
-    the worker passes on), the engine's files and the page. Returns the registry's file names."""
-    names = dict(model=f"model.{direction}.intgemm8.bin", lex=f"lex.{direction}.s2t.bin", vocab=f"vocab.{direction}.spm")
+    """Fill ``directory`` with what the page loads: the model (``int8``: intgemm8 weights), the
+    shortlist and the vocabulary under Bergamot's names, registry.json (their sha256, checked by
+    the browser, and ``decoding``: Marian options the worker passes on), the engine's files and
+    the page. Returns the registry's file names."""
+    names = dict(model=f"model.{direction}.{'intgemm8.' if int8 else ''}bin", lex=f"lex.{direction}.s2t.bin",
+                 vocab=f"vocab.{direction}.spm")
     entry = {}
     for part, data in zip(names, (model, shortlist, spm_model)):
         (directory / names[part]).write_bytes(data)
         entry[part] = dict(name=names[part], size=len(data), expectedSha256Hash=hashlib.sha256(data).hexdigest())
     # int8shiftAll: the WASM build multiplies int8 shifted only, and the worker's default
-    # (int8shiftAlphaAll) wants precomputed activation scales this model does not have
-    entry["config"] = {"gemm-precision": "int8shiftAll", **decoding}
+    # (int8shiftAlphaAll) wants precomputed activation scales (..._QuantMultA) this model lacks
+    entry["config"] = {"gemm-precision": "int8shiftAll" if int8 else "float32", **decoding}
     (directory / "registry.json").write_text(json.dumps({direction: entry}, indent=2) + "\n", encoding="utf-8")
     for name in ENGINE_FILES:
         (directory / name).parent.mkdir(exist_ok=True)

@@ -559,7 +559,8 @@ class ExportOptions:
     path: str = option(help="the xf checkpoint to export")
     output: str = option(help="the model directory to write (ctranslate2: with the sentencepiece model as spm.model)")
     quantization: Literal["float32", "int8", "bfloat16"] = option(
-        "float32", "ctranslate2: weight type of the exported model (CTranslate2 can still compute in another type)"
+        "float32", "ctranslate2: weight type of the exported model (CTranslate2 can still compute in another type); "
+        "bergamot: float32, or int8 (marian-conv's intgemm8, multiplied int8shiftAll)"
     )
     beam_size: int = option(4, "huggingface: num_beams of generation_config.json; bergamot: the page's beam size",
                             aliases=("beam",), range=Range(1, 1000))

@@ -85,6 +85,9 @@ def export_bergamot(options: ExportOptions) -> Path:
     from ..vocab import MappedVocabulary, load_sentencepiece
 
     package = engine_package(options.bergamot_package)  # a missing engine is said before anything is read
+    if options.quantization == "bfloat16":
+        raise XfError("xf export bergamot: --quantization bfloat16 has no Bergamot form; its WebAssembly engine "
+                      "multiplies float32 or int8 (--quantization float32 or int8)")
     if options.shortlist is None:
         raise XfError("xf export bergamot needs --shortlist FILE: the model's shortlist, written by xf shortlist")
     direction = f"{options.source_lang[:2]}{options.target_lang[:2]}".lower()
@@ -95,16 +98,18 @@ def export_bergamot(options: ExportOptions) -> Path:
     if isinstance(load_sentencepiece(ckpt["spm_model"], str(options.path)), MappedVocabulary):  # as write_marian_model
         raise XfError(f"{options.path}: its vocabulary is a mapped one (two sentencepiece models, from xf import "
                       "huggingface); Bergamot reads one sentencepiece model's own ids")
-    check_int8_shapes(model.cfg)
+    int8 = options.quantization == "int8"
+    if int8:
+        check_int8_shapes(model.cfg)
     shortlist = Shortlist.load(options.shortlist)
     shortlist.check_vocabulary(options.shortlist, model.cfg.vocab_size, vocab_digest(ckpt["spm_model"]))
-    model_bytes = binary_model(marian_params(model), marian_config(model))
+    model_bytes = binary_model(marian_params(model), marian_config(model), int8)
     with atomic_directory(output) as tmp:
-        names = write_directory(tmp, model_bytes, binary_shortlist(shortlist), ckpt["spm_model"], package, direction,
-                                {"beam-size": options.beam_size, "normalize": options.lenpen, "allow-unk": True})
+        names = write_directory(tmp, model_bytes, int8, binary_shortlist(shortlist), ckpt["spm_model"], package,
+                                direction, {"beam-size": options.beam_size, "normalize": options.lenpen, "allow-unk": True})
     print_summary(stderr_console(), "xf export bergamot", [
         ("from", str(options.path)),
-        ("model", f"{names['model']}, int8 (intgemm8), {len(model_bytes) / 2**20:.1f} MiB"),
+        ("model", f"{names['model']}, {'int8 (intgemm8)' if int8 else 'float32'}, {len(model_bytes) / 2**20:.1f} MiB"),
         ("shortlist", f"{names['lex']}: {len(shortlist.frequent)} frequent pieces, top {shortlist.k} a source piece"),
         ("decoding", f"beam {options.beam_size}, normalize {options.lenpen:g} (score / |Y|^normalize)"),
         ("written", f"{output}: open index.html through a static file server (python -m http.server)"),
