@@ -145,7 +145,8 @@ COMMANDS: list[Command] = [
             inputs=(Input("data", "directory"),),
             outputs=(Output("output"),)),
     Command("export", ExportOptions, "export:export",
-            "Export a checkpoint for another runtime: xf export ctranslate2|huggingface|bergamot --path CKPT --output DIR.",
+            "Export a checkpoint for another runtime: xf export ctranslate2|huggingface|marian|bergamot --path CKPT "
+            "--output DIR.",
             inputs=(Input("path"), Input("bleu"), Input("shortlist"), Input("bergamot_package", "directory")),
             outputs=(Output("output", "directory"),)),
     Command("import", ImportOptions, "import_:import_model",

@@ -62,7 +62,7 @@ def refuse_unmarian(model: Transformer, where: str = "checkpoint") -> None:
     if cfg.normalize_before:  # Marian has pre-LN ("n" before, "da" after, "n" on top); not written yet
         raise XfError(f"{where}: --normalize-before (pre-LN) is not exported to Marian yet; xf export marian "
                       "writes post-LN models")
-    refuse_for_marian(cfg, where, "Marian")
+    refuse_for_marian(cfg, where, "Marian", sinusoids="tensor2tensor", decoder_start="zero")
     if not cfg.scale_embedding:
         raise XfError(f"{where}: --scale-embedding false cannot be exported to Marian, which always scales "
                       "embeddings by sqrt(d_model)")

@@ -52,6 +52,14 @@ class ModelConfig:
     positions: Literal["sinusoidal", "learned", "rope", "alibi"] = option(
         "sinusoidal", "position information"
     )
+    sinusoids: Literal["paper", "tensor2tensor"] = option(
+        "paper", "sinusoidal frequencies: the paper's 10000^(-2i/d), or tensor2tensor's 10000^(-i/(d/2-1)), "
+        "Marian's (xf export marian needs them)"
+    )
+    decoder_start: Literal["bos", "zero"] = option(
+        "bos", "the decoder's first input: the embedding of bos, or a zero vector as Marian's decoder has it "
+        "(xf export marian needs zero)"
+    )
     max_positions: int = option(1024, "longest sequence the model accepts", range=Range(1, 1 << 20))
     share_embeddings: Literal["all", "decoder", "none"] = option(
         "all", "tie source, target and output embeddings (all), target and output (decoder)"
@@ -553,20 +561,20 @@ class ShortlistOptions:
 
 @dataclass(frozen=True)
 class ExportOptions:
-    format: Literal["ctranslate2", "huggingface", "bergamot"] = option(
-        help="what to export to: ctranslate2, huggingface (a MarianMT directory) or bergamot (a page that "
-             "translates in the browser)", positional=True)
+    format: Literal["ctranslate2", "huggingface", "marian", "bergamot"] = option(
+        help="what to export to: ctranslate2, huggingface (a MarianMT directory), marian (model.npz for "
+             "Marian, Bergamot, translateLocally) or bergamot (a page that translates in the browser)", positional=True)
     path: str = option(help="the xf checkpoint to export")
     output: str = option(help="the model directory to write (ctranslate2: with the sentencepiece model as spm.model)")
     quantization: Literal["float32", "int8", "bfloat16"] = option(
         "float32", "ctranslate2: weight type of the exported model (CTranslate2 can still compute in another type); "
         "bergamot: float32, or int8 (marian-conv's intgemm8, multiplied int8shiftAll)"
     )
-    beam_size: int = option(4, "huggingface: num_beams of generation_config.json; bergamot: the page's beam size",
-                            aliases=("beam",), range=Range(1, 1000))
-    lenpen: float = option(1.0, "huggingface: length_penalty of generation_config.json; bergamot: Marian's "
-                           "normalize; both score / |Y|^lenpen "
-                           "(xf translate --lenpen-style length; GNMT's penalty has no transformers equivalent)",
+    beam_size: int = option(4, "huggingface: num_beams of generation_config.json; marian: beam-size of decoder.yml; "
+                            "bergamot: the page's beam size", aliases=("beam",), range=Range(1, 1000))
+    lenpen: float = option(1.0, "huggingface: length_penalty of generation_config.json, score / |Y|^lenpen "
+                           "(xf translate --lenpen-style length; GNMT's penalty has no transformers equivalent); "
+                           "marian and bergamot: normalize",
                            range=Range(-10, 10))
     max_length: int = option(0, "huggingface: max_length of generation_config.json, decoder start and eos "
                              "included (0: 512, as OPUS-MT models have, or max_positions if fewer)",

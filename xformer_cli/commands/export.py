@@ -1,8 +1,9 @@
-"""``xf export ctranslate2|huggingface|bergamot --path CKPT --output DIR``: an xf checkpoint as a
-model directory of another runtime. The conversions are the format modules' (``ctranslate2_format``:
+"""``xf export ctranslate2|huggingface|marian|bergamot --path CKPT --output DIR``: an xf checkpoint
+as a model directory of another runtime. The conversions are the format modules' (``ctranslate2_format``:
 a CTranslate2 model directory, run by ``xf translate --engine ctranslate2``; ``huggingface``: a
-MarianMT directory; ``bergamot_format``: Bergamot's files and a page that translates in the
-browser, over ``marian_format``'s parameters); this command owns the options, the output (written atomically: built in a
+MarianMT directory; ``marian_format``: a Marian model.npz, vocabulary and decoder.yml;
+``bergamot_format``: Bergamot's files over ``marian_format``'s parameters, and a page that translates
+in the browser); this command owns the options, the output (written atomically: built in a
 temporary directory beside it, then renamed into place; an old output with --overwrite renamed
 aside first, deleted once the new one is in place) and the summary.
 """
@@ -117,10 +118,33 @@ def export_bergamot(options: ExportOptions) -> Path:
     return output
 
 
+def export_marian(options: ExportOptions) -> Path:
+    """Write the Marian model directory of checkpoint options.path to options.output."""
+    from ..marian_format import write_marian_model
+
+    output = Path(options.output)
+    with atomic_directory(output) as tmp:
+        ckpt = load_checkpoint(options.path)
+        model = model_from_checkpoint(ckpt, options.path).eval()
+        config = write_marian_model(tmp, model, ckpt["spm_model"], str(options.path), options.beam_size, options.lenpen)
+    print_summary(stderr_console(), "xf export marian", [
+        ("from", str(options.path)),
+        ("model", f"Marian transformer, {config['enc-depth']} / {config['dec-depth']} layers, dim-emb "
+                  f"{config['dim-emb']}, {config['transformer-ffn-activation']}, vocabulary {config['dim-vocabs'][0]}"),
+        ("decoding", f"beam-size {options.beam_size}, normalize {options.lenpen} (decoder.yml)"),
+        ("differs", "Marian's sinusoid frequencies and zero decoder start are not xf's: close, not equal "
+                    "(docs/export.md#marian)"),
+        ("written", ", ".join(sorted(p.name for p in output.iterdir())) + f" in {output}"),
+    ])
+    return output
+
+
 def export(options: ExportOptions) -> Path:
-    """xf export FORMAT: ctranslate2, huggingface or bergamot."""
+    """xf export FORMAT: ctranslate2, huggingface, marian or bergamot."""
     if options.format == "huggingface":
         return export_huggingface(options)
+    if options.format == "marian":
+        return export_marian(options)
     if options.format == "bergamot":
         return export_bergamot(options)
     return export_ctranslate2(options)
