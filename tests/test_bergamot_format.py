@@ -54,7 +54,8 @@ def test_binary_model_reads_back_as_marian_reads_it():
     assert all(offset % 256 == 0 for _, _, _, offset in items.values())
     kind, shape, data, _ = items["encoder_l1_self_bq"]
     assert (kind, shape) == (FLOAT32, (1, 128))
-    assert np.array_equal(np.frombuffer(data[: 128 * 4], np.float32), params["encoder_l1_self_bq"].astype(np.float32)[0])
+    bias = params["encoder_l1_self_bq"][0].astype(np.float32)
+    assert np.array_equal(np.frombuffer(data[: 128 * 4], np.float32), bias)
     assert items["encoder_l1_self_Wo_ln_scale"][0] == FLOAT32  # a layer norm is no gemm weight
     # intgemm8: the transposed matrix, one multiplier 127 / max|w| after it (marian-conv's packAndSave)
     kind, shape, data, _ = items["encoder_l1_self_Wq"]

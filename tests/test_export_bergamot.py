@@ -58,12 +58,14 @@ def test_bad_input_is_one_line_and_writes_nothing(tmp_path, spm_model):
            "--bergamot-package", tmp_path / "nowhere"], "install it with make bergamot")
     if (PACKAGE / "package.json").is_file():  # the rest passes the package check
         fails(["export", "bergamot", "--path", ckpt, "--output", out], "needs --shortlist FILE")
-        fails(["export", "bergamot", "--path", random_checkpoint(tmp_path / "odd.pt", spm_model, **MARIAN), "--output", out,
-               "--shortlist", tmp_path / "sl.npz", "--quantization", "int8"], "d_model 32")
+        odd = random_checkpoint(tmp_path / "odd.pt", spm_model, **MARIAN)  # d_model 32
+        fails(["export", "bergamot", "--path", odd, "--output", out, "--shortlist", tmp_path / "sl.npz",
+               "--quantization", "int8"], "d_model 32")
         fails(["export", "bergamot", "--path", ckpt, "--output", out, "--shortlist", tmp_path / "sl.npz",
                "--quantization", "bfloat16"], "float32 or int8")
-        fails(["export", "bergamot", "--path", random_checkpoint(tmp_path / "paper.pt", spm_model, d_model=64, d_ff=128),
-               "--output", out, "--shortlist", tmp_path / "sl.npz"], "--sinusoids tensor2tensor")
+        paper = random_checkpoint(tmp_path / "paper.pt", spm_model, d_model=64, d_ff=128)  # xf's own conventions
+        fails(["export", "bergamot", "--path", paper, "--output", out, "--shortlist", tmp_path / "sl.npz"],
+              "--sinusoids tensor2tensor")
         fails(["export", "bergamot", "--path", ckpt, "--output", out, "--shortlist", tmp_path / "sl.npz"],
               "shortlist file not found")
     assert not out.exists()
@@ -76,8 +78,8 @@ def test_bad_input_is_one_line_and_writes_nothing(tmp_path, spm_model):
 
 
 # -- the page in a headless browser ----------------------------------------------------------------
-needs_browser = pytest.mark.skipif(not (CHROMIUM and CHROMEDRIVER),
-                                   reason="no headless browser: apt-get install chromium chromium-driver (.ci/run does)")
+needs_browser = pytest.mark.skipif(not (CHROMIUM and CHROMEDRIVER), reason="no headless browser: apt-get install "
+                                   "chromium chromium-driver (.ci/run does)")
 
 
 class Quiet(http.server.SimpleHTTPRequestHandler):

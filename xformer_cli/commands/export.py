@@ -106,8 +106,9 @@ def export_bergamot(options: ExportOptions) -> Path:
     shortlist.check_vocabulary(options.shortlist, model.cfg.vocab_size, vocab_digest(ckpt["spm_model"]))
     model_bytes = binary_model(marian_params(model), marian_config(model), int8)
     with atomic_directory(output) as tmp:
+        decoding = {"beam-size": options.beam_size, "normalize": options.lenpen, "allow-unk": True}  # unk: as xf
         names = write_directory(tmp, model_bytes, int8, binary_shortlist(shortlist), ckpt["spm_model"], package,
-                                direction, {"beam-size": options.beam_size, "normalize": options.lenpen, "allow-unk": True})
+                                direction, decoding)
     print_summary(stderr_console(), "xf export bergamot", [
         ("from", str(options.path)),
         ("model", f"{names['model']}, {'int8 (intgemm8)' if int8 else 'float32'}, {len(model_bytes) / 2**20:.1f} MiB"),
