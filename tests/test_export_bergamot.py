@@ -58,6 +58,8 @@ def test_bad_input_is_one_line_and_writes_nothing(tmp_path, spm_model):
            "--bergamot-package", tmp_path / "nowhere"], "install it with make bergamot")
     if (PACKAGE / "package.json").is_file():  # the rest passes the package check
         fails(["export", "bergamot", "--path", ckpt, "--output", out], "needs --shortlist FILE")
+        fails(["export", "bergamot", "--path", ckpt, "--output", out, "--shortlist", tmp_path / "sl.npz",
+               "--source-lang", "e"], "two letters")
         odd = random_checkpoint(tmp_path / "odd.pt", spm_model, **MARIAN)  # d_model 32
         fails(["export", "bergamot", "--path", odd, "--output", out, "--shortlist", tmp_path / "sl.npz",
                "--quantization", "int8"], "d_model 32")

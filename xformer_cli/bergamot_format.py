@@ -138,6 +138,16 @@ ENGINE_FILES = ("translator.js", "worker/translator-worker.js", "worker/bergamot
 PAGE_FILES = ("index.html", "page.js")
 
 
+def direction_name(source_lang: str, target_lang: str) -> str:
+    """Bergamot's name of a direction, ``ende``: the npm package reads a registry key's first two
+    letters as the source language and the next two as the target (translator.js)."""
+    codes = [lang[:2].lower() for lang in (source_lang, target_lang)]
+    if not all(len(code) == 2 and code.isascii() and code.isalpha() for code in codes):
+        raise XfError(f"xf export bergamot: --source-lang {source_lang} --target-lang {target_lang}: Bergamot names "
+                      "languages by two letters (en, de)")
+    return "".join(codes)
+
+
 def engine_package(directory: str | Path) -> Path:
     """The npm package's directory, checked: version 0.4.9 and its engine files; else one line
     naming the command that installs it."""

@@ -79,7 +79,8 @@ def export_huggingface(options: ExportOptions) -> Path:
 
 def export_bergamot(options: ExportOptions) -> Path:
     """Write the Bergamot directory (model, shortlist, vocabulary, engine, page) of options.path."""
-    from ..bergamot_format import binary_model, binary_shortlist, check_int8_shapes, engine_package, write_directory
+    from ..bergamot_format import (binary_model, binary_shortlist, check_int8_shapes, direction_name, engine_package,
+                                   write_directory)
     from ..checkpoint import vocab_digest
     from ..marian_format import marian_config, marian_params, refuse_unmarian
     from ..shortlist import Shortlist
@@ -91,7 +92,7 @@ def export_bergamot(options: ExportOptions) -> Path:
                       "multiplies float32 or int8 (--quantization float32 or int8)")
     if options.shortlist is None:
         raise XfError("xf export bergamot needs --shortlist FILE: the model's shortlist, written by xf shortlist")
-    direction = f"{options.source_lang[:2]}{options.target_lang[:2]}".lower()
+    direction = direction_name(options.source_lang, options.target_lang)
     output = Path(options.output)
     ckpt = load_checkpoint(options.path)
     model = model_from_checkpoint(ckpt, options.path).eval()
