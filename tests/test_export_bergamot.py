@@ -1,6 +1,6 @@
 """xf export bergamot: bad input refused in one line with nothing written, and the page it writes,
 opened in a real headless chromium from a plain static file server, translating 100 test2016
-lines with Bergamot's WebAssembly engine as well as xf translate --quantize int8 does (sacreBLEU
+lines once the server is gone with Bergamot's WebAssembly engine as well as xf translate --quantize int8 does (sacreBLEU
 within 0.5) and saying how fast (sentences per second, printed, not asserted)."""
 
 from __future__ import annotations
@@ -105,8 +105,9 @@ def page(marian_tiny, engine, tmp_path_factory):
                          bergamot_package=str(engine), quantization="int8"))
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(Quiet, directory=str(out)))
     threading.Thread(target=server.serve_forever, daemon=True).start()
-    yield f"http://127.0.0.1:{server.server_address[1]}/index.html", tmp / "sl.npz"
+    yield f"http://127.0.0.1:{server.server_address[1]}/index.html", tmp / "sl.npz", server
     server.shutdown()
+    server.server_close()
 
 
 @pytest.fixture(scope="module")
@@ -141,13 +142,15 @@ def test_the_page_translates_offline_as_well_as_xf_int8(page, browser, marian_ti
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support.ui import WebDriverWait
 
-    url, shortlist = page
+    url, shortlist, server = page
     source = (multi30k_dir / "test2016.en").read_text(encoding="utf-8").splitlines()[:LINES]
     refs = (multi30k_dir / "test2016.de").read_text(encoding="utf-8").splitlines()[:LINES]
     browser.get(url)
     status = browser.find_element(By.ID, "status")
     WebDriverWait(browser, 120).until(lambda _: status.get_attribute("data-state") in ("ready", "error"))
     assert status.get_attribute("data-state") == "ready", status.text
+    server.shutdown()  # loaded: from here on the page translates offline
+    server.server_close()
     start = time.perf_counter()
     page_lines = browser.execute_async_script("xfTranslate(arguments[0]).then(arguments[1], e => arguments[1]("
                                               "'error: ' + e.message))", source)
