@@ -98,12 +98,10 @@ def trained_marian(multi30k_dir, tmp_path_factory):
     return ckpt, export(ckpt, tmp_path_factory.mktemp("exported") / "marian")
 
 
-def pymarian_translator(directory, **options):
+def pymarian_translator(directory, *flags: str):
+    """Marian run as ``marian-decoder -c decoder.yml`` would run it, from another directory, with ``flags``."""
     pymarian = pytest.importorskip("pymarian", reason="the marian extra is not installed")
-    config = yaml.safe_load((directory / "decoder.yml").read_text())
-    settings = {k.replace("-", "_"): v for k, v in config.items() if k not in ("models", "vocabs", "relative-paths")}
-    return pymarian.Translator(models=str(directory / "model.npz"), vocabs=[str(directory / "vocab.spm")] * 2,
-                               cpu_threads=1, quiet=True, **{**settings, **options})
+    return pymarian.Translator(" ".join(["-c", str(directory / "decoder.yml"), "--quiet", "--cpu-threads", "1", *flags]))
 
 
 def xf_scores(ckpt, sources, pieces_lists):
@@ -123,7 +121,7 @@ def xf_scores(ckpt, sources, pieces_lists):
 def test_marian_scores_every_token_as_xf_does(trained_marian, multi30k_dir):
     ckpt, directory = trained_marian
     sources = (multi30k_dir / "test2016.en").read_text(encoding="utf-8").splitlines()[:20]
-    translator = pymarian_translator(directory, n_best=True, word_scores=True, no_spm_decode=True)
+    translator = pymarian_translator(directory, "--n-best", "--word-scores", "--no-spm-decode")
     rows = [[f.strip() for f in line.split("|||")] for line in translator.translate(sources)]
     lines = [int(r[0]) for r in rows]
     mine = xf_scores(ckpt, [sources[i] for i in lines], [r[1].split() for r in rows])
@@ -151,7 +149,7 @@ def test_marian_translates_as_xf_translate(trained_marian, multi30k_dir, tmp_pat
                                beam_size=4, lenpen=1.0, lenpen_style="length", max_len_a=10, max_len_b=9,
                                threads=1, precision="fp32"))
     mine = (tmp_path / "xf").read_text(encoding="utf-8").splitlines()
-    theirs = pymarian_translator(directory, mini_batch=1, max_length_factor=10).translate(sources)
+    theirs = pymarian_translator(directory, "--mini-batch", "1", "--max-length-factor", "10").translate(sources)
     differ = [i for i, (a, b) in enumerate(zip(mine, theirs)) if a != b]
     assert len(mine) == len(theirs) == 200 and len(differ) <= 10, differ
     sp = load_sentencepiece(load_checkpoint(ckpt)["spm_model"])
