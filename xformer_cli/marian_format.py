@@ -20,13 +20,14 @@ The residual stream is permuted as for MarianMT (``huggingface.residual_permutat
 sinusoids too put every sine in the first half of the model dimension), and the weights are
 otherwise the MarianMT export's (``huggingface.marian_state_dict``), renamed and transposed.
 
-Two of Marian's conventions differ from xf's and no weight can carry the difference, so the
-exported model computes a close but not identical function (docs/export.md#marian measures it):
-(1) Marian's sinusoids use tensor2tensor's frequencies, 10000^(-i/(D/2-1)) for the i-th sine,
-where xf (and the paper) use 10000^(-i/(D/2)); (2) Marian's decoder starts from a zero vector,
-xf's from the embedding of bos. Marian's layer norm adds 1e-6 to the variance, torch's 1e-5.
+Two of Marian's conventions are not the paper's, and no weight can carry the difference: its
+sinusoids use tensor2tensor's frequencies, 10000^(-i/(D/2-1)) for the i-th sine, and its decoder
+starts from a zero vector, not from a token's embedding. An xf model trained with
+``--sinusoids tensor2tensor --decoder-start zero`` computes what Marian computes (per-token
+log-probabilities equal to 1e-4; Marian's layer norm adds 1e-6 to the variance, torch's 1e-5); any
+other is refused: with the paper's conventions not one of 200 test translations came out the same.
 Special ids need no reordering: Marian takes eos and unk from the sentencepiece model (xf's 3
-and 1), and never uses its pad or bos.
+and 1), and never feeds its pad or bos.
 """
 
 from __future__ import annotations
@@ -54,8 +55,8 @@ _FFN = {"fc1.weight": "ffn_W1", "fc1.bias": "ffn_b1", "fc2.weight": "ffn_W2", "f
 
 
 def refuse_unmarian(model: Transformer, where: str = "checkpoint") -> None:
-    """A one-line error naming the option when Marian's transformer cannot hold ``model``: what
-    MarianMT cannot (learned/RoPE/ALiBi positions, SwiGLU, a head size other than
+    """A one-line error naming the option when Marian's transformer cannot hold ``model``: the
+    paper's sinusoids or a bos decoder start (above), what MarianMT cannot either (learned/RoPE/ALiBi positions, SwiGLU, a head size other than
     d_model / heads, an odd d_model) pre-LN (not written yet) and unscaled embeddings (Marian always scales them by
     sqrt(d_model) before adding its sinusoids)."""
     cfg = model.cfg
@@ -146,9 +147,11 @@ def npz_bytes(model: Transformer) -> bytes:
 def decoder_config(beam_size: int = 4, lenpen: float = 1.0, max_length_factor: float = 3.0) -> dict:
     """decoder.yml: what ``marian-decoder -c decoder.yml`` needs beside the model. xf's search
     as Marian has it: beam ``beam_size``, score / |Y|^lenpen with |Y| counting eos (Marian's
-    --normalize is xf's --lenpen-style length), unk allowed as xf allows it."""
-    return {"models": ["model.npz"], "vocabs": ["vocab.spm", "vocab.spm"], "beam-size": beam_size,
-            "normalize": lenpen, "word-penalty": 0, "allow-unk": True, "max-length-factor": max_length_factor,
+    --normalize is xf's --lenpen-style length), unk allowed as xf allows it; paths relative to
+    decoder.yml. Marian's length limit is max-length-factor x the longest source in its batch (3,
+    its default), xf's a*|X|+b per sentence (|X|+50)."""
+    return {"relative-paths": True, "models": ["model.npz"], "vocabs": ["vocab.spm", "vocab.spm"],
+            "beam-size": beam_size, "normalize": lenpen, "word-penalty": 0, "allow-unk": True, "max-length-factor": max_length_factor,
             "mini-batch": 16, "maxi-batch": 100, "maxi-batch-sort": "src"}
 
 

@@ -134,8 +134,6 @@ def export_marian(options: ExportOptions) -> Path:
         ("model", f"Marian transformer, {config['enc-depth']} / {config['dec-depth']} layers, dim-emb "
                   f"{config['dim-emb']}, {config['transformer-ffn-activation']}, vocabulary {config['dim-vocabs'][0]}"),
         ("decoding", f"beam-size {options.beam_size}, normalize {options.lenpen} (decoder.yml)"),
-        ("differs", "Marian's sinusoid frequencies and zero decoder start are not xf's: close, not equal "
-                    "(docs/export.md#marian)"),
         ("written", ", ".join(sorted(p.name for p in output.iterdir())) + f" in {output}"),
     ])
     return output
