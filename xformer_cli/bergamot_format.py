@@ -29,7 +29,7 @@ import shutil
 import struct
 from importlib import resources
 from pathlib import Path
-from typing import Mapping
+from typing import Mapping, Optional
 
 import numpy as np
 import yaml
@@ -165,18 +165,21 @@ def engine_package(directory: str | Path) -> Path:
     return root
 
 
-def write_directory(directory: Path, model: bytes, int8: bool, shortlist: bytes, spm_model: bytes, package: Path,
-                    direction: str, decoding: Mapping) -> dict[str, str]:
+def write_directory(directory: Path, model: bytes, int8: bool, shortlist: Optional[bytes], spm_model: bytes,
+                    package: Path, direction: str, decoding: Mapping) -> dict[str, str]:
     """Fill ``directory`` with what the page loads: the model (``int8``: intgemm8 weights), the
-    shortlist and the vocabulary under Bergamot's names, registry.json (their sha256, checked by
-    the browser, and ``decoding``: Marian options the worker passes on), the engine's files and
-    the page. Returns the registry's file names."""
-    names = dict(model=f"model.{direction}.{'intgemm8.' if int8 else ''}bin", lex=f"lex.{direction}.s2t.bin",
-                 vocab=f"vocab.{direction}.spm")
+    shortlist (if any: without one the worker passes an empty one, which Bergamot skips) and the
+    vocabulary under Bergamot's names, registry.json (their sha256, checked by the browser, and
+    ``decoding``: Marian options the worker passes on), the engine's files and the page. Returns
+    the registry's file names."""
+    files = dict(model=(f"model.{direction}.{'intgemm8.' if int8 else ''}bin", model),
+                 lex=(f"lex.{direction}.s2t.bin", shortlist), vocab=(f"vocab.{direction}.spm", spm_model))
+    names = {part: name for part, (name, data) in files.items() if data is not None}
     entry = {}
-    for part, data in zip(names, (model, shortlist, spm_model)):
-        (directory / names[part]).write_bytes(data)
-        entry[part] = dict(name=names[part], size=len(data), expectedSha256Hash=hashlib.sha256(data).hexdigest())
+    for part, name in names.items():
+        data = files[part][1]
+        (directory / name).write_bytes(data)
+        entry[part] = dict(name=name, size=len(data), expectedSha256Hash=hashlib.sha256(data).hexdigest())
     # int8shiftAll: the WASM build multiplies int8 shifted only, and the worker's default
     # (int8shiftAlphaAll) wants precomputed activation scales (..._QuantMultA) this model lacks
     entry["config"] = {"gemm-precision": "int8shiftAll" if int8 else "float32", **decoding}

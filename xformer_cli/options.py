@@ -586,7 +586,7 @@ class ExportOptions:
     bleu: Optional[str] = option(None, "huggingface: the test score for the model card: a file written by "
                                  "xf score --json (BLEU and its sacreBLEU signature)")
     shortlist: Optional[str] = option(None, "bergamot: the vocabulary shortlist written by xf shortlist for "
-                                      "this model (required), written as Bergamot's binary shortlist")
+                                      "this model, written as Bergamot's binary shortlist")
     bergamot_package: str = option(".bergamot/node_modules/@browsermt/bergamot-translator",
                                    "bergamot: the npm package @browsermt/bergamot-translator 0.4.9 whose engine "
                                    "the page runs (make bergamot installs it there)")

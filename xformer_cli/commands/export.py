@@ -90,8 +90,6 @@ def export_bergamot(options: ExportOptions) -> Path:
     if options.quantization == "bfloat16":
         raise XfError("xf export bergamot: --quantization bfloat16 has no Bergamot form; its WebAssembly engine "
                       "multiplies float32 or int8 (--quantization float32 or int8)")
-    if options.shortlist is None:
-        raise XfError("xf export bergamot needs --shortlist FILE: the model's shortlist, written by xf shortlist")
     direction = direction_name(options.source_lang, options.target_lang)
     output = Path(options.output)
     ckpt = load_checkpoint(options.path)
@@ -103,17 +101,20 @@ def export_bergamot(options: ExportOptions) -> Path:
     int8 = options.quantization == "int8"
     if int8:
         check_int8_shapes(model.cfg)
-    shortlist = Shortlist.load(options.shortlist)
-    shortlist.check_vocabulary(options.shortlist, model.cfg.vocab_size, vocab_digest(ckpt["spm_model"]))
+    shortlist = None
+    if options.shortlist is not None:
+        shortlist = Shortlist.load(options.shortlist)
+        shortlist.check_vocabulary(options.shortlist, model.cfg.vocab_size, vocab_digest(ckpt["spm_model"]))
     model_bytes = binary_model(marian_params(model), marian_config(model), int8)
     with atomic_directory(output) as tmp:
         decoding = {"beam-size": options.beam_size, "normalize": options.lenpen, "allow-unk": True}  # unk: as xf
-        names = write_directory(tmp, model_bytes, int8, binary_shortlist(shortlist), ckpt["spm_model"], package,
-                                direction, decoding)
+        lex = binary_shortlist(shortlist) if shortlist is not None else None
+        names = write_directory(tmp, model_bytes, int8, lex, ckpt["spm_model"], package, direction, decoding)
     print_summary(stderr_console(), "xf export bergamot", [
         ("from", str(options.path)),
         ("model", f"{names['model']}, {'int8 (intgemm8)' if int8 else 'float32'}, {len(model_bytes) / 2**20:.1f} MiB"),
-        ("shortlist", f"{names['lex']}: {len(shortlist.frequent)} frequent pieces, top {shortlist.k} a source piece"),
+        ("shortlist", f"{names['lex']}: {len(shortlist.frequent)} frequent pieces, top {shortlist.k} a source piece"
+                      if shortlist is not None else "none (--shortlist FILE from xf shortlist makes the page faster)"),
         ("decoding", f"beam {options.beam_size}, normalize {options.lenpen:g} (score / |Y|^normalize)"),
         ("written", f"{output}: open index.html through a static file server (python -m http.server)"),
     ])
