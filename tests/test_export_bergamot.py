@@ -65,6 +65,9 @@ def test_bad_input_is_one_line_and_writes_nothing(tmp_path, spm_model):
                "--quantization", "int8"], "d_model 32")
         fails(["export", "bergamot", "--path", ckpt, "--output", out, "--shortlist", tmp_path / "sl.npz",
                "--quantization", "bfloat16"], "float32 or int8")
+        untied = random_checkpoint(tmp_path / "untied.pt", spm_model, d_model=64, d_ff=128, share_embeddings="none",
+                                   **MARIAN)
+        fails(["export", "bergamot", "--path", untied, "--output", out], "--share-embeddings none")
         paper = random_checkpoint(tmp_path / "paper.pt", spm_model, d_model=64, d_ff=128)  # xf's own conventions
         fails(["export", "bergamot", "--path", paper, "--output", out, "--shortlist", tmp_path / "sl.npz"],
               "--sinusoids tensor2tensor")

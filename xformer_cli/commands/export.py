@@ -80,7 +80,7 @@ def export_huggingface(options: ExportOptions) -> Path:
 def export_bergamot(options: ExportOptions) -> Path:
     """Write the Bergamot directory (model, shortlist, vocabulary, engine, page) of options.path."""
     from ..bergamot_format import (binary_model, binary_shortlist, check_int8_shapes, direction_name, engine_package,
-                                   write_directory)
+                                   refuse_untied_output, write_directory)
     from ..checkpoint import vocab_digest
     from ..marian_format import marian_config, marian_params, refuse_unmarian
     from ..shortlist import Shortlist
@@ -98,6 +98,7 @@ def export_bergamot(options: ExportOptions) -> Path:
     if isinstance(load_sentencepiece(ckpt["spm_model"], str(options.path)), MappedVocabulary):  # as write_marian_model
         raise XfError(f"{options.path}: its vocabulary is a mapped one (two sentencepiece models, from xf import "
                       "huggingface); Bergamot reads one sentencepiece model's own ids")
+    refuse_untied_output(model.cfg)
     int8 = options.quantization == "int8"
     if int8:
         check_int8_shapes(model.cfg)
