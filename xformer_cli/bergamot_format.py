@@ -201,7 +201,8 @@ def refuse_untied_output(cfg) -> None:
     model with the output tied to the decoder's embeddings kept xf's on all 20."""
     if cfg.share_embeddings == "none":
         raise XfError("xf export bergamot: an output projection of its own (--share-embeddings none) is not "
-                      "translated as xf translates it by Bergamot's engine; train with --share-embeddings all or decoder")
+                      "translated as xf translates it by Bergamot's engine; train with --share-embeddings all or "
+                      "decoder")
 
 
 def check_int8_shapes(cfg) -> None:
