@@ -9,7 +9,7 @@ TORCH ?= torch==2.13.0
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.xf-installed
 
-.PHONY: venv test test-fast demo bench docs clean
+.PHONY: venv test test-fast demo bench docs clean bergamot
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -37,5 +37,9 @@ demo: $(STAMP)
 bench: $(STAMP)
 	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python bench/run.py
 
+# Bergamot's WebAssembly engine for xf export bergamot, pinned (the version its files are tested with)
+bergamot:
+	npm install --prefix .bergamot --no-save --no-audit --no-fund @browsermt/bergamot-translator@0.4.9
+
 clean:
-	rm -rf $(VENV) .pytest_cache .hypothesis
+	rm -rf $(VENV) .pytest_cache .hypothesis .bergamot

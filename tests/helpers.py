@@ -92,7 +92,7 @@ def random_checkpoint(path, spm_model: bytes, **overrides) -> str:
     """A random tiny model (vocabulary 200, d_model 32) whose LayerNorms, biases and output bias are
     away from their initialisation (ones and zeros), so that an export has to map them right."""
     torch.manual_seed(0)
-    model = build_model("tiny", vocab_size=200, d_model=32, d_ff=64, heads=4, max_positions=128, **overrides)
+    model = build_model("tiny", **{**dict(vocab_size=200, d_model=32, d_ff=64, heads=4, max_positions=128), **overrides})
     with torch.no_grad():
         for name, p in model.named_parameters():
             if "norm" in name or name.endswith("bias"):
@@ -110,15 +110,15 @@ def tiny_checkpoint(path, spm_model: bytes, seed: int):
     return str(path)
 
 
-def train_tiny(multi30k_dir: Path, tmp: Path) -> Path:
+def train_tiny(multi30k_dir: Path, tmp: Path, **model) -> Path:
     """A 2-layer model trained for 300 updates on 3,000 Multi30k pairs (a minute on one core):
-    tmp/data (vocabulary 1,000) and tmp/ckpt/checkpoint_last.pt."""
+    tmp/data (vocabulary 1,000) and tmp/ckpt/checkpoint_last.pt; ``model``: ModelConfig fields."""
     raw = slice_multi30k(multi30k_dir, tmp / "raw", 3000, 50)
     make_data(raw, tmp / "data", 1000)
     train(TrainOptions(data=str(tmp / "data"), save_dir=str(tmp / "ckpt"), arch="tiny", max_tokens=2000,
                        warmup_updates=50, max_update=300, device="cpu", threads=1, seed=1, dropout=0.0,
                        save_interval_minutes=0, precision="fp32",  # auto is bf16 on CPUs with bf16: one model on every CPU
-                       lr_scheduler="inverse_sqrt", lr=3e-3))  # noam's peak (0.018 at d_model 64) stalls it in a target LM
+                       lr_scheduler="inverse_sqrt", lr=3e-3, **model))  # noam's peak (0.018 at d_model 64) stalls it in a target LM
     return tmp / "ckpt" / "checkpoint_last.pt"
 
 

@@ -72,9 +72,10 @@ def assert_same_log_probs(ckpt, model_dir, pairs, count=5):
         dict(activation="swiglu", positions="learned", encoder_layers=1, decoder_layers=3),
         dict(head_dim=4),  # Table 3 row B: h * d_k = 16 < d_model = 32
         dict(head_dim=16),  # h * d_k = 64 > d_model
+        dict(sinusoids="tensor2tensor", decoder_start="zero"),  # Marian's conventions
     ],
     ids=["paper", "preln-gelu-learned-decoder-tied", "preln-swiglu-untied", "postln-swiglu-learned-1x3",
-         "head-dim-4", "head-dim-16"],
+         "head-dim-4", "head-dim-16", "marian-conventions"],
 )
 @pytest.mark.slow
 def test_every_supported_variant_exports_with_equal_log_probs(tmp_path, spm_model, pairs, variant):

@@ -219,6 +219,8 @@ def fails(args, message):
 @pytest.mark.parametrize("variant, option", [
     (dict(normalize_before=True), "--normalize-before"), (dict(positions="learned"), "--positions learned"),
     (dict(positions="rope"), "--positions rope"), (dict(activation="swiglu"), "--activation swiglu"),
+    (dict(sinusoids="tensor2tensor"), "--sinusoids tensor2tensor cannot be exported to MarianMT"),
+    (dict(decoder_start="zero"), "--decoder-start zero cannot be exported to MarianMT"),
 ])
 def test_export_refuses_what_marian_cannot_compute(tmp_path, spm_model, variant, option):
     ckpt = random_checkpoint(tmp_path / "m.pt", spm_model, **variant)

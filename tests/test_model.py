@@ -239,6 +239,32 @@ def test_sinusoidal_positions_match_the_formula():
             assert pe[pos, 2 * i + 1].item() == pytest.approx(math.cos(angle), abs=1e-6)
 
 
+def test_tensor2tensor_sinusoids_are_marians():
+    """Marian's SinusoidalPositionEmbeddings (src/tensors/cpu/tensor_operators.cpp): the i-th of the
+    D/2 sines and cosines at frequency exp(-i ln(10000) / (D/2 - 1)), here interleaved as xf's."""
+    d = 16
+    pe = sinusoidal_positions(50, d, "tensor2tensor")
+    for pos in (0, 1, 7, 49):
+        for i in range(d // 2):
+            angle = pos * math.exp(-i * math.log(10000) / (d // 2 - 1))
+            assert pe[pos, 2 * i].item() == pytest.approx(math.sin(angle), abs=1e-6)
+            assert pe[pos, 2 * i + 1].item() == pytest.approx(math.cos(angle), abs=1e-6)
+
+
+def test_zero_decoder_start_ignores_the_start_token_and_caches_as_it_decodes():
+    model = tiny(decoder_start="zero")
+    src, prev = torch.tensor([[5, 6, 7, 3]]), torch.tensor([[2, 8, 9]])
+    with torch.no_grad():
+        full, features = model(src, prev), model(src, prev, features_only=True)
+        model.decoder_embed.weight[2] += 1.0  # bos's row: never read at position 0 (only its logit moves)
+        assert torch.equal(model(src, prev, features_only=True), features)
+        model.decoder_embed.weight[2] -= 1.0
+        memory, src_pad = model.encode(src)
+        cache = model.new_cache()
+        steps = [model.decode(prev[:, t : t + 1], memory, src_pad, cache) for t in range(3)]
+    assert torch.allclose(torch.cat(steps, dim=1), full, atol=1e-5)
+
+
 def test_three_way_tying_is_one_tensor():
     model = tiny()
     assert model.encoder_embed.weight is model.decoder_embed.weight

@@ -7,7 +7,8 @@ sentencepiece model (``spm.model``) and ``xf.json`` beside it. What maps to what
 
     embeddings           encoder/decoder embeddings (one array when tied), scaled by sqrt(d_model)
     positions            xf's own table as the spec's position encodings: sinusoidal (interleaved
-                         sin/cos from position 0, which is not CTranslate2's built-in table) or learned
+                         sin/cos from position 0, which is not CTranslate2's built-in table) or learned;
+                         --decoder-start zero as the decoder spec's start_from_zero_embedding
     attention            self-attention: in_proj as one fused qkv linear; cross-attention: its q
                          rows, then its k/v rows fused, then out_proj; --head-dim as the specs'
                          head_dim
@@ -72,6 +73,7 @@ def transformer_spec(model: Transformer, pieces: Sequence[str]):
                 head_dim=head_dim)
     spec = ts.TransformerSpec(ts.TransformerEncoderSpec(cfg.encoder_layers, cfg.heads, **both),
                               ts.TransformerDecoderSpec(cfg.decoder_layers, cfg.heads, **both))
+    spec.decoder.start_from_zero_embedding = cfg.decoder_start == "zero"  # CTranslate2's flag for Marian's start
     np_ = lambda t: t.detach().float().cpu().numpy()  # noqa: E731
     if cfg.positions == "sinusoidal":
         positions = np_(model.pos_table)

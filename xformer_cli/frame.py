@@ -150,8 +150,9 @@ COMMANDS: list[Command] = [
             inputs=(Input("data", "directory"),),
             outputs=(Output("output"),)),
     Command("export", ExportOptions, "export:export",
-            "Export a checkpoint for another runtime: xf export ctranslate2|huggingface|argos --path CKPT --output PATH.",
-            inputs=(Input("path"), Input("bleu")),
+            "Export a checkpoint for another runtime: xf export ctranslate2|huggingface|argos|marian|bergamot --path "
+            "CKPT --output PATH.",
+            inputs=(Input("path"), Input("bleu"), Input("shortlist"), Input("bergamot_package", "directory")),
             outputs=(Output("output", "directory", kind_when=(("format", "argos", "file"),)),)),
     Command("import", ImportOptions, "import_:import_model",
             "Import a model from another toolkit: xf import huggingface DIR --output CKPT (a MarianMT directory).",

@@ -30,9 +30,10 @@ OPUS-MT model (eos 0, unk 1, pad = decoder start = the last id) then gets bos fr
 and one new row for xf's pad, whose logit is held at ``NEVER_LOGIT`` (its probability is 0 in
 float32), so the log-probabilities of every other token are the model's own.
 
-Not representable, and refused with the option named: pre-LN, learned/rope/alibi positions and
-SwiGLU (export); separate source/target id spaces, shared encoder/decoder embeddings with an
-untied lm_head, unequal encoder/decoder widths, other activations or layer norms (import).
+Not representable, and refused with the option named: pre-LN, learned/rope/alibi positions,
+tensor2tensor's sinusoids, a zero decoder start and SwiGLU (export); separate source/target id
+spaces, shared encoder/decoder embeddings with an untied lm_head, unequal encoder/decoder widths,
+other activations or layer norms (import).
 Loading never runs code from the directory: safetensors, or a pytorch_model.bin through
 ``torch.load(weights_only=True)``; every field of config.json that import reads is checked for
 its type and range (that of the ModelConfig field it becomes) before use.
@@ -123,20 +124,27 @@ def _permute(t: torch.Tensor, how: str, perm: torch.Tensor) -> torch.Tensor:
 
 
 # -- export --------------------------------------------------------------------------------------
-def refuse_for_marian(cfg, where: str) -> None:
-    """A one-line error naming the option when MarianMT cannot compute what the model computes."""
+def refuse_for_marian(cfg, where: str, target: str = "MarianMT", sinusoids: str = "paper",
+                      decoder_start: str = "bos") -> None:
+    """A one-line error naming the option when ``target`` (MarianMT, or Marian: one architecture
+    that differs in ``sinusoids`` and ``decoder_start``) cannot compute what the model computes."""
+    for option, mine, theirs in (("sinusoids", cfg.sinusoids, sinusoids),
+                                 ("decoder-start", cfg.decoder_start, decoder_start)):
+        if mine != theirs:
+            raise XfError(f"{where}: --{option} {mine} cannot be exported to {target}, which has --{option} "
+                          f"{theirs} (train with it)")
     if cfg.normalize_before:
-        raise XfError(f"{where}: --normalize-before (pre-LN) cannot be exported to MarianMT, which is post-LN")
+        raise XfError(f"{where}: --normalize-before (pre-LN) cannot be exported to {target}, which is post-LN")
     if cfg.positions != "sinusoidal":
-        raise XfError(f"{where}: --positions {cfg.positions} cannot be exported to MarianMT (static sinusoids only)")
+        raise XfError(f"{where}: --positions {cfg.positions} cannot be exported to {target} (static sinusoids only)")
     if cfg.activation not in ACTIVATIONS:
-        raise XfError(f"{where}: --activation {cfg.activation} cannot be exported to MarianMT "
+        raise XfError(f"{where}: --activation {cfg.activation} cannot be exported to {target} "
                       f"({', '.join(ACTIVATIONS)} only)")
     if cfg.d_model % 2:
-        raise XfError(f"{where}: --d-model {cfg.d_model} is odd; MarianMT's sinusoids need an even width")
+        raise XfError(f"{where}: --d-model {cfg.d_model} is odd; {target}'s sinusoids need an even width")
     head_dim = getattr(cfg, "head_dim", None)  # projections d_model -> heads * head_dim, where that option exists
     if head_dim and head_dim * cfg.heads != cfg.d_model:
-        raise XfError(f"{where}: --head-dim {head_dim} (heads x head_dim != d_model) cannot be exported to MarianMT, "
+        raise XfError(f"{where}: --head-dim {head_dim} (heads x head_dim != d_model) cannot be exported to {target}, "
                       "whose heads split d_model")
 
 

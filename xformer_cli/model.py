@@ -25,13 +25,16 @@ from .options import PRESETS, ModelConfig, model_config  # noqa: F401 - the conf
 from .vocab import PAD_ID
 
 
-def sinusoidal_positions(length: int, d_model: int) -> torch.Tensor:
+def sinusoidal_positions(length: int, d_model: int, frequencies: str = "paper") -> torch.Tensor:
     """PE(pos, 2i) = sin(pos / 10000^(2i/d)), PE(pos, 2i+1) = cos(pos / 10000^(2i/d)) (Sec. 3.5).
 
     Returns (length, d_model), sines in even and cosines in odd dimensions as in the formula.
+    frequencies "tensor2tensor": 10000^(i/(d/2-1)) in place of 10000^(2i/d), as tensor2tensor's
+    timing signal and Marian have them (the sines' and cosines' order is a permutation apart).
     """
     pos = torch.arange(length, dtype=torch.float64).unsqueeze(1)  # (L, 1)
-    div = torch.pow(10000.0, torch.arange(0, d_model, 2, dtype=torch.float64) / d_model)
+    i = torch.arange(0, d_model // 2, dtype=torch.float64)
+    div = torch.pow(10000.0, 2 * i / d_model if frequencies == "paper" else i / max(d_model // 2 - 1, 1))
     pe = torch.zeros(length, d_model, dtype=torch.float64)
     pe[:, 0::2] = torch.sin(pos / div)
     pe[:, 1::2] = torch.cos(pos / div[: d_model // 2])
@@ -497,7 +500,8 @@ class Transformer(nn.Module):
         self.register_buffer("output_bias", torch.zeros(cfg.vocab_size) if cfg.output_bias else None)
 
         if cfg.positions == "sinusoidal":
-            self.register_buffer("pos_table", sinusoidal_positions(cfg.max_positions, d), persistent=False)
+            self.register_buffer("pos_table", sinusoidal_positions(cfg.max_positions, d, cfg.sinusoids),
+                                 persistent=False)
         elif cfg.positions == "learned":  # Table 3, row E
             self.learned_pos = nn.Embedding(cfg.max_positions, d)
             nn.init.normal_(self.learned_pos.weight, mean=0.0, std=d**-0.5)
@@ -516,14 +520,18 @@ class Transformer(nn.Module):
         self.decoder_norm = nn.LayerNorm(d) if cfg.normalize_before else nn.Identity()
 
     # -- positions -----------------------------------------------------------------------------
-    def _embed(self, embed: nn.Embedding, tokens: torch.Tensor, offset: int) -> torch.Tensor:
-        """Scaled token embeddings plus absolute positions offset..offset+L-1, then dropout: (B, L, D)."""
+    def _embed(self, embed: nn.Embedding, tokens: torch.Tensor, offset: int, zero_start: bool = False) -> torch.Tensor:
+        """Scaled token embeddings plus absolute positions offset..offset+L-1, then dropout: (B, L, D).
+        zero_start: position 0 embeds a zero vector whatever its token (the decoder's bos, with
+        --decoder-start zero)."""
         length = tokens.size(1)
         if offset + length > self.cfg.max_positions:
             raise ValueError(
                 f"sequence of {offset + length} tokens exceeds max_positions {self.cfg.max_positions}"
             )
         x = embed(tokens) * self.embed_scale
+        if zero_start and offset == 0:  # Marian's decoder starts from a zero vector, not a token's embedding
+            x = torch.cat([torch.zeros_like(x[:, :1]), x[:, 1:]], dim=1)
         if self.cfg.positions == "sinusoidal":
             x = x + self.pos_table[offset : offset + length]
         elif self.cfg.positions == "learned":
@@ -577,7 +585,7 @@ class Transformer(nn.Module):
         """
         offset = cache.length if cache is not None else 0
         t = prev_output.size(1)
-        x = self._embed(self.decoder_embed, prev_output, offset)
+        x = self._embed(self.decoder_embed, prev_output, offset, self.cfg.decoder_start == "zero")
         memory_mask = (~src_pad)[:, None, None, :]  # (B, 1, 1, S)
         # A single new step attends to the whole cached prefix: no mask needed.
         causal = t > 1

@@ -52,6 +52,14 @@ class ModelConfig:
     positions: Literal["sinusoidal", "learned", "rope", "alibi"] = option(
         "sinusoidal", "position information"
     )
+    sinusoids: Literal["paper", "tensor2tensor"] = option(
+        "paper", "sinusoidal frequencies: the paper's 10000^(-2i/d), or tensor2tensor's 10000^(-i/(d/2-1)), "
+        "Marian's (xf export marian needs them)"
+    )
+    decoder_start: Literal["bos", "zero"] = option(
+        "bos", "the decoder's first input: the embedding of bos, or a zero vector as Marian's decoder has it "
+        "(xf export marian needs zero)"
+    )
     max_positions: int = option(1024, "longest sequence the model accepts", range=Range(1, 1 << 20))
     share_embeddings: Literal["all", "decoder", "none"] = option(
         "all", "tie source, target and output embeddings (all), target and output (decoder)"
@@ -553,27 +561,30 @@ class ShortlistOptions:
 
 @dataclass(frozen=True)
 class ExportOptions:
-    format: Literal["ctranslate2", "huggingface", "argos"] = option(
-        help="what to export to: ctranslate2, huggingface (a MarianMT directory), or argos (an Argos Translate "
-             "package file, .argosmodel, for argostranslate and LibreTranslate)", positional=True)
+    format: Literal["ctranslate2", "huggingface", "argos", "marian", "bergamot"] = option(
+        help="what to export to: ctranslate2, huggingface (a MarianMT directory), argos (an Argos Translate "
+             "package file, .argosmodel, for argostranslate and LibreTranslate), marian (model.npz for Marian, "
+             "Bergamot, translateLocally) or bergamot (a page that translates in the browser)", positional=True)
     path: str = option(help="the xf checkpoint to export")
     output: str = option(help="the model directory to write (ctranslate2: with the sentencepiece model as spm.model; "
                               "argos: the package file)")
     quantization: Literal["float32", "int8", "bfloat16"] = option(
-        "float32", "ctranslate2 and argos: weight type of the exported model (CTranslate2 can still compute in another type)"
+        "float32", "ctranslate2 and argos: weight type of the exported model (CTranslate2 can still compute in another "
+        "type); bergamot: float32, or int8 (marian-conv's intgemm8, multiplied int8shiftAll)"
     )
-    beam_size: int = option(4, "huggingface: num_beams of generation_config.json", aliases=("beam",),
-                            range=Range(1, 1000))
+    beam_size: int = option(4, "huggingface: num_beams of generation_config.json; marian: beam-size of decoder.yml; "
+                            "bergamot: the page's beam size", aliases=("beam",), range=Range(1, 1000))
     lenpen: float = option(1.0, "huggingface: length_penalty of generation_config.json, score / |Y|^lenpen "
-                           "(xf translate --lenpen-style length; GNMT's penalty has no transformers equivalent)",
+                           "(xf translate --lenpen-style length; GNMT's penalty has no transformers equivalent); "
+                           "marian and bergamot: normalize",
                            range=Range(-10, 10))
     max_length: int = option(0, "huggingface: max_length of generation_config.json, decoder start and eos "
                              "included (0: 512, as OPUS-MT models have, or max_positions if fewer)",
                              range=Range(0, 1 << 20))
     source_lang: str = option("en", "huggingface: source language, for the model card and tokenizer; argos: the "
-                              "package's from_code")
+                              "package's from_code; bergamot: its two letters name the direction")
     target_lang: str = option("de", "huggingface: target language, for the model card and tokenizer; argos: the "
-                              "package's to_code")
+                              "package's to_code; bergamot: as --source-lang")
     source_name: Optional[str] = option(None, "argos: the source language's name LibreTranslate shows (default: "
                                         "--source-lang)")
     target_name: Optional[str] = option(None, "argos: the target language's name (default: --target-lang)")
@@ -581,6 +592,11 @@ class ExportOptions:
                                   "and its directory's name: translate-en_de-1_0)")
     bleu: Optional[str] = option(None, "huggingface: the test score for the model card: a file written by "
                                  "xf score --json (BLEU and its sacreBLEU signature)")
+    shortlist: Optional[str] = option(None, "bergamot: the vocabulary shortlist written by xf shortlist for "
+                                      "this model, written as Bergamot's binary shortlist")
+    bergamot_package: str = option(".bergamot/node_modules/@browsermt/bergamot-translator",
+                                   "bergamot: the npm package @browsermt/bergamot-translator 0.4.9 whose engine "
+                                   "the page runs (make bergamot installs it there)")
     overwrite: bool = option(False, "replace an existing non-empty output directory (argos: an existing file)")
 
     def __post_init__(self) -> None:

@@ -1,10 +1,12 @@
-"""``xf export ctranslate2|huggingface|argos --path CKPT --output PATH``: an xf checkpoint as a
-model of another runtime. The conversions are the format modules' (``ctranslate2_format``:
-a CTranslate2 model directory, run by ``xf translate --engine ctranslate2``; ``huggingface``: a
-MarianMT directory; ``argos_format``: an Argos Translate package, one file); this command owns the
-options, the output (written atomically: built in a temporary directory or file beside it, then
-renamed into place; an old output directory with --overwrite renamed aside first, deleted once the
-new one is in place) and the summary.
+"""``xf export ctranslate2|huggingface|argos|marian|bergamot --path CKPT --output PATH``: an xf
+checkpoint as a model of another runtime. The conversions are the format modules'
+(``ctranslate2_format``: a CTranslate2 model directory, run by ``xf translate --engine
+ctranslate2``; ``huggingface``: a MarianMT directory; ``argos_format``: an Argos Translate package,
+one file; ``marian_format``: a Marian model.npz, vocabulary and decoder.yml; ``bergamot_format``:
+Bergamot's files over ``marian_format``'s parameters, and a page that translates in the browser);
+this command owns the options, the output (written atomically: built in a temporary directory or
+file beside it, then renamed into place; an old output directory with --overwrite renamed aside
+first, deleted once the new one is in place) and the summary.
 """
 
 from __future__ import annotations
@@ -108,10 +110,72 @@ def export_argos(options: ExportOptions) -> Path:
     return output
 
 
+def export_bergamot(options: ExportOptions) -> Path:
+    """Write the Bergamot directory (model, shortlist, vocabulary, engine, page) of options.path."""
+    from ..bergamot_format import (binary_model, binary_shortlist, check_int8_shapes, direction_name, engine_package,
+                                   refuse_untied_output, write_directory)
+    from ..checkpoint import vocab_digest
+    from ..marian_format import marian_config, marian_params, refuse_unmarian
+    from ..shortlist import Shortlist
+    from ..vocab import MappedVocabulary, load_sentencepiece
+
+    package = engine_package(options.bergamot_package)  # a missing engine is said before anything is read
+    if options.quantization == "bfloat16":
+        raise XfError("xf export bergamot: --quantization bfloat16 has no Bergamot form; its WebAssembly engine "
+                      "multiplies float32 or int8 (--quantization float32 or int8)")
+    direction = direction_name(options.source_lang, options.target_lang)
+    output = Path(options.output)
+    ckpt = load_checkpoint(options.path)
+    model = model_from_checkpoint(ckpt, options.path).eval()
+    refuse_unmarian(model, str(options.path))
+    if isinstance(load_sentencepiece(ckpt["spm_model"], str(options.path)), MappedVocabulary):  # as write_marian_model
+        raise XfError(f"{options.path}: its vocabulary is a mapped one (two sentencepiece models, from xf import "
+                      "huggingface); Bergamot reads one sentencepiece model's own ids")
+    refuse_untied_output(model.cfg)
+    int8 = options.quantization == "int8"
+    if int8:
+        check_int8_shapes(model.cfg)
+    shortlist = None
+    if options.shortlist is not None:
+        shortlist = Shortlist.load(options.shortlist)
+        shortlist.check_vocabulary(options.shortlist, model.cfg.vocab_size, vocab_digest(ckpt["spm_model"]))
+    model_bytes = binary_model(marian_params(model), marian_config(model), int8)
+    with atomic_directory(output) as tmp:
+        decoding = {"beam-size": options.beam_size, "normalize": options.lenpen, "allow-unk": True}  # unk: as xf
+        lex = binary_shortlist(shortlist) if shortlist is not None else None
+        names = write_directory(tmp, model_bytes, int8, lex, ckpt["spm_model"], package, direction, decoding)
+    print_summary(stderr_console(), "xf export bergamot", [
+        ("from", str(options.path)),
+        ("model", f"{names['model']}, {'int8 (intgemm8)' if int8 else 'float32'}, {len(model_bytes) / 2**20:.1f} MiB"),
+        ("shortlist", f"{names['lex']}: {len(shortlist.frequent)} frequent pieces, top {shortlist.k} a source piece"
+                      if shortlist is not None else "none (--shortlist FILE from xf shortlist makes the page faster)"),
+        ("decoding", f"beam {options.beam_size}, normalize {options.lenpen:g} (score / |Y|^normalize)"),
+        ("written", f"{output}: open index.html through a static file server (python -m http.server)"),
+    ])
+    return output
+
+
+def export_marian(options: ExportOptions) -> Path:
+    """Write the Marian model directory of checkpoint options.path to options.output."""
+    from ..marian_format import write_marian_model
+
+    output = Path(options.output)
+    with atomic_directory(output) as tmp:
+        ckpt = load_checkpoint(options.path)
+        model = model_from_checkpoint(ckpt, options.path).eval()
+        config = write_marian_model(tmp, model, ckpt["spm_model"], str(options.path), options.beam_size, options.lenpen)
+    print_summary(stderr_console(), "xf export marian", [
+        ("from", str(options.path)),
+        ("model", f"Marian transformer, {config['enc-depth']} / {config['dec-depth']} layers, dim-emb "
+                  f"{config['dim-emb']}, {config['transformer-ffn-activation']}, vocabulary {config['dim-vocabs'][0]}"),
+        ("decoding", f"beam-size {options.beam_size}, normalize {options.lenpen} (decoder.yml)"),
+        ("written", ", ".join(sorted(p.name for p in output.iterdir())) + f" in {output}"),
+    ])
+    return output
+
+
 def export(options: ExportOptions) -> Path:
-    """xf export FORMAT: ctranslate2, huggingface or argos."""
-    if options.format == "huggingface":
-        return export_huggingface(options)
-    if options.format == "argos":
-        return export_argos(options)
-    return export_ctranslate2(options)
+    """xf export FORMAT: ctranslate2, huggingface, argos, marian or bergamot."""
+    exports = {"huggingface": export_huggingface, "argos": export_argos, "marian": export_marian,
+               "bergamot": export_bergamot}
+    return exports.get(options.format, export_ctranslate2)(options)

@@ -1,0 +1,202 @@
+"""xf export bergamot: bad input refused in one line with nothing written, and the pages it
+writes, opened in a real headless chromium from a plain static file server that is then stopped:
+float32 and greedy, the page chooses xf's pieces (the files hold xf's model); int8 with a
+shortlist, 100 test2016 lines score within 0.5 BLEU of xf translate --quantize int8, and the
+sentences per second are printed, not asserted."""
+
+from __future__ import annotations
+
+import functools
+import http.server
+import shutil
+import subprocess
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from xformer_cli.cli import app
+from xformer_cli.commands.export import export
+from xformer_cli.commands.shortlist import shortlist as build_shortlist
+from xformer_cli.commands.translate import translate
+from xformer_cli.options import ExportOptions, ShortlistOptions, TranslateOptions
+
+from helpers import random_checkpoint, train_tiny
+
+REPO = Path(__file__).resolve().parents[1]
+PACKAGE = REPO / ".bergamot/node_modules/@browsermt/bergamot-translator"
+CHROMIUM, CHROMEDRIVER, NPM = shutil.which("chromium"), shutil.which("chromedriver"), shutil.which("npm")
+LINES = 100
+runner = CliRunner()
+
+
+def fails(args, message):
+    result = runner.invoke(app, [str(a) for a in args])
+    assert result.exit_code != 0
+    err = result.stderr.strip()
+    assert len(err.splitlines()) == 1 and message in err, err
+
+
+@pytest.fixture(scope="module")
+def engine() -> Path:
+    """The pinned npm package, installed by make bergamot where it is not (CI has the npm registry)."""
+    if not (PACKAGE / "package.json").is_file():
+        if not NPM:
+            pytest.skip("no npm to install @browsermt/bergamot-translator (make bergamot)")
+        subprocess.run(["make", "bergamot"], cwd=REPO, check=True, capture_output=True)
+    return PACKAGE
+
+
+MARIAN = dict(sinusoids="tensor2tensor", decoder_start="zero")  # what Marian computes (marian_format)
+
+
+def test_bad_input_is_one_line_and_writes_nothing(tmp_path, spm_model):
+    ckpt = random_checkpoint(tmp_path / "m.pt", spm_model, d_model=64, d_ff=128, **MARIAN)
+    out = tmp_path / "page"
+    fails(["export", "bergamot", "--path", ckpt, "--output", out, "--shortlist", tmp_path / "sl.npz",
+           "--bergamot-package", tmp_path / "nowhere"], "install it with make bergamot")
+    if (PACKAGE / "package.json").is_file():  # the rest passes the package check
+        fails(["export", "bergamot", "--path", ckpt, "--output", out, "--shortlist", tmp_path / "sl.npz",
+               "--source-lang", "e"], "two letters")
+        odd = random_checkpoint(tmp_path / "odd.pt", spm_model, **MARIAN)  # d_model 32
+        fails(["export", "bergamot", "--path", odd, "--output", out, "--shortlist", tmp_path / "sl.npz",
+               "--quantization", "int8"], "d_model 32")
+        fails(["export", "bergamot", "--path", ckpt, "--output", out, "--shortlist", tmp_path / "sl.npz",
+               "--quantization", "bfloat16"], "float32 or int8")
+        untied = random_checkpoint(tmp_path / "untied.pt", spm_model, d_model=64, d_ff=128, share_embeddings="none",
+                                   **MARIAN)
+        fails(["export", "bergamot", "--path", untied, "--output", out], "--share-embeddings none")
+        paper = random_checkpoint(tmp_path / "paper.pt", spm_model, d_model=64, d_ff=128)  # xf's own conventions
+        fails(["export", "bergamot", "--path", paper, "--output", out, "--shortlist", tmp_path / "sl.npz"],
+              "--sinusoids tensor2tensor")
+        fails(["export", "bergamot", "--path", ckpt, "--output", out, "--shortlist", tmp_path / "sl.npz"],
+              "shortlist file not found")
+    assert not out.exists()
+    out.mkdir()
+    (out / "mine.txt").write_text("mine")
+    fails(["export", "bergamot", "--path", ckpt, "--output", out, "--shortlist", tmp_path / "sl.npz"], "--overwrite")
+    fails(["export", "bergamot", "--path", ckpt, "--output", tmp_path, "--shortlist", tmp_path / "sl.npz",
+           "--overwrite"], "m.pt")
+    assert [p.name for p in out.iterdir()] == ["mine.txt"]
+
+
+# -- the page in a headless browser ----------------------------------------------------------------
+needs_browser = pytest.mark.skipif(not (CHROMIUM and CHROMEDRIVER), reason="no headless browser: apt-get install "
+                                   "chromium chromium-driver (.ci/run does)")
+
+
+class Quiet(http.server.SimpleHTTPRequestHandler):
+    def log_message(self, *args):  # the test's output is its result, not the server's log
+        pass
+
+
+@pytest.fixture(scope="module")
+def marian_tiny(multi30k_dir, tmp_path_factory) -> Path:
+    """conftest's trained_tiny with Marian's conventions (xf export marian and bergamot refuse others)."""
+    return train_tiny(multi30k_dir, tmp_path_factory.mktemp("marian-tiny"), **MARIAN)
+
+
+class Served:
+    """An export of ``ckpt`` served by a plain static file server (stop() takes it away)."""
+
+    def __init__(self, ckpt: Path, out: Path, **options):
+        export(ExportOptions(format="bergamot", path=str(ckpt), output=str(out), bergamot_package=str(PACKAGE),
+                             **options))
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(Quiet, directory=str(out)))
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/index.html"
+
+    def stop(self):
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.fixture(scope="module")
+def page(marian_tiny, engine, tmp_path_factory):
+    """marian_tiny exported in int8 with its shortlist: (the served page, the shortlist)."""
+    tmp = tmp_path_factory.mktemp("bergamot")
+    build_shortlist(ShortlistOptions(data=str(marian_tiny.parents[1] / "data"), output=str(tmp / "sl.npz")))
+    served = Served(marian_tiny, tmp / "page", shortlist=str(tmp / "sl.npz"), quantization="int8")
+    yield served, tmp / "sl.npz"
+    served.stop()
+
+
+@pytest.fixture(scope="module")
+def browser(tmp_path_factory):
+    webdriver = pytest.importorskip("selenium.webdriver", reason="selenium (the test extra) is not installed")
+    options = webdriver.ChromeOptions()
+    options.binary_location = CHROMIUM
+    for flag in ("--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+                 "--disable-component-update", "--disable-sync", "--no-first-run", "--disable-dev-shm-usage",
+                 f"--user-data-dir={tmp_path_factory.mktemp('chromium-profile')}"):
+        options.add_argument(flag)
+    driver = webdriver.Chrome(service=webdriver.ChromeService(executable_path=CHROMEDRIVER), options=options)
+    driver.set_script_timeout(600)
+    yield driver
+    driver.quit()
+
+
+def xf_int8(ckpt, lines, tmp_path, **options) -> list[str]:
+    """xf translate --quantize int8 with the page's search: beam 4, score / |Y|^1."""
+    (tmp_path / "in.txt").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    translate(TranslateOptions(path=(str(ckpt),), input=str(tmp_path / "in.txt"), output=str(tmp_path / "int8.txt"),
+                               quiet=True, device="cpu", quantize="int8", beam_size=4, lenpen=1.0,
+                               lenpen_style="length", **options))
+    return (tmp_path / "int8.txt").read_text(encoding="utf-8").splitlines()
+
+
+def translate_offline(browser, served: Served, lines: list[str]) -> tuple[list[str], float]:
+    """Open the page, wait until its model is loaded, stop the server, translate ``lines``:
+    (their translations, seconds)."""
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    browser.get(served.url)
+    status = browser.find_element(By.ID, "status")
+    WebDriverWait(browser, 120).until(lambda _: status.get_attribute("data-state") in ("ready", "error"))
+    assert status.get_attribute("data-state") == "ready", status.text
+    served.stop()  # loaded: from here on the page translates offline
+    start = time.perf_counter()
+    out = browser.execute_async_script("xfTranslate(arguments[0]).then(arguments[1], e => arguments[1]("
+                                       "'error: ' + e.message))", lines)
+    assert isinstance(out, list) and len(out) == len(lines), out
+    return out, time.perf_counter() - start
+
+
+@needs_browser
+@pytest.mark.slow
+def test_a_float32_page_computes_xfs_model(marian_tiny, engine, browser, multi30k_dir, tmp_path):
+    """Greedy, float32, no shortlist: the page and xf choose the same pieces; a line may differ only
+    where one engine's length limit cut it (Bergamot's worker fixes max-length-factor 2)."""
+    source = (multi30k_dir / "test2016.en").read_text(encoding="utf-8").splitlines()[:LINES]
+    page_lines, _ = translate_offline(browser, Served(marian_tiny, tmp_path / "page", beam_size=1), source)
+    (tmp_path / "in.txt").write_text("\n".join(source) + "\n", encoding="utf-8")
+    translate(TranslateOptions(path=(str(marian_tiny),), input=str(tmp_path / "in.txt"), output=str(tmp_path / "xf"),
+                               quiet=True, device="cpu", beam_size=1, precision="fp32"))
+    xf_lines = (tmp_path / "xf").read_text(encoding="utf-8").splitlines()
+    cut = [i for i, (a, b) in enumerate(zip(page_lines, xf_lines)) if a != b]
+    print(f"\nxf export bergamot, float32 greedy: {LINES - len(cut)} of {LINES} lines as xf's, the rest cut apart")
+    assert all(xf_lines[i].startswith(page_lines[i]) or page_lines[i].startswith(xf_lines[i]) for i in cut), cut
+
+
+@needs_browser
+@pytest.mark.slow
+@pytest.mark.kernels
+def test_the_page_translates_offline_as_well_as_xf_int8(page, browser, marian_tiny, multi30k_dir, tmp_path):
+    import sacrebleu
+
+    served, shortlist = page
+    source = (multi30k_dir / "test2016.en").read_text(encoding="utf-8").splitlines()[:LINES]
+    refs = (multi30k_dir / "test2016.de").read_text(encoding="utf-8").splitlines()[:LINES]
+    page_lines, seconds = translate_offline(browser, served, source)
+    xf_lines = xf_int8(marian_tiny, source, tmp_path)
+    bleu = {name: sacrebleu.corpus_bleu(hyp, [refs]).score for name, hyp in (
+        ("page", page_lines), ("xf", xf_lines),
+        ("xf_shortlist", xf_int8(marian_tiny, source, tmp_path, shortlist=str(shortlist))))}
+    same = sum(a == b for a, b in zip(page_lines, xf_lines))
+    print(f"\nxf export bergamot page: BLEU {bleu['page']:.2f}, {LINES / seconds:.1f} sentences/s in headless "
+          f"chromium; xf translate --quantize int8 {bleu['xf']:.2f} (with the shortlist {bleu['xf_shortlist']:.2f}); "
+          f"{same} of {LINES} lines the same")
+    assert abs(bleu["page"] - bleu["xf"]) <= 0.5
