@@ -56,13 +56,15 @@ _FFN = {"fc1.weight": "ffn_W1", "fc1.bias": "ffn_b1", "fc2.weight": "ffn_W2", "f
 
 def refuse_unmarian(model: Transformer, where: str = "checkpoint") -> None:
     """A one-line error naming the option when Marian's transformer cannot hold ``model``: the
-    paper's sinusoids or a bos decoder start (above), what MarianMT cannot either (learned/RoPE/ALiBi positions, SwiGLU, a head size other than
-    d_model / heads, an odd d_model) pre-LN (not written yet) and unscaled embeddings (Marian always scales them by
-    sqrt(d_model) before adding its sinusoids)."""
+    paper's sinusoids or a bos decoder start (above), what MarianMT cannot hold either (learned,
+    RoPE or ALiBi positions, SwiGLU, a head size other than d_model / heads, an odd d_model),
+    pre-LN (src/models/transformer.h, DecoderLayerSelfAttention: step by step, the keys and values
+    of earlier positions are their layer inputs, not normalized as in training and in xf) and
+    unscaled embeddings (Marian scales them by sqrt(d_model) before adding its sinusoids)."""
     cfg = model.cfg
-    if cfg.normalize_before:  # Marian has pre-LN ("n" before, "da" after, "n" on top); not written yet
-        raise XfError(f"{where}: --normalize-before (pre-LN) is not exported to Marian yet; xf export marian "
-                      "writes post-LN models")
+    if cfg.normalize_before:  # Marian has pre-LN ("n" before, "da" after, "n" on top), but not as xf decodes it
+        raise XfError(f"{where}: --normalize-before (pre-LN) cannot be exported to Marian, whose pre-LN decoder "
+                      "attends over un-normalized states of earlier positions when it decodes step by step")
     refuse_for_marian(cfg, where, "Marian", sinusoids="tensor2tensor", decoder_start="zero")
     if not cfg.scale_embedding:
         raise XfError(f"{where}: --scale-embedding false cannot be exported to Marian, which always scales "
