@@ -101,7 +101,8 @@ def trained_marian(multi30k_dir, tmp_path_factory):
 def pymarian_translator(directory, *flags: str):
     """Marian run as ``marian-decoder -c decoder.yml`` would run it, from another directory, with ``flags``."""
     pymarian = pytest.importorskip("pymarian", reason="the marian extra is not installed")
-    return pymarian.Translator(" ".join(["-c", str(directory / "decoder.yml"), "--quiet", "--cpu-threads", "1", *flags]))
+    flags = ["-c", str(directory / "decoder.yml"), "--quiet", "--cpu-threads", "1", *flags]
+    return pymarian.Translator(" ".join(flags))
 
 
 def xf_scores(ckpt, sources, pieces_lists):

@@ -37,6 +37,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+import yaml
 
 from .errors import XfError
 from .huggingface import ACTIVATIONS, marian_state_dict, refuse_for_marian
@@ -124,9 +125,7 @@ def marian_config(model: Transformer) -> dict:
 
 
 def yaml_text(data: dict) -> str:
-    """``data`` as YAML, keys in their order (Marian reads plain YAML; pyyaml is torch's dependency)."""
-    import yaml
-
+    """``data`` as YAML, keys in their order, lists inline as Marian writes them."""
     return yaml.safe_dump(data, sort_keys=False, default_flow_style=None, allow_unicode=True)
 
 
@@ -153,8 +152,8 @@ def decoder_config(beam_size: int = 4, lenpen: float = 1.0, max_length_factor: f
     decoder.yml. Marian's length limit is max-length-factor x the longest source in its batch (3,
     its default), xf's a*|X|+b per sentence (|X|+50)."""
     return {"relative-paths": True, "models": ["model.npz"], "vocabs": ["vocab.spm", "vocab.spm"],
-            "beam-size": beam_size, "normalize": lenpen, "word-penalty": 0, "allow-unk": True, "max-length-factor": max_length_factor,
-            "mini-batch": 16, "maxi-batch": 100, "maxi-batch-sort": "src"}
+            "beam-size": beam_size, "normalize": lenpen, "word-penalty": 0, "allow-unk": True,
+            "max-length-factor": max_length_factor, "mini-batch": 16, "maxi-batch": 100, "maxi-batch-sort": "src"}
 
 
 def write_marian_model(directory: Path, model: Transformer, spm_model: bytes, where: str = "checkpoint",

@@ -569,10 +569,11 @@ class ExportOptions:
     quantization: Literal["float32", "int8", "bfloat16"] = option(
         "float32", "ctranslate2: weight type of the exported model (CTranslate2 can still compute in another type)"
     )
-    beam_size: int = option(4, "huggingface: num_beams of generation_config.json; marian: beam-size of decoder.yml", aliases=("beam",),
-                            range=Range(1, 1000))
+    beam_size: int = option(4, "huggingface: num_beams of generation_config.json; marian: beam-size of "
+                            "decoder.yml", aliases=("beam",), range=Range(1, 1000))
     lenpen: float = option(1.0, "huggingface: length_penalty of generation_config.json, score / |Y|^lenpen "
-                           "(xf translate --lenpen-style length; GNMT's penalty has no transformers equivalent); marian: normalize",
+                           "(xf translate --lenpen-style length; GNMT's penalty has no transformers equivalent); "
+                           "marian: normalize of decoder.yml, the same",
                            range=Range(-10, 10))
     max_length: int = option(0, "huggingface: max_length of generation_config.json, decoder start and eos "
                              "included (0: 512, as OPUS-MT models have, or max_positions if fewer)",

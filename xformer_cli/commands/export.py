@@ -1,9 +1,10 @@
 """``xf export ctranslate2|huggingface|marian --path CKPT --output DIR``: an xf checkpoint as a model
 directory of another runtime. The conversions are the format modules' (``ctranslate2_format``:
 a CTranslate2 model directory, run by ``xf translate --engine ctranslate2``; ``huggingface``: a
-MarianMT directory; ``marian_format``: a Marian model.npz, vocabulary and decoder.yml); this command owns the options, the output (written atomically: built in a
-temporary directory beside it, then renamed into place; an old output with --overwrite renamed
-aside first, deleted once the new one is in place) and the summary.
+MarianMT directory; ``marian_format``: a Marian model.npz, vocabulary and decoder.yml); this
+command owns the options, the output (written atomically: built in a temporary directory beside
+it, then renamed into place; an old output with --overwrite renamed aside first, deleted once the
+new one is in place) and the summary.
 """
 
 from __future__ import annotations
