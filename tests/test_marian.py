@@ -65,7 +65,7 @@ def test_weights_under_marians_names_and_layout(tmp_path, spm_model, share):
 @pytest.mark.parametrize("overrides, message", [
     ({}, "--sinusoids paper cannot be exported to Marian, which has --sinusoids tensor2tensor (train with it)"),
     ({"sinusoids": "tensor2tensor"}, "--decoder-start bos cannot be exported to Marian"),
-    ({**MARIAN, "normalize_before": True}, "--normalize-before (pre-LN) is not exported to Marian yet"),
+    ({**MARIAN, "normalize_before": True}, "--normalize-before (pre-LN) cannot be exported to Marian, whose"),
     ({**MARIAN, "positions": "rope"}, "--positions rope cannot be exported to Marian"),
     ({**MARIAN, "positions": "alibi"}, "--positions alibi cannot be exported to Marian"),
     ({**MARIAN, "activation": "swiglu"}, "--activation swiglu cannot be exported to Marian"),
@@ -101,7 +101,8 @@ def trained_marian(multi30k_dir, tmp_path_factory):
 def pymarian_translator(directory, *flags: str):
     """Marian run as ``marian-decoder -c decoder.yml`` would run it, from another directory, with ``flags``."""
     pymarian = pytest.importorskip("pymarian", reason="the marian extra is not installed")
-    return pymarian.Translator(" ".join(["-c", str(directory / "decoder.yml"), "--quiet", "--cpu-threads", "1", *flags]))
+    flags = ["-c", str(directory / "decoder.yml"), "--quiet", "--cpu-threads", "1", *flags]
+    return pymarian.Translator(" ".join(flags))
 
 
 def xf_scores(ckpt, sources, pieces_lists):
@@ -117,10 +118,24 @@ def xf_scores(ckpt, sources, pieces_lists):
     return out
 
 
+@pytest.mark.parametrize("variant", [
+    dict(),  # post-LN, ReLU, three-way tying
+    dict(activation="gelu", share_embeddings="decoder"),
+    dict(activation="swish", share_embeddings="none", output_bias=True),
+], ids=["paper-shape", "gelu-decoder-tied", "swish-untied-bias"])
+def test_every_variant_scores_every_token_in_marian_as_in_xf(tmp_path, spm_model, multi30k_dir, variant):
+    ckpt = random_checkpoint(tmp_path / "m.pt", spm_model, **MARIAN, **variant)
+    assert_same_scores(ckpt, export(ckpt, tmp_path / "marian"), multi30k_dir, 3)
+
+
 @pytest.mark.slow
 def test_marian_scores_every_token_as_xf_does(trained_marian, multi30k_dir):
-    ckpt, directory = trained_marian
-    sources = (multi30k_dir / "test2016.en").read_text(encoding="utf-8").splitlines()[:20]
+    assert_same_scores(*trained_marian, multi30k_dir, 20)
+
+
+def assert_same_scores(ckpt, directory, multi30k_dir, count):
+    """Marian's per-token log-probabilities of its 4-best lists of ``count`` test sentences are xf's."""
+    sources = (multi30k_dir / "test2016.en").read_text(encoding="utf-8").splitlines()[:count]
     translator = pymarian_translator(directory, "--n-best", "--word-scores", "--no-spm-decode")
     rows = [[f.strip() for f in line.split("|||")] for line in translator.translate(sources)]
     lines = [int(r[0]) for r in rows]

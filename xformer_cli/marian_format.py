@@ -37,6 +37,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+import yaml
 
 from .errors import XfError
 from .huggingface import ACTIVATIONS, marian_state_dict, refuse_for_marian
@@ -56,13 +57,15 @@ _FFN = {"fc1.weight": "ffn_W1", "fc1.bias": "ffn_b1", "fc2.weight": "ffn_W2", "f
 
 def refuse_unmarian(model: Transformer, where: str = "checkpoint") -> None:
     """A one-line error naming the option when Marian's transformer cannot hold ``model``: the
-    paper's sinusoids or a bos decoder start (above), what MarianMT cannot either (learned/RoPE/ALiBi positions, SwiGLU, a head size other than
-    d_model / heads, an odd d_model) pre-LN (not written yet) and unscaled embeddings (Marian always scales them by
-    sqrt(d_model) before adding its sinusoids)."""
+    paper's sinusoids or a bos decoder start (above), what MarianMT cannot hold either (learned,
+    RoPE or ALiBi positions, SwiGLU, a head size other than d_model / heads, an odd d_model),
+    pre-LN (src/models/transformer.h, DecoderLayerSelfAttention: step by step, the keys and values
+    of earlier positions are their layer inputs, not normalized as in training and in xf) and
+    unscaled embeddings (Marian scales them by sqrt(d_model) before adding its sinusoids)."""
     cfg = model.cfg
-    if cfg.normalize_before:  # Marian has pre-LN ("n" before, "da" after, "n" on top); not written yet
-        raise XfError(f"{where}: --normalize-before (pre-LN) is not exported to Marian yet; xf export marian "
-                      "writes post-LN models")
+    if cfg.normalize_before:  # Marian has pre-LN ("n" before, "da" after, "n" on top), but not as xf decodes it
+        raise XfError(f"{where}: --normalize-before (pre-LN) cannot be exported to Marian, whose pre-LN decoder "
+                      "attends over un-normalized states of earlier positions when it decodes step by step")
     refuse_for_marian(cfg, where, "Marian", sinusoids="tensor2tensor", decoder_start="zero")
     if not cfg.scale_embedding:
         raise XfError(f"{where}: --scale-embedding false cannot be exported to Marian, which always scales "
@@ -122,9 +125,7 @@ def marian_config(model: Transformer) -> dict:
 
 
 def yaml_text(data: dict) -> str:
-    """``data`` as YAML, keys in their order (Marian reads plain YAML; pyyaml is torch's dependency)."""
-    import yaml
-
+    """``data`` as YAML, keys in their order, lists inline as Marian writes them."""
     return yaml.safe_dump(data, sort_keys=False, default_flow_style=None, allow_unicode=True)
 
 
@@ -151,8 +152,8 @@ def decoder_config(beam_size: int = 4, lenpen: float = 1.0, max_length_factor: f
     decoder.yml. Marian's length limit is max-length-factor x the longest source in its batch (3,
     its default), xf's a*|X|+b per sentence (|X|+50)."""
     return {"relative-paths": True, "models": ["model.npz"], "vocabs": ["vocab.spm", "vocab.spm"],
-            "beam-size": beam_size, "normalize": lenpen, "word-penalty": 0, "allow-unk": True, "max-length-factor": max_length_factor,
-            "mini-batch": 16, "maxi-batch": 100, "maxi-batch-sort": "src"}
+            "beam-size": beam_size, "normalize": lenpen, "word-penalty": 0, "allow-unk": True,
+            "max-length-factor": max_length_factor, "mini-batch": 16, "maxi-batch": 100, "maxi-batch-sort": "src"}
 
 
 def write_marian_model(directory: Path, model: Transformer, spm_model: bytes, where: str = "checkpoint",
