@@ -52,7 +52,11 @@ def test_every_stage_of_the_dry_run_runs(tmp_path):
     rows = results["rows"]
     train = [r for r in rows if r["bench"] == "train" and r["metric"].endswith("target tokens/s")]
     # xf eager base and big, the reference, compiled xf, the compiled reference: each says how it ended
-    assert len(train) == 5 and all(r["ended"] == "all 4 updates" and r["updates_timed"] == 3 for r in train)
+    # all 4 updates, or (a loaded machine: seen with other jobs on the 2 cores) the time window closed
+    # first, after at least one timed update
+    assert len(train) == 5 and all((r["ended"], r["updates_timed"]) == ("all 4 updates", 3)
+                                   or r["ended"].startswith("stopped by time") and r["updates_timed"] >= 1
+                                   for r in train), [(r["ended"], r["updates_timed"]) for r in train]
     assert all(isinstance(r["value"], float) and r["value"] > 0 for r in train)
     graphs = [r for r in rows if r["metric"].endswith("compiled graphs")]
     assert [(r["value"], r["recompiles"]) for r in graphs] == [(1, 0), (1, 0)]  # xf and the reference
