@@ -405,6 +405,19 @@ class TranslateOptions(DecodingOptions):
         "int8's tolerance (its int8 products need VNNI or AMX); xf engine on the CPU"
     )
     quiet: bool = option(False, "no progress bar or summary table on stderr (warnings are still shown)")
+    confidence: Optional[str] = option(
+        None, "a calibration file written by xf calibrate: how --output-format jsonl's \"confidence\" of each "
+        "hypothesis combines its parts (default: exp of its mean log-probability per subword, 0 when a flag fires)",
+        path=True,
+    )
+    reverse_path: tuple[str, ...] = option(
+        (), "checkpoint(s) of a target->source model: the confidence also weighs the source's log-probability given "
+        "the output (forced decoding, as xf score-pairs --reverse-path)"
+    )
+    source_lang: Optional[str] = option(None, "the source language (ISO 639-1): the confidence's wrong_language flag "
+                                        "fires when the output looks more like it than like --target-lang")
+    target_lang: Optional[str] = option(None, "the target language (ISO 639-1): turns on the confidence's "
+                                        "wrong_language flag (py3langid, the detect extra)")
     print_alignment: bool = option(
         False, "add each output's hard alignment, 'SRC-TGT' index pairs: text 'translation ||| 0-0 1-2', "
         "n-best 'ID ||| translation ||| score ||| 0-0 1-2', jsonl \"alignment\": [[0, 0], [1, 2]]"
@@ -440,6 +453,11 @@ class TranslateOptions(DecodingOptions):
         if self.split_sentences is not None and (self.input_format != "text" or self.alternatives):
             raise ValueError("--split-sentences translates the sentences of text lines: it takes --input-format text "
                              "and no --alternatives (a prefix belongs to one sentence)")
+        if (self.confidence or self.reverse_path or self.target_lang) and self.output_format != "jsonl":
+            raise ValueError("--confidence, --reverse-path and --target-lang shape the \"confidence\" of "
+                             "--output-format jsonl: use it")
+        if self.source_lang is not None and self.target_lang is None:
+            raise ValueError("--source-lang is compared with --target-lang: give both")
         if self.glossary is not None and self.split_sentences:
             raise ValueError("--glossary matches terms in whole lines: it takes no --split-sentences")
         # floor(a*|X| + b) output subwords for a source of |X| >= 1 subwords: at least 1 for every |X|
@@ -652,6 +670,26 @@ class ScorePairsOptions:
         if self.reverse_path and self.output_format == "text" and self.normalize == "sum":
             raise ConfigError("--reverse-path writes the dual score, which is per token: --normalize sum has no "
                               "dual score (use --output-format jsonl for the sums)")
+
+
+@with_translate_fields("beam_size", "lenpen", "lenpen_style", "max_len_a", "max_len_b", "batch_size", "max_tokens",
+                       "device", "precision", "threads", "reverse_path", "source_lang", "target_lang")
+@dataclass(frozen=True, kw_only=True)
+class CalibrateOptions:
+    """xf calibrate: the validation set, the models, and the decoding options of the translations
+    it fits on (from TranslateOptions: use those xf translate will run with)."""
+
+    path: tuple[str, ...] = option(help="checkpoint(s) of the source->target model (several: an ensemble)")
+    source: str = option(help="validation source sentences, one a line (raw text; never the test set)")
+    reference: str = option(help="their reference translations, line by line: the fit's label is a sentence's "
+                            "chrF at least the median")
+    output: str = option(help="the calibration file to write (JSON), for xf translate --confidence")
+    overwrite: bool = option(False, "replace --output if it exists")
+
+    def __post_init__(self) -> None:
+        check_ranges(self)
+        if self.source_lang is not None and self.target_lang is None:
+            raise ConfigError("--source-lang is compared with --target-lang: give both")
 
 
 @dataclass(frozen=True)
