@@ -1,4 +1,4 @@
-"""confidence.py (issue 49, parts 4-5): the fit on synthetic data with known weights, the
+"""confidence.py: the fit on synthetic data with known weights, the
 calibration file's round trip and refusals, the flags, and the "confidence" of xf translate's
 jsonl through the CLI on tiny random models (whose translations are noise: only the contract
 is checked here; bench/confidence.py measures what the confidence is worth)."""
@@ -12,7 +12,7 @@ import pytest
 from typer.testing import CliRunner
 
 from xformer_cli.cli import app
-from xformer_cli.confidence import (FEATURES, Calibration, Scorer, fit, is_copy, roc_auc, uncalibrated)
+from xformer_cli.confidence import SCORES, Calibration, Scorer, fit, is_copy, roc_auc, uncalibrated
 from xformer_cli.errors import XfError
 
 from helpers import tiny_checkpoint
@@ -22,9 +22,8 @@ runner = CliRunner()
 
 def test_the_fit_finds_the_weights_that_made_the_labels():
     rng = np.random.default_rng(0)
-    true_w, true_b = np.array([2.0, -1.0, -3.0, 0.5]), 0.7
-    x = np.column_stack([rng.normal(size=20000), rng.normal(size=20000), rng.integers(0, 2, 20000),
-                         rng.integers(0, 2, 20000)])
+    true_w, true_b = np.array([2.0, -1.0]), 0.7
+    x = rng.normal(size=(20000, 2))
     y = rng.random(20000) < 1 / (1 + np.exp(-(x @ true_w + true_b)))
     w, b = fit(x, y.astype(int), l2=0.0)
     assert w == pytest.approx(true_w, abs=0.15) and b == pytest.approx(true_b, abs=0.15)
@@ -32,11 +31,11 @@ def test_the_fit_finds_the_weights_that_made_the_labels():
 
 def test_the_fit_uses_only_the_rows_it_is_given():
     rng = np.random.default_rng(1)
-    x = rng.normal(size=(500, 4))
-    y = (x[:, 0] > 0).astype(int)
+    x = rng.normal(size=(500, 2))
+    y = (x[:, 0] + 0.3 * rng.normal(size=500) > 0).astype(int)
     assert np.allclose(fit(x, y)[0], fit(x.copy(), y.copy())[0])  # a pure function of its input
-    w, _ = fit(x[:, [1, 0, 2, 3]], y)  # the informative column moved: so does its weight
-    assert abs(w[1]) > 5 * max(abs(w[0]), abs(w[2]), abs(w[3]))
+    w, _ = fit(x[:, [1, 0]], y)  # the informative column moved: so does its weight
+    assert abs(w[1]) > 5 * abs(w[0])
 
 
 def test_roc_area_of_hand_computed_rankings():
@@ -45,15 +44,16 @@ def test_roc_area_of_hand_computed_rankings():
 
 
 def test_every_confidence_is_in_the_unit_interval():
-    calibration = Calibration((50.0, 3.0, -80.0, -80.0), 20.0, reverse=True)
+    calibration = Calibration((50.0, 3.0), 20.0, reverse=True)
     for row in ([-30.0, -30.0, 0, 0], [0.0, 0.0, 1, 1], [5.0, 9.0, 0, 0], [-0.1, -2.0, 1, 0]):
         assert 0.0 <= calibration.confidence(row) <= 1.0
         assert 0.0 <= uncalibrated(row) <= 1.0
-    assert uncalibrated([-0.1, 0.0, 0, 1]) == 0.0 and uncalibrated([-0.1, 0.0, 1, 0]) == 0.0
+    for flagged in ([-0.1, 0.0, 0, 1], [-0.1, 0.0, 1, 0]):  # a flag forces it to 0, fitted or not
+        assert uncalibrated(flagged) == 0.0 and calibration.confidence(flagged) == 0.0
 
 
 def test_the_calibration_file_round_trips(tmp_path):
-    calibration = Calibration((1.5, 0.25, -4.0, -5.0), -0.5, reverse=True, note="val")
+    calibration = Calibration((1.5, 0.25), -0.5, reverse=True, note="val")
     path = tmp_path / "c.json"
     path.write_text(calibration.to_json(), encoding="utf-8")
     assert Calibration.load(str(path)) == calibration
@@ -61,12 +61,12 @@ def test_the_calibration_file_round_trips(tmp_path):
 
 @pytest.mark.parametrize("text, says", [
     ('{"format": "xf-confidence",\n "version": 1,\n oops}', "c.json:3:"),
-    (json.dumps({"format": "xf-confidence", "version": 1, "features": list(FEATURES),
-                 "weights": [1, 2, 3, 4], "bias": 0, "reverse": False}).replace("0, \"reverse", "NaN, \"reverse"),
+    (json.dumps({"format": "xf-confidence", "version": 1, "scores": list(SCORES),
+                 "weights": [1, 2], "bias": 0, "reverse": False}).replace("0, \"reverse", "NaN, \"reverse"),
      "NaN is not a number"),
     (json.dumps({"format": "xf-confidence", "version": 2}), "calibration version 2"),
-    (json.dumps({"format": "xf-confidence", "version": 1, "features": list(FEATURES), "weights": [1, 2],
-                 "bias": 0, "reverse": False}), "4 finite numbers"),
+    (json.dumps({"format": "xf-confidence", "version": 1, "scores": list(SCORES), "weights": [1],
+                 "bias": 0, "reverse": False}), "2 finite numbers"),
     ("[]", "not a calibration file"),
 ])
 def test_a_bad_calibration_file_is_refused_in_one_line(tmp_path, text, says):
@@ -84,19 +84,20 @@ def test_the_copy_flag_fires_on_a_copied_source_and_not_on_a_translation():
     assert not is_copy("", "")
 
 
-def test_the_wrong_language_flag_fires_on_output_in_the_source_language():
+def test_the_wrong_language_flag_fires_on_output_in_another_language():
     pytest.importorskip("py3langid")
-    scorer = Scorer(source_lang="en", target_lang="de")
+    scorer = Scorer(target_lang="de")
     sources = ["Two young guys with shaggy hair look at their hands while hanging out in the yard."] * 2
     outputs = ["Two young guys with shaggy hair are looking at their hands in the yard.",
-               "Zwei junge Männer mit zotteligen Haaren betrachten ihre Hände im Garten."]
-    rows = scorer.rows(sources, outputs, [-0.5, -0.5])
-    assert [r[2] for r in rows] == [1.0, 0.0]
+               "Deux jeunes hommes aux cheveux hirsutes regardent leurs mains dans le jardin.",
+               "Zwei junge Männer mit zotteligen Haaren betrachten ihre Hände im Garten.", "2 + 2"]
+    rows = scorer.rows(sources * 2, outputs, [-0.5] * 4)
+    assert [r[2] for r in rows] == [1.0, 1.0, 0.0, 0.0]
 
 
 def test_a_calibration_fitted_with_a_reverse_model_needs_one():
     with pytest.raises(XfError, match="--reverse-path"):
-        Scorer(Calibration((1.0, 1.0, -1.0, -1.0), 0.0, reverse=True), where="c.json")
+        Scorer(Calibration((1.0, 1.0), 0.0, reverse=True), where="c.json")
 
 
 @pytest.fixture(scope="module")
@@ -131,7 +132,7 @@ def test_calibrate_writes_a_file_that_translate_reads(models):
     out = root / "conf.json"
     result = runner.invoke(app, ["calibrate", "--path", forward, "--reverse-path", reverse, "--source",
                                  str(root / "src.en"), "--reference", str(root / "ref.de"), "--output", str(out),
-                                 "--device", "cpu", "--max-len-b", "5", "--source-lang", "en", "--target-lang", "de"])
+                                 "--device", "cpu", "--max-len-b", "5", "--target-lang", "de"])
     assert result.exit_code == 0, result.output
     assert Calibration.load(str(out)).reverse
     records = _translate(root, forward, "--confidence", out, "--reverse-path", reverse)

@@ -1,16 +1,18 @@
-"""A confidence in [0, 1] for each translation, from what the model knows (issue 49, parts 4-5).
+"""A confidence in [0, 1] for each translation, from what the model knows.
 
 The parts (``features``): ``forward``, the output's mean log-probability per subword (eos
 included; the search's own positional scores, before any length penalty); ``reverse``, the
 source's mean log-probability given the output under a reverse model (forced decoding,
 ``pair_scoring``; 0 without one); ``wrong_language``, 1 when the language identifier finds the
-output more likely in another of the candidate languages than in the target; ``copy``, 1 when
-the output repeats the source.
+output unlikely to be in the target language; ``copy``, 1 when the output repeats the source.
 
-How they combine is a logistic regression fitted on validation data (``fit``: the label is
-"this sentence's chrF is at least the validation median") and stored in a small versioned JSON
-file (``Calibration``, written by ``xf calibrate``). Without a file, ``uncalibrated`` is used:
-exp(forward), the geometric mean of the output's subword probabilities, and 0 when a flag fires.
+How the two scores combine is a logistic regression fitted on validation data (``fit``: the
+label is "this sentence's chrF is at least the validation median") and stored in a small
+versioned JSON file (``Calibration``, written by ``xf calibrate``). The flags are rules, not
+fitted: a flagged output's confidence is 0, since a validation set's own translations are
+almost never copies or in the wrong language, so a fit could not learn their weight (on
+Multi30k val neither fired once). Without a file, ``uncalibrated`` is used: exp(forward), the
+geometric mean of the output's subword probabilities, and 0 when a flag fires.
 """
 
 from __future__ import annotations
@@ -26,7 +28,8 @@ import numpy as np
 
 from .errors import XfError
 
-FEATURES = ("forward", "reverse", "wrong_language", "copy")
+FEATURES = ("forward", "reverse", "wrong_language", "copy")  # a row's columns
+SCORES = FEATURES[:2]  # what a calibration weighs; the rest are flags
 FORMAT, VERSION = "xf-confidence", 1
 
 # An output is a copy when it is this similar to its source (difflib's ratio, casefolded): a
@@ -39,13 +42,17 @@ def is_copy(source: str, output: str) -> bool:
     return bool(a) and difflib.SequenceMatcher(None, a, b, autojunk=False).ratio() >= COPY_RATIO
 
 
-def is_wrong_language(identify, output: str, target: str) -> bool:
-    """``identify(text)`` gives (language, probability) pairs over the candidate languages, best
-    first (``LanguageId.rank``'s served list); an output with no letter is never flagged."""
-    if not any(ch.isalpha() for ch in output):
-        return False
-    ranking = identify(output)
-    return bool(ranking) and ranking[0][0] != target
+# An output is in the wrong language when py3langid gives the target language less than this
+# probability over all the languages it knows. On Multi30k's German references (val and
+# test2016, 2,014 lines) none is under 0.1; English and French sentences are under 0.01 all but
+# a few times in a thousand (bench/confidence.py measures it on outputs).
+WRONG_LANGUAGE_P = 0.05
+
+
+def is_wrong_language(probability, output: str, target: str) -> bool:
+    """``probability(text, language)``: the identifier's (``LanguageId.probability``); an output
+    with no letter is never flagged (a number, a name in capitals: nothing to tell it by)."""
+    return any(ch.isalpha() for ch in output) and probability(output, target) < WRONG_LANGUAGE_P
 
 
 def features(forward: float, reverse: Optional[float], wrong_language: bool, copy: bool) -> list[float]:
@@ -61,7 +68,7 @@ def uncalibrated(row: Sequence[float]) -> float:
 
 @dataclass(frozen=True)
 class Calibration:
-    """A logistic regression over FEATURES: sigmoid(bias + weights . row)."""
+    """A logistic regression over SCORES, sigmoid(bias + weights . scores), 0 when a flag fires."""
 
     weights: tuple[float, ...]
     bias: float
@@ -69,11 +76,13 @@ class Calibration:
     note: str = ""  # what it was fitted on (for the reader of the file)
 
     def confidence(self, row: Sequence[float]) -> float:
-        z = self.bias + float(np.dot(self.weights, row))
+        if any(row[len(SCORES):]):
+            return 0.0
+        z = self.bias + float(np.dot(self.weights, row[:len(SCORES)]))
         return 1.0 / (1.0 + math.exp(-z)) if z >= 0 else math.exp(z) / (1.0 + math.exp(z))
 
     def to_json(self) -> str:
-        return json.dumps({"format": FORMAT, "version": VERSION, "features": list(FEATURES),
+        return json.dumps({"format": FORMAT, "version": VERSION, "scores": list(SCORES),
                            "weights": list(self.weights), "bias": self.bias, "reverse": self.reverse,
                            "note": self.note}, indent=2) + "\n"
 
@@ -100,12 +109,12 @@ class Calibration:
         if data.get("version") != VERSION:
             raise XfError(f"{path}: calibration version {data.get('version')!r}; this xf reads version {VERSION} "
                           "(run xf calibrate again)")
-        if data.get("features") != list(FEATURES):
-            raise XfError(f"{path}: features {data.get('features')!r}, expected {list(FEATURES)}")
+        if data.get("scores") != list(SCORES):
+            raise XfError(f"{path}: scores {data.get('scores')!r}, expected {list(SCORES)}")
         weights, bias = data.get("weights"), data.get("bias")
         numbers = weights + [bias] if isinstance(weights, list) else []
-        if len(numbers) != len(FEATURES) + 1 or not all(_finite(x) for x in numbers):
-            raise XfError(f"{path}: \"weights\" must be {len(FEATURES)} finite numbers and \"bias\" one")
+        if len(numbers) != len(SCORES) + 1 or not all(_finite(x) for x in numbers):
+            raise XfError(f"{path}: \"weights\" must be {len(SCORES)} finite numbers and \"bias\" one")
         if not isinstance(data.get("reverse"), bool):
             raise XfError(f"{path}: \"reverse\" must be true or false")
         return cls(tuple(float(w) for w in weights), float(bias), data["reverse"], str(data.get("note", "")))
@@ -168,30 +177,27 @@ class Scorer:
     decoding where one is given, the flags where the languages are known) combined by a
     calibration, or by ``uncalibrated`` without one."""
 
-    def __init__(self, calibration: Optional[Calibration] = None, reverse=None, source_lang: Optional[str] = None,
-                 target_lang: Optional[str] = None, where: str = "the calibration"):
+    def __init__(self, calibration: Optional[Calibration] = None, reverse=None, target_lang: Optional[str] = None,
+                 where: str = "the calibration"):
         if calibration is not None and calibration.reverse != (reverse is not None):
             given = "with" if calibration.reverse else "without"
             raise XfError(f"{where}: fitted {given} a reverse model's scores: "
                           f"{'give' if calibration.reverse else 'drop'} --reverse-path")
         self.calibration, self.reverse, self.target_lang = calibration, reverse, target_lang
-        self.identify = None
+        self.probability = None
         if target_lang is not None:
             from .language_id import LanguageId
 
-            languages = [target_lang] + ([source_lang] if source_lang and source_lang != target_lang else [])
-            language_id = LanguageId.load(languages)
+            language_id = LanguageId.load([target_lang])
             if language_id is None or target_lang not in language_id.languages:
                 raise XfError(f"the wrong_language flag needs py3langid knowing '{target_lang}' (the detect extra)")
-            # among the source and target languages only: the failure it flags is output left in
-            # the source language; with no source language, py3langid's own best over all it knows
-            self.identify = (lambda text: language_id.rank(text)[0]) if len(languages) > 1 else \
-                (lambda text: [language_id.rank(text)[1]])
+            self.probability = language_id.probability
 
     def rows(self, sources: Sequence[str], outputs: Sequence[str], forward: Sequence[float]) -> list[list[float]]:
         """FEATURES of each (source, output) pair; ``forward``: each output's mean log-probability."""
         reverse = self._reverse(sources, outputs) if self.reverse is not None else [None] * len(sources)
-        return [features(f, r, self.identify is not None and is_wrong_language(self.identify, out, self.target_lang),
+        return [features(f, r, self.probability is not None and is_wrong_language(self.probability, out,
+                                                                                  self.target_lang),
                          is_copy(src, out))
                 for src, out, f, r in zip(sources, outputs, forward, reverse)]
 

@@ -414,10 +414,9 @@ class TranslateOptions(DecodingOptions):
         (), "checkpoint(s) of a target->source model: the confidence also weighs the source's log-probability given "
         "the output (forced decoding, as xf score-pairs --reverse-path)"
     )
-    source_lang: Optional[str] = option(None, "the source language (ISO 639-1): the confidence's wrong_language flag "
-                                        "fires when the output looks more like it than like --target-lang")
     target_lang: Optional[str] = option(None, "the target language (ISO 639-1): turns on the confidence's "
-                                        "wrong_language flag (py3langid, the detect extra)")
+                                        "wrong_language flag, an output that py3langid finds unlikely in it (the "
+                                        "detect extra)")
     print_alignment: bool = option(
         False, "add each output's hard alignment, 'SRC-TGT' index pairs: text 'translation ||| 0-0 1-2', "
         "n-best 'ID ||| translation ||| score ||| 0-0 1-2', jsonl \"alignment\": [[0, 0], [1, 2]]"
@@ -456,8 +455,6 @@ class TranslateOptions(DecodingOptions):
         if (self.confidence or self.reverse_path or self.target_lang) and self.output_format != "jsonl":
             raise ValueError("--confidence, --reverse-path and --target-lang shape the \"confidence\" of "
                              "--output-format jsonl: use it")
-        if self.source_lang is not None and self.target_lang is None:
-            raise ValueError("--source-lang is compared with --target-lang: give both")
         if self.glossary is not None and self.split_sentences:
             raise ValueError("--glossary matches terms in whole lines: it takes no --split-sentences")
         # floor(a*|X| + b) output subwords for a source of |X| >= 1 subwords: at least 1 for every |X|
@@ -673,7 +670,7 @@ class ScorePairsOptions:
 
 
 @with_translate_fields("beam_size", "lenpen", "lenpen_style", "max_len_a", "max_len_b", "batch_size", "max_tokens",
-                       "device", "precision", "threads", "reverse_path", "source_lang", "target_lang")
+                       "device", "precision", "threads", "reverse_path", "target_lang")
 @dataclass(frozen=True, kw_only=True)
 class CalibrateOptions:
     """xf calibrate: the validation set, the models, and the decoding options of the translations
@@ -688,8 +685,6 @@ class CalibrateOptions:
 
     def __post_init__(self) -> None:
         check_ranges(self)
-        if self.source_lang is not None and self.target_lang is None:
-            raise ConfigError("--source-lang is compared with --target-lang: give both")
 
 
 @dataclass(frozen=True)

@@ -60,7 +60,7 @@ def open_scorer(options, plan) -> Scorer:
     its reverse models opened as ``plan`` says; the calibration file is read first (it fails fast)."""
     calibration = Calibration.load(options.confidence) if options.confidence else None
     reverse = XfEngine.open(options.reverse_path, plan) if options.reverse_path else None
-    return Scorer(calibration, reverse, options.source_lang, options.target_lang, options.confidence or "")
+    return Scorer(calibration, reverse, options.target_lang, options.confidence or "")
 
 
 @dataclass

@@ -1,5 +1,5 @@
 """xf calibrate: fit how the confidence of ``xf translate --output-format jsonl`` combines its
-parts (``confidence.FEATURES``), on a validation set, and write the calibration file that
+two scores (``confidence.SCORES``; its flags are rules), on a validation set, and write the calibration file that
 ``xf translate --confidence`` reads.
 
 The validation source is translated with the given decoding options, each translation scored
@@ -14,19 +14,13 @@ import dataclasses
 import statistics
 import time
 
-from ..confidence import FEATURES, Calibration, Scorer, fit, roc_auc
+from ..confidence import SCORES, Calibration, fit, roc_auc
 from ..console import print_summary, stderr_console
 from ..errors import XfError
 from ..fileio import atomic_write_text, read_lines
+from ..metrics import sentence_chrf
 from ..options import CalibrateOptions, TranslateOptions
 from ..translation import open_engine, open_scorer, translate_with_features
-
-
-def sentence_chrf(hypotheses: list[str], references: list[str]) -> list[float]:
-    from sacrebleu.metrics import CHRF
-
-    metric = CHRF()
-    return [metric.sentence_score(h, [r]).score for h, r in zip(hypotheses, references)]
 
 
 def calibrate(options: CalibrateOptions) -> None:
@@ -47,7 +41,7 @@ def calibrate(options: CalibrateOptions) -> None:
     chrf = sentence_chrf(outputs, references)
     median = statistics.median(chrf)
     labels = [int(c >= median) for c in chrf]
-    weights, bias = fit(rows, labels)
+    weights, bias = fit([row[:len(SCORES)] for row in rows], labels)
     calibration = Calibration(tuple(float(w) for w in weights), bias, scorer.reverse is not None,
                               f"fitted on {options.source} ({len(sources):,} lines), median sentence chrF {median:.2f}")
     atomic_write_text(options.output, calibration.to_json())
@@ -56,7 +50,7 @@ def calibrate(options: CalibrateOptions) -> None:
     print_summary(stderr_console(), "xf calibrate", [
         ("validation lines", f"{len(sources):,}"),
         ("median sentence chrF", f"{median:.2f}"),
-        *[(f"weight: {name}", f"{w:+.4f}") for name, w in zip(FEATURES, weights)],
+        *[(f"weight: {name}", f"{w:+.4f}") for name, w in zip(SCORES, weights)],
         ("bias", f"{bias:+.4f}"),
         ("ROC area, chrF below the median (on the fit's own data)", f"{roc_auc([-c for c in fitted], low):.3f}"),
         ("flags: wrong_language / copy", f"{sum(r[2] for r in rows):.0f} / {sum(r[3] for r in rows):.0f}"),
