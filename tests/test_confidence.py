@@ -63,7 +63,7 @@ def test_the_calibration_file_round_trips(tmp_path):
     ('{"format": "xf-confidence",\n "version": 1,\n oops}', "c.json:3:"),
     (json.dumps({"format": "xf-confidence", "version": 1, "scores": list(SCORES),
                  "weights": [1, 2], "bias": 0, "reverse": False}).replace("0, \"reverse", "NaN, \"reverse"),
-     "NaN is not a number"),
+     "c.json:1: not a calibration file of xf calibrate: NaN is not a number"),
     (json.dumps({"format": "xf-confidence", "version": 2}), "calibration version 2"),
     (json.dumps({"format": "xf-confidence", "version": 1, "scores": list(SCORES), "weights": [1],
                  "bias": 0, "reverse": False}), "2 finite numbers"),

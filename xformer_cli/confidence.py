@@ -20,6 +20,7 @@ from __future__ import annotations
 import difflib
 import json
 import math
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional, Sequence
@@ -97,7 +98,8 @@ class Calibration:
         try:
             data = json.loads(text, parse_constant=_refuse_constant)
         except ValueError as e:
-            line = getattr(e, "lineno", None)
+            constant = re.search(r"-?\b(?:NaN|Infinity)\b", text)  # refused by _refuse_constant, which has no line
+            line = getattr(e, "lineno", None) or (text.count("\n", 0, constant.start()) + 1 if constant else None)
             where = f"{path}:{line}" if line else path
             raise XfError(f"{where}: not a calibration file of xf calibrate: {getattr(e, 'msg', e)}") from None
         return cls.from_dict(data, path)

@@ -13,6 +13,7 @@ opens the engine that ``--engine`` names over ``--path``.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -57,9 +58,13 @@ def open_engine(options: TranslateOptions, machine: Optional[Machine] = None):
 
 def open_scorer(options, plan) -> Scorer:
     """The confidence scorer of the options (``--confidence``, ``--reverse-path``, the languages),
-    its reverse models opened as ``plan`` says; the calibration file is read first (it fails fast)."""
+    its reverse models opened as ``plan`` says (the calibration file is read before them)."""
     calibration = Calibration.load(options.confidence) if options.confidence else None
-    reverse = XfEngine.open(options.reverse_path, plan) if options.reverse_path else None
+    # forced decoding of whole batches in this process: xf's engine, eager, one worker, no shortlist
+    # (the forward model's would not fit the reverse vocabulary); the forward's device and precision
+    forced = dataclasses.replace(plan, engine="xf", int8="none", int8_engine=None, step="eager", workers=1,
+                                 processes=False, shortlist=None, warning=None)
+    reverse = XfEngine.open(options.reverse_path, forced) if options.reverse_path else None
     return Scorer(calibration, reverse, options.target_lang, options.confidence or "")
 
 
