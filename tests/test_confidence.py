@@ -15,7 +15,7 @@ from xformer_cli.cli import app
 from xformer_cli.confidence import SCORES, Calibration, Scorer, fit, is_copy, roc_auc, uncalibrated
 from xformer_cli.errors import XfError
 
-from helpers import tiny_checkpoint
+from helpers import Served, tiny_checkpoint
 
 runner = CliRunner()
 
@@ -140,3 +140,26 @@ def test_calibrate_writes_a_file_that_translate_reads(models):
     refused = runner.invoke(app, ["translate", "--path", forward, "--input", str(root / "src.en"), "--device", "cpu",
                                   "--output-format", "jsonl", "--confidence", str(out)])
     assert refused.exit_code != 0 and "--reverse-path" in refused.output and "Traceback" not in refused.output
+
+
+def test_serve_answers_a_confidence_per_q_item_from_its_calibration(ckpt, tmp_path):
+    path = tmp_path / "c.json"
+    path.write_text(Calibration((1.0, 0.0), 0.5, reverse=False).to_json(), encoding="utf-8")
+    served = Served("--model", f"en-de={ckpt}", "--confidence", f"en-de={path}", "--max-len-b", "5")
+    try:
+        status, _, one = served.translate("A man sleeps.")
+        status_list, _, many = served.translate(["A man sleeps.", "Two dogs. They run.", " "])
+        status_html, _, page = served.translate("<p>A man.</p><p>A dog.</p>", format="html")
+    finally:
+        served.stop()
+    assert (status, status_list, status_html) == (200, 200, 200)
+    assert 0 <= one["confidence"] <= 1 and 0 <= page["confidence"] <= 1
+    assert len(many["confidence"]) == 3 and all(0 <= c <= 1 for c in many["confidence"])
+    assert one["confidence"] == many["confidence"][0]
+
+
+def test_serve_refuses_a_bad_calibration_file_in_one_line(ckpt, tmp_path):
+    path = tmp_path / "c.json"
+    path.write_text('{"format": "xf-confidence", "version": 7}', encoding="utf-8")
+    result = runner.invoke(app, ["serve", "--model", f"en-de={ckpt}", "--confidence", f"en-de={path}", "--port", "0"])
+    assert result.exit_code != 0 and "calibration version 7" in result.output and "Traceback" not in result.output

@@ -514,6 +514,11 @@ class ServeOptions(DecodingOptions):
         "for more directions (xf engine)"
     )
     max_glossary_terms: int = option(500, "entries of a request's own 'glossary' at most (more: 413)", range=COUNT1)
+    confidence: tuple[str, ...] = option(
+        (), "DIRECTION=FILE, e.g. en-de=calibration.json: how that direction's answers' \"confidence\" combines its "
+        "parts (written by xf calibrate without --reverse-path; default: exp of the mean log-probability per subword, "
+        "0 when the output is a copy or not in the target language); repeat for more directions"
+    )
 
     def __post_init__(self) -> None:
         super().__post_init__()  # check_ranges(self) included
@@ -530,15 +535,19 @@ class ServeOptions(DecodingOptions):
                 raise ValueError(f"--glossary: direction {name} is given more than once (one glossary a direction)")
             if direction not in directions:
                 raise ValueError(f"--glossary {name}=...: no --model serves {name}")
+        for spec in self.confidence:
+            direction = direction_and_path(spec, "--confidence", "FILE", "en-de=calibration.json")[:2]
+            if direction not in directions:
+                raise ValueError(f"--confidence {'-'.join(direction)}=...: no --model serves {'-'.join(direction)}")
         self.translate_options("check")  # TranslateOptions' own checks (the length limit)
 
     def translate_options(self, path: str) -> "TranslateOptions":
         """The options of ``xf translate --path PATH`` with this server's decoding and engine options."""
         shared = {f.name for f in dataclasses.fields(TranslateOptions)} & {f.name for f in dataclasses.fields(self)}
         # split_sentences: the server's switch (a bool), not xf translate's language (each direction has its own);
-        # glossary: the server's, per direction (DIRECTION=FILE), applied to each sentence by xf serve itself;
+        # glossary and confidence: the server's, per direction (DIRECTION=FILE), applied by xf serve itself
         return TranslateOptions(path=(path,), **{name: getattr(self, name) for name in shared
-                                                 if name not in ("path", "split_sentences", "glossary")})
+                                                 if name not in ("path", "split_sentences", "glossary", "confidence")})
 
 
 def direction_and_path(spec: str, flag: str = "--model", what: str = "CHECKPOINT",
