@@ -163,3 +163,22 @@ def test_serve_refuses_a_bad_calibration_file_in_one_line(ckpt, tmp_path):
     path.write_text('{"format": "xf-confidence", "version": 7}', encoding="utf-8")
     result = runner.invoke(app, ["serve", "--model", f"en-de={ckpt}", "--confidence", f"en-de={path}", "--port", "0"])
     assert result.exit_code != 0 and "calibration version 7" in result.output and "Traceback" not in result.output
+
+
+def test_a_forced_copy_and_a_forced_wrong_language_output_get_confidence_0(models):
+    pytest.importorskip("py3langid")
+    root, forward, _ = models
+    source = "Two young guys with shaggy hair look at their hands while hanging out in the yard."
+    french = "Deux jeunes hommes aux cheveux hirsutes regardent leurs mains dans le jardin."
+    german = "Zwei junge Männer mit zotteligen Haaren betrachten ihre Hände im Garten."
+    lines = [{"source": source, "prefix": prefix} for prefix in (source, french, german)]
+    (root / "steered.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines), encoding="utf-8")
+    result = runner.invoke(app, ["translate", "--path", forward, "--input", str(root / "steered.jsonl"),
+                                 "--input-format", "jsonl", "--output-format", "jsonl", "--target-lang", "de",
+                                 "--device", "cpu", "--quiet", "--max-len-b", "3"])
+    assert result.exit_code == 0, result.output
+    records = [json.loads(line) for line in result.stdout.splitlines() if line.startswith("{")]
+    copied, wrong, right = (r["hypotheses"][0] for r in records)
+    assert copied["text"].startswith(source[:-1]) and wrong["text"].startswith(french[:-1])
+    assert copied["confidence"] == 0.0 and wrong["confidence"] == 0.0
+    assert right["confidence"] > 0.0  # German, not the source: no flag (a random model: a low score)
