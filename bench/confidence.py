@@ -17,6 +17,8 @@
    (the source's first 4 words, or its words but the last 2), the search completing the line (in
    German, mostly: a mixed line). Their recall, and the false-alarm rate on the model's own beam
    output and on the German references.
+5. On val, the share of clean outputs, references and prefix-forced outputs that each bound of
+   py3langid's probability of German would flag: how confidence.WRONG_LANGUAGE_P was chosen.
 
 Writes DIR/confidence.md and prints it. Library calls measure; whole commands (xf preprocess,
 xf train, xf calibrate) run through the CLI, as a user runs them. No timing is measured.
@@ -107,22 +109,45 @@ def measure(models: dict[str, Path], calibrations: dict[str, Path], multi30k: Pa
                      f"| {auc([fitted['with reverse'].confidence(r) for r in rows])} |")
     lines += ["", "ROC area for predicting a sentence whose chrF is below the set's median (0.5: chance).", ""]
     lines += flags(engine, sp, options, scorer, multi30k, outputs["test2016"])
+    lines += ["", "The wrong_language bound (confidence.WRONG_LANGUAGE_P), on val:", ""]
+    lines += language_thresholds(engine, sp, options, multi30k, outputs["val"])
     engine.close()
+    return lines
+
+
+# English forced by a target prefix: the source's words that the prefix keeps
+PREFIXES = {"first 4 words": lambda words: words[:4], "words but the last 2": lambda words: words[:-2]}
+
+
+def prefixed(engine, sp, options, sources: list[str], cut) -> list[str]:
+    """The best translation of each source, forced to start with ``cut(its words)``."""
+    from xformer_cli.translation import Stats, hypothesis_texts, search_lines
+
+    prefixes = [sp.encode(" ".join(cut(s.split())), out_type=int) for s in sources]
+    found, _ = search_lines(engine, sp.encode(sources, out_type=int), options, Stats(), None, 64, prefixes=prefixes)
+    return [hypothesis_texts(sp, hyps[:1])[0] for hyps in found]
+
+
+def language_thresholds(engine, sp, options, multi30k: Path, clean) -> list[str]:
+    """How the wrong_language bound was chosen, on val: the share flagged at each bound."""
+    from xformer_cli.language_id import LanguageId
+
+    sources, texts, _ = clean
+    probability = LanguageId(["de"]).probability
+    sets = [texts, read(multi30k / "val.de"), prefixed(engine, sp, options, sources, PREFIXES["words but the last 2"])]
+    p = [[probability(t, "de") for t in outs] for outs in sets]
+    lines = ["| py3langid's probability of German under | clean val output flagged | val references flagged | "
+             "val outputs forced by a prefix (all but 2 words) flagged |", "|---|---|---|---|"]
+    for bound in (0.05, 0.2, 0.5, 0.8, 0.9):
+        lines.append(f"| {bound} | " + " | ".join(f"{sum(x < bound for x in ps) / len(ps):.3f}" for ps in p) + " |")
     return lines
 
 
 def flags(engine, sp, options, scorer, multi30k: Path, clean) -> list[str]:
     """Recall of the flags on failures made on purpose, false alarms on clean output (test2016)."""
-    from xformer_cli.translation import Stats, hypothesis_texts, search_lines
-
     sources, texts, rows = clean
     refs, french = read(multi30k / "test2016.de"), read(multi30k / "test2016.fr")
-    pieces = sp.encode(sources, out_type=int)
-    forced = {}
-    for name, cut in (("first 4 words", lambda w: w[:4]), ("words but the last 2", lambda w: w[:-2])):
-        prefixes = [sp.encode(" ".join(cut(s.split())), out_type=int) for s in sources]
-        found, _ = search_lines(engine, pieces, options, Stats(), None, 64, prefixes=prefixes)
-        forced[name] = [hypothesis_texts(sp, hyps[:1])[0] for hyps in found]
+    forced = {name: prefixed(engine, sp, options, sources, cut) for name, cut in PREFIXES.items()}
     cases = [("copy: the source as output", sources, 3), ("wrong_language: the French reference", french, 2)]
     for name, outs in forced.items():
         cases += [(f"wrong_language: English forced by a prefix, the source's {name}", outs, 2),

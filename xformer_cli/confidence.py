@@ -52,7 +52,7 @@ WRONG_LANGUAGE_P = 0.5
 
 def is_wrong_language(probability, output: str, target: str) -> bool:
     """``probability(text, language)``: the identifier's (``LanguageId.probability``); an output
-    with no letter is never flagged (a number, a name in capitals: nothing to tell it by)."""
+    with no letter is never flagged (numbers, punctuation: nothing to tell its language by)."""
     return any(ch.isalpha() for ch in output) and probability(output, target) < WRONG_LANGUAGE_P
 
 
