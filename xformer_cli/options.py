@@ -357,7 +357,7 @@ class TranslateOptions(DecodingOptions):
     max_tokens: int = option(0, "padded source subwords per batch instead of --batch-size (0: use batch_size)", range=COUNT)
     buffer_size: int = option(2000, "lines read ahead and sorted by length into batches", range=Range(1, 1 << 24))
     output_format: Literal["text", "jsonl"] = option(
-        "text", "text lines, or JSON lines with source, hypotheses, scores and positional scores"
+        "text", "text lines, or JSON lines with source, hypotheses, scores, positional scores and confidence"
     )
     input_format: Literal["text", "jsonl"] = option(
         "text", "text lines, or JSON lines {\"source\": ..., \"prefix\": ..., \"constraints\": [...]}: each "

@@ -56,10 +56,10 @@ def open_engine(options: TranslateOptions, machine: Optional[Machine] = None):
     return engine, sp, engine.device
 
 
-def open_scorer(options, plan) -> Scorer:
-    """The confidence scorer of the options (``--confidence``, ``--reverse-path``, the languages),
-    its reverse models opened as ``plan`` says (the calibration file is read before them)."""
-    calibration = Calibration.load(options.confidence) if options.confidence else None
+def open_scorer(options, plan, calibration: Optional[Calibration] = None) -> Scorer:
+    """The confidence scorer of the options (``--reverse-path``, ``--target-lang``) with the
+    ``calibration`` of ``--confidence`` (read before any model: ``Calibration.load``), its
+    reverse models opened on ``plan``'s device and precision."""
     # forced decoding of whole batches in this process: xf's engine, eager, one worker, no shortlist
     # (the forward model's would not fit the reverse vocabulary); the forward's device and precision
     forced = dataclasses.replace(plan, engine="xf", int8="none", int8_engine=None, step="eager", workers=1,

@@ -18,6 +18,7 @@ from typing import IO, Iterator, Optional
 
 import torch
 
+from ..confidence import Calibration
 from ..console import invalid_utf8_warning, print_summary, stderr_console, warn
 from ..errors import ConfigError, XfError, memory_detail, out_of_memory
 from ..fileio import atomic_write
@@ -79,9 +80,10 @@ def translate(options: TranslateOptions) -> None:
     if options.input not in (None, "-") and not Path(options.input).is_file():
         raise XfError(f"{options.input}: input file not found")
     glossary = Glossary.load(options.glossary) if options.glossary is not None else None  # fails before loading
+    calibration = Calibration.load(options.confidence) if options.confidence else None  # as does this
     engine, sp, device = open_engine(options)
     try:
-        scorer = open_scorer(options, engine.plan) if options.output_format == "jsonl" else None
+        scorer = open_scorer(options, engine.plan, calibration) if options.output_format == "jsonl" else None
         unfit = glossary is not None and (unfit_term(glossary, sp, engine.max_source)
                                           or crowded_term(glossary, options.max_constraint_forms))
         if unfit:  # its terms against the model, before a line is written
