@@ -37,7 +37,9 @@ def _flag(name: str) -> str:
 # its own format: the little each command asks of a hand-made invocation.
 CONTEXT = {("average-checkpoints", "valid_source"): {"choose_on_valid": True},
            ("average-checkpoints", "valid_reference"): {"choose_on_valid": True},
-           ("average-checkpoints", "choose_report"): {"choose_on_valid": True}}
+           ("average-checkpoints", "choose_report"): {"choose_on_valid": True},
+           ("translate", "confidence"): {"output_format": "jsonl"},
+           ("translate", "reverse_path"): {"output_format": "jsonl"}}
 PLACEHOLDERS = {"model": ("en-de=model.pt",)}
 
 

@@ -59,16 +59,20 @@ def test_every_endpoint(server, ckpt, lines, tmp_path):
     assert status == 200 and languages == [{"code": "en", "name": "English", "targets": ["de"]}]
 
     status, _, answer = server.translate(lines[0])
+    assert 0 <= answer.pop("confidence") <= 1  # an extra field: LibreTranslate's clients ignore it
     assert status == 200 and answer == {"translatedText": reference[0][0]}
     status, _, answer = server.translate(lines[0], alternatives=1)
-    assert status == 200 and answer == {"translatedText": reference[0][0], "alternatives": reference[0][1:2]}
+    assert status == 200 and answer.pop("confidence") >= 0
+    assert answer == {"translatedText": reference[0][0], "alternatives": reference[0][1:2]}
     status, _, answer = server.translate([lines[1], lines[2]])
-    assert status == 200 and answer == {"translatedText": [reference[1][0], reference[2][0]]}
+    assert status == 200 and all(0 <= c <= 1 for c in answer.pop("confidence"))
+    assert answer == {"translatedText": [reference[1][0], reference[2][0]]}
     # the same fields form-encoded, as LibreTranslate also takes them
     form = urlencode([("q", lines[1]), ("q", lines[2]), ("source", "en"), ("target", "de"), ("alternatives", "1")])
     status, _, answer = server.request("POST", "/translate", raw=form.encode(),
                                        headers={"Content-Type": "application/x-www-form-urlencoded"})
-    assert status == 200 and answer == {"translatedText": [reference[1][0], reference[2][0]],
+    assert status == 200 and len(answer.pop("confidence")) == 2
+    assert answer == {"translatedText": [reference[1][0], reference[2][0]],
                                         "alternatives": [reference[1][1:2], reference[2][1:2]]}
     # a text of several lines: each line translated as xf translate reads a file's lines
     status, _, answer = server.translate(f"{lines[0]}\r\n\n{lines[2]}")
@@ -511,7 +515,7 @@ def test_a_query_string_of_invalid_utf8_is_read_as_a_body_is():
                 await call(app, "/translate", query=b"q=5+6&source=en&target=de&x=\xff", headers=[])]
 
     try:
-        assert asyncio.run(both()) == [(200, {"translatedText": "6 5"})] * 2
+        assert asyncio.run(both()) == [(200, {"translatedText": "6 5", "confidence": 1.0})] * 2
     finally:
         server.queue.stop()
 

@@ -204,7 +204,7 @@ def test_format_html_with_a_glossary(served):
 
 
 def test_a_whitespace_only_text_comes_back_as_sent_with_an_empty_report(served):
-    assert translated(served, " \n\t") == {"translatedText": " \n\t", "glossaryTerms": []}
+    assert translated(served, " \n\t") == {"translatedText": " \n\t", "confidence": 1.0, "glossaryTerms": []}
     assert translated(served, ["  ", "A man."], glossary=[["man", "Fahrrad"]])["glossaryTerms"][0] == []
 
 

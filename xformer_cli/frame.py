@@ -23,6 +23,7 @@ from typing import Any, Callable, Iterator, Literal, Optional, Union
 from .config import load_options
 from .options import (
     AverageOptions,
+    CalibrateOptions,
     ExportOptions,
     ImportOptions,
     PlotAttentionOptions,
@@ -143,7 +144,8 @@ COMMANDS: list[Command] = [
             outputs=(Output("output"), Output("choose_report"))),
     Command("translate", TranslateOptions, "translate:translate",
             "Translate stdin to stdout with batched beam search: one output line per input line.",
-            inputs=(Input("path", "path"), Input("input", stdin=True), Input("shortlist"), Input("glossary")),
+            inputs=(Input("path", "path"), Input("input", stdin=True), Input("shortlist"), Input("glossary"),
+                    Input("confidence"), Input("reverse_path", "path")),
             outputs=(Output("output", "stdout"),)),
     Command("shortlist", ShortlistOptions, "shortlist:shortlist",
             "Build a vocabulary shortlist for xf translate --shortlist from a data directory's training pairs.",
@@ -165,6 +167,10 @@ COMMANDS: list[Command] = [
             "Score given source-target pairs by forced decoding: log-probabilities, and dual cross-entropy with a reverse model.",
             inputs=(Input("path"), Input("reverse_path"), Input("source"), Input("target")),
             outputs=(Output("output", "stdout"),)),
+    Command("calibrate", CalibrateOptions, "calibrate:calibrate",
+            "Fit how xf translate's confidence combines its parts, on a validation set: xf translate --confidence FILE.",
+            inputs=(Input("path"), Input("reverse_path"), Input("source"), Input("reference")),
+            outputs=(Output("output"),)),
     Command("serve", ServeOptions, "serve:serve",
             "Serve translations over HTTP (LibreTranslate's API) with dynamic batching: xf serve --model en-de=avg.pt.",
             inputs=(Input("api_keys"),)),

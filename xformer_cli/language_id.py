@@ -50,6 +50,10 @@ class LanguageId:
         total = sum(p for _, p in served) or 1.0
         return [(code, p / total) for code, p in served], ranking[0]
 
+    def probability(self, text: str, code: str) -> float:
+        """py3langid's probability that ``text`` is in ``code``, over all the languages it knows."""
+        return next((p for c, p in self.model.rank(text) if c == code), 0.0)
+
     def choose(self, text: str) -> str:
         """The served language of ``text`` (source "auto"); UnknownLanguage when there is none."""
         if not any(ch.isalpha() for ch in text):

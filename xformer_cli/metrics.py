@@ -154,3 +154,11 @@ def paired_bootstrap(
         "signatures": {m: str(signatures[key]) for m, key in zip(metrics, keys)},
         "systems": rows,
     }
+
+
+def sentence_chrf(hypotheses: Sequence[str], references: Sequence[str]) -> list[float]:
+    """sacreBLEU's chrF of each hypothesis against its one reference (its defaults: chrF2, n=6)."""
+    from sacrebleu.metrics import CHRF
+
+    scorer = CHRF()
+    return [scorer.sentence_score(h, [r]).score for h, r in zip(hypotheses, references)]

@@ -365,7 +365,7 @@ class TranslateOptions(DecodingOptions):
     max_tokens: int = option(0, "padded source subwords per batch instead of --batch-size (0: use batch_size)", range=COUNT)
     buffer_size: int = option(2000, "lines read ahead and sorted by length into batches", range=Range(1, 1 << 24))
     output_format: Literal["text", "jsonl"] = option(
-        "text", "text lines, or JSON lines with source, hypotheses, scores and positional scores"
+        "text", "text lines, or JSON lines with source, hypotheses, scores, positional scores and confidence"
     )
     input_format: Literal["text", "jsonl"] = option(
         "text", "text lines, or JSON lines {\"source\": ..., \"prefix\": ..., \"constraints\": [...]}: each "
@@ -413,6 +413,18 @@ class TranslateOptions(DecodingOptions):
         "int8's tolerance (its int8 products need VNNI or AMX); xf engine on the CPU"
     )
     quiet: bool = option(False, "no progress bar or summary table on stderr (warnings are still shown)")
+    confidence: Optional[str] = option(
+        None, "a calibration file written by xf calibrate: how --output-format jsonl's \"confidence\" of each "
+        "hypothesis combines its parts (default: exp of its mean log-probability per subword, 0 when a flag fires)",
+        path=True,
+    )
+    reverse_path: tuple[str, ...] = option(
+        (), "checkpoint(s) of a target->source model: the confidence also weighs the source's log-probability given "
+        "the output (forced decoding, as xf score-pairs --reverse-path)"
+    )
+    target_lang: Optional[str] = option(None, "the target language (ISO 639-1): turns on the confidence's "
+                                        "wrong_language flag, an output that py3langid finds unlikely in it (the "
+                                        "detect extra)")
     print_alignment: bool = option(
         False, "add each output's hard alignment, 'SRC-TGT' index pairs: text 'translation ||| 0-0 1-2', "
         "n-best 'ID ||| translation ||| score ||| 0-0 1-2', jsonl \"alignment\": [[0, 0], [1, 2]]"
@@ -448,6 +460,9 @@ class TranslateOptions(DecodingOptions):
         if self.split_sentences is not None and (self.input_format != "text" or self.alternatives):
             raise ValueError("--split-sentences translates the sentences of text lines: it takes --input-format text "
                              "and no --alternatives (a prefix belongs to one sentence)")
+        if (self.confidence or self.reverse_path or self.target_lang) and self.output_format != "jsonl":
+            raise ValueError("--confidence, --reverse-path and --target-lang shape the \"confidence\" of "
+                             "--output-format jsonl: use it")
         if self.glossary is not None and self.split_sentences:
             raise ValueError("--glossary matches terms in whole lines: it takes no --split-sentences")
         # floor(a*|X| + b) output subwords for a source of |X| >= 1 subwords: at least 1 for every |X|
@@ -507,6 +522,11 @@ class ServeOptions(DecodingOptions):
         "for more directions (xf engine)"
     )
     max_glossary_terms: int = option(500, "entries of a request's own 'glossary' at most (more: 413)", range=COUNT1)
+    confidence: tuple[str, ...] = option(
+        (), "DIRECTION=FILE, e.g. en-de=calibration.json: how that direction's answers' \"confidence\" combines its "
+        "parts (written by xf calibrate without --reverse-path; default: exp of the mean log-probability per subword, "
+        "0 when the output is a copy or not in the target language); repeat for more directions"
+    )
 
     def __post_init__(self) -> None:
         super().__post_init__()  # check_ranges(self) included
@@ -523,15 +543,19 @@ class ServeOptions(DecodingOptions):
                 raise ValueError(f"--glossary: direction {name} is given more than once (one glossary a direction)")
             if direction not in directions:
                 raise ValueError(f"--glossary {name}=...: no --model serves {name}")
+        for spec in self.confidence:
+            direction = direction_and_path(spec, "--confidence", "FILE", "en-de=calibration.json")[:2]
+            if direction not in directions:
+                raise ValueError(f"--confidence {'-'.join(direction)}=...: no --model serves {'-'.join(direction)}")
         self.translate_options("check")  # TranslateOptions' own checks (the length limit)
 
     def translate_options(self, path: str) -> "TranslateOptions":
         """The options of ``xf translate --path PATH`` with this server's decoding and engine options."""
         shared = {f.name for f in dataclasses.fields(TranslateOptions)} & {f.name for f in dataclasses.fields(self)}
         # split_sentences: the server's switch (a bool), not xf translate's language (each direction has its own);
-        # glossary: the server's, per direction (DIRECTION=FILE), applied to each sentence by xf serve itself;
+        # glossary and confidence: the server's, per direction (DIRECTION=FILE), applied by xf serve itself
         return TranslateOptions(path=(path,), **{name: getattr(self, name) for name in shared
-                                                 if name not in ("path", "split_sentences", "glossary")})
+                                                 if name not in ("path", "split_sentences", "glossary", "confidence")})
 
 
 def direction_and_path(spec: str, flag: str = "--model", what: str = "CHECKPOINT",
@@ -668,6 +692,24 @@ class ScorePairsOptions:
         if self.reverse_path and self.output_format == "text" and self.normalize == "sum":
             raise ConfigError("--reverse-path writes the dual score, which is per token: --normalize sum has no "
                               "dual score (use --output-format jsonl for the sums)")
+
+
+@with_translate_fields("beam_size", "lenpen", "lenpen_style", "max_len_a", "max_len_b", "batch_size", "max_tokens",
+                       "device", "precision", "threads", "reverse_path", "target_lang")
+@dataclass(frozen=True, kw_only=True)
+class CalibrateOptions:
+    """xf calibrate: the validation set, the models, and the decoding options of the translations
+    it fits on (from TranslateOptions: use those xf translate will run with)."""
+
+    path: tuple[str, ...] = option(help="checkpoint(s) of the source->target model (several: an ensemble)")
+    source: str = option(help="validation source sentences, one a line (raw text; never the test set)")
+    reference: str = option(help="their reference translations, line by line: the fit's label is a sentence's "
+                            "chrF at least the median")
+    output: str = option(help="the calibration file to write (JSON), for xf translate --confidence")
+    overwrite: bool = option(False, "replace --output if it exists")
+
+    def __post_init__(self) -> None:
+        check_ranges(self)
 
 
 @dataclass(frozen=True)

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Optional
 
 from .attention_maps import alignment_pairs, word_ids
+from .confidence import Scorer, mean_log_probability
 from .constraints import word_boundaries
 from .engines import Engine
 from .errors import memory_detail, out_of_memory
@@ -41,6 +42,7 @@ class Direction:
     sp: object
     options: TranslateOptions
     glossary: Optional[Glossary] = None  # --glossary DIRECTION=FILE (xf serve applies it to each sentence)
+    scorer: Scorer = field(default_factory=Scorer)  # the answers' confidence (--confidence DIRECTION=FILE, or the default)
 
     @property
     def code(self) -> str:
@@ -58,6 +60,7 @@ class Job:
     future: concurrent.futures.Future = field(default_factory=concurrent.futures.Future)
     taken: int = 0  # lines handed to the worker so far, in order
     found: list[list[str]] = field(default_factory=list)  # per line decoded so far: its hypotheses' texts
+    means: list[float] = field(default_factory=list)  # per line decoded so far: its best's log-probability per subword
     align: bool = False  # also the best hypothesis's word alignment per line (format html), where the engine has them
     alignments: list = field(default_factory=list)  # per line: [(source word, target word)], or None
     dropped: bool = False  # its request is gone: the lines not taken are not decoded, the rest not kept
@@ -258,6 +261,8 @@ class BatchQueue:
             if job.dropped:
                 continue
             job.found.extend(texts)
+            job.means.extend(mean_log_probability(hyps[0].positional_scores) if hyps else 0.0
+                             for hyps in found[at - (end - start):at])
             if len(job.found) == len(job.pieces):
                 job.future.set_result(job.found)
 

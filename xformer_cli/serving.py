@@ -51,6 +51,7 @@ from pathlib import Path
 from typing import Optional
 
 from . import html_text
+from .confidence import Calibration, Scorer
 from .errors import ConfigError, XfError
 from .glossary import Glossary, find_terms
 from .options import ServeOptions, direction_and_path
@@ -108,8 +109,21 @@ def load_directions(options: ServeOptions, glossaries: Optional[dict[str, Glossa
                                           or crowded_term(glossary, options.max_constraint_forms))
         if unfit:
             raise XfError(f"--glossary {source}-{target}: {unfit}")
-        directions.append(Direction(source, target, engine, sp, translate_options, glossary))
+        directions.append(Direction(source, target, engine, sp, translate_options, glossary,
+                                    confidence_scorer(options, source, target)))
     return directions
+
+
+def confidence_scorer(options: ServeOptions, source: str, target: str) -> Scorer:
+    """The direction's confidence: its --confidence file's calibration (no reverse model: xf serve
+    runs none), or the default; the wrong_language flag where py3langid is installed and knows
+    the target language."""
+    specs = [direction_and_path(spec, "--confidence", "FILE") for spec in options.confidence]
+    path = next((file for s, t, file in specs if (s, t) == (source, target)), None)
+    calibration = Calibration.load(path) if path is not None else None
+    known = LanguageId.load([target])
+    flag = target if known is not None and target in known.languages else None
+    return Scorer(calibration, None, flag, f"--confidence {source}-{target}={path}")
 
 
 def read_api_keys(path: Optional[str]) -> list[str]:
@@ -338,7 +352,8 @@ class Translation:
             job.constraints = self._glossary_constraints(job.constraints)
         self._refuse_over_limits(job.constraints)
         if not any(self.units.pieces):  # whitespace only, a page without text: nothing to search, nothing queued
-            return self._answer([[""] for _ in self.units.pieces], [None for _ in self.units.pieces])
+            return self._answer([[""] for _ in self.units.pieces], [None for _ in self.units.pieces],
+                                [0.0 for _ in self.units.pieces])
         try:
             self.server.queue.submit(job)
         except QueueFull as e:
@@ -356,7 +371,7 @@ class Translation:
                 self.info["dropped_lines"] = dropped
         if answer in done:
             self.server.metrics.lines.labels(self.direction.code).inc(len(self.units.pieces))
-            return self._answer(answer.result(), job.alignments)
+            return self._answer(answer.result(), job.alignments, job.means)
         answer.cancel()
         if gone in done:
             raise HttpError(CLIENT_GONE, "the client closed the connection")
@@ -427,7 +442,7 @@ class Translation:
             report.append(list(terms.values()))
         return report
 
-    def _answer(self, found: list[list[str]], alignments: list) -> dict:
+    def _answer(self, found: list[list[str]], alignments: list, means: list[float]) -> dict:
         def text(layout, k):  # the k-th hypothesis of each unit (its last where it has fewer)
             return layout.render(lambda i: found[i][min(k, len(found[i]) - 1)])
 
@@ -438,9 +453,11 @@ class Translation:
         layouts = self.units.layouts
         translated = [text(layout, 0) for layout in layouts]
         alts = [alternatives(layout) for layout in layouts] if self.alternatives else None
+        confidence = self._confidence(translated, means)
         if self.documents is not None:
             translated, alts = self._documents(translated, alts, found, alignments)
-        answer: dict = {"translatedText": translated if self.as_list else translated[0]}
+        answer: dict = {"translatedText": translated if self.as_list else translated[0],
+                        "confidence": confidence if self.as_list else confidence[0]}
         if self.alternatives:
             answer["alternatives"] = alts if self.as_list else alts[0]
         if self.detected is not None:
@@ -455,6 +472,21 @@ class Translation:
         self.info.update(invalid_utf8=self.stats.invalid_utf8, truncated=truncated, split_long=split_long)
         return answer
 
+
+    def _confidence(self, translated: list[str], means: list[float]) -> list[float]:
+        """Each q item's confidence (an extra field: LibreTranslate's clients ignore it): that of
+        its text (html: of its blocks, the lowest) with its weakest sentence's log-probability."""
+        sources = ["\n".join(lines) for lines in self.lines]
+        weakest = [min((means[i] for i in layout.parts if isinstance(i, int)), default=0.0)
+                   for layout in self.units.layouts]
+        values = self.direction.scorer.confidences(sources, translated, weakest)
+        if self.documents is None:
+            return [round(v, 6) for v in values]
+        per_document, at = [], 0
+        for document in self.documents:
+            per_document.append(round(min(values[at:at + len(document.blocks)], default=1.0), 6))
+            at += len(document.blocks)
+        return per_document
 
     def _documents(self, translated: list[str], alts: Optional[list[list[str]]], found: list[list[str]],
                    alignments: list):

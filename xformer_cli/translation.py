@@ -13,6 +13,7 @@ opens the engine that ``--engine`` names over ``--path``.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -24,6 +25,7 @@ from .console import warn
 from . import distributed
 from .attention_maps import alignment_pairs, format_alignment, line_word_ids, word_ids
 from .batching import batch_by_size
+from .confidence import Calibration, Scorer, mean_log_probability
 from .constraints import BatchConstraints, word_boundaries
 from .ctranslate2_format import CTranslate2Engine
 from .engines import Engine, XfEngine
@@ -52,6 +54,18 @@ def open_engine(options: TranslateOptions, machine: Optional[Machine] = None):
         engine, sp = XfEngine.open(options.path, plan)
     engine.plan = plan
     return engine, sp, engine.device
+
+
+def open_scorer(options, plan, calibration: Optional[Calibration] = None) -> Scorer:
+    """The confidence scorer of the options (``--reverse-path``, ``--target-lang``) with the
+    ``calibration`` of ``--confidence`` (read before any model: ``Calibration.load``), its
+    reverse models opened on ``plan``'s device and precision."""
+    # forced decoding of whole batches in this process: xf's engine, eager, one worker, no shortlist
+    # (the forward model's would not fit the reverse vocabulary); the forward's device and precision
+    forced = dataclasses.replace(plan, engine="xf", int8="none", int8_engine=None, step="eager", workers=1,
+                                 processes=False, shortlist=None, warning=None)
+    reverse = XfEngine.open(options.reverse_path, forced) if options.reverse_path else None
+    return Scorer(calibration, reverse, options.target_lang, options.confidence or "")
 
 
 @dataclass
@@ -315,10 +329,12 @@ def hypothesis_texts(sp, hyps: list[Hypothesis]) -> list[str]:
 
 
 def format_result(line_index: int, source: str, hyps: list[Hypothesis], texts: list[str], options: TranslateOptions, sp,
-                  alignments: Optional[list[list[tuple[int, int]]]] = None) -> str:
+                  alignments: Optional[list[list[tuple[int, int]]]] = None,
+                  confidences: Optional[list[float]] = None) -> str:
     """The output for one input line (text: one line; text with --nbest K: K lines; jsonl: one line).
 
-    alignments (with --print-alignment): the (source, target) pairs of each hypothesis.
+    alignments (with --print-alignment): the (source, target) pairs of each hypothesis;
+    confidences (jsonl): each hypothesis's (``confidence.Scorer``).
     """
     if options.output_format == "jsonl":
         record = {
@@ -337,6 +353,9 @@ def format_result(line_index: int, source: str, hyps: list[Hypothesis], texts: l
         if alignments is not None:
             for hyp_record, pairs in zip(record["hypotheses"], alignments):
                 hyp_record["alignment"] = [list(pair) for pair in pairs]
+        if confidences is not None:
+            for hyp_record, value in zip(record["hypotheses"], confidences):
+                hyp_record["confidence"] = round(value, 6)
         return json.dumps(record, ensure_ascii=False) + "\n"
     # --print-alignment adds a last field " ||| 0-0 1-2" (Pharaoh pairs), as Marian and Moses do.
     links = [f" ||| {format_alignment(pairs)}" for pairs in alignments] if alignments is not None else [""] * len(hyps)
@@ -348,24 +367,24 @@ def format_result(line_index: int, source: str, hyps: list[Hypothesis], texts: l
 
 def translate_buffer(engine: Engine, sp, lines: list[str], first_index: int, options: TranslateOptions, stats: Stats,
                      generator=None, prefixes: Optional[list[list[int]]] = None,
-                     constraints: Optional[list] = None) -> list[str]:
+                     constraints: Optional[list] = None, scorer: Optional[Scorer] = None) -> list[str]:
     """Outputs (one string per input line, in input order) for a buffer of input lines;
     prefixes: each line's target prefix (ids, ``encode_prefixes``; None: none); constraints:
-    each line's lexical constraints (``encode_constraints``; None: none). An empty line
-    gives an empty translation whatever its prefix (there is nothing to translate)."""
+    each line's lexical constraints (``encode_constraints``; None: none); scorer: gives each
+    jsonl hypothesis its confidence. An empty line gives an empty translation whatever its
+    prefix (there is nothing to translate)."""
     pieces = encode_lines(sp, lines, engine.max_source, stats, first_index)
     results, alignments = search_lines(engine, pieces, options, stats, max_tokens=options.max_tokens or None,
                                        max_sentences=None if options.max_tokens else options.batch_size,
                                        generator=generator, prefixes=prefixes, constraints=constraints,
                                        first_index=first_index,
                                        word_starts=word_boundaries(sp) if constraints is not None else None)
+    found = [hyps if hyps is not None else empty_hypotheses(options) for hyps in results]
+    texts_of = [hypothesis_texts(sp, hyps) for hyps in found]
+    confidences = _confidences(scorer, lines, found, texts_of) if scorer is not None else [None] * len(lines)
     out = []
-    for i, hyps in enumerate(results):
-        if hyps is None:
-            hyps = empty_hypotheses(options)
-            texts = hypothesis_texts(sp, hyps)
-        else:
-            texts = hypothesis_texts(sp, hyps)
+    for i, (hyps, texts) in enumerate(zip(found, texts_of)):
+        if results[i] is not None:
             stats.empty_outputs += not texts[0].strip()
         pairs = None
         if options.print_alignment:
@@ -373,8 +392,17 @@ def translate_buffer(engine: Engine, sp, lines: list[str], first_index: int, opt
             src_words = line_word_ids(sp, lines[i])[: len(pieces[i])] if words else None
             pairs = [alignment_pairs(a, src_words, word_ids([sp.id_to_piece(t) for t in h.tokens[:-1]]) if words else None)
                      for h, a in zip(hyps, alignments[i] or [[]] * len(hyps))]  # empty lines: none
-        out.append(format_result(first_index + i, lines[i], hyps, texts, options, sp, pairs))
+        out.append(format_result(first_index + i, lines[i], hyps, texts, options, sp, pairs, confidences[i]))
     return out
+
+
+def _confidences(scorer: Scorer, lines: list[str], found: list[list[Hypothesis]],
+                 texts_of: list[list[str]]) -> list[list[float]]:
+    """Each line's hypotheses' confidences, the buffer's scored at once (one reverse pass)."""
+    flat = [(line, text, mean_log_probability(h.positional_scores))
+            for line, hyps, texts in zip(lines, found, texts_of) for h, text in zip(hyps, texts)]
+    values = iter(scorer.confidences(*zip(*flat))) if flat else iter(())
+    return [[next(values) for _ in hyps] for hyps in found]
 
 
 def translate_sentences(engine: Engine, sp, lines: list[str], options: TranslateOptions, stats: Stats,
@@ -395,3 +423,16 @@ def translate_sentences(engine: Engine, sp, lines: list[str], options: Translate
         out.append(translated + "\n")
     return out
 
+
+
+def translate_with_features(engine: Engine, sp, lines: list[str], options: TranslateOptions,
+                            scorer: Scorer) -> tuple[list[str], list[list[float]]]:
+    """(the best translation of each line, its ``confidence.FEATURES``), lines in batches as
+    xf translate searches them: what ``xf calibrate`` fits on and the bench measures."""
+    stats = Stats()
+    pieces = encode_lines(sp, lines, engine.max_source, stats)
+    results, _ = search_lines(engine, pieces, options, stats, max_tokens=options.max_tokens or None,
+                              max_sentences=None if options.max_tokens else options.batch_size)
+    best = [hyps[0] if hyps else Hypothesis([], 0.0, []) for hyps in results]
+    texts = hypothesis_texts(sp, best)
+    return texts, scorer.rows(lines, texts, [mean_log_probability(h.positional_scores) for h in best])

@@ -18,12 +18,13 @@ from typing import IO, Iterator, Optional
 
 import torch
 
+from ..confidence import Calibration
 from ..console import invalid_utf8_warning, print_summary, stderr_console, warn
 from ..errors import ConfigError, XfError, memory_detail, out_of_memory
 from ..fileio import atomic_write
 from ..glossary import Glossary
 from ..options import TranslateOptions
-from ..translation import (Stats, decode_input_line, encode_constraints, encode_prefixes, open_engine,
+from ..translation import (Stats, decode_input_line, encode_constraints, encode_prefixes, open_engine, open_scorer,
                            crowded_term, over_constraint_limits, read_steered_line, translate_buffer,
                            translate_sentences, unfit_term)
 
@@ -79,13 +80,15 @@ def translate(options: TranslateOptions) -> None:
     if options.input not in (None, "-") and not Path(options.input).is_file():
         raise XfError(f"{options.input}: input file not found")
     glossary = Glossary.load(options.glossary) if options.glossary is not None else None  # fails before loading
+    calibration = Calibration.load(options.confidence) if options.confidence else None  # as does this
     engine, sp, device = open_engine(options)
     try:
+        scorer = open_scorer(options, engine.plan, calibration) if options.output_format == "jsonl" else None
         unfit = glossary is not None and (unfit_term(glossary, sp, engine.max_source)
                                           or crowded_term(glossary, options.max_constraint_forms))
         if unfit:  # its terms against the model, before a line is written
             raise ConfigError(unfit)
-        _translate(engine, sp, device, options, glossary)
+        _translate(engine, sp, device, options, glossary, scorer)
     except (MemoryError, RuntimeError) as e:
         if not out_of_memory(e):
             raise
@@ -95,7 +98,7 @@ def translate(options: TranslateOptions) -> None:
         engine.close()  # --workers: its decoding processes
 
 
-def _translate(engine, sp, device, options: TranslateOptions, glossary: Optional[Glossary]) -> None:
+def _translate(engine, sp, device, options: TranslateOptions, glossary: Optional[Glossary], scorer) -> None:
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
     if options.print_alignment:  # a layer the models lack fails now, not at the first batch
@@ -127,14 +130,15 @@ def _translate(engine, sp, device, options: TranslateOptions, glossary: Optional
                     wanted = [s.constraints + (glossary.constraints(s.source) if glossary else []) for s in steered]
                     constraints = _constraints(sp, wanted, engine, options, where, stats.lines)
                     outputs = translate_buffer(engine, sp, [s.source for s in steered], stats.lines, options, stats,
-                                               generator, prefixes, constraints)
+                                               generator, prefixes, constraints, scorer)
                 elif glossary is not None:
                     constraints = _constraints(sp, [glossary.constraints(line) for line in lines], engine, options,
                                                where, stats.lines)
                     outputs = translate_buffer(engine, sp, lines, stats.lines, options, stats, generator, None,
-                                               constraints)
+                                               constraints, scorer)
                 else:
-                    outputs = translate_buffer(engine, sp, lines, stats.lines, options, stats, generator)
+                    outputs = translate_buffer(engine, sp, lines, stats.lines, options, stats, generator,
+                                               scorer=scorer)
                 sink.write("".join(outputs).encode("utf-8"))
                 sink.flush()
                 stats.lines += len(lines)

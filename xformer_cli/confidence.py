@@ -1,0 +1,225 @@
+"""A confidence in [0, 1] for each translation, from what the model knows.
+
+The parts (``features``): ``forward``, the output's mean log-probability per subword (eos
+included; the search's own positional scores, before any length penalty); ``reverse``, the
+source's mean log-probability given the output under a reverse model (forced decoding,
+``pair_scoring``; 0 without one); ``wrong_language``, 1 when the language identifier finds the
+output unlikely to be in the target language; ``copy``, 1 when the output repeats the source.
+
+How the two scores combine is a logistic regression fitted on validation data (``fit``: the
+label is "this sentence's chrF is at least the validation median") and stored in a small
+versioned JSON file (``Calibration``, written by ``xf calibrate``). The flags are rules, not
+fitted: a flagged output's confidence is 0, since a validation set's own translations are
+almost never copies or in the wrong language, so a fit could not learn their weight (on
+Multi30k val neither fired once). Without a file, ``uncalibrated`` is used: exp(forward), the
+geometric mean of the output's subword probabilities, and 0 when a flag fires.
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+import math
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional, Sequence
+
+import numpy as np
+
+from .errors import XfError
+
+FEATURES = ("forward", "reverse", "wrong_language", "copy")  # a row's columns
+SCORES = FEATURES[:2]  # what a calibration weighs; the rest are flags
+FORMAT, VERSION = "xf-confidence", 1
+
+# An output is a copy when it is this similar to its source (difflib's ratio, casefolded): a
+# translation shares names and numbers with its source, a copy nearly all of it.
+COPY_RATIO = 0.8
+
+
+def is_copy(source: str, output: str) -> bool:
+    a, b = " ".join(source.casefold().split()), " ".join(output.casefold().split())
+    return bool(a) and difflib.SequenceMatcher(None, a, b, autojunk=False).ratio() >= COPY_RATIO
+
+
+# An output is in the wrong language when py3langid finds the target language less likely than
+# all the others together. Chosen on Multi30k val (EN-DE; docs/decoding.md#confidence has the
+# table): it flags 2 of 1,014 German references, and 85% of outputs forced half into English by
+# a prefix; 0.9 would flag 95% of those but 1.4% of clean output, a margin too thin for other text.
+WRONG_LANGUAGE_P = 0.5
+
+
+def is_wrong_language(probability, output: str, target: str) -> bool:
+    """``probability(text, language)``: the identifier's (``LanguageId.probability``); an output
+    with no letter is never flagged (numbers, punctuation: nothing to tell its language by)."""
+    return any(ch.isalpha() for ch in output) and probability(output, target) < WRONG_LANGUAGE_P
+
+
+def features(forward: float, reverse: Optional[float], wrong_language: bool, copy: bool) -> list[float]:
+    """One row of FEATURES' values (reverse 0 without a reverse model)."""
+    return [forward, reverse if reverse is not None else 0.0, float(wrong_language), float(copy)]
+
+
+def uncalibrated(row: Sequence[float]) -> float:
+    """The confidence without a calibration file: exp(mean log-probability), 0 when a flag fires."""
+    forward, _, wrong_language, copy = row
+    return 0.0 if wrong_language or copy else min(1.0, math.exp(forward))
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """A logistic regression over SCORES, sigmoid(bias + weights . scores), 0 when a flag fires."""
+
+    weights: tuple[float, ...]
+    bias: float
+    reverse: bool  # fitted with a reverse model's scores (its weight is 0 otherwise)
+    note: str = ""  # what it was fitted on (for the reader of the file)
+
+    def confidence(self, row: Sequence[float]) -> float:
+        if any(row[len(SCORES):]):
+            return 0.0
+        z = self.bias + float(np.dot(self.weights, row[:len(SCORES)]))
+        return 1.0 / (1.0 + math.exp(-z)) if z >= 0 else math.exp(z) / (1.0 + math.exp(z))
+
+    def to_json(self) -> str:
+        return json.dumps({"format": FORMAT, "version": VERSION, "scores": list(SCORES),
+                           "weights": list(self.weights), "bias": self.bias, "reverse": self.reverse,
+                           "note": self.note}, indent=2) + "\n"
+
+    @classmethod
+    def load(cls, path: str) -> "Calibration":
+        """The file ``xf calibrate`` wrote; an XfError of one line naming the file (and the line
+        of a JSON error) otherwise."""
+        try:
+            text = Path(path).read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as e:
+            raise XfError(f"{path}: cannot read the calibration file: {getattr(e, 'strerror', None) or e}") from None
+        try:
+            data = json.loads(text, parse_constant=_refuse_constant)
+        except ValueError as e:
+            constant = re.search(r"-?\b(?:NaN|Infinity)\b", text)  # refused by _refuse_constant, which has no line
+            line = getattr(e, "lineno", None) or (text.count("\n", 0, constant.start()) + 1 if constant else None)
+            where = f"{path}:{line}" if line else path
+            raise XfError(f"{where}: not a calibration file of xf calibrate: {getattr(e, 'msg', e)}") from None
+        return cls.from_dict(data, path)
+
+    @classmethod
+    def from_dict(cls, data, path: str) -> "Calibration":
+        if not isinstance(data, dict) or data.get("format") != FORMAT:
+            raise XfError(f"{path}: not a calibration file of xf calibrate (no \"format\": \"{FORMAT}\")")
+        if data.get("version") != VERSION:
+            raise XfError(f"{path}: calibration version {data.get('version')!r}; this xf reads version {VERSION} "
+                          "(run xf calibrate again)")
+        if data.get("scores") != list(SCORES):
+            raise XfError(f"{path}: scores {data.get('scores')!r}, expected {list(SCORES)}")
+        weights, bias = data.get("weights"), data.get("bias")
+        numbers = weights + [bias] if isinstance(weights, list) else []
+        if len(numbers) != len(SCORES) + 1 or not all(_finite(x) for x in numbers):
+            raise XfError(f"{path}: \"weights\" must be {len(SCORES)} finite numbers and \"bias\" one")
+        if not isinstance(data.get("reverse"), bool):
+            raise XfError(f"{path}: \"reverse\" must be true or false")
+        return cls(tuple(float(w) for w in weights), float(bias), data["reverse"], str(data.get("note", "")))
+
+
+def _refuse_constant(name: str):
+    raise ValueError(f"{name} is not a number a calibration may hold")
+
+
+def _finite(x) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+
+
+def fit(rows: Sequence[Sequence[float]], labels: Sequence[int], l2: float = 1e-3, steps: int = 50) -> tuple[np.ndarray, float]:
+    """(weights, bias) of a logistic regression of ``labels`` (0/1) on ``rows`` by Newton's
+    method, with a small L2 penalty on the weights (a flag that never fires on the data, or
+    perfectly separates it, keeps a finite weight). Uses only the rows and labels it is given."""
+    x = np.asarray(rows, dtype=np.float64)
+    y = np.asarray(labels, dtype=np.float64)
+    if x.ndim != 2 or len(x) != len(y) or len(x) == 0:
+        raise ValueError(f"{len(x)} rows but {len(y)} labels")
+    xb = np.hstack([x, np.ones((len(x), 1))])  # the last column: the bias
+    w = np.zeros(xb.shape[1])
+    penalty = np.full(xb.shape[1], l2 * len(x))
+    penalty[-1] = 0.0  # the bias is not shrunk
+    for _ in range(steps):
+        p = 1.0 / (1.0 + np.exp(-(xb @ w)))
+        grad = xb.T @ (p - y) + penalty * w
+        hess = (xb * (p * (1 - p))[:, None]).T @ xb + np.diag(penalty) + 1e-9 * np.eye(len(w))
+        step = np.linalg.solve(hess, grad)
+        w -= step
+        if np.max(np.abs(step)) < 1e-10:
+            break
+    return w[:-1], float(w[-1])
+
+
+def roc_auc(scores: Sequence[float], positives: Sequence[bool]) -> float:
+    """The area under the ROC curve of ``scores`` for predicting ``positives`` (ties count half):
+    the probability that a random positive scores higher than a random negative."""
+    s = np.asarray(scores, dtype=np.float64)
+    pos = np.asarray(positives, dtype=bool)
+    n_pos, n_neg = int(pos.sum()), int((~pos).sum())
+    if not n_pos or not n_neg:
+        raise ValueError("the ROC area needs positives and negatives")
+    order = np.argsort(s, kind="mergesort")
+    ranks = np.empty(len(s))
+    sorted_s = s[order]
+    i = 0
+    while i < len(s):  # average ranks over ties
+        j = i
+        while j + 1 < len(s) and sorted_s[j + 1] == sorted_s[i]:
+            j += 1
+        ranks[order[i:j + 1]] = (i + j) / 2 + 1
+        i = j + 1
+    return float((ranks[pos].sum() - n_pos * (n_pos + 1) / 2) / (n_pos * n_neg))
+
+
+class Scorer:
+    """The confidence of translations: their FEATURES (the reverse model's score by forced
+    decoding where one is given, the flags where the languages are known) combined by a
+    calibration, or by ``uncalibrated`` without one."""
+
+    def __init__(self, calibration: Optional[Calibration] = None, reverse=None, target_lang: Optional[str] = None,
+                 where: str = "the calibration"):
+        if calibration is not None and calibration.reverse != (reverse is not None):
+            given = "with" if calibration.reverse else "without"
+            raise XfError(f"{where}: fitted {given} a reverse model's scores: "
+                          f"{'give' if calibration.reverse else 'drop'} --reverse-path")
+        self.calibration, self.reverse, self.target_lang = calibration, reverse, target_lang
+        self.probability = None
+        if target_lang is not None:
+            from .language_id import LanguageId
+
+            language_id = LanguageId.load([target_lang])
+            if language_id is None or target_lang not in language_id.languages:
+                raise XfError(f"the wrong_language flag needs py3langid knowing '{target_lang}' (the detect extra)")
+            self.probability = language_id.probability
+
+    def rows(self, sources: Sequence[str], outputs: Sequence[str], forward: Sequence[float]) -> list[list[float]]:
+        """FEATURES of each (source, output) pair; ``forward``: each output's mean log-probability."""
+        reverse = self._reverse(sources, outputs) if self.reverse is not None else [None] * len(sources)
+        return [features(f, r, self.probability is not None and is_wrong_language(self.probability, out,
+                                                                                  self.target_lang),
+                         is_copy(src, out))
+                for src, out, f, r in zip(sources, outputs, forward, reverse)]
+
+    def confidences(self, sources: Sequence[str], outputs: Sequence[str], forward: Sequence[float]) -> list[float]:
+        rows = self.rows(sources, outputs, forward)
+        combine = self.calibration.confidence if self.calibration is not None else uncalibrated
+        return [combine(row) for row in rows]
+
+    def _reverse(self, sources: Sequence[str], outputs: Sequence[str]) -> list[float]:
+        """The mean log-probability of each source given its output under the reverse model
+        (each side cut to the model's positions: a confidence, not a pair's exact score)."""
+        from .pair_scoring import max_length, score_pairs
+
+        engine, sp = self.reverse
+        limit = max_length(engine.models)
+        xs = [ids[:limit] for ids in sp.encode(list(outputs), out_type=int)]
+        ys = [ids[:limit] for ids in sp.encode(list(sources), out_type=int)]
+        return [p.mean for p in score_pairs(engine.models, xs, ys)]
+
+
+def mean_log_probability(positional_scores: Sequence[float]) -> float:
+    """The output's log-probability per subword, eos included (0 for an empty search result)."""
+    return sum(positional_scores) / len(positional_scores) if positional_scores else 0.0
