@@ -337,7 +337,7 @@ def test_ctranslate2_engine(ckpt, lines, tmp_path):
         with ThreadPoolExecutor(8) as pool:
             answers = list(pool.map(lambda i: served.translate(lines[i:i + 4]), range(0, 40, 4)))
         # a whitespace-only text comes back as sent, at once (it was a 504 after --timeout)
-        assert served.translate(" \n\t")[::2] == (200, {"translatedText": " \n\t"})
+        assert served.translate(" \n\t")[::2] == (200, {"translatedText": " \n\t", "confidence": 1.0})
     finally:
         assert served.stop() == 0
     got = [text for status, _, answer in answers for text in answer["translatedText"]]

@@ -234,7 +234,7 @@ def test_translate_file(served, sentences):
     body, headers = multipart_file("blank.txt", b"\n \n", source="en", target="de")
     status, _, answer = served.request("POST", "/translate_file", raw=body, headers=headers)
     assert status == 200 and base64.b64decode(answer["translatedFileUrl"].split(",", 1)[1]) == b"\n \n"
-    assert served.translate("   ")[::2] == (200, {"translatedText": "   "})
+    assert served.translate("   ")[::2] == (200, {"translatedText": "   ", "confidence": 1.0})
     body, headers = multipart_file("doc.pdf", b"%PDF", source="en", target="de")
     status, _, answer = served.request("POST", "/translate_file", raw=body, headers=headers)
     assert status == 400 and "only .txt" in answer["error"]
