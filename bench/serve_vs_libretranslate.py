@@ -50,6 +50,15 @@ def export_package(checkpoint: str, path: Path) -> Path:
     return path
 
 
+def export_ctranslate2(checkpoint: str, path: Path) -> Path:
+    from xformer_cli.ctranslate2_format import write_model_directory
+
+    ckpt = load_checkpoint(checkpoint)
+    path.mkdir()
+    write_model_directory(path, model_from_checkpoint(ckpt, checkpoint).eval(), ckpt["spm_model"], "float32", checkpoint)
+    return path
+
+
 def runs(port: int, lines: list[str]) -> dict:
     """{(per request, concurrency): bench_serve.load's result} for one server (a warm-up first)."""
     bench_serve.load(port, [lines[:1]] * 2, 1)
@@ -66,6 +75,9 @@ def main() -> None:
     parser.add_argument("--checkpoint", required=True, help="an xf checkpoint (English to German)")
     parser.add_argument("--lines", type=int, default=1000, help="the first N lines of test2016.en")
     parser.add_argument("--threads", type=int, default=1, help="threads of each server")
+    parser.add_argument("--xf-engine", choices=("xf", "ctranslate2"), default="xf",
+                        help="xf serve's engine: its own (torch, fp32) or CTranslate2 on the same float32 export that "
+                             "the Argos package holds")
     parser.add_argument("--json", help="also write the rows to this file")
     args = parser.parse_args()
     lines = bench_serve.SOURCE.read_text(encoding="utf-8").splitlines()[: args.lines]
@@ -76,7 +88,11 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="xf-bench-lt-") as tmp:
         package = export_package(args.checkpoint, Path(tmp) / "en_de.argosmodel")
         libretranslate_env.install_package(python, package, Path(tmp) / "home")
-        server = bench_serve.Server(args.checkpoint, ["--threads", str(args.threads), *ARGOS_SEARCH])
+        model, search = args.checkpoint, ARGOS_SEARCH
+        if args.xf_engine == "ctranslate2":  # the package's own CTranslate2 model, batched across requests by xf
+            model, search = str(export_ctranslate2(args.checkpoint, Path(tmp) / "ct2")), [
+                "--engine", "ctranslate2", *ARGOS_SEARCH[:-2]]
+        server = bench_serve.Server(model, ["--threads", str(args.threads), *search])
         try:
             results["xf serve"] = runs(server.port, lines)
         finally:
@@ -93,7 +109,7 @@ def main() -> None:
                          "p50_ms": r["p50"], "p99_ms": r["p99"], "unlike_xf": unlike, "lines": len(lines)})
             print(f"{name:15} {per:13} {concurrency:7} {r['sent_s']:11.1f} {r['p50']:8.0f} {r['p99']:8.0f} {unlike:9}")
     if args.json:
-        Path(args.json).write_text(json.dumps({"cpu_flags": sorted(flags), "threads": args.threads, "rows": rows},
+        Path(args.json).write_text(json.dumps({"cpu_flags": sorted(flags), "threads": args.threads, "xf_engine": args.xf_engine, "rows": rows},
                                               indent=1) + "\n", encoding="utf-8")
 
 
