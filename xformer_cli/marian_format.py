@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import io
 from pathlib import Path
+from typing import Optional
 
 import numpy as np
 import torch
@@ -55,14 +56,18 @@ _NORMS = {"self_attn_layer_norm": "self_Wo_ln", "encoder_attn_layer_norm": "cont
 _FFN = {"fc1.weight": "ffn_W1", "fc1.bias": "ffn_b1", "fc2.weight": "ffn_W2", "fc2.bias": "ffn_b2"}
 
 
-def refuse_unmarian(model: Transformer, where: str = "checkpoint") -> None:
+def refuse_unmarian(model: Transformer, where: str = "checkpoint", spm_model: Optional[bytes] = None) -> None:
     """A one-line error naming the option when Marian's transformer cannot hold ``model``: the
     paper's sinusoids or a bos decoder start (above), what MarianMT cannot hold either (learned,
     RoPE or ALiBi positions, SwiGLU, a head size other than d_model / heads, an odd d_model),
     pre-LN (src/models/transformer.h, DecoderLayerSelfAttention: step by step, the keys and values
     of earlier positions are their layer inputs, not normalized as in training and in xf) and
-    unscaled embeddings (Marian scales them by sqrt(d_model) before adding its sinusoids)."""
+    unscaled embeddings (Marian scales them by sqrt(d_model) before adding its sinusoids); given
+    the checkpoint's ``spm_model``, a mapped vocabulary (Marian reads one sentencepiece model's ids)."""
     cfg = model.cfg
+    if spm_model is not None and isinstance(load_sentencepiece(spm_model, where), MappedVocabulary):
+        raise XfError(f"{where}: its vocabulary is a mapped one (two sentencepiece models, from xf import "
+                      "huggingface); Marian reads one sentencepiece model's own ids")
     if cfg.normalize_before:  # Marian has pre-LN ("n" before, "da" after, "n" on top), but not as xf decodes it
         raise XfError(f"{where}: --normalize-before (pre-LN) cannot be exported to Marian, whose pre-LN decoder "
                       "attends over un-normalized states of earlier positions when it decodes step by step")
@@ -160,10 +165,7 @@ def write_marian_model(directory: Path, model: Transformer, spm_model: bytes, wh
                        beam_size: int = 4, lenpen: float = 1.0) -> dict:
     """Write model.npz, vocab.spm and decoder.yml of ``model`` into the existing ``directory``;
     ``spm_model``: the checkpoint's sentencepiece model. Returns the model configuration."""
-    refuse_unmarian(model, where)
-    if isinstance(load_sentencepiece(spm_model, where), MappedVocabulary):
-        raise XfError(f"{where}: its vocabulary is a mapped one (two sentencepiece models, from xf import "
-                      "huggingface); Marian reads one sentencepiece model's own ids")
+    refuse_unmarian(model, where, spm_model)
     directory = Path(directory)
     with torch.no_grad():
         (directory / "model.npz").write_bytes(npz_bytes(model))

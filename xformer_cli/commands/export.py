@@ -117,7 +117,6 @@ def export_bergamot(options: ExportOptions) -> Path:
     from ..checkpoint import vocab_digest
     from ..marian_format import marian_config, marian_params, refuse_unmarian
     from ..shortlist import Shortlist
-    from ..vocab import MappedVocabulary, load_sentencepiece
 
     package = engine_package(options.bergamot_package)  # a missing engine is said before anything is read
     if options.quantization == "bfloat16":
@@ -127,10 +126,7 @@ def export_bergamot(options: ExportOptions) -> Path:
     output = Path(options.output)
     ckpt = load_checkpoint(options.path)
     model = model_from_checkpoint(ckpt, options.path).eval()
-    refuse_unmarian(model, str(options.path))
-    if isinstance(load_sentencepiece(ckpt["spm_model"], str(options.path)), MappedVocabulary):  # as write_marian_model
-        raise XfError(f"{options.path}: its vocabulary is a mapped one (two sentencepiece models, from xf import "
-                      "huggingface); Bergamot reads one sentencepiece model's own ids")
+    refuse_unmarian(model, str(options.path), ckpt["spm_model"])
     refuse_untied_output(model.cfg)
     int8 = options.quantization == "int8"
     if int8:
