@@ -77,15 +77,37 @@ def cli_args(data_dir, save_dir, **kw) -> list[str]:
     return args
 
 
-def learn_spm(lines, vocab_size=200) -> bytes:
+def learn_spm(lines, vocab_size=200, symbols=()) -> bytes:
+    """A sentencepiece BPE of ``lines`` with xf's special ids; ``symbols``: reserved pieces
+    (control symbols: never made from text, as the target-language tags of a multilingual model)."""
     import sentencepiece as spm
 
     model = io.BytesIO()
     spm.SentencePieceTrainer.train(
         sentence_iterator=iter(lines), model_writer=model, vocab_size=vocab_size, model_type="bpe",
         character_coverage=1.0, pad_id=0, unk_id=1, bos_id=2, eos_id=3, minloglevel=2,
+        **({"control_symbols": list(symbols)} if symbols else {}),
     )
     return model.getvalue()
+
+
+def multilingual_checkpoint(path, multi30k_dir: Path, pairs=("en-de", "en-fr"), seed: int = 0, **overrides) -> str:
+    """A random tiny multilingual model (as random_checkpoint) whose vocabulary, learned on 300
+    Multi30k lines of each language, reserves the target tags of ``pairs``, and whose meta records
+    them as xf train does (languages.py): for tests of choosing a target, serving, exporting."""
+    from xformer_cli.languages import parse_pairs, tag
+
+    parsed = parse_pairs(list(pairs))
+    langs = list(dict.fromkeys(lang for pair in parsed for lang in pair))
+    lines = [line for lang in langs for line in (multi30k_dir / f"train.{lang}").read_text(encoding="utf-8").splitlines()[:300]]
+    spm_model = learn_spm(lines, 300, symbols=[tag(t) for t in dict.fromkeys(t for _, t in parsed)])
+    torch.manual_seed(seed)
+    model = build_model("tiny", **{**dict(vocab_size=300, d_model=32, d_ff=64, heads=4, max_positions=MAX_POSITIONS),
+                                   **overrides})
+    meta = {"epoch": 1, "num_updates": 1, "end_of_epoch": True, "source_lang": "src", "target_lang": "tgt",
+            "pairs": [f"{s}-{t}" for s, t in parsed]}
+    save_checkpoint(path, make_checkpoint(model, spm_model, meta=meta))
+    return str(path)
 
 
 def random_checkpoint(path, spm_model: bytes, **overrides) -> str:

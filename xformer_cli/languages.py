@@ -2,8 +2,9 @@
 multilingual one.
 
 A multilingual model is trained the OPUS-MT way: every source sentence starts with one subword
-naming the language to translate into, ``>>deu<<`` (ISO 639-3, as OPUS-MT's tags), a reserved
-symbol of the joint sentencepiece model (so text never splits into it). The tag is put in front
+naming the language to translate into, ``>>deu<<`` (ISO 639-3, as OPUS-MT's tags), a control
+symbol of the joint sentencepiece model (reserved: no text ever encodes into it, so a user's
+">>deu<<" cannot choose a language, and decoding never writes it). The tag is put in front
 of the source by id, never spelled into the text, so ``sp.encode(text)`` stays the sentence's own
 subwords; MarianTokenizer does the same with a leading ``>>deu<< `` (its language-code split),
 so an exported model translates the same ids.
