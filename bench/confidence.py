@@ -19,9 +19,13 @@
    output and on the German references.
 5. On val, the share of clean outputs, references and prefix-forced outputs that each bound of
    py3langid's probability of German would flag: how confidence.WRONG_LANGUAGE_P was chosen.
+6. What the confidence costs: test2016 translated into jsonl (beam 4, batch 64, one thread)
+   without it, with the default one (the flags: language identification and the copy check) and
+   with the calibrated one that scores the reverse direction, best of --rounds passes each,
+   interleaved; milliseconds per sentence and the ratio to plain decoding (the machine to itself).
 
 Writes DIR/confidence.md and prints it. Library calls measure; whole commands (xf preprocess,
-xf train, xf calibrate) run through the CLI, as a user runs them. No timing is measured.
+xf train, xf calibrate) run through the CLI, as a user runs them.
 """
 
 from __future__ import annotations
@@ -64,20 +68,27 @@ def main(argv: list[str]) -> None:
     ap.add_argument("--data", type=Path, default=REPO.parent / "shared" / "data")
     ap.add_argument("--updates", type=int, default=1200)
     ap.add_argument("--out", type=Path, default=None, help="where confidence.md goes (default: a temporary folder)")
+    ap.add_argument("--rounds", type=int, default=3, help="timed passes of each case (the best counts)")
+    ap.add_argument("--timing-only", action="store_true", help="step 6 alone (the models and calibrations of "
+                    "--work-dir, made by an earlier run)")
     a = ap.parse_args(argv)
     multi30k = a.data / "multi30k"
     models = train_models(a.work_dir, multi30k, a.updates)
     calibrations = {}
     for name, reverse in (("with reverse", ["--reverse-path", models["de-en"]]), ("forward only", [])):
         path = a.work_dir / f"calibration-{'reverse' if reverse else 'forward'}.json"
+        calibrations[name] = path
+        if a.timing_only and path.exists():
+            continue
         xf("calibrate", "--path", models["en-de"], *reverse, "--source", multi30k / "val.en", "--reference",
            multi30k / "val.de", "--output", path, "--overwrite", "--device", "cpu", "--threads", 1,
            "--target-lang", "de")
-        calibrations[name] = path
     report = ["# Confidence on Multi30k EN-DE", "",
               f"Models: arch tiny, {a.updates} updates on Multi30k train (EN->DE, and DE->EN as the reverse); "
               "beam 4; calibrated on val only.", ""]
-    report += measure(models, calibrations, multi30k)
+    if not a.timing_only:
+        report += measure(models, calibrations, multi30k)
+    report += timing(models, calibrations["with reverse"], multi30k, a.rounds)
     write_report("\n".join(report) + "\n", a.out, "confidence.md")
 
 
@@ -112,6 +123,50 @@ def measure(models: dict[str, Path], calibrations: dict[str, Path], multi30k: Pa
     lines += ["", "The wrong_language bound (confidence.WRONG_LANGUAGE_P), on val:", ""]
     lines += language_thresholds(engine, sp, options, multi30k, outputs["val"])
     engine.close()
+    return lines
+
+
+def timing(models: dict[str, Path], calibration: Path, multi30k: Path, rounds: int) -> list[str]:
+    """Step 6: milliseconds per sentence of test2016 into jsonl, without and with the confidence."""
+    import platform
+    import time
+
+    import torch
+
+    from xformer_cli.confidence import Calibration
+    from xformer_cli.options import TranslateOptions
+    from xformer_cli.precision import cpu_flags
+    from xformer_cli.translation import Stats, open_engine, open_scorer, translate_buffer
+
+    torch.set_num_threads(1)
+    sources = read(multi30k / "test2016.en")
+    common = dict(path=(str(models["en-de"]),), device="cpu", threads=1, precision="fp32", output_format="jsonl",
+                  batch_size=64)
+    cases = {"plain decoding": (TranslateOptions(**common), None),
+             "default confidence (flags)": (TranslateOptions(**common, target_lang="de"), None),
+             "calibrated, with the reverse model": (
+                 TranslateOptions(**common, target_lang="de", reverse_path=(str(models["de-en"]),),
+                                  confidence=str(calibration)), Calibration.load(str(calibration)))}
+    engine, sp, _ = open_engine(cases["plain decoding"][0])
+    scorers = {name: open_scorer(o, engine.plan, cal) if name != "plain decoding" else None
+               for name, (o, cal) in cases.items()}
+    for name, (o, _) in cases.items():  # warm: the language identifier's model, first-call allocations
+        translate_buffer(engine, sp, sources[:64], 0, o, Stats(), scorer=scorers[name])
+    best = {name: float("inf") for name in cases}
+    for _ in range(rounds):
+        for name, (o, _) in cases.items():
+            start = time.perf_counter()
+            translate_buffer(engine, sp, sources, 0, o, Stats(), scorer=scorers[name])
+            best[name] = min(best[name], time.perf_counter() - start)
+    engine.close()
+    from decode import FLAGS  # the instruction sets a figure is written beside
+
+    flags = " ".join(f for f in FLAGS if f in cpu_flags()) or "none of them"
+    plain = best["plain decoding"]
+    lines = ["", f"What it costs: test2016 ({len(sources):,} lines) into jsonl, beam 4, batch 64, fp32, one thread, "
+             f"best of {rounds} interleaved passes; {platform.processor() or platform.machine()} ({flags}):", "",
+             "| case | ms per sentence | vs plain decoding |", "|---|---|---|"]
+    lines += [f"| {name} | {1000 * t / len(sources):.2f} | {t / plain:.2f}x |" for name, t in best.items()]
     return lines
 
 

@@ -3,7 +3,7 @@ CTranslate2's own search), with same-run ratios against one case, each case's BL
 
     python bench/decode.py [--path CKPT] [--source FILE|wmt-like] [--reference REF] [--lines 1000]
                            [--cases "xf fp32,xf int8,ct2 int8"] [--against CASE] [--rounds 2]
-                           [--threads 0] [--batch 64] [--shortlist FILE] [--json OUT]
+                           [--threads 0] [--batch 64] [--shortlist FILE] [--json OUT] [--isa avx2]
 
 A case is words, the engine first:
 - ``xf`` (xf translate: ``TranslateOptions`` and ``translation.open_engine`` / ``translate_buffer``,
@@ -19,6 +19,11 @@ A case is words, the engine first:
   ``nomkl`` (CT2_USE_MKL), ``avx512`` (CT2_FORCE_CPU_ISA=AVX512).
 Each xf case is checked by the decoding plan first (``decoding_plan.plan_decoding``): a case the
 plan refuses here, or would run badly (emulated bf16), is skipped with the plan's reason.
+
+``--isa avx2`` runs every case as on an AVX2-only CPU (torch's kernels ``ATEN_CPU_CAPABILITY``,
+oneDNN's ``ONEDNN_MAX_CPU_ISA``, CTranslate2's ``CT2_FORCE_CPU_ISA``; bf16 cases skipped): the AVX2
+row of a table measured on an AVX-512 machine, labelled so in the header; a real AVX2 CPU is the
+better witness (the caches and clocks are the bigger machine's).
 
 The cases alternate, --rounds rounds, each run in a fresh process (its peak memory its own; a busy
 machine slows all alike), each figure its best round. Without --path a random model of --arch
@@ -122,6 +127,10 @@ def translate_options(case: Case, job: dict):
         shortlist=job["shortlist"] if case.shortlist else None, **limits)
 
 
+# --isa avx2: the variables that hold torch, oneDNN and CTranslate2 to AVX2 kernels
+ISA_ENV = {"avx2": {"ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2", "CT2_FORCE_CPU_ISA": "AVX2"}}
+
+
 def refusal(case: Case, job: dict) -> Optional[str]:
     """Why ``case`` cannot run (or runs badly) here: the decoding plan's word, or what is missing."""
     import importlib.util
@@ -129,6 +138,8 @@ def refusal(case: Case, job: dict) -> Optional[str]:
     from xformer_cli.decoding_plan import Machine, plan_decoding
     from xformer_cli.errors import XfError
 
+    if job.get("isa") == "avx2" and (case.precision == "bf16" or case.env.get("CT2_FORCE_CPU_ISA")):
+        return "--isa avx2: an AVX2-only CPU has no native bf16 and no AVX-512 kernels"
     if case.engine != "xf" and importlib.util.find_spec("ctranslate2") is None:
         return "ctranslate2 is not installed"
     if case.shortlist and not job["shortlist"]:
@@ -346,9 +357,10 @@ def prepare(args, work: Path, cases: list[Case]) -> dict:
              else source.read_text(encoding="utf-8").splitlines()[: args.lines])
     found = cpu_flags()
     positions = load_checkpoint(checkpoint)["model_config"]["max_positions"]
+    flags = " ".join(f for f in FLAGS if f in found) or "none of " + " ".join(FLAGS)
     job = dict(checkpoint=checkpoint, max_target=positions - 1, trained=args.path is not None, lines=lines, beam=args.beam, batch=args.batch,
                threads=args.threads, cpu_lines=args.cpu_lines, ct2_dir=None, shortlist=args.shortlist,
-               cpu_flags=" ".join(f for f in FLAGS if f in found) or "none of " + " ".join(FLAGS))
+               cpu_flags=f"AVX2 emulated (--isa avx2) on {flags}" if args.isa else flags, isa=args.isa)
     if any(c.shortlist for c in cases) and not args.shortlist:
         job["shortlist"] = build_shortlist(checkpoint, work)
     if any(c.engine != "xf" for c in cases) and importlib.util.find_spec("ctranslate2"):
@@ -457,6 +469,8 @@ def parse_args(argv: list[str]):
     ap.add_argument("--arch", default="small", help="the random model's preset")
     ap.add_argument("--vocab-size", type=int, default=37000, help="the made-up words of --source wmt-like")
     ap.add_argument("--json", default=None, help="write the rows here after every measurement")
+    ap.add_argument("--isa", choices=sorted(ISA_ENV), default=None,
+                    help="run every case as on a CPU with this instruction set only (the module docstring)")
     args = ap.parse_args(argv)
     try:
         cases = [parse_case(name.strip()) for name in args.cases.split(",") if name.strip()]
@@ -472,6 +486,8 @@ def run(argv: list[str]) -> tuple[list[dict], int]:
     """Measure, print the table (and write --json as it goes); (the rows, 1 if a case failed in
     its process, else 0: a case the plan refuses here is skipped, not failed)."""
     args, cases = parse_args(argv)
+    if args.isa:  # before torch is imported here: the plan's checks and every child see the same kernels
+        os.environ.update(ISA_ENV[args.isa])
     refs = Path(args.reference).read_text(encoding="utf-8").splitlines() if args.reference else None
 
     def emit(header, best, skipped):

@@ -37,6 +37,9 @@ def test_the_plan_refuses_a_case_before_it_runs(tmp_path):
     assert "no CUDA device is available" in why or "on CUDA it is not measured yet" in why
     assert "no shortlist" in decode.refusal(decode.parse_case("xf shortlist"), job)
     assert decode.refusal(decode.parse_case("xf int8 fbgemm"), job) is None
+    avx2 = {**job, "isa": "avx2"}  # --isa avx2: what an AVX2-only CPU lacks is skipped, saying so
+    for name in ("xf bf16", "ct2 int8 avx512"):
+        assert "AVX2-only CPU has no native bf16" in decode.refusal(decode.parse_case(name), avx2)
 
 
 def test_rows_give_same_run_ratios_identical_outputs_and_bleu():
@@ -94,8 +97,9 @@ def test_wmt_like_sources_need_no_data_and_a_bad_case_is_refused(tmp_path):
     out = tmp_path / "rows.json"
     proc = subprocess.run([sys.executable, str(BENCH), "--source", "wmt-like", "--arch", "tiny", "--vocab-size", "300",
                            "--lines", "6", "--cpu-lines", "4", "--rounds", "1", "--cases", "xf fp32,xf greedy",
-                           "--json", str(out)], capture_output=True, text=True, timeout=300)
+                           "--json", str(out), "--isa", "avx2"], capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
+    assert json.loads(out.read_text())["cpu_flags"].startswith("AVX2 emulated (--isa avx2) on ")
     rows = json.loads(out.read_text())["rows"]
     assert [(r["case"], r["lines"]) for r in rows] == [("xf fp32", 4), ("xf greedy", 4)]
     assert rows[0]["ratio"] == 1.0 and rows[1]["value"] > 0
