@@ -108,3 +108,38 @@ def test_wmt_like_sources_need_no_data_and_a_bad_case_is_refused(tmp_path):
     proc = subprocess.run([sys.executable, str(BENCH), "--cases", "xf fp32", "--against", "ct2 fp32"],
                           capture_output=True, text=True)
     assert proc.returncode == 2 and "--against 'ct2 fp32' is not one of --cases" in proc.stderr
+
+
+def test_profile_engines_groups_operators_counts_steps_and_splits_a_step_cost():
+    profile = bench_module("profile_engines")
+    assert profile.kind_of("quantized::linear_dynamic") == "int8 products"
+    assert profile.kind_of("aten::addmm") == "float products" and profile.kind_of("aten::index_select") == "cache gathers"
+    assert profile.kind_of("aten::topk") == "top-k" and profile.kind_of("aten::_log_softmax") == "log-softmax"
+    assert profile.kind_of("aten::empty") == "other operators"
+
+    class Chars:  # one id a character
+        def encode(self, texts, out_type=int):
+            return [list(range(len(t))) for t in texts]
+
+    # sources of lengths 3, 1, 2 in batches of 2, longest first: (0, 2) then (1); outputs' lengths + eos
+    assert profile.steps_of(["abcd", "a", "ab"], [[1, 1, 1], [1], [1, 1]], 2, Chars()) == 5 + 2
+    rows = [dict(engine="xf", precision="int8", layout="1 thread", batch=b, ms_per_step=ms) for b, ms in ((8, 3.0), (64, 10.0))]
+    overhead, per = profile.split_step_cost(rows, 8, 64)[("xf", "int8", "1 thread")]
+    assert per == pytest.approx(0.125) and overhead == pytest.approx(2.0)
+
+
+@pytest.mark.slow
+def test_profile_engines_runs_every_layout_of_both_engines(trained_tiny, multi30k_dir, tmp_path):
+    pytest.importorskip("ctranslate2", reason="the export extra (CTranslate2) is installed by make test")
+    out = tmp_path / "profile.json"
+    proc = subprocess.run([sys.executable, str(BENCH.parent / "profile_engines.py"), "--path", str(trained_tiny),
+                           "--source", str(multi30k_dir / "val.en"), "--lines", "8", "--batches", "2,4", "--rounds", "1",
+                           "--json", str(out)], capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stderr + proc.stdout
+    found = json.loads(out.read_text())
+    assert len(found["rows"]) == 2 * 2 * 3 * 2 and not any("error" in r for r in found["rows"])
+    assert len(found["split"]) == 2 * 2 * 3
+    profiles = found["profiles"]
+    assert profiles["int8"]["kinds"]["int8 products"][1] > 0 and profiles["fp32"]["kinds"]["float products"][1] > 0
+    assert "int8 products" not in profiles["fp32"]["kinds"] and profiles["fp32"]["wall"] > 0
+    assert "| CTranslate2 int8 | 2 searches, 1 thread each | 4 |" in proc.stdout
