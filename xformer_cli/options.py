@@ -137,9 +137,10 @@ class PreprocessOptions:
     source_lang: Optional[str] = option(None, "source language suffix of the raw files (default en; not with --pairs)")
     target_lang: Optional[str] = option(None, "target language suffix of the raw files (default de; not with --pairs)")
     pairs: tuple[str, ...] = option(
-        (), "several languages in one model: the directions SOURCE-TARGET (en-de,en-fr or a YAML list), each read "
-        "from PREFIX.SOURCE and PREFIX.TARGET, every source sentence led by its target's tag (>>deu<<); the data "
-        "directory's sides are then named src and tgt")
+        (), "several languages in one model: the directions SOURCE-TARGET (en-de,en-fr; in YAML that or a list), "
+        "each read from PREFIX.SOURCE / PREFIX.TARGET, or from the pair's own PREFIX.SOURCE-TARGET.SOURCE / "
+        ".TARGET where those exist; every source sentence starts with its target's tag (>>deu<<), and the data "
+        "directory's sides are named src and tgt")
     sampling_temperature: float = option(
         1.0, "with --pairs: xf train draws each epoch's pairs of direction i with probability proportional to "
         "(n_i/N)^(1/T): 1 takes the data as it is, larger T evens out the directions (recorded in meta.json)",
@@ -172,10 +173,10 @@ class PreprocessOptions:
     def __post_init__(self) -> None:
         check_ranges(self)
         if self.pairs:
-            from .languages import parse_pairs
+            from .languages import pair_names, parse_pairs
 
-            try:
-                parse_pairs(",".join(self.pairs))
+            try:  # one item a pair, however given: "en-de,en-fr", a list, --pairs repeated
+                object.__setattr__(self, "pairs", tuple(pair_names(parse_pairs(",".join(self.pairs)))))
             except XfError as e:
                 raise ConfigError(str(e)) from None
             given = [f"--{n.replace('_', '-')} {getattr(self, n)}" for n, side in (("source_lang", "src"),
