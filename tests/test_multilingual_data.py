@@ -11,7 +11,7 @@ import pytest
 import torch
 import yaml
 
-from xformer_cli.batching import EpochBatches, batch_by_size, epoch_order
+from xformer_cli.batching import EpochBatches, Prefetch, batch_by_size, epoch_order
 from xformer_cli.checkpoint import load_checkpoint
 from xformer_cli.commands import preprocess as pp
 from xformer_cli.commands.train import train
@@ -56,6 +56,15 @@ def raw(multi30k_dir, tmp_path_factory):
 def multi(raw, tmp_path_factory):
     dest = tmp_path_factory.mktemp("multi") / "bin"
     meta = run(dest, pairs=PAIRS, trainpref=str(raw / "train"), validpref=str(raw / "val"), bpe_vocab_size=400)
+    return dest, meta
+
+
+@pytest.fixture(scope="module")
+def uneven(raw, tmp_path_factory):
+    """en-de 240 pairs, en-fr 60, each of its own files, drawn at temperature 5."""
+    dest = tmp_path_factory.mktemp("uneven") / "bin"
+    meta = run(dest, pairs=("en-de", "en-fr"), trainpref=str(raw / "uneven"), validpref=str(raw / "val"),
+               bpe_vocab_size=400, sampling_temperature=5.0)
     return dest, meta
 
 
@@ -142,9 +151,8 @@ def test_pairs_from_yaml_as_a_list_or_a_string(tmp_path):
         assert (o.source_lang, o.target_lang) == ("src", "tgt")
 
 
-def test_uneven_corpora_read_each_pairs_own_files(raw, tmp_path):
-    meta = run(tmp_path / "u", pairs=("en-de", "en-fr"), trainpref=str(raw / "uneven"), validpref=str(raw / "val"),
-               bpe_vocab_size=400, sampling_temperature=5.0)
+def test_uneven_corpora_read_each_pairs_own_files(uneven):
+    meta = uneven[1]
     train = meta["stats"]["train"]["directions"]
     assert [d["pairs_in"] for d in train.values()] == [240, 60]
     assert train["en-fr"]["tgt_file"].endswith("uneven.en-fr.fr") and meta["sampling_temperature"] == 5.0
@@ -234,10 +242,8 @@ def test_bilingual_batches_are_the_batches_made_once(tmp_path, raw):
         assert np.array_equal(order, epoch_order(len(made), 3, epoch))
 
 
-def test_a_drawn_epoch_holds_each_directions_count(raw, tmp_path):
-    run(tmp_path / "u", pairs=("en-de", "en-fr"), trainpref=str(raw / "uneven"), bpe_vocab_size=400,
-        sampling_temperature=5.0)
-    data = DataDir.open(tmp_path / "u")
+def test_a_drawn_epoch_holds_each_directions_count(uneven):
+    data = DataDir.open(uneven[0])
     sizes = list(data.directions("train").values())
     counts = epoch_counts(sizes, 5.0)
     eb = EpochBatches(data.split("train"), 300, seed=3, update_freq=1, draw=epoch_sampler(sizes, 5.0, 3))
@@ -245,6 +251,22 @@ def test_a_drawn_epoch_holds_each_directions_count(raw, tmp_path):
         rows = np.concatenate(eb.epoch(epoch)[0])
         assert [(rows < sizes[0]).sum(), (rows >= sizes[0]).sum()] == counts
     assert counts[1] > 1.5 * sizes[1]  # the small direction is seen more than once an epoch
+
+
+def test_prefetched_drawn_epochs_are_the_batches_asked_for(uneven):
+    """Collated ahead in a thread, across the boundary of two drawn epochs: the micro-batches
+    are those made when asked."""
+    data = DataDir.open(uneven[0])
+    sizes = list(data.directions("train").values())
+    eb = EpochBatches(data.split("train"), 300, seed=3, update_freq=2, draw=epoch_sampler(sizes, 5.0, 3))
+    ahead, position = Prefetch(eb, background=True), (1, 0)
+    for _ in range(eb.updates_per_epoch(1) + 3):
+        got, want = ahead.take(*position), eb.micro_batches(*position)
+        assert len(got) == len(want)
+        assert all(torch.equal(g[k], w[k]) for g, w in zip(got, want) for k in ("src", "prev_output", "target"))
+        position = eb.next_update(*position)
+    assert position == (2, 6)
+    ahead.close()
 
 
 # -- xf train ------------------------------------------------------------------------------------
@@ -258,15 +280,14 @@ def test_training_records_the_pairs_in_the_checkpoint(multi, tmp_path):
 
 
 @pytest.mark.slow
-def test_a_resume_draws_the_same_epochs(raw, tmp_path):
+def test_a_resume_draws_the_same_epochs(uneven, tmp_path):
     """Temperature-drawn epochs: N+M updates in one run == N updates, stop, resume for M."""
-    run(tmp_path / "u", pairs=("en-de", "en-fr"), trainpref=str(raw / "uneven"), validpref=str(raw / "val"),
-        bpe_vocab_size=400, sampling_temperature=5.0)
+    data = uneven[0]
     kw = dict(update_freq=2, dropout=0.2, max_tokens=300, max_epoch=2)
-    full = train(opts(tmp_path / "u", tmp_path / "full", **kw))
+    full = train(opts(data, tmp_path / "full", **kw))
     n = full["num_updates"]
-    train(opts(tmp_path / "u", tmp_path / "part", max_update=n // 2 - 1, **kw))  # stops inside epoch 1
-    assert train(opts(tmp_path / "u", tmp_path / "part", **kw))["num_updates"] == n
+    train(opts(data, tmp_path / "part", max_update=n // 2 - 1, **kw))  # stops inside epoch 1
+    assert train(opts(data, tmp_path / "part", **kw))["num_updates"] == n
     a, b = (load_checkpoint(tmp_path / d / "checkpoint_last.pt") for d in ("full", "part"))
     for name in a["model"]:
         assert torch.equal(a["model"][name], b["model"][name]), name

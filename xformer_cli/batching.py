@@ -277,17 +277,22 @@ class EpochBatches:
     def epoch(self, epoch: int) -> tuple[list[np.ndarray], np.ndarray]:
         """(the batches of ``epoch``: arrays of rows of the dataset, the order it takes them in)."""
         with self._lock:
-            if epoch not in self._epochs:
-                if self.draw is None:
-                    batches = self.fixed
-                else:
-                    rows = self.draw(epoch)
-                    batches = [rows[b] for b in batch_by_size(read_rows(self.dataset.src_sizes, rows),
-                                                              read_rows(self.dataset.tgt_sizes, rows), self.max_tokens)]
-                # two epochs kept: the prefetching thread makes the next while the loop ends this one
-                self._epochs = {e: v for e, v in self._epochs.items() if e == epoch - 1}
-                self._epochs[epoch] = (batches, epoch_order(len(batches), self.seed, epoch))
-            return self._epochs[epoch]
+            made = self._epochs.get(epoch)
+        if made is not None:
+            return made
+        # made outside the lock (the loop's questions about this epoch do not wait for the next's
+        # batching); two threads making one epoch make the same batches
+        if self.draw is None:
+            batches = self.fixed
+        else:
+            rows = self.draw(epoch)
+            batches = [rows[b] for b in batch_by_size(read_rows(self.dataset.src_sizes, rows),
+                                                      read_rows(self.dataset.tgt_sizes, rows), self.max_tokens)]
+        made = (batches, epoch_order(len(batches), self.seed, epoch))
+        with self._lock:  # two epochs kept: the prefetching thread makes the next while the loop ends this one
+            self._epochs = {e: v for e, v in self._epochs.items() if e == epoch - 1 or e == epoch + 1}
+            self._epochs[epoch] = made
+        return made
 
     def num_batches(self, epoch: int) -> int:
         return len(self.epoch(epoch)[0])
