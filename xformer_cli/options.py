@@ -152,7 +152,8 @@ class PreprocessOptions:
                                            "EN-DE; not with --spm-model or --vocab-from, which give the vocabulary)",
                                            range=Range(8, INT_MAX))
     bpe_sample_lines: Optional[int] = option(
-        None, "training pairs sampled (both sides) to learn the BPE model; bounds its memory (default 2000000; not "
+        None, "training pairs sampled (both sides; with --pairs, lines of each language's file) to learn the BPE "
+        "model; bounds its memory (default 2000000; not "
         "with --spm-model or --vocab-from)", range=COUNT1
     )
     spm_model: Optional[str] = option(None, "reuse this sentencepiece model instead of learning one")

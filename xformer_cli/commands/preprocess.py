@@ -176,15 +176,15 @@ def check_line_endings(path: Path, head_bytes: int = 1 << 20) -> None:
                       f"line endings), so the file reads as one line; convert it first: tr '\\r' '\\n'")
 
 
-def read_chunks(split: Part) -> Iterator[tuple[int, list[bytes], list[bytes]]]:
+def read_chunks(part: Part) -> Iterator[tuple[int, list[bytes], list[bytes]]]:
     """(first line index, source lines, target lines) of one part's files in chunks of
     CHUNK_LINES, as raw bytes."""
-    with open(split.src, "rb") as fs, open(split.tgt, "rb") as ft:
+    with open(part.src, "rb") as fs, open(part.tgt, "rb") as ft:
         start = 0
         while True:
             src, tgt = list(itertools.islice(fs, CHUNK_LINES)), list(itertools.islice(ft, CHUNK_LINES))
             if len(src) != len(tgt):  # the files changed since they were counted
-                raise XfError(f"{split.src} and {split.tgt} have different line counts (near line {start + 1})")
+                raise XfError(f"{part.src} and {part.tgt} have different line counts (near line {start + 1})")
             if not src:
                 return
             yield start, src, tgt
@@ -194,20 +194,20 @@ def read_chunks(split: Part) -> Iterator[tuple[int, list[bytes], list[bytes]]]:
 # --------------------------------------------------------------------------- subwords
 
 
-def sample_for_bpe(split: Part, pairs: int, seed: int, out: Path, invalid: str, advance) -> int:
+def sample_for_bpe(part: Part, pairs: int, seed: int, out: Path, invalid: str, advance) -> int:
     """Write about ``pairs`` random training pairs (both sides, one sentence a line) to ``out``.
 
     Each pair is kept with probability pairs/N, so memory never depends on N; returns the number
     of sentences written. Empty lines are left out.
     """
-    keep_p = min(1.0, pairs / max(split.lines, 1))
+    keep_p = min(1.0, pairs / max(part.lines, 1))
     rng = np.random.default_rng(seed)
     written = 0
     with open(out, "w", encoding="utf-8") as f:
-        for start, src, tgt in read_chunks(split):
+        for start, src, tgt in read_chunks(part):
             keep = np.flatnonzero(rng.random(len(src)) < keep_p)
             for i in keep.tolist():
-                for path, line in ((split.src, src[i]), (split.tgt, tgt[i])):
+                for path, line in ((part.src, src[i]), (part.tgt, tgt[i])):
                     text = decode_line(line, path, start + i + 1, invalid)
                     if text and not text.isspace():
                         f.write(text + "\n")
@@ -557,7 +557,7 @@ def make_spm(o: PreprocessOptions, train: Split | None, out: Path, progress: Pro
         return dict(learned=False, source=str(spm_path))
     sample = out / "bpe-sample.txt"
     invalid = "skip" if o.skip_invalid else "error"
-    if tags:  # each language's file once: about --bpe-sample-lines sentences of each language
+    if o.pairs:  # each language's file once: about --bpe-sample-lines sentences of each
         files = {}  # file -> lines: each language's text once, in the order of --pairs
         for p in train.parts:
             files.setdefault(p.src, p.lines)
