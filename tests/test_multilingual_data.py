@@ -135,6 +135,19 @@ def test_cleaning_counts_the_sentence_without_its_tag(raw, multi, tmp_path):
         assert tagged[i][0].tolist() == [de, *bi[i][0].tolist()] and np.array_equal(tagged[i][1], bi[i][1])
 
 
+def test_workers_keep_the_order_of_the_directions(raw, multi, tmp_path, monkeypatch):
+    """Chunks of several directions in flight on two workers come back in order, each with its tag."""
+    monkeypatch.setattr(pp, "CHUNK_LINES", 37)
+    kw = dict(pairs=PAIRS, trainpref=str(raw / "train"), validpref=str(raw / "val"), spm_model=str(multi[0] / "spm.model"))
+    run(tmp_path / "w1", **kw)
+    run(tmp_path / "w2", workers=2, **kw)
+    for name in ("train.src.bin", "train.src.idx", "train.tgt.bin", "valid.src.bin", "meta.json"):
+        a, b = (tmp_path / "w1" / name).read_bytes(), (tmp_path / "w2" / name).read_bytes()
+        if name == "meta.json":
+            a, b = (json.loads(x)["stats"] for x in (a, b))
+        assert a == b, name
+
+
 def test_a_bilingual_data_directory_has_no_multilingual_keys(raw, tmp_path):
     meta = run(tmp_path / "bi", trainpref=str(raw / "train"), validpref=str(raw / "val"), bpe_vocab_size=300)
     assert not {"pairs", "sampling_temperature"} & meta.keys() and "directions" not in meta["stats"]["train"]
