@@ -128,7 +128,7 @@ def train(save_dir: Path, emit) -> Path:
     prefetch.close()
     training = elapsed - validating
     case = f"{ARCH} m30k en-de max_tokens {MAX_TOKENS:,} {DEVICE} {o.precision}, {elapsed:.0f} s"
-    how = (f"{updates:,} updates, {epoch - 1 + offset / len(run.batches):.1f} epochs, "
+    how = (f"{updates:,} updates, {epoch - 1 + offset / run.batches.num_batches(epoch):.1f} epochs, "
            f"{'stopped by SIGTERM' if stop else 'stopped by time'}; validation took {validating:.1f} s, not in the speeds")
     emit(dict(bench="quality", case=case, metric="updates/s", value=updates / training, unit="upd/s", note=how))
     emit(dict(bench="quality", case=case, metric="target tokens/s", value=tgt / training, unit="tok/s", note=how))

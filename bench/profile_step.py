@@ -43,8 +43,9 @@ def main() -> None:
         with SaveDirLock(save) as lock:
             run = set_up(o, distributed.setup(o.device), lock)
         # the batch closest to the median size, so the profile is of a typical update
-        sizes = np.array([len(b) for b in run.batches.batches])
-        typical = run.batches.batches[int(np.argsort(sizes)[len(sizes) // 2])]
+        batches = run.batches.epoch(1)[0]
+        sizes = np.array([len(b) for b in batches])
+        typical = batches[int(np.argsort(sizes)[len(sizes) // 2])]
 
         def step():
             micro = [collate([run.train_set[i] for i in typical])]

@@ -435,7 +435,7 @@ def test_prefetched_batches_are_the_batches_of_each_update(data_dir, tmp_path):
     with SaveDirLock(o.save_dir) as lock:
         run = set_up(o, distributed.setup("cpu"), lock)
     ahead = Prefetch(run.batches, background=True)
-    n = len(run.batches)
+    n = run.batches.num_batches(1)
     positions = [(1, off) for off in range(0, n, 2)] + [(2, 0), (2, 2), (2, 6), (2, 8)]
     for epoch, offset in positions:
         got = ahead.take(epoch, offset)

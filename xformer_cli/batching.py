@@ -8,9 +8,10 @@ training run needs of its batches, epoch by epoch and update by update, is ``Epo
 
 from __future__ import annotations
 
+import threading
 import warnings
 from concurrent.futures import ThreadPoolExecutor
-from typing import TYPE_CHECKING, Any, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Optional, Sequence
 
 import numpy as np
 
@@ -254,37 +255,64 @@ def collate_source(sentences: Sequence[Sequence[int]]) -> torch.Tensor:
 
 
 class EpochBatches:
-    """The training batches, made once, as the updates of every epoch: epoch ``e`` takes them in
+    """The training batches as the updates of every epoch: epoch ``e`` takes its batches in
     ``epoch_order(len, seed, e)``, ``update_freq x world_size`` per update, and this rank collates
-    its share (on CUDA in pinned memory, so that the copies to the device are asynchronous)."""
+    its share (on CUDA in pinned memory, so that the copies to the device are asynchronous).
 
-    def __init__(self, dataset: ParallelDataset, batches: list[np.ndarray], *, seed: int, update_freq: int,
-                 rank: int = 0, world_size: int = 1, pin_memory: bool = False):
-        self.dataset, self.batches, self.seed = dataset, batches, seed
+    The batches (``batch_by_size`` under ``max_tokens``) are made once; with ``draw`` (epoch ->
+    the rows it holds, ``sampling.epoch_sampler``: temperature sampling across the directions of a
+    multilingual corpus) every epoch draws its own rows and batches them, so that its number of
+    batches varies a little from epoch to epoch (``num_batches(epoch)``). Thread-safe: the
+    prefetching thread may make the next epoch's batches while the loop asks about this one."""
+
+    def __init__(self, dataset: ParallelDataset, max_tokens: int, *, seed: int, update_freq: int, rank: int = 0,
+                 world_size: int = 1, pin_memory: bool = False,
+                 draw: Optional[Callable[[int], np.ndarray]] = None):
+        self.dataset, self.max_tokens, self.seed, self.draw = dataset, max_tokens, seed, draw
         self.update_freq, self.rank, self.world_size, self.pin_memory = update_freq, rank, world_size, pin_memory
-        self._orders: dict[int, np.ndarray] = {}
+        self.fixed = batch_by_size(dataset.src_sizes, dataset.tgt_sizes, max_tokens) if draw is None else None
+        self._epochs: dict[int, tuple[list[np.ndarray], np.ndarray]] = {}  # epoch -> (batches, order)
+        self._lock = threading.Lock()
 
-    def __len__(self) -> int:
-        return len(self.batches)
+    def epoch(self, epoch: int) -> tuple[list[np.ndarray], np.ndarray]:
+        """(the batches of ``epoch``: arrays of rows of the dataset, the order it takes them in)."""
+        with self._lock:
+            made = self._epochs.get(epoch)
+        if made is not None:
+            return made
+        # made outside the lock (the loop's questions about this epoch do not wait for the next's
+        # batching); two threads making one epoch make the same batches
+        if self.draw is None:
+            batches = self.fixed
+        else:
+            rows = self.draw(epoch)
+            batches = [rows[b] for b in batch_by_size(read_rows(self.dataset.src_sizes, rows),
+                                                      read_rows(self.dataset.tgt_sizes, rows), self.max_tokens)]
+        made = (batches, epoch_order(len(batches), self.seed, epoch))
+        with self._lock:  # two epochs kept: the prefetching thread makes the next while the loop ends this one
+            self._epochs = {e: v for e, v in self._epochs.items() if e == epoch - 1 or e == epoch + 1}
+            self._epochs[epoch] = made
+        return made
+
+    def num_batches(self, epoch: int) -> int:
+        return len(self.epoch(epoch)[0])
 
     @property
     def per_update(self) -> int:
         """Batches consumed by one update, all ranks together."""
         return self.update_freq * self.world_size
 
-    @property
-    def updates_per_epoch(self) -> int:
-        return -(-len(self.batches) // self.per_update)
+    def updates_per_epoch(self, epoch: int = 1) -> int:
+        return -(-self.num_batches(epoch) // self.per_update)
 
     def order(self, epoch: int) -> np.ndarray:
-        if epoch not in self._orders:
-            self._orders = {epoch: epoch_order(len(self.batches), self.seed, epoch)}  # one epoch kept
-        return self._orders[epoch]
+        return self.epoch(epoch)[1]
 
     def micro_batches(self, epoch: int, offset: int) -> list[dict]:
         """This rank's collated micro-batches of the update at batch ``offset`` of ``epoch``."""
-        share = update_batches(self.order(epoch), offset, self.update_freq, self.rank, self.world_size)
-        micro = [collate([self.dataset[i] for i in self.batches[b]]) for b in share]
+        batches, order = self.epoch(epoch)
+        share = update_batches(order, offset, self.update_freq, self.rank, self.world_size)
+        micro = [collate([self.dataset[i] for i in batches[b]]) for b in share]
         if self.pin_memory:
             micro = [{k: v.pin_memory() if hasattr(v, "pin_memory") else v for k, v in b.items()} for b in micro]
         return micro
@@ -292,7 +320,7 @@ class EpochBatches:
     def next_update(self, epoch: int, offset: int) -> tuple[int, int]:
         """(epoch, offset) of the update after the one at ``offset`` of ``epoch``."""
         offset += self.per_update
-        return (epoch + 1, 0) if offset >= len(self.batches) else (epoch, offset)
+        return (epoch + 1, 0) if offset >= self.num_batches(epoch) else (epoch, offset)
 
 
 class Prefetch:

@@ -14,6 +14,16 @@ test, test1, ...) and language, two files:
 
 Both are read through ``np.memmap``, so opening a 36M-pair corpus costs no memory until it is
 read. This is fairseq's MMapIndexedDataset idea, with offsets in tokens instead of bytes.
+
+A multilingual directory (``xf preprocess --pairs en-de,en-fr``, languages.py) names its files by
+side, ``{split}.src.bin`` / ``{split}.tgt.bin`` (meta.json's source_lang "src", target_lang
+"tgt"); each split is the concatenation of its directions in the order of ``"pairs"``, every
+source sentence led by its target's tag id. meta.json then also holds
+``"pairs": ["en-de", "en-fr"]``, ``"sampling_temperature"`` (how xf train draws an epoch across
+the directions: sampling.py) and, in each split's stats, ``"directions": {"en-de": {"src_file",
+"tgt_file", "pairs_in", "pairs"}, ...}``: the pairs each direction kept, in order, so that
+direction i is the rows that follow those of the directions before it (``DataDir.directions``).
+A bilingual directory has none of these keys.
 """
 
 from __future__ import annotations
@@ -24,7 +34,7 @@ import mmap
 import os
 import struct
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Optional, Sequence
 
 import numpy as np
 
@@ -250,6 +260,30 @@ class DataDir:
         return cls(path, meta)
 
     @property
+    def pairs(self) -> Optional[list[str]]:
+        """The directions of a multilingual directory (["en-de", "en-fr"]); None for a bilingual one."""
+        return list(self.meta["pairs"]) if self.meta.get("pairs") else None
+
+    def directions(self, split: str) -> Optional[dict[str, int]]:
+        """The pairs each direction has in ``split``, in the order of its rows ({"en-de": 28970,
+        "en-fr": 28950}); None for a bilingual directory."""
+        if not self.pairs:
+            return None
+        try:
+            kept = {name: int(d["pairs"]) for name, d in self.meta["stats"][split]["directions"].items()}
+        except (KeyError, TypeError, ValueError):
+            raise XfError(f"{self.path / 'meta.json'}: split {split!r} does not record its directions' pairs "
+                          "(the file is damaged; re-run xf preprocess)") from None
+        if list(kept) != self.pairs:
+            raise XfError(f"{self.path / 'meta.json'}: split {split!r} has the directions {', '.join(kept)}, "
+                          f"its pairs are {', '.join(self.pairs)} (the file is damaged; re-run xf preprocess)")
+        return kept
+
+    @property
+    def sampling_temperature(self) -> float:
+        return float(self.meta.get("sampling_temperature", 1.0))
+
+    @property
     def spm_model_bytes(self) -> bytes:
         return (self.path / "spm.model").read_bytes()
 
@@ -263,7 +297,12 @@ class DataDir:
                 raise XfError(f"{_with(side.prefix, '.idx')}: its header says {side.dtype.name}, meta.json says "
                               f"{self.meta['dtype']} (one of them was edited or replaced; re-run xf preprocess)")
             side.verify(self.vocab_size)
-        return ParallelDataset(src, tgt, name)
+        dataset = ParallelDataset(src, tgt, name)
+        directions = self.directions(name)
+        if directions is not None and sum(directions.values()) != len(dataset):
+            raise XfError(f"{self.path / 'meta.json'}: the directions of split {name!r} add up to "
+                          f"{sum(directions.values())} pairs, its index holds {len(dataset)} (re-run xf preprocess)")
+        return dataset
 
     def verify_checksums(self) -> list[str]:
         """The files whose sha256 differs from meta.json's ``files`` (missing ones included).

@@ -47,6 +47,8 @@ class Input:
     option: str
     kind: Literal["file", "directory", "path"] = "file"
     suffixes: tuple[str, ...] = ("",)
+    # options -> the suffixes, in place of ``suffixes`` where it gives any (xf preprocess --pairs)
+    suffixes_of: Optional[Callable[[Any], tuple[str, ...]]] = None
     stdin: bool = False  # unset, the command reads stdin (``xf translate`` without --input)
     when: Optional[str] = None  # a bool option that makes it an input (``xf preprocess --verify`` reads --destdir)
 
@@ -103,7 +105,7 @@ class Command:
             for item in value if isinstance(value, tuple) else (value,):
                 if item is None:
                     continue
-                for suffix in spec.suffixes:
+                for suffix in (spec.suffixes_of and spec.suffixes_of(options)) or spec.suffixes:
                     yield _flag(spec.option), str(item) + suffix.format(**values), spec.kind
 
     def output_paths(self, options: Any) -> Iterator[tuple[str, str, str]]:
@@ -127,11 +129,20 @@ GROUPS = {
 
 _PREFIX = (".{source_lang}", ".{target_lang}")
 
+
+def _pair_suffixes(options: PreprocessOptions) -> tuple[str, ...]:
+    """With --pairs, the files a prefix names: PREFIX.en, PREFIX.de, ... (each language once) and
+    each pair's own, PREFIX.en-de.en and PREFIX.en-de.de (preprocess.pair_files reads one or the other)."""
+    own = tuple(f".{s}-{t}.{lang}" for s, t in options.pair_list() for lang in (s, t))
+    return tuple(f".{lang}" for lang in options.languages()) + own if own else ()
+
+
 COMMANDS: list[Command] = [
     Command("preprocess", PreprocessOptions, "preprocess:preprocess",
             "Learn a joint sentencepiece BPE and binarize parallel text into memory-mapped arrays.",
-            inputs=(Input("trainpref", suffixes=_PREFIX), Input("validpref", suffixes=_PREFIX),
-                    Input("testpref", suffixes=_PREFIX), Input("spm_model"), Input("vocab_from", "path"),
+            inputs=(*(Input(prefix, suffixes=_PREFIX, suffixes_of=_pair_suffixes)
+                      for prefix in ("trainpref", "validpref", "testpref")),
+                    Input("spm_model"), Input("vocab_from", "path"),
                     Input("destdir", "directory", when="verify")),
             outputs=(Output("destdir", "directory", unless="verify"),)),
     Command("train", TrainOptions, "train:train",

@@ -12,7 +12,11 @@ so an exported model translates the same ids.
 Where languages are recorded:
 - a data directory's meta.json (``xf preprocess --pairs``): ``"pairs": ["en-de", "en-fr"]``;
   its files are then named by the sides, ``train.src.bin`` / ``train.tgt.bin``
-  (``source_lang`` "src", ``target_lang`` "tgt"); a bilingual directory has no "pairs";
+  (``source_lang`` "src", ``target_lang`` "tgt"), each split the concatenation of its pairs in
+  that order, each split's stats counting the pairs of every direction
+  (``"directions": {"en-de": {..., "pairs": 28970}, ...}``, ``DataDir.directions``), and
+  ``"sampling_temperature"`` how xf train draws its epochs across them (sampling.py); a bilingual
+  directory has none of these;
 - a checkpoint's ``meta`` (from the data it was trained on): the same "pairs" list beside
   ``source_lang`` / ``target_lang``. A checkpoint with "pairs" is multilingual.
 

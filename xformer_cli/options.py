@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Literal, Optional
 
 from .config import INT_MAX, Range, build_options, check_ranges, option
-from .errors import ConfigError
+from .errors import ConfigError, XfError
 
 
 # Ranges shared by many options (every int and float option has one: config.Range)
@@ -134,8 +134,17 @@ def with_model_overrides(cls: type) -> type:
 @dataclass(frozen=True)
 class PreprocessOptions:
     destdir: str = option(help="output directory (data-bin/NAME); refused if it exists and is not empty")
-    source_lang: str = option("en", "source language suffix of the raw files")
-    target_lang: str = option("de", "target language suffix of the raw files")
+    source_lang: Optional[str] = option(None, "source language suffix of the raw files (default en; not with --pairs)")
+    target_lang: Optional[str] = option(None, "target language suffix of the raw files (default de; not with --pairs)")
+    pairs: tuple[str, ...] = option(
+        (), "several languages in one model: the directions SOURCE-TARGET (en-de,en-fr; in YAML that or a list), "
+        "each read from PREFIX.SOURCE / PREFIX.TARGET, or from the pair's own PREFIX.SOURCE-TARGET.SOURCE / "
+        ".TARGET where those exist; every source sentence starts with its target's tag (>>deu<<), and the data "
+        "directory's sides are named src and tgt")
+    sampling_temperature: float = option(
+        1.0, "with --pairs: xf train draws each epoch's pairs of direction i with probability proportional to "
+        "(n_i/N)^(1/T): 1 takes the data as it is, larger T evens out the directions (recorded in meta.json)",
+        range=Range(0, 1e6, lo_open=True))
     trainpref: Optional[str] = option(None, "training files prefix (PREFIX.src, PREFIX.tgt)")
     validpref: Optional[str] = option(None, "validation files prefix (comma-separated: valid, valid1, ...)")
     testpref: Optional[str] = option(None, "test files prefix (comma-separated: test, test1, ...)")
@@ -143,7 +152,8 @@ class PreprocessOptions:
                                            "EN-DE; not with --spm-model or --vocab-from, which give the vocabulary)",
                                            range=Range(8, INT_MAX))
     bpe_sample_lines: Optional[int] = option(
-        None, "training pairs sampled (both sides) to learn the BPE model; bounds its memory (default 2000000; not "
+        None, "training pairs sampled (both sides; with --pairs, lines of each language's file) to learn the BPE "
+        "model; bounds its memory (default 2000000; not "
         "with --spm-model or --vocab-from)", range=COUNT1
     )
     spm_model: Optional[str] = option(None, "reuse this sentencepiece model instead of learning one")
@@ -163,6 +173,25 @@ class PreprocessOptions:
 
     def __post_init__(self) -> None:
         check_ranges(self)
+        if self.pairs:
+            from .languages import pair_names, parse_pairs
+
+            try:  # one item a pair, however given: "en-de,en-fr", a list, --pairs repeated
+                object.__setattr__(self, "pairs", tuple(pair_names(parse_pairs(",".join(self.pairs)))))
+            except XfError as e:
+                raise ConfigError(str(e)) from None
+            given = [f"--{n.replace('_', '-')} {getattr(self, n)}" for n, side in (("source_lang", "src"),
+                     ("target_lang", "tgt")) if getattr(self, n) not in (None, side)]
+            if given:  # the sides are named src and tgt; each pair names its own languages
+                raise ConfigError(f"--pairs names the languages of every direction: leave out {' and '.join(given)}")
+            object.__setattr__(self, "source_lang", "src")
+            object.__setattr__(self, "target_lang", "tgt")
+        else:
+            if self.sampling_temperature != 1.0:
+                raise ConfigError("--sampling-temperature samples between the directions of --pairs; without "
+                                  "--pairs there is one direction")
+            object.__setattr__(self, "source_lang", "en" if self.source_lang is None else self.source_lang)
+            object.__setattr__(self, "target_lang", "de" if self.target_lang is None else self.target_lang)
         if self.source_lang == self.target_lang:
             raise ConfigError(f"--source-lang and --target-lang are both {self.source_lang!r}")
         if self.spm_model and self.vocab_from:
@@ -176,6 +205,19 @@ class PreprocessOptions:
             object.__setattr__(self, "bpe_vocab_size", 37000 if self.bpe_vocab_size is None else self.bpe_vocab_size)
             object.__setattr__(self, "bpe_sample_lines",
                                2_000_000 if self.bpe_sample_lines is None else self.bpe_sample_lines)
+
+    def pair_list(self) -> list[tuple[str, str]]:
+        """The directions of --pairs, [("en", "de"), ("en", "fr")]; empty for a bilingual run."""
+        from .languages import parse_pairs
+
+        return parse_pairs(",".join(self.pairs)) if self.pairs else []
+
+    def languages(self) -> tuple[str, ...]:
+        """The suffixes of the raw files: every language of --pairs once, else the two given."""
+        pairs = self.pair_list()
+        if not pairs:
+            return (self.source_lang, self.target_lang)
+        return tuple(dict.fromkeys(lang for pair in pairs for lang in pair))
 
 
 @with_model_overrides

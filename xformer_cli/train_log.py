@@ -280,14 +280,16 @@ def startup_rows(o, cfg, data, train_pairs: int, valid_pairs: int, parameters: i
     DataDir, ``batches``: EpochBatches)."""
     threads = torch.get_num_threads()
     return [
-        ("data", f"{data.path} ({data.source_lang}-{data.target_lang}, {train_pairs:,} training pairs, "
+        ("data", f"{data.path} ({', '.join(data.pairs or [f'{data.source_lang}-{data.target_lang}'])}, {train_pairs:,} training pairs, "
                  f"{valid_pairs:,} validation)"),
         ("model", f"{o.arch or ('--init-from' if o.init_from else 'base')}: {cfg.encoder_layers}+{cfg.decoder_layers} layers, d_model {cfg.d_model}, "
                   f"d_ff {cfg.d_ff}, {cfg.heads} heads, vocabulary {cfg.vocab_size:,}"),
         ("parameters", f"{parameters:,}"),
         ("effective batch", f"{o.max_tokens:,} tokens x {o.update_freq} (update freq) x {world_size} "
                             f"(processes) = {o.max_tokens * batches.per_update:,} tokens per update"),
-        ("updates per epoch", f"{batches.updates_per_epoch:,} ({len(batches):,} batches)"),
+        *directions_rows(data, batches),
+        ("updates per epoch", f"{batches.updates_per_epoch(max(epoch, 1)):,} ({batches.num_batches(max(epoch, 1)):,} "
+                              f"batches{', drawn anew each epoch' if batches.draw else ''})"),
         ("device", f"{device} x {world_size}, {threads} thread{'s' * (threads != 1)}"
                    + (", compiled (torch.compile, dynamic shapes)" if o.compile else "")),
         ("precision", f"{o.precision} ({precision_note})"),
@@ -298,6 +300,22 @@ def startup_rows(o, cfg, data, train_pairs: int, valid_pairs: int, parameters: i
                                o.late_after, *regularization(o, o.late_after + 1, cfg.dropout)) if o.late_after else "")),
         ("save dir", f"{o.save_dir}" + (f" (resuming at update {num_updates:,}, epoch {epoch})" if num_updates else "")),
     ]
+
+
+def directions_rows(data, batches) -> list[tuple[str, str]]:
+    """A multilingual run's row: each direction's training pairs, and its share of an epoch when
+    epochs are drawn by temperature (sampling.py)."""
+    directions = data.directions("train")
+    if not directions:
+        return []
+    text = ", ".join(f"{name} {n:,}" for name, n in directions.items())
+    if batches.draw is not None:
+        from .sampling import direction_probabilities
+
+        shares = direction_probabilities(list(directions.values()), data.sampling_temperature)
+        text += f"; drawn at temperature {data.sampling_temperature:g}: " + ", ".join(
+            f"{name} {p:.1%}" for name, p in zip(directions, shares))
+    return [("directions", text)]
 
 
 def summary_rows(summary: dict, batch_offset: int, compiled: bool, device: torch.device,

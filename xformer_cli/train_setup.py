@@ -28,6 +28,7 @@ from .model import Transformer
 from .options import MODEL_OVERRIDES, ModelConfig, TrainOptions, model_config
 from .precision import autocast_context
 from .safety import SaveDirLock
+from .sampling import epoch_sampler
 from .schedule import make_schedule
 from .train_state import TrainState, check_resumable
 from .compiling import compile_forward
@@ -75,7 +76,7 @@ class Run:
     data: DataDir
     train_set: ParallelDataset
     valid_set: ParallelDataset
-    batches: EpochBatches  # the training batches, made once; each epoch shuffles their order
+    batches: EpochBatches  # the training batches of every epoch
     valid_batches: list
     cfg: ModelConfig  # built once, here
     options_record: dict  # the effective options: config.yaml, the log's start record, checkpoints
@@ -92,7 +93,7 @@ class Run:
 
     @property
     def total_updates(self) -> Optional[int]:
-        o, per_epoch = self.o, self.batches.updates_per_epoch
+        o, per_epoch = self.o, self.batches.updates_per_epoch()  # (a drawn epoch's varies a little: about)
         limits = [n for n in (o.max_update, o.max_epoch * per_epoch if o.max_epoch else 0) if n]
         return min(limits) if limits else None
 
@@ -111,10 +112,12 @@ def set_up(o: TrainOptions, env: distributed.Env, lock: SaveDirLock) -> Run:
     valid_set = data.split("valid")
     cfg, init_weights = build_config(o, data)  # the one model configuration of the run: every check below uses it
     check_trainable(data, train_set, valid_set, cfg.max_positions)  # empty splits, pairs over max_positions
-    # Batches of similar lengths up to --max-tokens, made once; each epoch shuffles their order.
-    batches = EpochBatches(train_set, batch_by_size(train_set.src_sizes, train_set.tgt_sizes, o.max_tokens),
-                           seed=o.seed, update_freq=o.update_freq, rank=env.rank, world_size=env.world_size,
-                           pin_memory=env.device.type == "cuda")
+    # Batches of similar lengths up to --max-tokens, made once (each epoch shuffles their order), or
+    # made per epoch from the pairs it draws across a multilingual corpus's directions (sampling.py)
+    directions = data.directions("train")
+    draw = epoch_sampler(list(directions.values()), data.sampling_temperature, o.seed) if directions else None
+    batches = EpochBatches(train_set, o.max_tokens, seed=o.seed, update_freq=o.update_freq, rank=env.rank,
+                           world_size=env.world_size, pin_memory=env.device.type == "cuda", draw=draw)
     valid_batches = batch_by_size(valid_set.src_sizes, valid_set.tgt_sizes, o.max_tokens)
     last_path = Path(o.save_dir) / "checkpoint_last.pt"
     ckpt = load_last_checkpoint(last_path) if last_path.exists() else None
@@ -132,7 +135,7 @@ def set_up(o: TrainOptions, env: distributed.Env, lock: SaveDirLock) -> Run:
     if ckpt is not None:
         model.load_state_dict(ckpt["model"])
         state.load_state_dict(ckpt["train_state"])
-        if state.num_batches != len(batches):
+        if state.num_batches != batches.num_batches(state.position.epoch):
             console.print(f"[yellow]warning:[/yellow] the batches differ from those of {last_path} (another "
                           f"--max-tokens or data?): epoch {state.position.epoch} restarts from its beginning")
             state.position.batch_offset = 0

@@ -35,7 +35,7 @@ from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterable, Iterator
+from typing import Iterable, Iterator, Optional
 
 import numpy as np
 from rich.console import Console
@@ -49,6 +49,7 @@ from ..config import option_range
 from ..console import print_table, stderr_console
 from ..data import FORMAT_VERSION, DataDir, TokenArrayWriter, file_sha256, smallest_dtype
 from ..errors import XfError
+from ..languages import pair_names, tag
 from ..fileio import directory_target, fsync_dir, remove_stale_temporaries_of, replace_path, reporting_write_errors, temporary_prefix
 from ..options import PreprocessOptions
 from ..safety import refuse_running_training
@@ -59,23 +60,49 @@ DROP_REASONS = ("invalid_utf8", "empty", "too_long", "ratio")  # a pair counts u
 
 
 @dataclass
+class Part:
+    """The files of one direction of a split: a bilingual split is one part; with --pairs a
+    split is one part per pair, in the order of --pairs, binarized one after the other."""
+
+    src: Path
+    tgt: Path
+    direction: Optional[str] = None  # "en-de" with --pairs
+    target: Optional[str] = None  # its target language, whose tag leads every source sentence (--pairs)
+    tag_id: Optional[int] = None  # that tag's id, once the vocabulary is known
+    lines: int = 0
+
+
+@dataclass
 class Split:
     """One split to binarize: ``train``, ``valid``, ``valid1``, ..., ``test``, ``test1``, ..."""
 
     name: str
-    src: Path
-    tgt: Path
+    parts: list[Part]
     clean: bool  # only the training split is cleaned
-    lines: int = 0
     stats: dict = field(default_factory=dict)
+
+    @property
+    def lines(self) -> int:
+        return sum(p.lines for p in self.parts)
+
+    @property
+    def files(self) -> str:
+        """Its files, for messages: ``train.en / train.de`` (each pair's, with --pairs)."""
+        return ", ".join(f"{p.src} / {p.tgt}" for p in self.parts)
 
 
 def plan_splits(o: PreprocessOptions) -> list[Split]:
-    """The splits named by --trainpref, --validpref and --testpref, fairseq style."""
+    """The splits named by --trainpref, --validpref and --testpref, fairseq style; with --pairs,
+    each split is PREFIX.SOURCE / PREFIX.TARGET of every pair."""
     splits = []
+    pairs = o.pair_list()
 
     def add(name: str, prefix: str) -> None:
-        splits.append(Split(name, Path(f"{prefix}.{o.source_lang}"), Path(f"{prefix}.{o.target_lang}"), name == "train"))
+        if not pairs:
+            parts = [Part(Path(f"{prefix}.{o.source_lang}"), Path(f"{prefix}.{o.target_lang}"))]
+        else:
+            parts = [Part(*pair_files(prefix, s, t), f"{s}-{t}", t) for s, t in pairs]
+        splits.append(Split(name, parts, name == "train"))
 
     if o.trainpref:
         add("train", o.trainpref)
@@ -83,6 +110,20 @@ def plan_splits(o: PreprocessOptions) -> list[Split]:
         for i, prefix in enumerate(p.strip() for p in (prefs or "").split(",") if p.strip()):
             add(f"{kind}{i or ''}", prefix)
     return splits
+
+
+def pair_files(prefix: str, s: str, t: str) -> tuple[Path, Path]:
+    """The files of pair s-t: PREFIX.s-t.s / PREFIX.s-t.t when both exist (a corpus of the pair's
+    own, fairseq's naming), else PREFIX.s / PREFIX.t (one corpus parallel in several languages)."""
+    own = Path(f"{prefix}.{s}-{t}.{s}"), Path(f"{prefix}.{s}-{t}.{t}")
+    if all(p.exists() for p in own):
+        return own
+    shared = Path(f"{prefix}.{s}"), Path(f"{prefix}.{t}")
+    for path in shared:
+        if not path.exists():
+            raise XfError(f"{path}: no such file (pair {s}-{t} reads {shared[0]} and {shared[1]}, or "
+                          f"{own[0]} and {own[1]})")
+    return shared
 
 
 def check_destination(o: PreprocessOptions) -> None:
@@ -135,14 +176,15 @@ def check_line_endings(path: Path, head_bytes: int = 1 << 20) -> None:
                       f"line endings), so the file reads as one line; convert it first: tr '\\r' '\\n'")
 
 
-def read_chunks(split: Split) -> Iterator[tuple[int, list[bytes], list[bytes]]]:
-    """(first line index, source lines, target lines) in chunks of CHUNK_LINES, as raw bytes."""
-    with open(split.src, "rb") as fs, open(split.tgt, "rb") as ft:
+def read_chunks(part: Part) -> Iterator[tuple[int, list[bytes], list[bytes]]]:
+    """(first line index, source lines, target lines) of one part's files in chunks of
+    CHUNK_LINES, as raw bytes."""
+    with open(part.src, "rb") as fs, open(part.tgt, "rb") as ft:
         start = 0
         while True:
             src, tgt = list(itertools.islice(fs, CHUNK_LINES)), list(itertools.islice(ft, CHUNK_LINES))
             if len(src) != len(tgt):  # the files changed since they were counted
-                raise XfError(f"{split.src} and {split.tgt} have different line counts (near line {start + 1})")
+                raise XfError(f"{part.src} and {part.tgt} have different line counts (near line {start + 1})")
             if not src:
                 return
             yield start, src, tgt
@@ -152,20 +194,20 @@ def read_chunks(split: Split) -> Iterator[tuple[int, list[bytes], list[bytes]]]:
 # --------------------------------------------------------------------------- subwords
 
 
-def sample_for_bpe(split: Split, pairs: int, seed: int, out: Path, invalid: str, advance) -> int:
+def sample_for_bpe(part: Part, pairs: int, seed: int, out: Path, invalid: str, advance) -> int:
     """Write about ``pairs`` random training pairs (both sides, one sentence a line) to ``out``.
 
     Each pair is kept with probability pairs/N, so memory never depends on N; returns the number
     of sentences written. Empty lines are left out.
     """
-    keep_p = min(1.0, pairs / max(split.lines, 1))
+    keep_p = min(1.0, pairs / max(part.lines, 1))
     rng = np.random.default_rng(seed)
     written = 0
     with open(out, "w", encoding="utf-8") as f:
-        for start, src, tgt in read_chunks(split):
+        for start, src, tgt in read_chunks(part):
             keep = np.flatnonzero(rng.random(len(src)) < keep_p)
             for i in keep.tolist():
-                for path, line in ((split.src, src[i]), (split.tgt, tgt[i])):
+                for path, line in ((part.src, src[i]), (part.tgt, tgt[i])):
                     text = decode_line(line, path, start + i + 1, invalid)
                     if text and not text.isspace():
                         f.write(text + "\n")
@@ -174,8 +216,34 @@ def sample_for_bpe(split: Split, pairs: int, seed: int, out: Path, invalid: str,
     return written
 
 
-def learn_bpe(sample: Path, model_prefix: Path, vocab_size: int, max_sentences: int, threads: int, seed: int) -> None:
-    """Train the BPE model on ``sample``, at most ``max_sentences`` of it (0: all).
+def sample_languages(files: list[tuple[Path, int]], sentences: int, seed: int, out: Path, invalid: str,
+                     advance) -> int:
+    """With --pairs: write about ``sentences`` random lines of each file (``files``: (path,
+    lines), each once, however many pairs share it) to ``out``, so that every language has about
+    the same say in the joint vocabulary (a language whose pairs have files of their own has one
+    sample of each); returns the lines written (empty ones left out)."""
+    written = 0
+    with open(out, "w", encoding="utf-8") as f:
+        for i, (path, lines) in enumerate(files):
+            rng = np.random.default_rng([seed, i])
+            keep_p = min(1.0, sentences / max(lines, 1))
+            with open(path, "rb") as lines_in:
+                start = 0
+                while chunk := list(itertools.islice(lines_in, CHUNK_LINES)):
+                    for j in np.flatnonzero(rng.random(len(chunk)) < keep_p).tolist():
+                        text = decode_line(chunk[j], path, start + j + 1, invalid)
+                        if text and not text.isspace():
+                            f.write(text + "\n")
+                            written += 1
+                    start += len(chunk)
+                    advance(len(chunk))
+    return written
+
+
+def learn_bpe(sample: Path, model_prefix: Path, vocab_size: int, max_sentences: int, threads: int, seed: int,
+              control_symbols: tuple[str, ...] = ()) -> None:
+    """Train the BPE model on ``sample``, at most ``max_sentences`` of it (0: all);
+    ``control_symbols``: pieces no text encodes into (the target tags of --pairs).
 
     The sample is fed as an iterator and the model comes back as bytes: given a file name,
     sentencepiece records the (temporary) paths in the model, so two identical runs would differ.
@@ -199,6 +267,7 @@ def learn_bpe(sample: Path, model_prefix: Path, vocab_size: int, max_sentences: 
                 shuffle_input_sentence=True,
                 num_threads=threads,
                 minloglevel=2,  # its own log is pages long; rich reports progress instead
+                **({"control_symbols": list(control_symbols)} if control_symbols else {}),
             )
         with open(model_prefix.with_name(model_prefix.name + ".model"), "wb") as f:
             f.write(model.getvalue())
@@ -272,9 +341,10 @@ def explain_no_text(sample: Path, train: Split) -> None:
         for line in f:
             if normalizer.normalize(line.rstrip("\n")).strip("\u2581"):
                 return
-    with open(train.src, "rb") as f:
-        first = decode_line(f.readline(), train.src, 1, "replace")
-    raise XfError(f"{train.src}, {train.tgt}: no text to learn BPE from: every line is empty after sentencepiece's "
+    with open(train.parts[0].src, "rb") as f:
+        first = decode_line(f.readline(), train.parts[0].src, 1, "replace")
+    names = ", ".join(dict.fromkeys(str(f) for p in train.parts for f in (p.src, p.tgt)))
+    raise XfError(f"{names}: no text to learn BPE from: every line is empty after sentencepiece's "
                   f"nmt_nfkc normalization, which removes control and zero-width characters (line 1: {first!r})")
 
 
@@ -295,8 +365,10 @@ def encode_chunk(task: tuple) -> tuple:
     """Decode, encode and (train only) clean one chunk of pairs.
 
     Returns (src tokens, src sizes, tgt tokens, tgt sizes, stats) of the kept pairs, tokens flat.
+    With a ``tag_id`` (--pairs), every non-empty source sentence starts with it; the cleaning
+    counts the sentence without it.
     """
-    src_path, tgt_path, clean, start, src_lines, tgt_lines = task
+    src_path, tgt_path, clean, start, src_lines, tgt_lines, tag_id = task
     w = _worker
     invalid = "skip" if w["skip_invalid"] else "error"
     stats = collections.Counter(pairs_in=len(src_lines))
@@ -328,6 +400,9 @@ def encode_chunk(task: tuple) -> tuple:
         if len(keep) < len(src_ids):
             src_ids, tgt_ids = [src_ids[i] for i in keep], [tgt_ids[i] for i in keep]
             src_sizes, tgt_sizes = src_sizes[keep], tgt_sizes[keep]
+    if tag_id is not None:  # by id: the tag is a control symbol, which no text encodes into
+        src_ids = [[tag_id, *ids] if ids else ids for ids in src_ids]
+        src_sizes = src_sizes + (src_sizes > 0)
     src_tokens = np.fromiter(itertools.chain.from_iterable(src_ids), w["dtype"], int(src_sizes.sum()))
     tgt_tokens = np.fromiter(itertools.chain.from_iterable(tgt_ids), w["dtype"], int(tgt_sizes.sum()))
     stats.update(pairs=len(src_sizes), src_tokens=len(src_tokens), tgt_tokens=len(tgt_tokens),
@@ -355,26 +430,46 @@ def ordered_map(fn, tasks: Iterable, pool: ProcessPoolExecutor | None, window: i
 
 
 def binarize(split: Split, out: Path, o: PreprocessOptions, dtype: np.dtype, pool, advance) -> dict:
-    """Encode one split into ``out/{split}.{lang}.bin/.idx``; returns its counts."""
+    """Encode one split (its parts one after the other) into ``out/{split}.{lang}.bin/.idx``;
+    returns its counts (with --pairs, each direction's too)."""
     writers = TokenArrayWriter(out / f"{split.name}.{o.source_lang}", dtype), TokenArrayWriter(
         out / f"{split.name}.{o.target_lang}", dtype)
-    totals: collections.Counter = collections.Counter({k: 0 for k in DROP_REASONS})
-    tasks = ((split.src, split.tgt, split.clean, start, s, t) for start, s, t in read_chunks(split))
-    for src_tokens, src_sizes, tgt_tokens, tgt_sizes, stats in ordered_map(encode_chunk, tasks, pool, 2 * o.workers):
+    per_part = [collections.Counter({k: 0 for k in DROP_REASONS}) for _ in split.parts]
+    tasks = ((i, (p.src, p.tgt, split.clean, start, s, t, p.tag_id))
+             for i, p in enumerate(split.parts) for start, s, t in read_chunks(p))
+    parts_of_tasks: collections.deque = collections.deque()  # the part of each task in flight, in order
+
+    def each_task():
+        for i, task in tasks:
+            parts_of_tasks.append(i)
+            yield task
+
+    for src_tokens, src_sizes, tgt_tokens, tgt_sizes, stats in ordered_map(encode_chunk, each_task(), pool,
+                                                                            2 * o.workers):
         writers[0].add_flat(src_tokens, src_sizes)
         writers[1].add_flat(tgt_tokens, tgt_sizes)
-        totals.update(stats)
+        per_part[parts_of_tasks.popleft()].update(stats)
         advance(stats["pairs_in"])
     for w in writers:
         w.close()
+    totals: collections.Counter = collections.Counter()
+    for c in per_part:
+        totals.update(c)  # (update keeps the zero counts that + would drop)
     t = dict(totals)
+    files = dict(src_file=str(split.parts[0].src), tgt_file=str(split.parts[0].tgt))
+    if split.parts[0].direction is not None:  # --pairs: the files and counts of each direction, in row order
+        files = {}
+        directions = {p.direction: dict(src_file=str(p.src), tgt_file=str(p.tgt), pairs_in=c.get("pairs_in", 0),
+                                        pairs=c.get("pairs", 0), dropped={k: c[k] for k in DROP_REASONS})
+                      for p, c in zip(split.parts, per_part)}
     return dict(
-        src_file=str(split.src), tgt_file=str(split.tgt), pairs_in=t.get("pairs_in", 0), pairs=t.get("pairs", 0),
+        **files, pairs_in=t.get("pairs_in", 0), pairs=t.get("pairs", 0),
         dropped={k: t[k] for k in DROP_REASONS},
         replaced_invalid_utf8=t.get("replaced_invalid_utf8", 0),
         src_tokens=t.get("src_tokens", 0), tgt_tokens=t.get("tgt_tokens", 0),
         unk_rate={o.source_lang: t.get("src_unk", 0) / max(t.get("src_tokens", 0), 1),
                   o.target_lang: t.get("tgt_unk", 0) / max(t.get("tgt_tokens", 0), 1)},
+        **({"directions": directions} if not files else {}),
     )
 
 
@@ -411,22 +506,31 @@ def replace_dir(tmp: Path, dest: Path, overwrite: bool) -> None:
 
 
 def check_inputs(splits: list[Split], progress: Progress) -> Split | None:
-    """Stage 1: count every file's lines (into ``split.lines``); returns the training split."""
-    sizes = [p.stat().st_size for s in splits for p in (s.src, s.tgt) if p.is_file()]
-    task = progress.add_task("checking inputs, MB", total=sum(sizes) / 1e6)
+    """Stage 1: count every file's lines (into ``part.lines``); returns the training split."""
+    files = list(dict.fromkeys(f for s in splits for p in s.parts for f in (p.src, p.tgt)))  # --pairs share files
+    task = progress.add_task("checking inputs, MB", total=sum(f.stat().st_size for f in files if f.is_file()) / 1e6)
+    counted: dict[Path, int] = {}
+
+    def lines_of(path: Path) -> int:
+        if path not in counted:
+            check_line_endings(path)
+            counted[path] = count_lines(path, lambda n: progress.advance(task, n / 1e6))
+        return counted[path]
+
     for s in splits:
-        check_line_endings(s.src)
-        check_line_endings(s.tgt)
-        s.lines = count_lines(s.src, lambda n: progress.advance(task, n / 1e6))
-        tgt_lines = count_lines(s.tgt, lambda n: progress.advance(task, n / 1e6))
-        if s.lines != tgt_lines:
-            raise XfError(f"line counts differ: {s.src} has {s.lines} lines but {s.tgt} has {tgt_lines}")
+        for p in s.parts:
+            p.lines, tgt_lines = lines_of(p.src), lines_of(p.tgt)
+            if p.lines != tgt_lines:
+                raise XfError(f"line counts differ: {p.src} has {p.lines} lines but {p.tgt} has {tgt_lines}"
+                              + (f" (pair {p.direction})" if p.direction else ""))
     train = splits[0] if splits and splits[0].name == "train" else None
-    if train is not None and train.lines == 0:
-        raise XfError(f"empty training set: {train.src} and {train.tgt} have no lines")
+    for p in train.parts if train is not None else ():
+        if p.lines == 0:
+            raise XfError(f"empty training set: {p.src} and {p.tgt} have no lines")
     for s in splits:
-        if s.name.startswith("valid") and s.lines == 0:  # its loss would be 0 and choose the best checkpoint
-            raise XfError(f"empty validation set: {s.src} and {s.tgt} have no lines")
+        for p in s.parts:
+            if s.name.startswith("valid") and p.lines == 0:  # its loss would be 0 and choose the best checkpoint
+                raise XfError(f"empty validation set: {p.src} and {p.tgt} have no lines")
     return train
 
 
@@ -436,42 +540,74 @@ def make_spm(o: PreprocessOptions, train: Split | None, out: Path, progress: Pro
     vocabulary: the bytes xf train compares).
 
     Returns how it was made (for meta.json)."""
+    tags = tuple(dict.fromkeys(tag(t) for _, t in o.pair_list()))  # of every target language (--pairs)
     if o.vocab_from:
         from ..checkpoint import load_checkpoint
 
         vocabulary = load_checkpoint(o.vocab_from)["spm_model"]
-        load_sentencepiece(vocabulary, str(o.vocab_from))  # readable, with xf's special ids
+        check_tags(load_sentencepiece(vocabulary, str(o.vocab_from)), tags, f"--vocab-from {o.vocab_from}")
         (out / "spm.model").write_bytes(vocabulary)
         return dict(learned=False, source=f"{o.vocab_from} (its vocabulary)")
     if o.spm_model:
         spm_path = Path(o.spm_model)
         if not spm_path.is_file():
             raise XfError(f"--spm-model {spm_path}: no such file")
-        load_sentencepiece(spm_path)  # check the special ids before copying
+        check_tags(load_sentencepiece(spm_path), tags, f"--spm-model {spm_path}")  # and the special ids, before copying
         shutil.copyfile(spm_path, out / "spm.model")
         return dict(learned=False, source=str(spm_path))
     sample = out / "bpe-sample.txt"
-    task = progress.add_task("sampling for BPE", total=train.lines)
     invalid = "skip" if o.skip_invalid else "error"
-    sentences = sample_for_bpe(train, o.bpe_sample_lines, o.seed, sample, invalid, lambda n: progress.advance(task, n))
+    if o.pairs:  # each language's file once: about --bpe-sample-lines sentences of each
+        files = {}  # file -> lines: each language's text once, in the order of --pairs
+        for p in train.parts:
+            files.setdefault(p.src, p.lines)
+            files.setdefault(p.tgt, p.lines)
+        task = progress.add_task("sampling for BPE", total=sum(files.values()))
+        sentences = sample_languages(list(files.items()), o.bpe_sample_lines, o.seed, sample, invalid,
+                                     lambda n: progress.advance(task, n))
+        wanted = len(files) * o.bpe_sample_lines
+    else:
+        task = progress.add_task("sampling for BPE", total=train.lines)
+        sentences = sample_for_bpe(train.parts[0], o.bpe_sample_lines, o.seed, sample, invalid,
+                                   lambda n: progress.advance(task, n))
+        wanted = 2 * o.bpe_sample_lines
     if sentences == 0 and o.bpe_sample_lines < train.lines:  # the sample is empty, maybe not the files
         raise XfError(f"the sample to learn BPE from holds no text: --bpe-sample-lines {o.bpe_sample_lines:,} keeps each "
-                      f"of the {train.lines:,} pairs of {train.src} / {train.tgt} with probability "
+                      f"of the {train.lines:,} pairs of {train.files} with probability "
                       f"{o.bpe_sample_lines / train.lines:.3g}, and kept none with text; raise --bpe-sample-lines")
     if sentences == 0:
-        raise XfError(f"no non-empty lines in {train.src} / {train.tgt} to learn BPE from")
+        raise XfError(f"no non-empty lines in {train.files} to learn BPE from")
     task = progress.add_task(f"learning BPE {o.bpe_vocab_size}", total=None)
     # the sample is random already; sentencepiece's shuffle only trims a Bernoulli excess
-    bound = max(2 * o.bpe_sample_lines, 101)  # sentencepiece takes 0 (all) or over 100
+    bound = max(wanted, 101)  # sentencepiece takes 0 (all) or over 100
     try:
-        run_in_child(learn_bpe, sample, out / "spm", o.bpe_vocab_size, bound if sentences > bound else 0, o.workers, o.seed)
+        run_in_child(learn_bpe, sample, out / "spm", o.bpe_vocab_size, bound if sentences > bound else 0, o.workers,
+                     o.seed, tags)
     except XfError:
         explain_no_text(sample, train)
         raise
     sample.unlink()
     progress.update(task, total=sentences, completed=sentences)
     return dict(learned=True, model_type="bpe", normalization="nmt_nfkc", character_coverage=1.0,
-                sample_sentences=sentences)
+                sample_sentences=sentences, **({"control_symbols": list(tags)} if tags else {}))
+
+
+def check_tags(sp, tags: tuple[str, ...], where: str) -> None:
+    """A given vocabulary for --pairs must hold every target tag as one piece."""
+    for piece in tags:
+        tag_id = sp.piece_to_id(piece)
+        if tag_id == UNK_ID or sp.id_to_piece(tag_id) != piece:
+            raise XfError(f"{where}: its vocabulary has no piece {piece}, the tag --pairs puts before every source "
+                          "sentence into that language (learn the vocabulary with it as a control symbol, or leave "
+                          "the vocabulary to xf preprocess)")
+
+
+def tag_parts(splits: list[Split], sp) -> None:
+    """Give every part of --pairs the id of its target's tag (checked to be in the vocabulary)."""
+    for s in splits:
+        for p in s.parts:
+            if p.target is not None:
+                p.tag_id = sp.piece_to_id(tag(p.target))
 
 
 def encode_splits(o: PreprocessOptions, splits: list[Split], out: Path, dtype: np.dtype, progress: Progress) -> None:
@@ -508,18 +644,22 @@ def preprocess(o: PreprocessOptions) -> dict:
         try:
             bpe = make_spm(o, train, tmp, progress)
             sp = load_sentencepiece(tmp / "spm.model")
+            tag_parts(splits, sp)
             write_vocab(sp, tmp / "spm.vocab")
             vocab_size = sp.get_piece_size()
             dtype = smallest_dtype(vocab_size)
             encode_splits(o, splits, tmp, dtype, progress)
-            if train is not None and train.stats["pairs"] == 0:
-                raise XfError(f"empty training set after cleaning: all {train.lines} pairs of {train.src} / "
-                              f"{train.tgt} were dropped ({describe_drops(train.stats['dropped'])})")
+            for part, kept in zip(train.parts if train is not None else (), part_stats(train)):
+                if kept["pairs"] == 0:
+                    raise XfError(f"empty training set after cleaning: all {part.lines} pairs of {part.src} / "
+                                  f"{part.tgt} were dropped ({describe_drops(kept['dropped'])})")
             meta = dict(
                 format_version=FORMAT_VERSION,
                 xf_version=__version__,
                 source_lang=o.source_lang,
                 target_lang=o.target_lang,
+                **({"pairs": pair_names(o.pair_list()),
+                    "sampling_temperature": o.sampling_temperature} if o.pairs else {}),
                 vocab_size=vocab_size,
                 dtype=dtype.name,
                 special_ids=dict(pad=PAD_ID, unk=UNK_ID, bos=BOS_ID, eos=EOS_ID),
@@ -545,8 +685,17 @@ def preprocess(o: PreprocessOptions) -> dict:
 
 def recorded_options(o: PreprocessOptions) -> dict:
     """The options for meta.json: those that decide the content. Where it goes (destdir) and
-    whether to replace it are left out, so that one command gives the same bytes in any directory."""
-    return {k: v for k, v in dataclasses.asdict(o).items() if k not in ("destdir", "overwrite", "verify")}
+    whether to replace it are left out, so that one command gives the same bytes in any directory;
+    so are --pairs and --sampling-temperature of a bilingual run (meta.json as before they were)."""
+    left_out = ("destdir", "overwrite", "verify") + (() if o.pairs else ("pairs", "sampling_temperature"))
+    return {k: list(v) if isinstance(v, tuple) else v for k, v in dataclasses.asdict(o).items() if k not in left_out}
+
+
+def part_stats(split: Optional[Split]) -> list[dict]:
+    """The counts of each part of a binarized split: its directions' (--pairs), or the split's own."""
+    if split is None:
+        return []
+    return list(split.stats["directions"].values()) if "directions" in split.stats else [split.stats]
 
 
 def verify(dest: Path) -> dict:
@@ -589,6 +738,8 @@ def summary_table(meta: dict, dest: Path, seconds: float) -> Table:
         (f"{src} unknown", lambda s: f"{s['unk_rate'][src]:.3%}"),
         (f"{tgt} unknown", lambda s: f"{s['unk_rate'][tgt]:.3%}"),
     ]
+    for i, direction in enumerate(meta.get("pairs") or ()):  # --pairs: the pairs each direction kept
+        rows.insert(2 + i, (f"  {direction} kept", lambda s, d=direction: f"{s['directions'][d]['pairs']:,}"))
     for label, cell in rows:
         if label.startswith("invalid") and not any(s["replaced_invalid_utf8"] for s in stats):
             continue

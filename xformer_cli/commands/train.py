@@ -85,12 +85,13 @@ def save(run: Run, names: list[str], valid: dict, elapsed_seconds: float) -> Pat
     paths = [save_dir / name for name in names]
     if not run.env.is_main:
         return paths[0]
-    train_state = run.state.state_dict(elapsed_seconds=elapsed_seconds, num_batches=len(run.batches),
+    train_state = run.state.state_dict(elapsed_seconds=elapsed_seconds, num_batches=run.batches.num_batches(pos.epoch),
                                        options=run.options_record)
     # an epoch has just ended when the position is at the start of the next one
     meta = {"epoch": pos.epoch, "num_updates": pos.num_updates, "end_of_epoch": pos.batch_offset == 0,
-            "source_lang": run.data.source_lang,
-            "target_lang": run.data.target_lang, **{f"valid_{k}": v for k, v in valid.items()}}
+            "source_lang": run.data.source_lang, "target_lang": run.data.target_lang,
+            **({"pairs": run.data.pairs} if run.data.pairs else {}),  # a multilingual model (languages.py)
+            **{f"valid_{k}": v for k, v in valid.items()}}
     save_checkpoint(paths[0], make_checkpoint(run.model, run.data.spm_model_bytes, train_state, meta))
     for p in paths[1:]:
         copy_atomic(paths[0], p)
@@ -183,13 +184,13 @@ def train_loop(run: Run, report: Reporter, stop: StopSignal) -> tuple[Loop, Mete
                               grad_scale=env.world_size / ntokens, lr=lr, autocast=run.autocast,
                               label_smoothing=label_smoothing, clip_norm=o.clip_norm)
             pos.num_updates += 1
-            pos.batch_offset = min(pos.batch_offset + batches.per_update, len(batches))
+            pos.batch_offset = min(pos.batch_offset + batches.per_update, batches.num_batches(epoch))
             meter.add(step, ntokens, src_tokens, time.perf_counter() - t0)
             loop.pending.append((pos.num_updates, step, ntokens))
             remaining = run.total_updates - pos.num_updates if run.total_updates else None
             report.advance(pos.num_updates, epoch,
                            meter.eta(remaining, time_limit - loop.elapsed() if time_limit else None))
-            end_of_epoch = pos.batch_offset >= len(batches)
+            end_of_epoch = pos.batch_offset >= batches.num_batches(epoch)
             if end_of_epoch:
                 pos.epoch, pos.batch_offset = epoch + 1, 0  # a checkpoint from here starts the next epoch
             after = AfterUpdate(epoch, pos.num_updates, end_of_epoch, bool(out_of_time),
