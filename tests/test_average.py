@@ -10,7 +10,7 @@ from typer.testing import CliRunner
 from xformer_cli.commands.average import average_checkpoints
 from xformer_cli.checkpoint import load_checkpoint, make_checkpoint, model_from_checkpoint, save_checkpoint
 from xformer_cli.cli import app
-from xformer_cli.errors import XfError
+from xformer_cli.errors import ConfigError, XfError
 from xformer_cli.model import build_model
 from xformer_cli.options import AverageOptions
 
@@ -164,3 +164,30 @@ def test_output_is_never_an_input_nor_a_training_checkpoint(tmp_path, monkeypatc
     result = runner_invoke(["--inputs", str(save), "--num-update-checkpoints", "2", "--output", "ck/avg.pt"])
     assert result.exit_code == 0, result.output
     assert {p.name: p.read_bytes() for p in save.iterdir() if p.name != "avg.pt"} == before
+
+
+def test_the_average_keeps_what_the_model_translates_and_refuses_mixing_languages(tmp_path):
+    multi = {"epoch": 1, "num_updates": 1, "end_of_epoch": False, "source_lang": "src", "target_lang": "tgt",
+             "pairs": ["en-de", "en-fr"]}
+    a, b = write(tmp_path / "a.pt", 1, meta=multi), write(tmp_path / "b.pt", 2, meta={**multi, "num_updates": 2})
+    meta = average(tmp_path, [a, b])["meta"]
+    assert (meta["pairs"], meta["source_lang"], meta["target_lang"]) == (["en-de", "en-fr"], "src", "tgt")
+    bilingual = write(tmp_path / "c.pt", 3, meta={"epoch": 1, "num_updates": 3, "source_lang": "en", "target_lang": "de"})
+    assert average(tmp_path, [bilingual])["meta"]["target_lang"] == "de"
+    with pytest.raises(XfError, match="c.pt: it translates en-de, .*a.pt en-de, en-fr; cannot average"):
+        average(tmp_path, [a, bilingual])
+    other = write(tmp_path / "d.pt", 4, meta={**multi, "pairs": ["en-de", "de-en"]})
+    with pytest.raises(XfError, match="d.pt: it translates en-de, de-en"):
+        average(tmp_path, [a, other])
+
+
+def test_choosing_on_valid_is_one_directions_and_refuses_a_multilingual_model(tmp_path):
+    multi = {"epoch": 1, "num_updates": 1, "end_of_epoch": False, "pairs": ["en-de", "en-fr"]}
+    (tmp_path / "ck").mkdir()
+    write(tmp_path / "ck" / "checkpoint_1_1.pt", 1, meta=multi)
+    for name in ("val.en", "val.de"):
+        (tmp_path / name).write_text("a\n")
+    with pytest.raises(ConfigError, match="multilingual: average with --no-choose-on-valid"):
+        average(tmp_path, [tmp_path / "ck"], choose_on_valid=True, valid_source=str(tmp_path / "val.en"),
+                valid_reference=str(tmp_path / "val.de"))
+    assert not (tmp_path / "averaged.pt").exists()

@@ -83,6 +83,23 @@ def parse_pairs(text: str | Sequence[str], where: str = "--pairs") -> list[tuple
     return pairs
 
 
+LANGUAGE_KEYS = ("source_lang", "target_lang", "pairs")  # a checkpoint meta's record of its languages
+
+
+def languages_of(meta: dict) -> dict:
+    """The keys of ``meta`` that say what a model translates (what an average or export carries)."""
+    return {key: meta[key] for key in LANGUAGE_KEYS if meta.get(key) is not None}
+
+
+def describe(languages: dict) -> str:
+    """``languages_of``'s record in words: "en-de, en-fr" (multilingual), "en-de", or "no recorded languages"."""
+    if languages.get("pairs"):
+        return ", ".join(languages["pairs"])
+    if languages.get("source_lang") or languages.get("target_lang"):
+        return f"{languages.get('source_lang', '?')}-{languages.get('target_lang', '?')}"
+    return "no recorded languages"
+
+
 def pair_names(pairs: Sequence[tuple[str, str]]) -> list[str]:
     return [f"{s}-{t}" for s, t in pairs]
 

@@ -28,6 +28,7 @@ from ..console import print_summary, stderr_console
 from ..distributed import resolve_device
 from ..errors import ConfigError, XfError
 from ..fileio import atomic_write_text
+from ..languages import describe, languages_of, model_pairs
 from ..options import REGULARIZATION, AverageOptions, TranslateOptions
 from ..vocab import load_sentencepiece
 
@@ -141,6 +142,7 @@ class _Mean:
             "model": averaged,
             "train_state": None,  # optimizer moments of one checkpoint mean nothing for the average
             "meta": {
+                **languages_of(newest_meta),  # what the model translates (the same in every input)
                 "epoch": newest_meta.get("epoch"),
                 "num_updates": newest_meta.get("num_updates"),
                 "end_of_epoch": newest_meta.get("end_of_epoch"),
@@ -201,6 +203,9 @@ def _check_compatible(first: dict, ckpt: dict, first_path, path: Path, groups: l
     """Refuse to average checkpoints of different architectures or vocabularies."""
     if not same_vocabulary(ckpt["spm_model"], first["spm_model"]):
         raise XfError(f"{path}: its vocabulary (sentencepiece model) differs from {first_path}'s; cannot average")
+    ours, theirs = languages_of(ckpt.get("meta") or {}), languages_of(first.get("meta") or {})
+    if ours != theirs:
+        raise XfError(f"{path}: it translates {describe(ours)}, {first_path} {describe(theirs)}; cannot average")
     diff = _same_architecture(first["model_config"], ckpt["model_config"])
     if diff:
         raise XfError(f"{path}: its architecture differs from {first_path}'s ({diff}); cannot average")
@@ -235,6 +240,9 @@ def choose_on_valid(options: AverageOptions) -> None:
     if not numbered:
         raise XfError(f"{', '.join(options.inputs)} holds no checkpoint_<epoch>_<update>.pt to choose from")
     report_path = Path(options.choose_report)  # AverageOptions resolved its default; the frame guarded it
+    if model_pairs(load_checkpoint(numbered[-1]).get("meta") or {}):
+        raise ConfigError(f"--choose-on-valid chooses on one direction's validation set; {numbered[-1]} is "
+                          "multilingual: average with --no-choose-on-valid (the fixed rule)")
     source, reference = read_valid(options.valid_source, options.valid_reference)
     start = time.perf_counter()
     console = stderr_console()
