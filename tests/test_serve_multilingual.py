@@ -23,7 +23,7 @@ from xformer_cli.config import build_options  # noqa: E402
 from xformer_cli.errors import ConfigError, XfError  # noqa: E402
 from xformer_cli.languages import TaggedVocabulary, tag, vocabulary_for  # noqa: E402
 from xformer_cli.options import ServeOptions, TranslateOptions, model_spec  # noqa: E402
-from xformer_cli.serve_queue import BatchQueue, Direction, Job  # noqa: E402
+from xformer_cli.serve_queue import BatchQueue, Direction, Job, word_alignments  # noqa: E402
 from xformer_cli.serving import Server, load_directions, load_glossaries, model_directions  # noqa: E402
 from xformer_cli.translation import Stats, encode_lines, hypothesis_texts, search_lines  # noqa: E402
 from xformer_cli.vocab import load_sentencepiece  # noqa: E402
@@ -236,3 +236,18 @@ def test_start_up_refusals_are_one_line(multi, multi30k_dir, tmp_path):
     ckpt["meta"]["pairs"] = ["en-de", "en-fr"]
     save_checkpoint(tmp_path / "untagged.pt", ckpt)
     fails(["--model", str(tmp_path / "untagged.pt")], "its vocabulary has no tag >>fra<< for fr")
+
+
+def test_html_keeps_its_markup_in_either_direction(served):
+    # the inline tags placed by the word alignment, which skips the direction's tag (no word of the text)
+    for target in ("de", "fr"):
+        status, answer = ask(served, q="<p>A man in a <b>red</b> shirt.</p>", source="en", target=target,
+                             format="html")
+        assert status == 200, answer
+        text = answer["translatedText"]
+        assert text.startswith("<p>") and text.endswith("</p>") and text.count("<b>") == text.count("</b>") == 1
+    direction = served.directions["en-fr"]
+    ids = direction.sp.encode("A man in a red shirt.")
+    hyps = direction.engine.search([ids], direction.options)
+    pairs = word_alignments(direction, [ids], hyps)[0]
+    assert pairs and all(0 <= s < 6 for s, _ in pairs)  # six words: the tag is none of them
