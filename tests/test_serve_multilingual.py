@@ -251,3 +251,28 @@ def test_html_keeps_its_markup_in_either_direction(served):
     hyps = direction.engine.search([ids], direction.options)
     pairs = word_alignments(direction, [ids], hyps)[0]
     assert pairs and all(0 <= s < 6 for s, _ in pairs)  # six words: the tag is none of them
+
+
+def test_a_multilingual_ctranslate2_export_serves_its_directions(multi, lines, tmp_path):
+    pytest.importorskip("ctranslate2", reason="the ctranslate2 extra is not installed")
+    from xformer_cli.checkpoint import model_from_checkpoint
+    from xformer_cli.ctranslate2_format import write_model_directory
+
+    loaded = load_checkpoint(multi)
+    exported = tmp_path / "ct2"
+    write_model_directory(exported, model_from_checkpoint(loaded, multi).eval(), loaded["spm_model"], source=multi)
+    info = json.loads((exported / "xf.json").read_text(encoding="utf-8"))  # the languages, as xf export records them
+    info["languages"] = {key: loaded["meta"][key] for key in ("source_lang", "target_lang", "pairs")}
+    (exported / "xf.json").write_text(json.dumps(info), encoding="utf-8")
+    options = build_options(ServeOptions, {"model": [str(exported)], "engine": "ctranslate2", **DECODING}, "test")
+    server = start(load_directions(options), options)
+    try:
+        assert list(server.directions) == ["en-de", "en-fr"]
+        engine = server.directions["en-de"].engine
+        assert server.directions["en-fr"].engine is engine
+        for target in ("de", "fr"):
+            status, answer = ask(server, q=lines[:3], source="en", target=target)
+            assert status == 200, answer
+            assert answer["translatedText"] == [hyps[0] for hyps in reference(engine, multi, target, lines[:3])]
+    finally:
+        stop(server)
