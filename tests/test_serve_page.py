@@ -17,7 +17,7 @@ import pytest
 pytest.importorskip("starlette", reason="the serve extra is not installed")
 pytest.importorskip("uvicorn", reason="the serve extra is not installed")
 
-from helpers import FakeEngine, FakeSp, Served, call  # noqa: E402  a server process; the app in-process
+from helpers import FakeEngine, FakeSp, Served, call, until  # noqa: E402  a server process; the app in-process
 from xformer_cli.config import build_options  # noqa: E402
 from xformer_cli.options import ServeOptions, TranslateOptions  # noqa: E402
 from xformer_cli.serve_queue import Direction  # noqa: E402
@@ -111,6 +111,17 @@ def two_way(ckpt, tmp_path_factory):
 def plain(ckpt):
     """The defaults: one direction, --nbest 1, no key, --max-chars 5000."""
     served = Served("--model", f"en-de={ckpt}", *DECODING)
+    yield served
+    served.stop()
+
+
+@pytest.fixture(scope="module")
+def multilingual(multi30k_dir, tmp_path_factory):
+    """One multilingual model (pairs en-de, en-fr) serving both its directions."""
+    from helpers import multilingual_checkpoint
+
+    path = multilingual_checkpoint(tmp_path_factory.mktemp("multi") / "multi.pt", multi30k_dir)
+    served = Served("--model", path, *DECODING)
     yield served
     served.stop()
 
@@ -342,6 +353,27 @@ def test_a_plain_server_is_offered_as_it_is(plain, browser, lines):
     assert not by_id(browser, "alternatives").is_displayed() and text_of(browser, "error") == ""
     log = [line for line in plain.log.splitlines() if "POST /translate" in line]
     assert all(" 200 " in line for line in log)  # nothing asked that it refuses (alternatives 0)
+
+
+@pytest.mark.slow
+@needs_browser
+def test_a_multilingual_model_offers_each_target(multilingual, browser, lines):
+    from selenium.webdriver.support.ui import Select
+
+    open_page(browser, multilingual)
+    assert selected(browser, "source-language") == ("en", "English")
+    targets = Select(by_id(browser, "target-language"))
+    assert [o.get_attribute("value") for o in targets.options] == ["de", "fr"]
+    assert not by_id(browser, "swap").is_displayed()  # nothing translates back into en
+    type_text(browser, lines[3])
+    for target in ("de", "fr"):
+        targets.select_by_value(target)
+        status, _, expected = multilingual.translate(lines[3], target=target)
+        assert status == 200
+        assert translate_and_wait(browser) == expected["translatedText"] and text_of(browser, "error") == ""
+    # the page asked for each target chosen (besides the test's own request of each)
+    assert until(lambda: all(multilingual.log.count(f"POST /translate 200 | direction en-{t} ") >= 2
+                             for t in ("de", "fr")), 5), multilingual.log
 
 
 @pytest.mark.slow

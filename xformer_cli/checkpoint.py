@@ -109,8 +109,9 @@ def _sniff(path: Path) -> Optional[str]:
     return None
 
 
-def load_checkpoint(path: str | Path) -> dict:
-    """Load and validate an xf checkpoint; refuse anything else with a clear error."""
+def load_checkpoint(path: str | Path, mmap: bool = False) -> dict:
+    """Load and validate an xf checkpoint; refuse anything else with a clear error. mmap: the
+    tensors mapped from the file, not read (to look at its meta without loading the model)."""
     path = Path(path)
     if path.is_dir() and (path / "model.bin").exists():
         raise XfError(f"{path}: a CTranslate2 model directory, not an xf checkpoint (translate it with "
@@ -122,7 +123,7 @@ def load_checkpoint(path: str | Path) -> dict:
     try:
         why = _sniff(path)
         if why is None:
-            ckpt = torch.load(path, map_location="cpu", weights_only=True)
+            ckpt = torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
     except pickle.UnpicklingError:
         why = ("it holds Python objects other than tensors and plain data, which xf never writes; "
                "they were not loaded, as loading them could run code")

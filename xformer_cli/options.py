@@ -535,8 +535,9 @@ class ServeOptions(DecodingOptions):
     fewer alternatives), the engine's (from TranslateOptions) and the server's own."""
 
     model: tuple[str, ...] = option(
-        help="DIRECTION=CHECKPOINT, e.g. en-de=avg.pt; repeat for more directions (--engine ctranslate2: "
-        "the directory written by xf export ctranslate2)"
+        help="DIRECTIONS=CHECKPOINT, e.g. en-de=avg.pt, or en-de,en-fr=multi.pt for directions of one multilingual "
+        "model (one copy in memory serves them all), or CHECKPOINT alone for every direction its meta records; "
+        "repeat for more models (--engine ctranslate2: the directory written by xf export ctranslate2)"
     )
     host: str = option("127.0.0.1", "address to listen on (0.0.0.0: every interface)")
     port: int = option(5000, "port to listen on (0: any free port, printed at start)", range=Range(0, 65535))
@@ -574,21 +575,20 @@ class ServeOptions(DecodingOptions):
         super().__post_init__()  # check_ranges(self) included
         if self.sampling:
             raise ValueError("xf serve does not sample: a sample would depend on the requests that share its batch")
-        directions = [direction_and_path(spec)[:2] for spec in self.model]
+        specs = [model_spec(spec) for spec in self.model]
+        directions = [direction for listed, _ in specs for direction in listed or []]
         for direction in directions:
             if directions.count(direction) > 1:
                 raise ValueError(f"--model: direction {'-'.join(direction)} is given more than once")
         glossaries = [direction_and_path(spec, "--glossary", "FILE", "en-de=terms.tsv")[:2] for spec in self.glossary]
         for direction in glossaries:
-            name = "-".join(direction)
             if glossaries.count(direction) > 1:
-                raise ValueError(f"--glossary: direction {name} is given more than once (one glossary a direction)")
-            if direction not in directions:
-                raise ValueError(f"--glossary {name}=...: no --model serves {name}")
+                raise ValueError(f"--glossary: direction {'-'.join(direction)} is given more than once (one glossary "
+                                 "a direction)")
         for spec in self.confidence:
-            direction = direction_and_path(spec, "--confidence", "FILE", "en-de=calibration.json")[:2]
-            if direction not in directions:
-                raise ValueError(f"--confidence {'-'.join(direction)}=...: no --model serves {'-'.join(direction)}")
+            direction_and_path(spec, "--confidence", "FILE", "en-de=calibration.json")
+        if all(listed for listed, _ in specs):  # else the directions are known once the models' meta is read
+            check_served(self, directions)
         self.translate_options("check")  # TranslateOptions' own checks (the length limit)
 
     def translate_options(self, path: str) -> "TranslateOptions":
@@ -598,6 +598,31 @@ class ServeOptions(DecodingOptions):
         # glossary and confidence: the server's, per direction (DIRECTION=FILE), applied by xf serve itself
         return TranslateOptions(path=(path,), **{name: getattr(self, name) for name in shared
                                                  if name not in ("path", "split_sentences", "glossary", "confidence")})
+
+
+def model_spec(spec: str) -> tuple[Optional[list[tuple[str, str]]], str]:
+    """``en-de,en-fr=multi.pt`` -> ([("en", "de"), ("en", "fr")], "multi.pt"); ``multi.pt`` (no
+    "=") -> (None, "multi.pt"): the directions its meta records. A ValueError naming the value
+    otherwise (each direction as ``direction_and_path`` takes it, none twice)."""
+    if "=" not in spec:
+        if not spec:
+            raise ValueError("--model '': expected SOURCE-TARGET=CHECKPOINT, e.g. en-de=avg.pt, or a checkpoint")
+        return None, spec
+    listed, _, path = spec.partition("=")
+    directions = [direction_and_path(f"{item.strip()}={path}", "--model")[:2] for item in listed.split(",")]
+    for direction in directions:
+        if directions.count(direction) > 1:
+            raise ValueError(f"--model {spec!r}: direction {'-'.join(direction)} is given twice")
+    return directions, path
+
+
+def check_served(options: "ServeOptions", directions: list[tuple[str, str]]) -> None:
+    """Refuse a --glossary or --confidence for a direction no --model serves (a ValueError)."""
+    for flag, specs in (("--glossary", options.glossary), ("--confidence", options.confidence)):
+        for spec in specs:
+            direction = direction_and_path(spec, flag, "FILE")[:2]
+            if direction not in directions:
+                raise ValueError(f"{flag} {'-'.join(direction)}=...: no --model serves {'-'.join(direction)}")
 
 
 def direction_and_path(spec: str, flag: str = "--model", what: str = "CHECKPOINT",

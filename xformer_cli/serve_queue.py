@@ -2,8 +2,10 @@
 
 A request becomes a ``Job`` (its lines as subword ids, one direction). The worker takes the
 oldest job's lines not yet taken, waits up to ``max_wait_ms`` from its arrival for more jobs of
-the same direction while their source subwords stay within ``max_batch_tokens`` (a job too long
+the same engine while their source subwords stay within ``max_batch_tokens`` (a job too long
 for one batch goes on in the next), and decodes them together with ``translation.search_lines``:
+the directions of one multilingual model share its engine, and so its batches (each line's
+target tag is its first source id; decoding and the options are the model's, the same for all),
 sorted by length, longest first, as ``xf translate`` sorts a buffer. A job dropped (its client
 gone, its request given up) loses the lines not yet taken; ``stop`` ends the worker between two
 batches, never inside a search.
@@ -27,6 +29,7 @@ from .constraints import word_boundaries
 from .engines import Engine
 from .errors import memory_detail, out_of_memory
 from .glossary import Glossary
+from .languages import TaggedVocabulary
 from .options import TranslateOptions
 from .serve_requests import HttpError
 from .translation import Stats, hypothesis_texts, search_lines
@@ -34,7 +37,10 @@ from .translation import Stats, hypothesis_texts, search_lines
 
 @dataclass
 class Direction:
-    """One served direction: its engine, sentencepiece model and decoding options."""
+    """One served direction: its engine, vocabulary and decoding options. The directions of one
+    checkpoint share its engine (one copy of the model) and options; ``sp`` is the direction's
+    own vocabulary (``languages.vocabulary_for``: a multilingual model's puts the target's tag
+    first on every source)."""
 
     source: str
     target: str
@@ -47,6 +53,16 @@ class Direction:
     @property
     def code(self) -> str:
         return f"{self.source}-{self.target}"
+
+    @property
+    def tagged(self) -> bool:
+        """Whether each source starts with a target tag (a direction of a multilingual model)."""
+        return isinstance(self.sp, TaggedVocabulary)
+
+    @property
+    def target_sp(self):
+        """The vocabulary of target-side text (prefixes, constraints, glossary forms): never tagged."""
+        return self.sp.sp if self.tagged else self.sp
 
 
 @dataclass(eq=False)
@@ -168,7 +184,7 @@ class BatchQueue:
             self.on_depth(self.lines)
 
     def _next_batch(self) -> Optional[list[Segment]]:
-        """Lines of the oldest job and then of the next ones of its direction, in order, within
+        """Lines of the oldest job and then of the next ones of its engine, in order, within
         max_batch_tokens (a line over it alone), once the batch is full, the oldest has waited
         max_wait or the queue drains; None once stopping."""
         with self.cond:
@@ -184,7 +200,7 @@ class BatchQueue:
                 first = self.jobs[0]
                 batch, tokens, full = [], 0, False
                 for job in self.jobs:
-                    if job.direction is not first.direction:
+                    if job.direction.engine is not first.direction.engine:  # directions of one model: one batch
                         continue
                     end = job.taken
                     while end < len(job.pieces) and not (tokens and tokens + job.line_tokens(end) > self.max_batch_tokens):
@@ -236,7 +252,7 @@ class BatchQueue:
                                     max_tokens=self.max_batch_tokens, max_sentences=None,
                                     on_batch=lambda n: self._batch_done(n, started), **steer,
                                     # a constraint ends a word, as in xf translate (not Hund in Hunde)
-                                    word_starts=word_boundaries(direction.sp) if "constraints" in steer else None)
+                                    word_starts=word_boundaries(direction.target_sp) if "constraints" in steer else None)
         except Exception as e:  # noqa: BLE001 - the request gets the error, the worker goes on
             if out_of_memory(e):  # a 500 that says which limit to lower; the server stays up
                 e = HttpError(500, f"out of memory decoding this request's batch ({memory_detail(e)}); lower "
@@ -256,7 +272,8 @@ class BatchQueue:
             job.decode_time += elapsed
             texts = [hypothesis_texts(direction.sp, hyps) if hyps is not None else [""] for hyps in found[at:at + end - start]]
             if job.align and not job.dropped:
-                job.alignments.extend(word_alignments(direction, job.pieces[start:end], found[at:at + end - start]))
+                job.alignments.extend(word_alignments(job.direction, job.pieces[start:end],
+                                                      found[at:at + end - start]))
             at += end - start
             if job.dropped:
                 continue
@@ -276,7 +293,8 @@ class BatchQueue:
 def word_alignments(direction: Direction, sources: list[list[int]], found: list) -> list:
     """(source word, target word) pairs of each line's best hypothesis (``xf translate
     --print-alignment --alignment-level word``, words by the pieces' word starts), None where the
-    engine gives none (ctranslate2) or the line is empty."""
+    engine gives none (ctranslate2) or the line is empty. A tagged direction's tag is no word: a
+    subword aligned to it counts as aligned to the first word."""
     engine, sp = direction.engine, direction.sp
     if not getattr(engine, "supports_alignments", False):
         return [None] * len(sources)
@@ -286,8 +304,9 @@ def word_alignments(direction: Direction, sources: list[list[int]], found: list)
         return out
     best = [[found[i][0]] for i in kept]
     aligned = engine.alignments([sources[i] for i in kept], best, direction.options.alignment_layer)
+    lead = 1 if direction.tagged else 0
     for i, hyps, rows in zip(kept, best, aligned):
-        src = word_ids([sp.id_to_piece(t) for t in sources[i]])
+        src = word_ids([sp.id_to_piece(t) for t in sources[i][lead:]])
         tgt = word_ids([sp.id_to_piece(t) for t in hyps[0].tokens[:-1]])
-        out[i] = alignment_pairs(rows[0], src, tgt)
+        out[i] = alignment_pairs([max(s - lead, 0) for s in rows[0]], src, tgt)
     return out

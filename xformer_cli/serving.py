@@ -51,11 +51,14 @@ from pathlib import Path
 from typing import Optional
 
 from . import html_text
+from .checkpoint import load_checkpoint
 from .confidence import Calibration, Scorer
+from .console import warn
 from .errors import ConfigError, XfError
 from .glossary import Glossary, find_terms
-from .options import ServeOptions, direction_and_path
+from .options import ServeOptions, check_served, direction_and_path, model_spec
 from .language_id import LanguageId, UnknownLanguage
+from .languages import model_pairs, pair_names, source_languages, target_languages, vocabulary_for
 from .segment import Units, line_texts, split_texts
 from .serve_queue import BatchQueue, Direction, Job, QueueFull
 from .serve_log import ANSWER_SECONDS, CLIENT_GONE, AccessLog
@@ -63,6 +66,7 @@ from .serve_requests import HttpError, disconnected, request_fields, shown, text
 from .decoding_plan import Machine, plan_decoding
 from .translation import (Stats, crowded_term, encode_constraints, encode_lines, encode_prefixes, open_engine,
                           over_constraint_limits, read_constraints, text_field, unfit_term)
+from .vocab import encode_target
 
 # ISO 639-1 names for /languages; a code not listed is shown as itself.
 LANGUAGE_NAMES = {
@@ -92,25 +96,92 @@ def load_glossaries(options: ServeOptions) -> dict[str, Glossary]:
     return glossaries
 
 
+def model_meta(options: ServeOptions, path: str) -> dict:
+    """What a --model's checkpoint records of its languages (its meta: source_lang, target_lang,
+    a multilingual model's pairs), read without loading the model: a CTranslate2 directory's
+    from its xf.json (an export that records none: a bilingual model)."""
+    if options.engine == "ctranslate2":
+        from .ctranslate2_format import read_exported_model
+
+        return read_exported_model(Path(path)).get("languages") or {}
+    return load_checkpoint(path, mmap=True).get("meta") or {}
+
+
+def model_directions(listed: Optional[list[tuple[str, str]]], meta: dict, spec: str) -> list[tuple[str, str, bool]]:
+    """The directions one --model serves, each (source, target, trained on it).
+
+    Multilingual (``meta`` records pairs): ``listed``, or every pair when None. A direction it
+    was not trained on is served zero-shot (trained False) when listed and its source is one
+    of the model's sources and its target one of its targets; any other is refused, naming the
+    model's pairs. Bilingual: the one direction listed (its codes are the user's to choose), or
+    the languages its meta records."""
+    pairs = model_pairs(meta)
+    if pairs is None:
+        if listed is None:
+            if not (meta.get("source_lang") and meta.get("target_lang")):
+                raise XfError(f"--model {spec}: the checkpoint does not record its languages: name its direction, "
+                              f"e.g. en-de={spec}")
+            return [(meta["source_lang"], meta["target_lang"], True)]
+        if len(listed) > 1:
+            raise XfError(f"--model {spec}: a bilingual model translates one direction, not "
+                          f"{', '.join(pair_names(listed))}")
+        return [(*listed[0], True)]
+    if listed is None:
+        return [(source, target, True) for source, target in pairs]
+    sources, targets = source_languages(meta), target_languages(meta)
+    out = []
+    for source, target in listed:
+        if (source, target) not in pairs and (source not in sources or target not in targets):
+            raise XfError(f"--model {spec}: the model translates {', '.join(pair_names(pairs))}, not {source}-{target} "
+                          f"(from {', '.join(sources)} into {', '.join(targets)})")
+        out.append((source, target, (source, target) in pairs))
+    return out
+
+
 def load_directions(options: ServeOptions, glossaries: Optional[dict[str, Glossary]] = None) -> list[Direction]:
-    """One engine per --model, each loaded once (errors name the --model value), with its
-    direction's glossary (``load_glossaries``), whose target terms must fit the model."""
-    directions = []
-    for spec in options.model:
-        source, target, path = direction_and_path(spec)
+    """The directions of every --model (``model_directions``), checked before any model loads
+    (errors name the --model value), then one engine per checkpoint, loaded once and shared by
+    its directions, each with its own vocabulary (``languages.vocabulary_for``), its glossary
+    (``load_glossaries``), whose target terms must fit the model, and its confidence."""
+    specs = [(spec, *model_spec(spec)) for spec in options.model]
+    for code in glossaries or {}:  # refused by the plan (the engine's, the same for every path) before the models
+        plan_decoding(options.translate_options("check"), Machine.here()).refuse_steering(f"--glossary {code}=...")
+    metas: dict[str, dict] = {}
+    for spec, _, path in specs:
         if not Path(path).exists():
             raise XfError(f"--model {spec}: {path} does not exist")
-        translate_options = options.translate_options(path)
-        glossary = (glossaries or {}).get(f"{source}-{target}")
-        if glossary is not None:  # refused by the plan before the model loads
-            plan_decoding(translate_options, Machine.here()).refuse_steering(f"--glossary {source}-{target}=...")
-        engine, sp, _device = open_engine(translate_options)
-        unfit = glossary is not None and (unfit_term(glossary, sp, engine.max_source)
-                                          or crowded_term(glossary, options.max_constraint_forms))
+        if path not in metas:
+            metas[path] = model_meta(options, path)
+    served = [(spec, path, source, target, trained) for spec, listed, path in specs
+              for source, target, trained in model_directions(listed, metas[path], spec)]
+    codes = [(source, target) for _, _, source, target, _ in served]
+    for spec, _, source, target, _ in served:
+        if codes.count((source, target)) > 1:
+            raise XfError(f"--model {spec}: direction {source}-{target} is given more than once")
+    try:
+        check_served(options, codes)
+    except ValueError as e:
+        raise XfError(str(e)) from None
+    for spec, path, source, target, trained in served:
+        if not trained:
+            warn(f"--model {spec}: the model was not trained on {source}-{target} "
+                 f"(its pairs: {', '.join(pair_names(model_pairs(metas[path])))}): served zero-shot")
+    engines: dict[str, tuple] = {}
+    directions = []
+    for spec, path, source, target, _ in served:
+        if path not in engines:
+            engines[path] = open_engine(options.translate_options(path))[:2]
+        engine, sp = engines[path]
+        meta = metas[path]
+        vocab = vocabulary_for(sp, meta, target, f"--model {spec}") if model_pairs(meta) else sp
+        direction = Direction(source, target, engine, vocab, options.translate_options(path),
+                              (glossaries or {}).get(f"{source}-{target}"), confidence_scorer(options, source, target))
+        unfit = direction.glossary is not None and (
+            unfit_term(direction.glossary, direction.target_sp, engine.max_source)
+            or crowded_term(direction.glossary, options.max_constraint_forms))
         if unfit:
             raise XfError(f"--glossary {source}-{target}: {unfit}")
-        directions.append(Direction(source, target, engine, sp, translate_options, glossary,
-                                    confidence_scorer(options, source, target)))
+        directions.append(direction)
     return directions
 
 
@@ -251,7 +322,7 @@ def request_glossaries(value, use_server, direction: Direction, most: int) -> tu
         own = Glossary.from_pairs(value, "'glossary'")
     except ConfigError as e:
         raise HttpError(400, str(e)) from None
-    unfit = unfit_term(own, direction.sp, direction.engine.max_source)
+    unfit = unfit_term(own, direction.target_sp, direction.engine.max_source)
     if unfit:
         raise HttpError(400, unfit)
     crowded = crowded_term(own, direction.options.max_constraint_forms)
@@ -273,9 +344,10 @@ def unit_steering(items: list, units, direction) -> tuple[list, list]:
             raise HttpError(400, f"q item {i + 1}: constraints apply to one sentence, and this text is {len(parts)} "
                             "(sentences or lines): send each in its own q item")
         try:
-            prefixes[parts[0]] = encode_prefixes(direction.sp, [prefix], direction.engine.max_source, "q item", i)[0]
-            constraints[parts[0]] = encode_constraints(direction.sp, [wanted], direction.engine.max_source, "q item",
-                                                       i)[0]
+            prefixes[parts[0]] = encode_prefixes(direction.target_sp, [prefix], direction.engine.max_source, "q item",
+                                                 i)[0]
+            constraints[parts[0]] = encode_constraints(direction.target_sp, [wanted], direction.engine.max_source,
+                                                       "q item", i)[0]
         except ConfigError as e:
             raise HttpError(400, str(e).replace("q item: line", "q item")) from None
     return prefixes, constraints
@@ -410,7 +482,7 @@ class Translation:
         self.terms = [find_terms(sp.decode(ids), self.glossaries) if ids else [] for ids in pieces]
         if not any(self.terms):
             return own
-        wanted = encode_constraints(sp, [[forms for _, forms, _ in terms] for terms in self.terms],
+        wanted = encode_constraints(self.direction.target_sp, [[forms for _, forms, _ in terms] for terms in self.terms],
                                     self.direction.engine.max_source, "glossary", 0)  # checked: every form fits
         return [mine + theirs for mine, theirs in zip(own or [[] for _ in pieces], wanted)]
 
@@ -420,7 +492,7 @@ class Translation:
         every sentence it was found in has one of its forms in its best translation, as the model
         writes the form}. A sentence whose constraints no hypothesis met has its unconstrained
         translation (no error): there the term is usually not in it."""
-        sp, layouts = self.direction.sp, self.units.layouts
+        sp, layouts = self.direction.target_sp, self.units.layouts
         if self.documents is None:
             items = [[layout] for layout in layouts]
         else:  # a document's blocks are consecutive layouts
@@ -433,7 +505,7 @@ class Translation:
             for unit in (part for layout in item for part in layout.parts if isinstance(part, int)):
                 for source, forms, g in self.terms[unit]:
                     if source not in written:
-                        written[source] = [sp.decode(ids) for ids in sp.encode(forms, out_type=int)]
+                        written[source] = [sp.decode(ids) for ids in encode_target(sp, forms, out_type=int)]
                     hit = any(form in found[unit][0] for form in written[source])
                     entry = terms.setdefault(source, {"source": source, "target": forms, "from": "request"
                                                       if self.own_glossary and g == 0 else "server",
