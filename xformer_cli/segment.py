@@ -121,7 +121,12 @@ def split_texts(texts: list[list[str]], language: str, sp, max_source: int) -> U
                 at = end
             layout.parts.append(line[at:])
         layouts.append(layout)
-    chunks = [fit(ids, max_source, sp.id_to_piece) for ids in sp.encode(sentences, out_type=int)]  # one call: fast
+    # a multilingual model's TaggedVocabulary: the sentence's own ids are fitted, and every chunk
+    # starts with the target tag (one position of the model's)
+    tag = getattr(sp, "tag_id", None)
+    lead, room = ([tag], max_source - 1) if tag is not None else ([], max_source)
+    chunks = [[lead + chunk for chunk in fit(ids[len(lead):], room, sp.id_to_piece)] if ids else [ids]
+              for ids in sp.encode(sentences, out_type=int)]  # one call: fast
     units = Units(layouts=[Layout() for _ in layouts], sentences=len(sentences))
     for layout, put in zip(layouts, units.layouts):  # then each sentence's number becomes its units'
         for part in layout.parts:
@@ -130,7 +135,7 @@ def split_texts(texts: list[list[str]], language: str, sp, max_source: int) -> U
                 continue
             units.split_long += len(chunks[part]) > 1
             for k, chunk in enumerate(chunks[part]):
-                if k and sp.id_to_piece(chunk[0]).startswith(WORD_START):
+                if k and sp.id_to_piece(chunk[len(lead)]).startswith(WORD_START):
                     put.parts.append(" ")  # the chunks of one sentence join as its words did
                 put.parts.append(len(units.pieces))
                 units.pieces.append(chunk)

@@ -39,7 +39,7 @@ def export_ctranslate2(options: ExportOptions) -> Path:
     with atomic_directory(output) as tmp:
         ckpt = load_checkpoint(options.path)
         model = model_from_checkpoint(ckpt, options.path).eval()
-        write_model_directory(tmp, model, ckpt["spm_model"], options.quantization, str(options.path))
+        write_model_directory(tmp, model, ckpt["spm_model"], options.quantization, str(options.path), ckpt.get("meta"))
     print_summary(stderr_console(), "xf export ctranslate2", [
         *ctranslate2_rows(options, model),
         ("size", f"{sum(p.stat().st_size for p in output.iterdir()) / 2**20:.1f} MiB"),
