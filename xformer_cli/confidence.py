@@ -218,11 +218,12 @@ class Scorer:
         """The mean log-probability of each source given its output under the reverse model
         (each side cut to the model's positions: a confidence, not a pair's exact score)."""
         from .pair_scoring import max_length, score_pairs
+        from .vocab import encode_target
 
         engine, sp = self.reverse
         limit = max_length(engine.models)
         xs = [ids[:limit] for ids in sp.encode(list(outputs), out_type=int)]
-        ys = [ids[:limit] for ids in sp.encode(list(sources), out_type=int)]
+        ys = [ids[:limit] for ids in encode_target(sp, list(sources), out_type=int)]  # its target side
         return [p.mean for p in score_pairs(engine.models, xs, ys)]
 
 

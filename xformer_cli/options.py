@@ -660,7 +660,7 @@ class ScoreOptions:
     json: bool = option(False, "print JSON instead of text")
 
 
-@with_translate_fields("batch_size", "buffer_size", "device", "precision", "threads", "quiet")
+@with_translate_fields("batch_size", "buffer_size", "device", "precision", "threads", "quiet", "target_lang")
 @dataclass(frozen=True, kw_only=True)
 class ScorePairsOptions:
     """xf score-pairs: what to score and with which models, how to write it, and the engine's
