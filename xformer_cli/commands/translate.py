@@ -85,7 +85,7 @@ def translate(options: TranslateOptions) -> None:
     engine, sp, device = open_engine(options)
     try:
         multilingual = model_pairs(engine.meta) is not None
-        per_line = options.input_format == "jsonl" and options.split_sentences is None  # a line may name its target
+        per_line = options.input_format == "jsonl"  # a line may name its target
         # the source vocabulary of --target-lang (None: a multilingual model whose jsonl lines name theirs)
         vocab = None if per_line and multilingual and options.target_lang is None else \
             source_vocabulary(engine, sp, options.target_lang, options.path[0])
