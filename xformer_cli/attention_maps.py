@@ -161,12 +161,14 @@ def cross_attention(model: Transformer, src: torch.Tensor, targets: Sequence[Seq
 
 
 def hard_alignments(
-    models: Sequence[Transformer], src: torch.Tensor, hypotheses: Sequence[Sequence], layer: Optional[int] = None
+    models: Sequence[Transformer], src: torch.Tensor, hypotheses: Sequence[Sequence], layer: Optional[int] = None,
+    skip_first: bool = False,
 ) -> list[list[list[int]]]:
     """For each sentence of src (B, S) and each of its hypotheses (objects with ``.tokens``,
     ending in eos), the source subword index that each target subword (eos excluded) attends to
     most: the argmax over source subwords (eos and padding excluded) of the cross-attention of
     decoder ``layer`` (see resolve_layer) averaged over heads, and over the models of an ensemble.
+    skip_first: no subword aligns to source position 0 (a multilingual model's target tag).
     """
     rows = [i for i, hyps in enumerate(hypotheses) for _ in hyps]
     targets = [list(h.tokens) for hyps in hypotheses for h in hyps]
@@ -178,6 +180,8 @@ def hard_alignments(
         for model in models
     ) / len(models)  # (N, T, S)
     not_aligned = src_rows.eq(PAD_ID) | src_rows.eq(EOS_ID)  # (N, S)
+    if skip_first and src_rows.size(1) > 1:
+        not_aligned[:, 0] = True
     best = attn.masked_fill(not_aligned[:, None, :], float("-inf")).argmax(dim=-1).tolist()  # (N, T)
     out: list[list[list[int]]] = [[] for _ in hypotheses]
     for row, tokens, best_row in zip(rows, targets, best):

@@ -245,23 +245,42 @@ def load_initial_model(path: str | Path, data_vocabulary: bytes, data_path: Path
 
 
 def load_ensemble(paths: Sequence[str], device: torch.device, dtype: torch.dtype = torch.float32):
-    """Models of ``paths`` in eval mode on ``device`` and the sentencepiece model they share.
+    """Models of ``paths`` in eval mode on ``device`` and the sentencepiece model they share
+    (``load_models`` without the meta)."""
+    models, sp, _ = load_models(paths, device, dtype)
+    return models, sp
 
-    An ensemble must share one vocabulary: the same sentencepiece pieces and ids.
+
+def load_models(paths: Sequence[str], device: torch.device, dtype: torch.dtype = torch.float32):
+    """(models, sentencepiece model, meta): the models of ``paths`` in eval mode on ``device``,
+    the vocabulary they share and the first checkpoint's meta (its languages: ``languages.py``).
+
+    An ensemble must share one vocabulary (the same sentencepiece pieces and ids) and one set of
+    directions: multilingual members the same pairs, never a bilingual member beside a
+    multilingual one.
     """
+    from .languages import model_pairs, pair_names
+
     if not paths:
         raise ConfigError("give a checkpoint with --path")
     models: list[Transformer] = []
-    sp, first_spm = None, None
+    sp, first_spm, meta = None, None, {}
     for path in paths:
         ckpt = load_checkpoint(path)
         if sp is None:
             sp, first_spm = load_sentencepiece(ckpt["spm_model"], str(path)), ckpt["spm_model"]
+            meta = dict(ckpt.get("meta") or {})
         elif not same_vocabulary(ckpt["spm_model"], first_spm):
             raise XfError(
                 f"{path}: its vocabulary (sentencepiece model) differs from {paths[0]}'s; "
                 "an ensemble needs checkpoints trained on the same vocabulary"
             )
+        else:
+            mine, first = model_pairs(ckpt.get("meta") or {}), model_pairs(meta)
+            if mine != first:
+                said = lambda p: "bilingual" if p is None else f"multilingual ({', '.join(pair_names(p))})"  # noqa: E731
+                raise XfError(f"{path} is {said(mine)} but {paths[0]} is {said(first)}: an ensemble's models "
+                              "translate the same directions")
         model = model_from_checkpoint(ckpt, path)
         if model.cfg.vocab_size != sp.get_piece_size():
             raise XfError(
@@ -269,4 +288,4 @@ def load_ensemble(paths: Sequence[str], device: torch.device, dtype: torch.dtype
             )
         models.append(model.to(device=device, dtype=dtype).eval())
         del ckpt
-    return models, sp
+    return models, sp, meta

@@ -180,31 +180,37 @@ class Scorer:
     calibration, or by ``uncalibrated`` without one."""
 
     def __init__(self, calibration: Optional[Calibration] = None, reverse=None, target_lang: Optional[str] = None,
-                 where: str = "the calibration"):
+                 where: str = "the calibration", languages: Sequence[str] = ()):
         if calibration is not None and calibration.reverse != (reverse is not None):
             given = "with" if calibration.reverse else "without"
             raise XfError(f"{where}: fitted {given} a reverse model's scores: "
                           f"{'give' if calibration.reverse else 'drop'} --reverse-path")
         self.calibration, self.reverse, self.target_lang = calibration, reverse, target_lang
         self.probability = None
-        if target_lang is not None:
+        # languages: the targets lines may name besides target_lang (a multilingual model's)
+        wanted = list(dict.fromkeys(([target_lang] if target_lang is not None else []) + list(languages)))
+        if wanted:
             from .language_id import LanguageId
 
-            language_id = LanguageId.load([target_lang])
-            if language_id is None or target_lang not in language_id.languages:
-                raise XfError(f"the wrong_language flag needs py3langid knowing '{target_lang}' (the detect extra)")
+            language_id = LanguageId.load(wanted)
+            for lang in wanted:
+                if language_id is None or lang not in language_id.languages:
+                    raise XfError(f"the wrong_language flag needs py3langid knowing '{lang}' (the detect extra)")
             self.probability = language_id.probability
 
-    def rows(self, sources: Sequence[str], outputs: Sequence[str], forward: Sequence[float]) -> list[list[float]]:
-        """FEATURES of each (source, output) pair; ``forward``: each output's mean log-probability."""
+    def rows(self, sources: Sequence[str], outputs: Sequence[str], forward: Sequence[float],
+             targets: Optional[Sequence[Optional[str]]] = None) -> list[list[float]]:
+        """FEATURES of each (source, output) pair; ``forward``: each output's mean log-probability;
+        ``targets``: each output's language (None: target_lang; no language: no wrong_language flag)."""
         reverse = self._reverse(sources, outputs) if self.reverse is not None else [None] * len(sources)
-        return [features(f, r, self.probability is not None and is_wrong_language(self.probability, out,
-                                                                                  self.target_lang),
-                         is_copy(src, out))
-                for src, out, f, r in zip(sources, outputs, forward, reverse)]
+        targets = [t or self.target_lang for t in targets] if targets is not None else [self.target_lang] * len(sources)
+        return [features(f, r, self.probability is not None and lang is not None
+                         and is_wrong_language(self.probability, out, lang), is_copy(src, out))
+                for src, out, f, r, lang in zip(sources, outputs, forward, reverse, targets)]
 
-    def confidences(self, sources: Sequence[str], outputs: Sequence[str], forward: Sequence[float]) -> list[float]:
-        rows = self.rows(sources, outputs, forward)
+    def confidences(self, sources: Sequence[str], outputs: Sequence[str], forward: Sequence[float],
+                    targets: Optional[Sequence[Optional[str]]] = None) -> list[float]:
+        rows = self.rows(sources, outputs, forward, targets)
         combine = self.calibration.confidence if self.calibration is not None else uncalibrated
         return [combine(row) for row in rows]
 
@@ -212,11 +218,12 @@ class Scorer:
         """The mean log-probability of each source given its output under the reverse model
         (each side cut to the model's positions: a confidence, not a pair's exact score)."""
         from .pair_scoring import max_length, score_pairs
+        from .vocab import encode_target
 
         engine, sp = self.reverse
         limit = max_length(engine.models)
         xs = [ids[:limit] for ids in sp.encode(list(outputs), out_type=int)]
-        ys = [ids[:limit] for ids in sp.encode(list(sources), out_type=int)]
+        ys = [ids[:limit] for ids in encode_target(sp, list(sources), out_type=int)]  # its target side
         return [p.mean for p in score_pairs(engine.models, xs, ys)]
 
 

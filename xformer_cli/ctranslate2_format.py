@@ -33,7 +33,7 @@ from typing import Optional, Sequence
 import torch
 
 from .checkpoint import spm_digest
-from .engines import Engine, check_shortlist
+from .engines import Engine, check_shortlist, language_meta
 from .errors import XfError
 from .json_input import read_json
 from .model import Transformer
@@ -135,10 +135,12 @@ def transformer_spec(model: Transformer, pieces: Sequence[str]):
     return spec
 
 def write_model_directory(directory: Path, model: Transformer, spm_model: bytes, quantization: str = "float32",
-                          source: str = "checkpoint") -> dict:
+                          source: str = "checkpoint", meta: Optional[dict] = None) -> dict:
     """Write the CTranslate2 model directory of ``model`` (its sentencepiece model ``spm_model``)
     into ``directory``, created if missing, weights stored as ``quantization``; ``source`` (the
-    checkpoint's path) is recorded in xf.json and names it in errors. Returns xf.json's dict."""
+    checkpoint's path) is recorded in xf.json and names it in errors, as are the languages of
+    the checkpoint's ``meta`` (a multilingual model's pairs: xf translate --target-lang puts the
+    tag first from them). Returns xf.json's dict."""
     ct2 = import_ctranslate2()
     if quantization not in QUANTIZATIONS:
         raise XfError(f"quantization {quantization!r}: CTranslate2 weights are one of {', '.join(QUANTIZATIONS)}")
@@ -154,7 +156,8 @@ def write_model_directory(directory: Path, model: Transformer, spm_model: bytes,
     spec.save(str(directory))
     (directory / "spm.model").write_bytes(spm_model)
     info = {"format": "xf-ctranslate2", "version": 1, "checkpoint": source, "spm_sha256": spm_digest(spm_model),
-            "max_positions": model.cfg.max_positions, "quantization": quantization, "ctranslate2": ct2.__version__}
+            "max_positions": model.cfg.max_positions, "quantization": quantization, "ctranslate2": ct2.__version__,
+            "languages": language_meta(meta or {})}
     (directory / "xf.json").write_text(json.dumps(info, indent=1) + "\n", encoding="utf-8")
     return info
 
@@ -172,6 +175,8 @@ def read_exported_model(path: Path) -> dict:
     info = found["xf.json"]
     if not isinstance(info.get("max_positions"), int):
         raise XfError(f"{path / 'xf.json'}: no max_positions; export the model again")
+    if not isinstance(info.get("languages", {}), dict):
+        raise XfError(f"{path / 'xf.json'}: 'languages' is not a JSON object; export the model again")
     try:
         spm_bytes = (path / "spm.model").read_bytes()
     except OSError as e:
@@ -263,6 +268,7 @@ class CTranslate2Engine(Engine):
             raise XfError(f"{path / 'model.bin'}: damaged CTranslate2 model ({first}); export it again") from None
         engine = cls(translator, sp, int(info["max_positions"]), vmap)
         engine.device = torch.device(device)
+        engine.meta = info.get("languages", {})  # exports before languages were recorded: bilingual
         return engine, sp
 
     def search(self, sentences: Sequence[Sequence[int]], options: TranslateOptions, generator=None,

@@ -20,7 +20,7 @@ from .console import warn
 from . import distributed
 from .attention_maps import hard_alignments, resolve_layer
 from .batching import collate_source
-from .checkpoint import load_ensemble, vocab_digest
+from .checkpoint import load_models, vocab_digest
 from .compiling import AotPackages
 from .constraints import BatchConstraints
 from .decode_workers import DecodeWorkers
@@ -43,6 +43,9 @@ class Engine:
     max_source: int  # the longest source (subwords, without eos) the engine takes
     supports_alignments: bool = False
     plan: DecodingPlan  # how it was opened (translation.open_engine sets it)
+    # the model's checkpoint meta as far as its languages go (source_lang, target_lang, and a
+    # multilingual model's pairs): what ``languages.vocabulary_for`` chooses a direction by
+    meta: dict = {}
 
     def search(self, sentences: Sequence[Sequence[int]], options: TranslateOptions,
                generator: Optional[torch.Generator] = None,
@@ -58,8 +61,11 @@ class Engine:
     def close(self) -> None:
         """Release what the engine holds beyond its models (xf's --workers processes)."""
 
-    def alignments(self, sentences: Sequence[Sequence[int]], found: list[list[Hypothesis]], layer: int):
-        """Per sentence, per hypothesis: the source position each target subword attends to most."""
+    def alignments(self, sentences: Sequence[Sequence[int]], found: list[list[Hypothesis]], layer: int,
+                   tagged: bool = False):
+        """Per sentence, per hypothesis: the source position each target subword attends to most;
+        tagged: each sentence starts with a target tag (a multilingual model's), which nothing
+        aligns to, and positions count the sentence's own subwords after it."""
         raise ConfigError("--print-alignment needs xf's own engine (the attention of --engine ctranslate2 "
                           "is not recorded)")
 
@@ -103,7 +109,7 @@ class XfEngine(Engine):
             torch.set_num_threads(plan.threads)
         loaded = Shortlist.load(plan.shortlist) if plan.shortlist is not None else None  # fails before loading
         device = distributed.resolve_device(plan.device)
-        models, sp = load_ensemble(paths, device, DTYPES[plan.precision])
+        models, sp, meta = load_models(paths, device, DTYPES[plan.precision])
         if loaded is not None:  # an ensemble shares one vocabulary: the first model's
             check_shortlist(loaded, plan.shortlist, sp)
         if plan.int8 == "matmul":
@@ -111,6 +117,7 @@ class XfEngine(Engine):
         elif plan.int8 == "dynamic":
             models = [quantize_int8(m, plan.int8_engine) for m in models]
         engine = cls(models, device, loaded, AotStep(AotPackages(packages)) if plan.step == "aot" else None)
+        engine.meta = language_meta(meta)
         engine.int8_engine = {"matmul": f"decoder: int8 matmul, compiled ahead of time; encoder: {plan.int8_engine}",
                               "dynamic": plan.int8_engine}.get(plan.int8)
         if plan.processes:  # no shared interpreter lock; each opens one worker's plan
@@ -164,12 +171,18 @@ class XfEngine(Engine):
             out[i].append(hyps[0])
         return out
 
-    def alignments(self, sentences, found, layer):
-        return hard_alignments(self.models, collate_source(sentences).to(self.device), found, layer)
+    def alignments(self, sentences, found, layer, tagged=False):
+        aligned = hard_alignments(self.models, collate_source(sentences).to(self.device), found, layer, skip_first=tagged)
+        return [[[i - 1 for i in row] for row in rows] for rows in aligned] if tagged else aligned
 
     def check_alignment_layer(self, layer: int) -> None:
         for model in self.models:
             resolve_layer(layer, len(model.decoder_layers))
+
+
+def language_meta(meta: dict) -> dict:
+    """The part of a checkpoint's meta that names its languages (``languages.py``)."""
+    return {key: meta[key] for key in ("source_lang", "target_lang", "pairs") if meta.get(key)}
 
 
 def collate_prefix(prefixes: Optional[Sequence[Sequence[int]]], device: torch.device,

@@ -51,6 +51,7 @@ import torch
 from .config import option_range
 from .errors import XfError
 from .json_input import read_json
+from .languages import model_pairs, pair_names, parse_pairs, tag, vocabulary_for
 from .model import Transformer, model_config
 from .options import ModelConfig
 from .vocab import BOS_ID, EOS_ID, PAD_ID, UNK_ID, MappedVocabulary, load_sentencepiece, spm_processor
@@ -213,14 +214,23 @@ def _vocabulary_files(spm_model: bytes, where: str) -> tuple[bytes, bytes, list[
 
 
 def model_card(cfg, generation: dict, parameters: int, source_lang: str, target_lang: str, source: str,
-               bleu: Optional[tuple[float, str]] = None) -> str:
+               bleu: Optional[tuple[float, str]] = None, pairs: Optional[list[tuple[str, str]]] = None) -> str:
     """README.md: what the model is, how it decodes (``generation``), the test BLEU and its
-    sacreBLEU signature when ``bleu`` is given, and how to load it."""
-    lines = [f"---\nlanguage:\n- {source_lang}\n- {target_lang}\ntags:\n- translation\n- marian\n"
-             "library_name: transformers\n---\n",
+    sacreBLEU signature when ``bleu`` is given, and how to load it; a multilingual model's
+    ``pairs``: its target languages and their tags, which every source must start with."""
+    languages = [source_lang, target_lang] if pairs is None else list(dict.fromkeys(x for pair in pairs for x in pair))
+    targets = [] if pairs is None else list(dict.fromkeys(t for _, t in pairs))
+    lines = ["---\nlanguage:\n" + "".join(f"- {lang}\n" for lang in languages)
+             + "tags:\n- translation\n- marian\nlibrary_name: transformers\n---\n",
              f"# {source_lang}-{target_lang} Transformer, exported from xf\n",
              "A MarianMT model written by `xf export huggingface` from an xf checkpoint "
-             f"(`{Path(source).name}`).\n", "| | |\n|---|---|"]
+             f"(`{Path(source).name}`).\n"]
+    if pairs is not None:  # as OPUS-MT's multilingual cards say it
+        lines += [f"- source language(s): {' '.join(dict.fromkeys(s for s, _ in pairs))}",
+                  f"- target language(s): {' '.join(targets)}",
+                  "- a sentence-initial language token is required in the form of `>>id<<` (id = valid target "
+                  f"language ID): {', '.join(f'`{tag(t)}`' for t in targets)}\n"]
+    lines += ["| | |\n|---|---|"]
     rows = [("layers (encoder / decoder)", f"{cfg.encoder_layers} / {cfg.decoder_layers}"),
             ("d_model / d_ff / heads", f"{cfg.d_model} / {cfg.d_ff} / {cfg.heads}"),
             ("activation", cfg.activation), ("embeddings", f"shared: {cfg.share_embeddings}, "
@@ -231,20 +241,25 @@ def model_card(cfg, generation: dict, parameters: int, source_lang: str, target_
     lines += [f"| {k} | {v} |" for k, v in rows]
     if bleu is not None:
         lines += ["", f"Test BLEU: **{bleu[0]:.2f}** (sacreBLEU `{bleu[1]}`)"]
+    first = f"{tag(targets[0])} " if targets else ""
     lines += ["", "```python", "from transformers import MarianMTModel, MarianTokenizer",
               'model = MarianMTModel.from_pretrained("DIR")', 'tokenizer = MarianTokenizer.from_pretrained("DIR")',
-              'batch = tokenizer(["A sentence."], return_tensors="pt")',
+              f'batch = tokenizer(["{first}A sentence."], return_tensors="pt")',
               "print(tokenizer.batch_decode(model.generate(**batch), skip_special_tokens=True))", "```", ""]
     return "\n".join(lines)
 
 
 def write_marian(directory: Path, model: Transformer, spm_model: bytes, source: str = "checkpoint",
                  source_lang: str = "en", target_lang: str = "de", num_beams: int = 4, length_penalty: float = 1.0,
-                 max_length: int = 0, bleu: Optional[tuple[float, str]] = None) -> tuple[dict, dict]:
+                 max_length: int = 0, bleu: Optional[tuple[float, str]] = None,
+                 meta: Optional[dict] = None) -> tuple[dict, dict]:
     """Write ``model`` and its vocabulary ``spm_model`` (a checkpoint's) as the files of a MarianMT
     directory into the existing ``directory``; ``source`` (the checkpoint's path) names it in
     errors and the model card. Decoding as ``generation_config``; ``bleu``: (score, sacreBLEU
-    signature) for the model card. Returns (config.json, generation_config.json) as written."""
+    signature) for the model card. A multilingual checkpoint's ``meta`` (its pairs) names the
+    languages instead of source_lang/target_lang: its tags are pieces of vocab.json, as OPUS-MT's
+    (MarianTokenizer puts a leading ">>deu<<" first by id), and config.json's ``xf_pairs`` keeps
+    the pairs for xf import. Returns (config.json, generation_config.json) as written."""
     st = import_hf_extra()
     cfg = model.cfg
     refuse_for_marian(cfg, source)
@@ -252,6 +267,12 @@ def write_marian(directory: Path, model: Transformer, spm_model: bytes, source: 
     if len(pieces) != cfg.vocab_size:
         raise XfError(f"{source}: model vocabulary {cfg.vocab_size} != its vocabulary's {len(pieces)} pieces")
     config, generation = marian_config(cfg), generation_config(cfg, num_beams, length_penalty, max_length)
+    pairs = model_pairs(meta or {})
+    if pairs is not None:
+        vocabulary_for(load_sentencepiece(spm_model, source), meta, pairs[0][1], source)  # its tags are pieces
+        config["xf_pairs"] = pair_names(pairs)
+        source_lang = "+".join(dict.fromkeys(s for s, _ in pairs))
+        target_lang = "+".join(dict.fromkeys(t for _, t in pairs))
     directory = Path(directory)
     (directory / "model.safetensors").write_bytes(st.save(marian_state_dict(model), metadata={"format": "pt"}))
     dump = lambda data: json.dumps(data, indent=2, ensure_ascii=False) + "\n"  # noqa: E731
@@ -264,7 +285,7 @@ def write_marian(directory: Path, model: Transformer, spm_model: bytes, source: 
                  "unk_token": pieces[UNK_ID], "eos_token": pieces[EOS_ID], "pad_token": pieces[PAD_ID],
                  "model_max_length": cfg.max_positions, "separate_vocabs": False}
     (directory / "tokenizer_config.json").write_text(dump(tokenizer), encoding="utf-8")
-    card = model_card(cfg, generation, model.num_parameters(), source_lang, target_lang, source, bleu)
+    card = model_card(cfg, generation, model.num_parameters(), source_lang, target_lang, source, bleu, pairs)
     (directory / "README.md").write_text(card, encoding="utf-8")
     return config, generation
 
@@ -501,6 +522,20 @@ def read_marian(directory: Path) -> tuple[Transformer, bytes]:
     # a bias only where it does something: a zero bias and no new row (what xf exports) is none
     needs_bias = bool(tensors["final_logits_bias"].any()) or None in rows
     return marian_to_xf(dataclasses.replace(cfg, output_bias=needs_bias), tensors, rows), spm_model
+
+
+def marian_languages(directory: Path) -> dict:
+    """The checkpoint meta naming the languages of a MarianMT directory: a multilingual model's
+    pairs where xf export wrote them (config.json's ``xf_pairs``), else nothing (an OPUS-MT
+    multilingual model is then given its tag in the text, ">>deu<< A sentence.")."""
+    config = _read_json(Path(directory) / "config.json")
+    if "xf_pairs" not in config:
+        return {}
+    pairs = parse_pairs(config["xf_pairs"], f"{Path(directory) / 'config.json'}: xf_pairs") \
+        if isinstance(config["xf_pairs"], list) else None
+    if not pairs:
+        raise XfError(f"{Path(directory) / 'config.json'}: xf_pairs must be a list of pairs such as \"en-de\"")
+    return {"source_lang": "src", "target_lang": "tgt", "pairs": pair_names(pairs)}
 
 
 def marian_to_xf(cfg, tensors: dict[str, torch.Tensor], rows: list[Optional[int]]) -> Transformer:

@@ -464,9 +464,11 @@ class TranslateOptions(DecodingOptions):
         (), "checkpoint(s) of a target->source model: the confidence also weighs the source's log-probability given "
         "the output (forced decoding, as xf score-pairs --reverse-path)"
     )
-    target_lang: Optional[str] = option(None, "the target language (ISO 639-1): turns on the confidence's "
-                                        "wrong_language flag, an output that py3langid finds unlikely in it (the "
-                                        "detect extra)")
+    target_lang: Optional[str] = option(
+        None, "the language to translate into (ISO 639-1, e.g. de): required for a multilingual model (its target "
+        "tag starts every source), for a bilingual one only its own target is accepted; a jsonl input line's "
+        "\"target_lang\" overrides it; with --output-format jsonl it also turns on the confidence's wrong_language "
+        "flag, an output that py3langid finds unlikely in it (the detect extra)")
     print_alignment: bool = option(
         False, "add each output's hard alignment, 'SRC-TGT' index pairs: text 'translation ||| 0-0 1-2', "
         "n-best 'ID ||| translation ||| score ||| 0-0 1-2', jsonl \"alignment\": [[0, 0], [1, 2]]"
@@ -502,9 +504,9 @@ class TranslateOptions(DecodingOptions):
         if self.split_sentences is not None and (self.input_format != "text" or self.alternatives):
             raise ValueError("--split-sentences translates the sentences of text lines: it takes --input-format text "
                              "and no --alternatives (a prefix belongs to one sentence)")
-        if (self.confidence or self.reverse_path or self.target_lang) and self.output_format != "jsonl":
-            raise ValueError("--confidence, --reverse-path and --target-lang shape the \"confidence\" of "
-                             "--output-format jsonl: use it")
+        if (self.confidence or self.reverse_path) and self.output_format != "jsonl":
+            raise ValueError("--confidence and --reverse-path shape the \"confidence\" of --output-format jsonl: "
+                             "use it")
         if self.glossary is not None and self.split_sentences:
             raise ValueError("--glossary matches terms in whole lines: it takes no --split-sentences")
         # floor(a*|X| + b) output subwords for a source of |X| >= 1 subwords: at least 1 for every |X|
@@ -725,7 +727,7 @@ class ScoreOptions:
     json: bool = option(False, "print JSON instead of text")
 
 
-@with_translate_fields("batch_size", "buffer_size", "device", "precision", "threads", "quiet")
+@with_translate_fields("batch_size", "buffer_size", "device", "precision", "threads", "quiet", "target_lang")
 @dataclass(frozen=True, kw_only=True)
 class ScorePairsOptions:
     """xf score-pairs: what to score and with which models, how to write it, and the engine's

@@ -36,7 +36,8 @@ from .json_input import parse_json
 from .options import TranslateOptions
 from .search import Hypothesis
 from .segment import split_texts
-from .vocab import UNK_ID, decode_line
+from .languages import TaggedVocabulary, check_code, model_pairs, target_languages, vocabulary_for
+from .vocab import UNK_ID, decode_line, encode_target
 
 
 def open_engine(options: TranslateOptions, machine: Optional[Machine] = None):
@@ -56,16 +57,34 @@ def open_engine(options: TranslateOptions, machine: Optional[Machine] = None):
     return engine, sp, engine.device
 
 
-def open_scorer(options, plan, calibration: Optional[Calibration] = None) -> Scorer:
+def open_scorer(options, plan, calibration: Optional[Calibration] = None, languages: tuple = ()) -> Scorer:
     """The confidence scorer of the options (``--reverse-path``, ``--target-lang``) with the
     ``calibration`` of ``--confidence`` (read before any model: ``Calibration.load``), its
-    reverse models opened on ``plan``'s device and precision."""
+    reverse models opened on ``plan``'s device and precision; ``languages``: the other targets
+    an input line may name (a multilingual model's), for the wrong_language flag."""
     # forced decoding of whole batches in this process: xf's engine, eager, one worker, no shortlist
     # (the forward model's would not fit the reverse vocabulary); the forward's device and precision
     forced = dataclasses.replace(plan, engine="xf", int8="none", int8_engine=None, step="eager", workers=1,
                                  processes=False, shortlist=None, warning=None)
     reverse = XfEngine.open(options.reverse_path, forced) if options.reverse_path else None
-    return Scorer(calibration, reverse, options.target_lang, options.confidence or "")
+    if reverse is not None and model_pairs(reverse[0].meta):
+        raise ConfigError(f"--reverse-path {options.reverse_path[0]}: a multilingual model; the reverse score needs "
+                          "a bilingual target->source model")
+    return Scorer(calibration, reverse, options.target_lang, options.confidence or "", languages)
+
+
+def source_vocabulary(engine: Engine, sp, target_lang: Optional[str], where: str):
+    """The vocabulary the engine's sources are encoded with to translate into ``target_lang``
+    (``languages.vocabulary_for`` over the model's languages, ``engine.meta``): ``sp`` itself
+    for a bilingual model, a ``TaggedVocabulary`` putting the target's tag first for a
+    multilingual one. Target-side text is encoded with ``vocab.encode_target(sp, ...)``."""
+    return vocabulary_for(sp, engine.meta, target_lang, where)
+
+
+def is_tagged(engine: Engine) -> bool:
+    """Whether every non-empty source the engine searches starts with a target tag (a
+    multilingual model's): alignments then skip it."""
+    return model_pairs(engine.meta) is not None
 
 
 @dataclass
@@ -95,10 +114,13 @@ def decode_input_line(raw: bytes, line_no: int, stats: Stats, where: str) -> str
     return text
 
 
-def encode_lines(sp, lines: list[str], max_source: int, stats: Stats, first_index: int = 0) -> list[list[int]]:
+def encode_lines(sp, lines: list[str], max_source: int, stats: Stats, first_index: int = 0,
+                 vocabularies: Optional[list] = None) -> list[list[int]]:
     """The subword ids of each line: [] for an empty or whitespace-only line (counted), at most
-    ``max_source`` ids for a longer one (truncated and counted; ``first_index`` numbers the lines)."""
-    pieces = sp.encode([line if line.strip() else "" for line in lines], out_type=int)
+    ``max_source`` ids for a longer one (truncated and counted; ``first_index`` numbers the lines).
+    vocabularies: each line's own source vocabulary (a jsonl line's target; default: ``sp``)."""
+    texts = [line if line.strip() else "" for line in lines]
+    pieces = sp.encode(texts, out_type=int) if vocabularies is None else encode_each(vocabularies, texts)
     for i, ids in enumerate(pieces):
         if not ids:
             stats.empty += 1
@@ -107,6 +129,19 @@ def encode_lines(sp, lines: list[str], max_source: int, stats: Stats, first_inde
             stats.first_truncated = stats.first_truncated or first_index + i + 1
             pieces[i] = ids[:max_source]
     return pieces
+
+
+def encode_each(vocabularies: list, texts: list[str]) -> list[list[int]]:
+    """The source ids of each text by its own vocabulary, the texts of one vocabulary encoded
+    together (sentencepiece's batch encoding)."""
+    groups: dict[int, tuple] = {}
+    for i, vocab in enumerate(vocabularies):
+        groups.setdefault(id(vocab), (vocab, []))[1].append(i)
+    out: list[list[int]] = [[] for _ in texts]
+    for vocab, idx in groups.values():
+        for i, ids in zip(idx, vocab.encode([texts[i] for i in idx], out_type=int)):
+            out[i] = ids
+    return out
 
 
 def listed(options: TranslateOptions) -> int:
@@ -121,12 +156,14 @@ def empty_hypotheses(options: TranslateOptions) -> list[Hypothesis]:
 
 @dataclass
 class SteeredLine:
-    """One line of ``--input-format jsonl``: the source text, its target prefix ("" : none) and
-    its lexical constraints (each a list of alternative forms; [] : none)."""
+    """One line of ``--input-format jsonl``: the source text, its target prefix ("" : none), its
+    lexical constraints (each a list of alternative forms; [] : none) and the language it is
+    translated into (None: --target-lang's)."""
 
     source: str
     prefix: str = ""
     constraints: list = field(default_factory=list)
+    target_lang: Optional[str] = None
 
 
 def text_field(value, key: str, line_no: int, where: str) -> str:
@@ -159,8 +196,8 @@ def read_constraints(value, line_no: int, where: str) -> list[list[str]]:
 
 
 def read_steered_line(text: str, line_no: int, where: str) -> SteeredLine:
-    """One ``--input-format jsonl`` line, {"source": ..., "prefix": ..., "constraints": [...]}
-    (prefix and constraints optional); a ConfigError naming ``where`` and the line otherwise.
+    """One ``--input-format jsonl`` line, {"source": ..., "prefix": ..., "constraints": [...],
+    "target_lang": ...} (all but source optional); a ConfigError naming ``where`` and the line otherwise.
     A blank line is an empty source (an empty translation, as in text input)."""
     if not text.strip():
         return SteeredLine("")
@@ -172,20 +209,47 @@ def read_steered_line(text: str, line_no: int, where: str) -> SteeredLine:
     if not isinstance(record, dict):
         raise ConfigError(f"{where}: line {line_no}: expected a JSON object {{\"source\": ...}}, "
                           f"got {type(record).__name__}")
-    unknown = sorted(set(record) - {"source", "prefix", "constraints"})
+    unknown = sorted(set(record) - {"source", "prefix", "constraints", "target_lang"})
     if unknown:
-        raise ConfigError(f"{where}: line {line_no}: unknown key {unknown[0]!r} (source, prefix, constraints)")
+        raise ConfigError(f"{where}: line {line_no}: unknown key {unknown[0]!r} (source, prefix, constraints, "
+                          "target_lang)")
     if "source" not in record:
         raise ConfigError(f"{where}: line {line_no}: no 'source' (the text to translate)")
     fields = [text_field(record.get(key, ""), key, line_no, where) for key in ("source", "prefix")]
-    return SteeredLine(*fields, read_constraints(record.get("constraints", []), line_no, where))
+    target = record.get("target_lang")
+    if target is not None:
+        try:
+            check_code(text_field(target, "target_lang", line_no, where), f"{where}: line {line_no}: 'target_lang'")
+        except XfError as e:
+            raise ConfigError(str(e)) from None
+    return SteeredLine(*fields, read_constraints(record.get("constraints", []), line_no, where), target)
+
+
+def line_vocabularies(engine: Engine, sp, steered: list[SteeredLine], default, target_lang: Optional[str],
+                      where: str, first_line: int, model: str = "the model") -> list:
+    """The source vocabulary of each jsonl line: ``default`` (--target-lang's, None for a
+    multilingual model without it), or that of the line's own "target_lang"; a line naming a
+    language the model lacks, or (multilingual, no --target-lang) naming none, is a ConfigError
+    naming its line."""
+    own = {target_lang: default} if default is not None else {}
+    out = []
+    for i, line in enumerate(steered):
+        lang = line.target_lang or target_lang
+        if lang not in own:
+            try:
+                own[lang] = source_vocabulary(engine, sp, lang, model)
+            except XfError as e:
+                raise ConfigError(f"{where}: line {first_line + i + 1}: {e}"
+                                  + (" (or give the line a \"target_lang\")" if lang is None else "")) from None
+        out.append(own[lang])
+    return out
 
 
 def encode_prefixes(sp, prefixes: list[str], max_prefix: int, where: str, first_line: int) -> list[list[int]]:
     """The subword ids of each target prefix ([] for an empty or whitespace-only one: no prefix);
     a prefix over ``max_prefix`` subwords (the model's positions), or with a character the
     vocabulary cannot spell (``unfit_form``), is a ConfigError naming its line."""
-    pieces = sp.encode([p if p.strip() else "" for p in prefixes], out_type=int)
+    pieces = encode_target(sp, [p if p.strip() else "" for p in prefixes], out_type=int)
     for i, (prefix, ids) in enumerate(zip(prefixes, pieces)):
         if len(ids) > max_prefix:
             raise ConfigError(f"{where}: line {first_line + i + 1}: the prefix has {len(ids)} subwords, more than "
@@ -204,7 +268,7 @@ def unfit_form(sp, form: str, ids: list[int], max_target: int) -> Optional[str]:
     if not ids or len(ids) > max_target:
         return f"has {len(ids)} subwords (1 to the model's {max_target} output positions)"
     if UNK_ID in ids:
-        unknown = [c for c in dict.fromkeys(form) if UNK_ID in sp.encode(c, out_type=int)]
+        unknown = [c for c in dict.fromkeys(form) if UNK_ID in encode_target(sp, c, out_type=int)]
         return f"has characters the model's vocabulary cannot spell ({' '.join(unknown)}): they would come out as ⁇"
     return None
 
@@ -213,7 +277,7 @@ def unfit_term(glossary: Glossary, sp, max_target: int) -> Optional[str]:
     """The error of the first glossary target form that cannot be written (``unfit_form``),
     naming where the entry was given (a file's line, a request's item); None if every form can."""
     for source, forms in glossary.entries.items():
-        for form, ids in zip(forms, sp.encode(forms, out_type=int)):
+        for form, ids in zip(forms, encode_target(sp, forms, out_type=int)):
             why = unfit_form(sp, form, ids, max_target)
             if why:
                 return f"{glossary.origins[source]}: the target term {form!r} of {source!r} {why}"
@@ -240,7 +304,7 @@ def encode_constraints(sp, constraints: list[list[list[str]]], max_target: int, 
     for i, line in enumerate(constraints):
         encoded = []
         for forms in line:
-            ids = sp.encode(forms, out_type=int)
+            ids = encode_target(sp, forms, out_type=int)
             for form, form_ids in zip(forms, ids):
                 why = unfit_form(sp, form, form_ids, max_target)
                 if why:
@@ -316,7 +380,8 @@ def search_lines(engine: Engine, pieces: list[list[int]], options: TranslateOpti
                 stats.tgt_tokens += len(hyps[0].tokens) if hyps else 0
             if options.print_alignment:  # a forced-decoding pass over the final hypotheses, in this
                 # thread: it records attention on the model's modules, which threads would share
-                aligned = engine.alignments([pieces[i] for i in idx], found, options.alignment_layer)
+                aligned = engine.alignments([pieces[i] for i in idx], found, options.alignment_layer,
+                                            tagged=is_tagged(engine))
                 for i, per_hyp in zip(idx, aligned):
                     alignments[i] = per_hyp
     return results, alignments
@@ -367,13 +432,18 @@ def format_result(line_index: int, source: str, hyps: list[Hypothesis], texts: l
 
 def translate_buffer(engine: Engine, sp, lines: list[str], first_index: int, options: TranslateOptions, stats: Stats,
                      generator=None, prefixes: Optional[list[list[int]]] = None,
-                     constraints: Optional[list] = None, scorer: Optional[Scorer] = None) -> list[str]:
+                     constraints: Optional[list] = None, scorer: Optional[Scorer] = None,
+                     vocabularies: Optional[list] = None, targets: Optional[list[Optional[str]]] = None) -> list[str]:
     """Outputs (one string per input line, in input order) for a buffer of input lines;
     prefixes: each line's target prefix (ids, ``encode_prefixes``; None: none); constraints:
     each line's lexical constraints (``encode_constraints``; None: none); scorer: gives each
-    jsonl hypothesis its confidence. An empty line gives an empty translation whatever its
-    prefix (there is nothing to translate)."""
-    pieces = encode_lines(sp, lines, engine.max_source, stats, first_index)
+    jsonl hypothesis its confidence; vocabularies: each line's source vocabulary (``sp`` for
+    every line when None), so that lines of a buffer may go into different languages (searched
+    together: the target tag is just the first source id); targets: each line's target language
+    for the confidence (None: the scorer's). An empty line gives an empty
+    translation whatever its prefix (there is nothing to translate)."""
+    vocabularies = vocabularies or [sp] * len(lines)
+    pieces = encode_lines(sp, lines, engine.max_source, stats, first_index, vocabularies)
     results, alignments = search_lines(engine, pieces, options, stats, max_tokens=options.max_tokens or None,
                                        max_sentences=None if options.max_tokens else options.batch_size,
                                        generator=generator, prefixes=prefixes, constraints=constraints,
@@ -381,7 +451,8 @@ def translate_buffer(engine: Engine, sp, lines: list[str], first_index: int, opt
                                        word_starts=word_boundaries(sp) if constraints is not None else None)
     found = [hyps if hyps is not None else empty_hypotheses(options) for hyps in results]
     texts_of = [hypothesis_texts(sp, hyps) for hyps in found]
-    confidences = _confidences(scorer, lines, found, texts_of) if scorer is not None else [None] * len(lines)
+    targets = targets or [None] * len(lines)
+    confidences = _confidences(scorer, lines, found, texts_of, targets) if scorer is not None else [None] * len(lines)
     out = []
     for i, (hyps, texts) in enumerate(zip(found, texts_of)):
         if results[i] is not None:
@@ -389,7 +460,9 @@ def translate_buffer(engine: Engine, sp, lines: list[str], first_index: int, opt
         pairs = None
         if options.print_alignment:
             words = options.alignment_level == "word"  # source words: those of the line as given
-            src_words = line_word_ids(sp, lines[i])[: len(pieces[i])] if words else None
+            own = vocabularies[i]  # the words of the line's own subwords (alignments skip a tag)
+            own = own.sp if isinstance(own, TaggedVocabulary) else own
+            src_words = line_word_ids(own, lines[i])[: len(pieces[i]) - (own is not vocabularies[i])] if words else None
             pairs = [alignment_pairs(a, src_words, word_ids([sp.id_to_piece(t) for t in h.tokens[:-1]]) if words else None)
                      for h, a in zip(hyps, alignments[i] or [[]] * len(hyps))]  # empty lines: none
         out.append(format_result(first_index + i, lines[i], hyps, texts, options, sp, pairs, confidences[i]))
@@ -397,10 +470,11 @@ def translate_buffer(engine: Engine, sp, lines: list[str], first_index: int, opt
 
 
 def _confidences(scorer: Scorer, lines: list[str], found: list[list[Hypothesis]],
-                 texts_of: list[list[str]]) -> list[list[float]]:
-    """Each line's hypotheses' confidences, the buffer's scored at once (one reverse pass)."""
-    flat = [(line, text, mean_log_probability(h.positional_scores))
-            for line, hyps, texts in zip(lines, found, texts_of) for h, text in zip(hyps, texts)]
+                 texts_of: list[list[str]], targets: list[Optional[str]]) -> list[list[float]]:
+    """Each line's hypotheses' confidences, the buffer's scored at once (one reverse pass);
+    targets: each line's target language (None: the scorer's own)."""
+    flat = [(line, text, mean_log_probability(h.positional_scores), target)
+            for line, hyps, texts, target in zip(lines, found, texts_of, targets) for h, text in zip(hyps, texts)]
     values = iter(scorer.confidences(*zip(*flat))) if flat else iter(())
     return [[next(values) for _ in hyps] for hyps in found]
 

@@ -20,7 +20,7 @@ from ..errors import XfError
 from ..fileio import atomic_write_text, read_lines
 from ..metrics import sentence_chrf
 from ..options import CalibrateOptions, TranslateOptions
-from ..translation import open_engine, open_scorer, translate_with_features
+from ..translation import open_engine, open_scorer, source_vocabulary, translate_with_features
 
 
 def calibrate(options: CalibrateOptions) -> None:
@@ -34,8 +34,9 @@ def calibrate(options: CalibrateOptions) -> None:
     start = time.perf_counter()
     engine, sp, _ = open_engine(translate_options)
     try:
+        vocab = source_vocabulary(engine, sp, options.target_lang, options.path[0])  # a multilingual model's tag
         scorer = open_scorer(translate_options, engine.plan)
-        outputs, rows = translate_with_features(engine, sp, sources, translate_options, scorer)
+        outputs, rows = translate_with_features(engine, vocab, sources, translate_options, scorer)
     finally:
         engine.close()
     chrf = sentence_chrf(outputs, references)

@@ -19,6 +19,7 @@ from ..console import print_summary, stderr_console
 from ..errors import XfError
 from ..fileio import atomic_directory, atomic_write
 from ..json_input import read_json
+from ..languages import model_pairs, pair_names
 from ..options import ExportOptions
 
 
@@ -39,7 +40,7 @@ def export_ctranslate2(options: ExportOptions) -> Path:
     with atomic_directory(output) as tmp:
         ckpt = load_checkpoint(options.path)
         model = model_from_checkpoint(ckpt, options.path).eval()
-        write_model_directory(tmp, model, ckpt["spm_model"], options.quantization, str(options.path))
+        write_model_directory(tmp, model, ckpt["spm_model"], options.quantization, str(options.path), ckpt.get("meta"))
     print_summary(stderr_console(), "xf export ctranslate2", [
         *ctranslate2_rows(options, model),
         ("size", f"{sum(p.stat().st_size for p in output.iterdir()) / 2**20:.1f} MiB"),
@@ -70,7 +71,8 @@ def export_huggingface(options: ExportOptions) -> Path:
         bleu: Optional[tuple[float, str]] = read_bleu(options.bleu) if options.bleu else None
         config, generation = write_marian(
             tmp, model, ckpt["spm_model"], str(options.path), options.source_lang, options.target_lang,
-            num_beams=options.beam_size, length_penalty=options.lenpen, max_length=options.max_length, bleu=bleu)
+            num_beams=options.beam_size, length_penalty=options.lenpen, max_length=options.max_length, bleu=bleu,
+            meta=ckpt.get("meta"))
     print_summary(stderr_console(), "xf export huggingface", [
         ("from", str(options.path)),
         ("model", f"MarianMT, {config['encoder_layers']} / {config['decoder_layers']} layers, d_model "
@@ -80,6 +82,16 @@ def export_huggingface(options: ExportOptions) -> Path:
         ("written", ", ".join(sorted(p.name for p in output.iterdir())) + f" in {output}"),
     ])
     return output
+
+
+def refuse_multilingual(ckpt: dict, options: ExportOptions, runtime: str) -> None:
+    """Refuse a multilingual checkpoint for a format whose runtime translates one direction with
+    no step that puts a target tag first (Argos, Marian, Bergamot)."""
+    pairs = model_pairs(ckpt.get("meta") or {})
+    if pairs is not None:
+        raise XfError(f"xf export {options.format}: {options.path} is multilingual ({', '.join(pair_names(pairs))}) and "
+                      f"{runtime} has no step that starts a source with its target tag; export it as ctranslate2 or "
+                      "huggingface")
 
 
 def export_argos(options: ExportOptions) -> Path:
@@ -92,6 +104,7 @@ def export_argos(options: ExportOptions) -> Path:
     version = check_version(options.package_version)
     output = Path(options.output)
     ckpt = load_checkpoint(options.path)
+    refuse_multilingual(ckpt, options, "an Argos package")
     model = model_from_checkpoint(ckpt, options.path).eval()
     with atomic_write(output, "wb") as f:
         metadata = write_package(f, model, ckpt["spm_model"], source_lang=source_lang, target_lang=target_lang,
@@ -125,6 +138,7 @@ def export_bergamot(options: ExportOptions) -> Path:
     direction = direction_name(options.source_lang, options.target_lang)
     output = Path(options.output)
     ckpt = load_checkpoint(options.path)
+    refuse_multilingual(ckpt, options, "Bergamot")
     model = model_from_checkpoint(ckpt, options.path).eval()
     refuse_unmarian(model, str(options.path), ckpt["spm_model"])
     refuse_untied_output(model.cfg)
@@ -156,8 +170,9 @@ def export_marian(options: ExportOptions) -> Path:
     from ..marian_format import write_marian_model
 
     output = Path(options.output)
+    ckpt = load_checkpoint(options.path)
+    refuse_multilingual(ckpt, options, "Marian's decoder")
     with atomic_directory(output) as tmp:
-        ckpt = load_checkpoint(options.path)
         model = model_from_checkpoint(ckpt, options.path).eval()
         config = write_marian_model(tmp, model, ckpt["spm_model"], str(options.path), options.beam_size, options.lenpen)
     print_summary(stderr_console(), "xf export marian", [

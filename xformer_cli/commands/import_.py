@@ -14,13 +14,14 @@ from ..options import ImportOptions
 
 def import_model(options: ImportOptions) -> Path:
     from ..checkpoint import make_checkpoint, save_checkpoint
-    from ..huggingface import read_marian
+    from ..huggingface import marian_languages, read_marian
 
     directory, output = Path(options.directory), Path(options.output)  # the frame guarded the output
     console = stderr_console()
     with console.status(f"reading {directory}") if console.is_terminal else contextlib.nullcontext():
         model, spm_model = read_marian(directory)
-        meta = {"imported_from": str(directory.resolve()), "format": "huggingface-marian"}
+        meta = {"imported_from": str(directory.resolve()), "format": "huggingface-marian",
+                **marian_languages(directory)}  # a multilingual xf export's pairs
         save_checkpoint(output, make_checkpoint(model, spm_model, meta=meta))
     cfg = model.cfg
     tensors = {t.data_ptr(): t for t in model.state_dict().values()}  # tied tensors once
@@ -30,6 +31,7 @@ def import_model(options: ImportOptions) -> Path:
                    f"heads {cfg.heads}, {cfg.activation}"),
         ("vocabulary", f"{cfg.vocab_size} ids, embeddings shared: {cfg.share_embeddings}"),
         ("parameters", f"{sum(t.numel() for t in tensors.values()):,}"),
+        *([("languages", ", ".join(meta["pairs"]) + " (xf translate --target-lang)")] if "pairs" in meta else []),
         ("written", str(output)),
     ])
     return output

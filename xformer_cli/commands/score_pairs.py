@@ -26,11 +26,12 @@ from typing import IO, Iterator, Optional
 from ..console import invalid_utf8_warning, print_summary, stderr_console, warn
 from ..decoding_plan import Machine, plan_decoding
 from ..engines import XfEngine
-from ..errors import XfError
+from ..errors import ConfigError, XfError
 from ..fileio import atomic_write
 from ..options import ScorePairsOptions
 from ..pair_scoring import PairScore, dual_conditional_cross_entropy, max_length, score_pairs as score
-from ..vocab import decode_line
+from ..languages import model_pairs, vocabulary_for
+from ..vocab import decode_line, encode_target
 
 
 # -- reading -------------------------------------------------------------------------------------
@@ -85,9 +86,10 @@ def decode_lines(raws: list[bytes], first_line: int, side: Side) -> list[str]:
     return out
 
 
-def encode_lines(sp, texts: list[str], first_line: int, path: str, limit: int) -> list[list[int]]:
-    """The subword ids of each line; a line over ``limit`` subwords is an error naming it."""
-    pieces = sp.encode(texts, out_type=int)
+def encode_lines(encode, texts: list[str], first_line: int, path: str, limit: int) -> list[list[int]]:
+    """The subword ids of each line (``encode(texts)``: one side's encoding); a line over
+    ``limit`` subwords is an error naming it."""
+    pieces = encode(texts)
     for i, ids in enumerate(pieces):
         if len(ids) > limit:
             raise XfError(f"{path}:{first_line + i}: {len(ids)} subwords, more than the model's {limit} "
@@ -123,6 +125,15 @@ def score_pairs(options: ScorePairsOptions) -> None:
                       "xf score-pairs needs one target line per source line")
     plan = plan_decoding(options, Machine.here())
     directions = [XfEngine.open(path, plan) for path in (options.path, options.reverse_path) if path]
+    # each direction's (source encoding, target encoding): the forward model's sources start with
+    # --target-lang's tag when it is multilingual; a reverse model would need the source's
+    # language as its target, which no option names: a multilingual one is refused
+    if len(directions) > 1 and model_pairs(directions[1][0].meta) is not None:
+        raise ConfigError(f"--reverse-path {options.reverse_path[0]}: a multilingual model; the reverse score needs a "
+                          "bilingual target->source model")
+    forward = vocabulary_for(directions[0][1], directions[0][0].meta, options.target_lang, options.path[0])
+    encoders = [(lambda texts, v=v: v.encode(texts, out_type=int), lambda texts, sp=sp: encode_target(sp, texts, out_type=int))
+                for v, (_, sp) in zip([forward, *[sp for _, sp in directions[1:]]], directions)]
     batch = dict(max_tokens=options.max_tokens or None, max_sentences=None if options.max_tokens else options.batch_size)
 
     console = stderr_console()
@@ -145,10 +156,11 @@ def score_pairs(options: ScorePairsOptions) -> None:
                 tgt_texts = decode_lines([t for _, t in pairs], lines + 1, tgt_side)
                 found = []
                 sides = [(src_texts, options.source), (tgt_texts, options.target)]
-                for d, (engine, sp) in enumerate(directions):  # forward, then target -> source
-                    limit = max_length(engine.models)
+                for d, ((engine, _), (source_side, target_side)) in enumerate(zip(directions, encoders)):
+                    limit = max_length(engine.models)  # forward, then target -> source
                     (a, a_path), (b, b_path) = sides if d == 0 else sides[::-1]
-                    xs, ys = encode_lines(sp, a, lines + 1, a_path, limit), encode_lines(sp, b, lines + 1, b_path, limit)
+                    xs = encode_lines(source_side, a, lines + 1, a_path, limit)
+                    ys = encode_lines(target_side, b, lines + 1, b_path, limit)
                     if d == 0:
                         src_side.subwords += sum(map(len, xs))
                         tgt_side.subwords += sum(map(len, ys))

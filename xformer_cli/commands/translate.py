@@ -24,9 +24,10 @@ from ..errors import ConfigError, XfError, memory_detail, out_of_memory
 from ..fileio import atomic_write
 from ..glossary import Glossary
 from ..options import TranslateOptions
-from ..translation import (Stats, decode_input_line, encode_constraints, encode_prefixes, open_engine, open_scorer,
-                           crowded_term, over_constraint_limits, read_steered_line, translate_buffer,
-                           translate_sentences, unfit_term)
+from ..languages import TaggedVocabulary, model_pairs, target_languages
+from ..translation import (Stats, decode_input_line, encode_constraints, encode_prefixes, line_vocabularies,
+                           open_engine, open_scorer, crowded_term, over_constraint_limits, read_steered_line,
+                           source_vocabulary, translate_buffer, translate_sentences, unfit_term)
 
 
 # -- reading and writing -------------------------------------------------------------------------
@@ -83,12 +84,18 @@ def translate(options: TranslateOptions) -> None:
     calibration = Calibration.load(options.confidence) if options.confidence else None  # as does this
     engine, sp, device = open_engine(options)
     try:
-        scorer = open_scorer(options, engine.plan, calibration) if options.output_format == "jsonl" else None
+        multilingual = model_pairs(engine.meta) is not None
+        per_line = options.input_format == "jsonl"  # a line may name its target
+        # the source vocabulary of --target-lang (None: a multilingual model whose jsonl lines name theirs)
+        vocab = None if per_line and multilingual and options.target_lang is None else \
+            source_vocabulary(engine, sp, options.target_lang, options.path[0])
+        languages = tuple(target_languages(engine.meta)) if multilingual and per_line else ()
+        scorer = open_scorer(options, engine.plan, calibration, languages) if options.output_format == "jsonl" else None
         unfit = glossary is not None and (unfit_term(glossary, sp, engine.max_source)
                                           or crowded_term(glossary, options.max_constraint_forms))
         if unfit:  # its terms against the model, before a line is written
             raise ConfigError(unfit)
-        _translate(engine, sp, device, options, glossary, scorer)
+        _translate(engine, sp, vocab, device, options, glossary, scorer)
     except (MemoryError, RuntimeError) as e:
         if not out_of_memory(e):
             raise
@@ -98,7 +105,10 @@ def translate(options: TranslateOptions) -> None:
         engine.close()  # --workers: its decoding processes
 
 
-def _translate(engine, sp, device, options: TranslateOptions, glossary: Optional[Glossary], scorer) -> None:
+def _translate(engine, sp, vocab, device, options: TranslateOptions, glossary: Optional[Glossary], scorer) -> None:
+    """The input's buffers translated and written; sources encoded with ``vocab`` (``translation.
+    source_vocabulary``: with a multilingual model's target tag) or a jsonl line's own, target
+    text (prefixes, constraints, glossary forms) with ``sp``'s target side."""
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
     if options.print_alignment:  # a layer the models lack fails now, not at the first batch
@@ -123,21 +133,24 @@ def _translate(engine, sp, device, options: TranslateOptions, glossary: Optional
             for raw_lines in read_buffers(source, buffer_size):
                 lines = [decode_input_line(raw, stats.lines + i + 1, stats, where) for i, raw in enumerate(raw_lines)]
                 if options.split_sentences is not None:
-                    outputs = translate_sentences(engine, sp, lines, options, stats, generator)
+                    outputs = translate_sentences(engine, vocab, lines, options, stats, generator)
                 elif options.input_format == "jsonl":
                     steered = [read_steered_line(text, stats.lines + i + 1, where) for i, text in enumerate(lines)]
+                    vocabularies = line_vocabularies(engine, sp, steered, vocab, options.target_lang, where,
+                                                     stats.lines, options.path[0])
+                    targets = [v.target_lang if isinstance(v, TaggedVocabulary) else None for v in vocabularies]
                     prefixes = encode_prefixes(sp, [s.prefix for s in steered], engine.max_source, where, stats.lines)
                     wanted = [s.constraints + (glossary.constraints(s.source) if glossary else []) for s in steered]
                     constraints = _constraints(sp, wanted, engine, options, where, stats.lines)
                     outputs = translate_buffer(engine, sp, [s.source for s in steered], stats.lines, options, stats,
-                                               generator, prefixes, constraints, scorer)
+                                               generator, prefixes, constraints, scorer, vocabularies, targets)
                 elif glossary is not None:
                     constraints = _constraints(sp, [glossary.constraints(line) for line in lines], engine, options,
                                                where, stats.lines)
-                    outputs = translate_buffer(engine, sp, lines, stats.lines, options, stats, generator, None,
+                    outputs = translate_buffer(engine, vocab, lines, stats.lines, options, stats, generator, None,
                                                constraints, scorer)
                 else:
-                    outputs = translate_buffer(engine, sp, lines, stats.lines, options, stats, generator,
+                    outputs = translate_buffer(engine, vocab, lines, stats.lines, options, stats, generator,
                                                scorer=scorer)
                 sink.write("".join(outputs).encode("utf-8"))
                 sink.flush()
