@@ -224,11 +224,8 @@ def _check_compatible(first: dict, ckpt: dict, first_path, path: Path, groups: l
 
 
 # -- --choose-on-valid: the set and the length penalty chosen on a validation set (choose.py) ---------
-def choose_on_valid(options: AverageOptions) -> None:
-    """Score every candidate average on the validation set, write the winner to options.output and
-    the choice with every score to options.choose_report (JSON), the report last."""
-    from rich.progress import Progress
-
+def checkpoints_to_choose_from(options: AverageOptions) -> list[Path]:
+    """The numbered checkpoints of --inputs, or the one line that says why there is no choice."""
     if options.num_epoch_checkpoints:
         raise ConfigError("--choose-on-valid chooses among update checkpoints; --num-update-checkpoints N "
                           "names the fixed rule (not --num-epoch-checkpoints)")
@@ -239,10 +236,19 @@ def choose_on_valid(options: AverageOptions) -> None:
     numbered = numbered_checkpoints(options.inputs)
     if not numbered:
         raise XfError(f"{', '.join(options.inputs)} holds no checkpoint_<epoch>_<update>.pt to choose from")
-    report_path = Path(options.choose_report)  # AverageOptions resolved its default; the frame guarded it
     if model_pairs(load_checkpoint(numbered[-1]).get("meta") or {}):
         raise ConfigError(f"--choose-on-valid chooses on one direction's validation set; {numbered[-1]} is "
                           "multilingual: average with --no-choose-on-valid (the fixed rule)")
+    return numbered
+
+
+def choose_on_valid(options: AverageOptions) -> None:
+    """Score every candidate average on the validation set, write the winner to options.output and
+    the choice with every score to options.choose_report (JSON), the report last."""
+    from rich.progress import Progress
+
+    numbered = checkpoints_to_choose_from(options)
+    report_path = Path(options.choose_report)  # AverageOptions resolved its default; the frame guarded it
     source, reference = read_valid(options.valid_source, options.valid_reference)
     start = time.perf_counter()
     console = stderr_console()
