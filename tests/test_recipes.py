@@ -507,3 +507,34 @@ def test_ablations_run_rows_side_by_side_resume_and_write_the_table(tmp_path):
     assert changed.returncode != 0 and f"A1-h1: recorded in {record}/rows/A1-h1 with other options" in changed.stderr
     bad = run_recipe("ablations/run.sh", env, "Z9-none", check=False)
     assert bad.returncode != 0 and "no row 'Z9-none'" in bad.stderr
+
+
+@pytest.mark.slow
+def test_multilingual_recipe_trains_bilingual_and_multilingual_models_and_tabulates_every_direction(tmp_path):
+    """multilingual.sh with two models side by side (JOBS=2): a bilingual EN-DE and the
+    English-centric model asked all six directions, two of them zero-shot; a re-run skips all."""
+    env = {"MULTI30K_DIR": multi30k_slice(tmp_path / "m30k"), "WORK_DIR": tmp_path / "work",
+           "CONFIG": tiny_config(tmp_path), "MODELS": "en-de english-centric", "JOBS": 2}
+    first = run_recipe("multi30k/multilingual.sh", env)
+    work = tmp_path / "work"
+    from xformer_cli.checkpoint import load_checkpoint
+
+    assert load_checkpoint(work / "english-centric" / "averaged.pt")["meta"]["pairs"] == ["en-de", "de-en", "en-fr", "fr-en"]
+    assert "pairs" not in load_checkpoint(work / "en-de" / "averaged.pt")["meta"]
+    for direction in ("en-de", "de-en", "en-fr", "fr-en", "de-fr", "fr-de"):
+        assert len(read(work / "english-centric" / f"test.{direction}")) == 30
+    assert sorted(p.name for p in (work / "en-de").glob("test.*")) == ["test.en-de"]
+    table = (work / "results.md").read_text()
+    assert table.strip() in first.stdout
+    rows = {line.split("|")[1].strip(): line for line in table.splitlines() if line.startswith("| ") and "---" not in line}
+    assert set(rows) == {"model", "en-de", "english-centric"}
+    assert rows["english-centric"].count("zero-shot") == 2 and rows["english-centric"].count("%") in (0, 6)
+    assert rows["en-de"].count("(") == 1  # one direction scored
+    again = run_recipe("multi30k/multilingual.sh", env)
+    assert again.stderr.count("skipped") == 3 * 2 + 1 + 6  # three steps a model, then each translation
+
+
+def test_multilingual_recipe_refuses_an_unknown_model_before_any_work(tmp_path):
+    result = run_recipe("multi30k/multilingual.sh", {"WORK_DIR": tmp_path / "work", "MODELS": "en-de en-xx"}, check=False)
+    assert result.returncode != 0 and "unknown model 'en-xx'" in result.stderr
+    assert not (tmp_path / "work").exists()
