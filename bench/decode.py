@@ -11,7 +11,8 @@ A case is words, the engine first:
   ``translate_batch`` (its own search and length penalty) on xf's export of the checkpoint;
   ``ct2-engine``: ``xf translate --engine ctranslate2`` (xf's search rules over CTranslate2);
 - a precision: ``fp32`` (default), ``bf16``, ``fp16``, ``auto`` or ``int8``; with xf's int8 an
-  engine ``fbgemm``, ``x86`` (the default) or ``onednn``;
+  engine ``fbgemm``, ``x86`` or ``onednn`` (without one: ``--int8-engine auto``, the decoding
+  plan's rule by the CPU's flags, which the case's backend names: "rule fired: ...");
 - ``compile`` (the decoder step ahead of time: its build or load happens in the warm-up, and is
   reported, not timed), ``shortlist`` (--shortlist; CTranslate2's vocabulary map), ``workersN``
   (--workers N; CTranslate2's inter_threads), ``greedy`` (beam 1; else --beam), ``cuda``;
@@ -123,7 +124,7 @@ def translate_options(case: Case, job: dict):
         engine="ctranslate2" if case.engine == "ct2-engine" else "xf", beam_size=1 if case.greedy else job["beam"],
         batch_size=job["batch"], device="cuda" if case.cuda else "cpu", threads=job["threads"],
         workers=case.workers, precision="fp32" if int8 else case.precision, quantize="int8" if int8 else "none",
-        int8_engine=case.int8_engine or "x86", compile=case.compile,
+        int8_engine=case.int8_engine or "auto", compile=case.compile,
         shortlist=job["shortlist"] if case.shortlist else None, **limits)
 
 
@@ -166,7 +167,8 @@ def open_xf(case: Case, job: dict):
     engine, sp, _ = open_engine(options)
     plan = engine.plan
     described = (f"engine {plan.engine}, torch {torch.__version__}, {plan.device} {plan.precision}, int8 {plan.int8}"
-                 f"{f' ({plan.int8_engine})' if plan.int8_engine else ''}, step {plan.step}")
+                 f"{f' ({plan.int8_engine})' if plan.int8_engine else ''}, step {plan.step}"
+                 f"{f'; rule fired: {plan.rule}' if plan.rule else ''}")
 
     def translate(lines):
         stats = Stats()

@@ -139,7 +139,6 @@ def test_list_options_take_space_separated_values(monkeypatch, tmp_path):
     (["translate", "--path", "m.pt", "--no-refill"], "--refill was removed"),
     (["serve", "--model", "en-de=m.pt", "--refill", "8"], "--workers N decodes batches in parallel"),
     (["translate", "--path", "m.pt", "--compile", "--compile-mode=jit"], "--compile-mode was removed: --compile compiles"),
-    (["translate", "--path", "m.pt", "--quantize", "int8", "--int8-engine", "auto"], "the default is x86"),
 ])
 def test_a_removed_option_says_what_replaces_it(args, words):
     """On the command line: one line naming what replaces it, not click's "no such option"."""
@@ -151,7 +150,6 @@ def test_a_removed_option_says_what_replaces_it(args, words):
 @pytest.mark.parametrize("yaml_text, words", [
     ("translate: {path: [m.pt], refill: true}\n", "--refill was removed"),
     ("translate: {path: [m.pt], compile-mode: aot}\n", "--compile-mode was removed"),
-    ("translate: {path: [m.pt], quantize: int8, int8_engine: auto}\n", "--int8-engine auto was removed"),
 ])
 def test_a_removed_yaml_key_says_what_replaces_it(tmp_path, yaml_text, words):
     from xformer_cli.frame import load_command_options
@@ -162,7 +160,7 @@ def test_a_removed_yaml_key_says_what_replaces_it(tmp_path, yaml_text, words):
     with pytest.raises(ConfigError, match=words) as caught:
         load_command_options(TranslateOptions, tmp_path / "xf.yaml", section="translate")
     assert str(caught.value).startswith(str(tmp_path / "xf.yaml")) and "\n" not in str(caught.value)
-    # a value that stays is still a value: x86 is the default, fbgemm an override
-    for engine in ("x86", "fbgemm"):
+    # a value that stays is still a value: auto (the plan's rule by the CPU) is the default, x86 or fbgemm an override
+    for engine in ("auto", "x86", "fbgemm"):
         (tmp_path / "ok.yaml").write_text(f"translate: {{path: [m.pt], quantize: int8, int8_engine: {engine}}}\n")
         assert load_command_options(TranslateOptions, tmp_path / "ok.yaml", section="translate").int8_engine == engine

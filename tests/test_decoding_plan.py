@@ -4,13 +4,18 @@ users have (machines are described, not detected: the table holds on any machine
 
 import pytest
 
-from xformer_cli.decoding_plan import Machine, plan_decoding
+from xformer_cli.decoding_plan import Machine, int8_rule, plan_decoding
 from xformer_cli.errors import ConfigError, XfError
 from xformer_cli.options import ScorePairsOptions, TranslateOptions
 
 AVX2 = Machine(threads=2)  # no bf16 instructions, int8 products not exact
 VNNI = Machine(int8_exact=True, threads=2)
 AMX = Machine(cpu_bf16=True, int8_exact=True, threads=2)
+EPYC_AVX512 = Machine(cpu_bf16=True, int8_exact=True, threads=2, cpu_vendor="AuthenticAMD",
+                      cpu_flags=frozenset({"avx2", "avx512f", "avx512_vnni", "avx512_bf16"}))
+EPYC_AVX2 = Machine(threads=2, cpu_vendor="AuthenticAMD", cpu_flags=frozenset({"avx2"}))
+XEON_AMX = Machine(cpu_bf16=True, int8_exact=True, threads=2, cpu_vendor="GenuineIntel",
+                   cpu_flags=frozenset({"avx2", "avx512f", "avx512_vnni", "avx512_bf16", "amx_int8", "amx_bf16"}))
 H100 = Machine(cuda=True, cuda_bf16=True, cpu_bf16=True, int8_exact=True, threads=16)
 T4 = Machine(cuda=True, threads=8)  # no bf16 on the GPU
 
@@ -27,6 +32,13 @@ PLANS = [
     (dict(device="auto", precision="auto"), T4, dict(device="cuda", precision="fp32")),
     (dict(device="cuda", precision="fp16"), T4, dict(precision="fp16")),
     (dict(quantize="int8"), AVX2, dict(int8="dynamic", int8_engine="x86", step="eager", precision="fp32")),
+    # --int8-engine auto (the default): int8_rule by the CPU's flags, the rule named in the plan
+    (dict(quantize="int8"), EPYC_AVX512, dict(int8_engine="fbgemm", rule=int8_rule("AuthenticAMD", EPYC_AVX512.cpu_flags)[1])),
+    (dict(quantize="int8"), EPYC_AVX2, dict(int8_engine="x86")),
+    (dict(quantize="int8"), XEON_AMX, dict(int8_engine="x86")),
+    (dict(quantize="int8", int8_engine="x86"), EPYC_AVX512, dict(int8_engine="x86", rule=None)),  # named: no rule
+    (dict(quantize="int8", compile=True), EPYC_AVX512, dict(int8="matmul", int8_engine="fbgemm")),
+    (dict(), EPYC_AVX512, dict(int8_engine=None, rule=None)),  # no int8: nothing to choose
     (dict(quantize="int8", int8_engine="onednn"), AMX, dict(int8="dynamic", int8_engine="onednn")),
     (dict(quantize="int8", compile=True), VNNI, dict(int8="matmul", int8_engine="x86", step="aot")),
     (dict(quantize="int8", compile=True, int8_engine="fbgemm"), AMX, dict(int8="matmul", int8_engine="fbgemm")),

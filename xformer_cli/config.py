@@ -170,10 +170,7 @@ REMOVED_OPTIONS = {
     "compile_mode": "--compile-mode was removed: --compile compiles the decoder step ahead of time on the CPU "
                     "(its jit mode measured no gain)",
 }
-REMOVED_VALUES = {
-    ("int8_engine", "auto"): "--int8-engine auto was removed (its timed choice was within run-to-run noise): "
-                             "the default is x86; fbgemm or onednn override it",
-}
+REMOVED_VALUES: dict = {}  # (option, value) -> the line, as REMOVED_OPTIONS
 
 
 def removed(key: str, value: Any = None) -> str | None:

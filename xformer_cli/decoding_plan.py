@@ -12,7 +12,9 @@ tests/test_decoding_plan.py):
   own search), and no --int8-engine (it brings its own int8 kernels);
 - device: ``auto`` is CUDA where there is one, else the CPU; ``cuda`` without one is refused;
 - precision: ``precision.resolve_precision`` over what the engine computes in here;
-- int8: ``--int8-engine`` names torch's engine of --quantize int8 (default x86) and nothing else;
+- int8: ``--int8-engine`` names torch's engine of --quantize int8 and nothing else; ``auto`` (the
+  default) is ``int8_rule``'s choice by the CPU's flags, never by timing (the plan says which rule
+  fired: ``DecodingPlan.rule``);
   eager int8 is torch.ao's dynamic layers of that engine; with --compile, the decoder's int8
   products are compiled ahead of time (``torch._int_mm``), which is exact only where the CPU
   multiplies int8 pairs into int32 (VNNI, AMX): refused elsewhere; the encoder keeps the engine's;
@@ -32,7 +34,16 @@ from typing import Optional
 from .errors import ConfigError, XfError
 from .precision import precision_warning, resolve_precision, xf_precisions
 
-DEFAULT_INT8_ENGINE = "x86"  # torch's own pick of fbgemm or oneDNN by shape
+DEFAULT_INT8_ENGINE = "auto"  # int8_rule: by the CPU's flags
+
+
+def int8_rule(vendor: str, flags: frozenset) -> tuple[str, str]:
+    """(torch's int8 engine, the rule that chose it) for a CPU of ``vendor`` (/proc/cpuinfo's
+    vendor_id) and instruction-set ``flags``, each rule from same-run measurements of
+    bench/decode.py (docs/benchmarks.md, "Every engine of one CPU")."""
+    if vendor == "AuthenticAMD" and "avx512_vnni" in flags and "amx_int8" not in flags:
+        return "fbgemm", "AMD with AVX-512 VNNI: fbgemm (1.11-1.12x x86 in two runs on the AVX-512 EPYC)"
+    return "x86", "elsewhere x86, torch's pick of fbgemm or oneDNN by shape (fastest on the VNNI Xeon; even on AVX2)"
 
 
 @dataclass(frozen=True)
@@ -44,18 +55,20 @@ class Machine:
     cpu_bf16: bool = False  # avx512_bf16 or AMX: bf16 is native on the CPU
     int8_exact: bool = False  # torch._int_mm is exact here (VNNI or AMX)
     threads: int = 1  # torch's default thread count
+    cpu_vendor: str = ""  # /proc/cpuinfo's vendor_id (GenuineIntel, AuthenticAMD, ...)
+    cpu_flags: frozenset = frozenset()  # /proc/cpuinfo's flags
 
     @classmethod
     def here(cls) -> "Machine":
         import torch
 
-        from .precision import cpu_bf16_instructions, cuda_has_bf16
+        from .precision import cpu_bf16_instructions, cpu_flags, cpu_vendor, cuda_has_bf16
         from .quantization import int8_matmul_exact
 
         cuda = torch.cuda.is_available()
         return cls(cuda=cuda, cuda_bf16=cuda and cuda_has_bf16(torch.device("cuda")),
                    cpu_bf16=bool(cpu_bf16_instructions()), int8_exact=int8_matmul_exact(),
-                   threads=torch.get_num_threads())
+                   threads=torch.get_num_threads(), cpu_vendor=cpu_vendor(), cpu_flags=frozenset(cpu_flags()))
 
 @dataclass(frozen=True)
 class DecodingPlan:
@@ -71,6 +84,7 @@ class DecodingPlan:
     shortlist: Optional[str]
     steering: bool  # lexical constraints and glossaries can be met (xf's beam search)
     warning: Optional[str] = None  # runs, but badly here (emulated bf16)
+    rule: Optional[str] = None  # which rule chose what the options left to the machine (--int8-engine auto)
 
     def refuse_steering(self, what: str) -> None:
         """Raise the one line saying why ``what`` (constraints, a glossary) cannot be met here."""
@@ -114,11 +128,14 @@ def plan_decoding(options, machine: Machine) -> DecodingPlan:
         raise ConfigError("--compile --quantize int8 needs int8 products this CPU computes exactly (VNNI or AMX; "
                           "without them torch._int_mm saturates): drop --compile, or --quantize")
     threads = max(1, (o["threads"] or machine.threads) // workers) if o["threads"] > 0 or workers > 1 else 0
+    rule = None
+    if int8 != "none" and engine == "xf" and int8_engine == "auto":
+        int8_engine, rule = int8_rule(machine.cpu_vendor, machine.cpu_flags)
     plan = DecodingPlan(engine=engine, device=device, precision=precision, int8=int8,
                         int8_engine=int8_engine if int8 != "none" and engine == "xf" else None,
                         step="aot" if o["compile"] else "eager", workers=workers,
                         processes=workers > 1 and device == "cpu", threads=threads, shortlist=o["shortlist"],
-                        steering=engine == "xf" and not o["sampling"], warning=warning)
+                        steering=engine == "xf" and not o["sampling"], warning=warning, rule=rule)
     if o["glossary"]:
         plan.refuse_steering("--glossary")
     return plan

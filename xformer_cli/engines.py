@@ -118,8 +118,9 @@ class XfEngine(Engine):
             models = [quantize_int8(m, plan.int8_engine) for m in models]
         engine = cls(models, device, loaded, AotStep(AotPackages(packages)) if plan.step == "aot" else None)
         engine.meta = language_meta(meta)
-        engine.int8_engine = {"matmul": f"decoder: int8 matmul, compiled ahead of time; encoder: {plan.int8_engine}",
-                              "dynamic": plan.int8_engine}.get(plan.int8)
+        chosen = f"{plan.int8_engine} (--int8-engine auto, the rule: {plan.rule})" if plan.rule else plan.int8_engine
+        engine.int8_engine = {"matmul": f"decoder: int8 matmul, compiled ahead of time; encoder: {chosen}",
+                              "dynamic": chosen}.get(plan.int8)
         if plan.processes:  # no shared interpreter lock; each opens one worker's plan
             opener = functools.partial(cls.open, packages=engine.compiled.packages.root) if engine.compiled else cls.open
             engine.workers = DecodeWorkers(opener, tuple(paths), dataclasses.replace(plan, workers=1, processes=False),

@@ -433,12 +433,13 @@ class TranslateOptions(DecodingOptions):
     quantize: Literal["none", "int8"] = option(
         "none", "int8: dynamic int8 linear layers on CPU (faster; outputs may change)"
     )
-    int8_engine: Literal["fbgemm", "x86", "onednn"] = option(
-        "x86", "--quantize int8's matrix library, the model's own (two models in one process may differ): x86 "
-        "(torch's pick of fbgemm or oneDNN by shape), fbgemm (its AVX2, AVX-512 and VNNI kernels) or onednn (whose "
-        "int8 kernels use AMX tiles on CPUs with amx_int8); the weights are the same int8, the activations' "
-        "quantization differs, so outputs may change; with --compile: the encoder's (the decoder's int8 products "
-        "are compiled in its graph)"
+    int8_engine: Literal["auto", "fbgemm", "x86", "onednn"] = option(
+        "auto", "--quantize int8's matrix library, the model's own (two models in one process may differ): auto "
+        "(by the CPU's flags, the decoding plan's rule: fbgemm on AMD CPUs with AVX-512 VNNI and no AMX, x86 "
+        "elsewhere), x86 (torch's pick of fbgemm or oneDNN by shape), fbgemm (its AVX2, AVX-512 and VNNI kernels) or "
+        "onednn (whose int8 kernels use AMX tiles on CPUs with amx_int8); the weights are the same int8, the "
+        "activations' quantization differs, so outputs may change; with --compile: the encoder's (the decoder's "
+        "int8 products are compiled in its graph)"
     )
     threads: int = option(0, "CPU threads for torch (0: torch's default)", range=THREADS)
     workers: int = option(

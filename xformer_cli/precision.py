@@ -35,6 +35,16 @@ def cpu_flags(cpuinfo: str | None = None) -> set[str]:
     return set()
 
 
+def cpu_vendor(cpuinfo: str | None = None) -> str:
+    """This CPU's vendor_id (GenuineIntel, AuthenticAMD, ...); "" where /proc/cpuinfo has none."""
+    if cpuinfo is None:
+        try:
+            cpuinfo = Path("/proc/cpuinfo").read_text()
+        except OSError:
+            return ""
+    return next((line.split(":", 1)[1].strip() for line in cpuinfo.splitlines() if line.startswith("vendor_id")), "")
+
+
 def cpu_bf16_instructions(cpuinfo: str | None = None) -> list[str]:
     """The native bf16 matrix instruction sets of this CPU, by their /proc/cpuinfo flag names;
     empty where there are none, or where /proc/cpuinfo does not exist (not Linux)."""
