@@ -43,7 +43,8 @@ def int8_rule(vendor: str, flags: frozenset) -> tuple[str, str]:
     bench/decode.py (docs/benchmarks.md, "Every engine of one CPU")."""
     if vendor == "AuthenticAMD" and "avx512_vnni" in flags and "amx_int8" not in flags:
         return "fbgemm", "AMD with AVX-512 VNNI: fbgemm (1.11-1.12x x86 in two runs on the AVX-512 EPYC)"
-    return "x86", "elsewhere x86, torch's pick of fbgemm or oneDNN by shape (fastest on the VNNI Xeon; even on AVX2)"
+    return "x86", ("elsewhere x86, torch's pick of fbgemm or oneDNN by shape (fastest on the VNNI Xeon; level on AVX2 "
+                   "and AMX)")
 
 
 @dataclass(frozen=True)
