@@ -615,3 +615,16 @@ def multi30k() -> tuple[Path, str]:
     if _complete(path, "multi30k/"):
         return path, f"Multi30k from MULTI30K_DIR={path}"
     return generated() / "multi30k", f"a Multi30k-like corpus generated in {generated()} (MULTI30K_DIR={path} is missing or incomplete)"
+
+
+def cli_fails(args, message: str) -> str:
+    """``xf ARGS`` in-process exits non-zero with one error line holding ``message``; returns it."""
+    from typer.testing import CliRunner
+
+    from xformer_cli.cli import app
+
+    result = CliRunner().invoke(app, [str(a) for a in args])
+    assert result.exit_code != 0
+    lines = result.output.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("xf: error:") and message in lines[0], result.output
+    return lines[0]

@@ -24,7 +24,7 @@ from xformer_cli.options import DecodingOptions, ExportOptions
 from xformer_cli.search import beam_search
 from xformer_cli.vocab import BOS_ID, EOS_ID
 
-from helpers import MARIAN_CONFIG, random_checkpoint
+from helpers import MARIAN_CONFIG, cli_fails, random_checkpoint
 
 class _Transformers:
     """transformers, imported on first use (its import takes seconds; the fast tests never need it)."""
@@ -208,12 +208,7 @@ def test_trained_model_exports_with_the_same_translations(trained_tiny, exported
 
 
 # -- refusals ------------------------------------------------------------------------------------
-def fails(args, message):
-    result = runner.invoke(app, [str(a) for a in args])
-    assert result.exit_code != 0
-    lines = result.output.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("xf: error:") and message in lines[0], result.output
-    return lines[0]
+fails = cli_fails  # one error line holding the message (helpers.cli_fails)
 
 
 @pytest.mark.parametrize("variant, option", [

@@ -18,7 +18,7 @@ from xformer_cli.options import TranslateOptions
 from xformer_cli.segment import split_texts
 from xformer_cli.translation import Stats, open_engine, source_vocabulary, translate_buffer
 
-from helpers import multilingual_checkpoint
+from helpers import cli_fails, multilingual_checkpoint
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # conftest.py: torch on one thread (tiny models)
 runner = CliRunner()
@@ -49,13 +49,7 @@ def xf(*args):
     return result
 
 
-def fails(args, message):
-    """The command exits non-zero with one error line holding ``message``."""
-    result = runner.invoke(app, [str(a) for a in args])
-    assert result.exit_code != 0
-    lines = result.output.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("xf: error:") and message in lines[0], result.output
-    return lines[0]
+fails = cli_fails  # one error line holding the message (helpers.cli_fails)
 
 
 # -- the tag is the first source id ------------------------------------------------------------------
