@@ -22,7 +22,9 @@ Each xf case is checked by the decoding plan first (``decoding_plan.plan_decodin
 plan refuses here, or would run badly (emulated bf16), is skipped with the plan's reason.
 
 ``--isa avx2`` runs every case as on an AVX2-only CPU (torch's kernels ``ATEN_CPU_CAPABILITY``,
-oneDNN's ``ONEDNN_MAX_CPU_ISA``, CTranslate2's ``CT2_FORCE_CPU_ISA``; bf16 cases skipped): the AVX2
+oneDNN's ``ONEDNN_MAX_CPU_ISA``, fbgemm's ``FBGEMM_ENABLE_INSTRUCTIONS`` (torch's int8 products:
+it picks its kernels by the CPU, not by torch's setting), MKL's ``MKL_ENABLE_INSTRUCTIONS``,
+CTranslate2's ``CT2_FORCE_CPU_ISA``; bf16 cases skipped): the AVX2
 row of a table measured on an AVX-512 machine, labelled so in the header; a real AVX2 CPU is the
 better witness (the caches and clocks are the bigger machine's).
 
@@ -128,8 +130,9 @@ def translate_options(case: Case, job: dict):
         shortlist=job["shortlist"] if case.shortlist else None, **limits)
 
 
-# --isa avx2: the variables that hold torch, oneDNN and CTranslate2 to AVX2 kernels
-ISA_ENV = {"avx2": {"ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2", "CT2_FORCE_CPU_ISA": "AVX2"}}
+# --isa avx2: the variables that hold torch, oneDNN, fbgemm, MKL and CTranslate2 to AVX2 kernels
+ISA_ENV = {"avx2": {"ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2", "FBGEMM_ENABLE_INSTRUCTIONS": "AVX2",
+                    "MKL_ENABLE_INSTRUCTIONS": "AVX2", "CT2_FORCE_CPU_ISA": "AVX2"}}
 
 
 def refusal(case: Case, job: dict) -> Optional[str]:
