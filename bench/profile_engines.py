@@ -1,7 +1,8 @@
 """Where xf and CTranslate2 spend a beam step, side by side, on this CPU: one command.
 
     python bench/profile_engines.py --path CKPT [--source FILE] [--lines 300] [--batches 8,64]
-                                    [--precisions int8,fp32] [--rounds 2] [--isa avx2] [--json OUT]
+                                    [--precisions int8,fp32] [--ct2-backend nomkl] [--rounds 2]
+                                    [--isa avx2] [--json OUT]
 
 1. Thread layouts by batch size, both engines (each case in a fresh process, through
    bench/decode.py's cases; CTranslate2's own translate_batch on xf's export): one search on one
@@ -72,13 +73,16 @@ def steps_of(outputs: list[str], sources: list[list[int]], batch: int, sp) -> in
 def layouts(args, job: dict, sp) -> list[dict]:
     """Part 1: every engine x precision x layout x batch, best of --rounds, in fresh processes."""
     sources = sp.encode(job["lines"], out_type=int)
-    cases = [(engine, precision, layout, batch) for precision in args.precisions for engine in ("xf", "ct2")
-             for layout in LAYOUTS for batch in args.batches]
+    # xf's modes of a precision ("int8 compile"); CTranslate2 runs the precision itself, once
+    cases = list(dict.fromkeys((engine, precision if engine == "xf" else precision.split()[0], layout, batch)
+                               for precision in args.precisions for engine in ("xf", "ct2")
+                               for layout in LAYOUTS for batch in args.batches))
     best: dict = {}
     for _ in range(args.rounds):
         for engine, precision, layout, batch in cases:
             threads, workers = LAYOUTS[layout]
-            name = f"{engine} {precision}" + (f" workers{workers}" if workers > 1 else "")
+            backend = f" {args.ct2_backend}" if engine == "ct2" and args.ct2_backend else ""
+            name = f"{engine} {precision}{backend}" + (f" workers{workers}" if workers > 1 else "")
             found = decode.run_child({**job, "case": name, "threads": threads, "batch": batch}, {})
             key = (engine, precision, layout, batch)
             if "error" in found:
@@ -183,7 +187,10 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--source", default=str(decode.MULTI30K / "test2016.en"))
     ap.add_argument("--lines", type=int, default=300)
     ap.add_argument("--batches", default="8,64", help="two or more batch sizes, comma-separated")
-    ap.add_argument("--precisions", default="int8,fp32", help="comma-separated: int8, fp32, bf16")
+    ap.add_argument("--precisions", default="int8,fp32", help="comma-separated: int8, fp32, bf16, and xf's modes "
+                    "of them (\"int8 compile\": xf's compiled step; CTranslate2 runs the first word)")
+    ap.add_argument("--ct2-backend", default="", help="bench/decode.py's words for CTranslate2's backend, e.g. "
+                    "\"nomkl\" (oneDNN where it would pick MKL: an Intel CPU) or \"nomkl avx512\"")
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--beam", type=int, default=4)
     ap.add_argument("--isa", choices=sorted(decode.ISA_ENV), default=None, help="as bench/decode.py --isa")
