@@ -15,7 +15,7 @@ A case is words, the engine first:
   plan's rule by the CPU's flags, which the case's backend names: "rule fired: ...");
 - ``compile`` (the decoder step ahead of time: its build or load happens in the warm-up, and is
   reported, not timed), ``shortlist`` (--shortlist; CTranslate2's vocabulary map), ``workersN``
-  (--workers N; CTranslate2's inter_threads), ``greedy`` (beam 1; else --beam), ``cuda``;
+  (--workers N; CTranslate2's inter_threads), ``workersauto`` (xf's --workers 0: the plan's rule), ``greedy`` (beam 1; else --beam), ``cuda``;
 - CTranslate2's backends (it takes MKL and AVX-512 only on GenuineIntel CPUs unless told): ``mkl``,
   ``nomkl`` (CT2_USE_MKL), ``avx512`` (CT2_FORCE_CPU_ISA=AVX512).
 Each xf case is checked by the decoding plan first (``decoding_plan.plan_decoding``): a case the
@@ -33,9 +33,11 @@ machine slows all alike), each figure its best round. Without --path a random mo
 stands in (it never ends a sentence: outputs are capped at the source length) with a BPE of
 8,000 learned on Multi30k train, or with ``--source wmt-like`` --vocab-size made-up words and
 synthetic sources of WMT-like lengths (no data needed; bench/gpu.sh). --cpu-lines N decodes only
-the first N lines in the CPU cases (beside CUDA ones). Prints the CPU flags and one line a case;
---json OUT gets the rows (make bench's: bench, case, metric, value, unit, ratio, note) after every
-measurement. ``make bench`` runs ``rows()`` (XF_BENCH_DECODE: more arguments). Figures mean
+the first N lines in the CPU cases (beside CUDA ones). Prints the CPU flags and one line a case,
+and where both engines ran, the CPU kind's row of docs/benchmarks.md (xf's best against
+CTranslate2's, with shortlists and without, and each engine's defaults with int8: ``--cases
+kind`` runs that row's cases); --json OUT gets the rows (make bench's: bench, case, metric,
+value, unit, ratio, note) after every measurement. ``make bench`` runs ``rows()`` (XF_BENCH_DECODE: more arguments). Figures mean
 something only against each other, from one run on one machine: docs/benchmarks.md keeps them.
 """
 
@@ -99,15 +101,19 @@ def parse_case(name: str) -> Case:
             fields[word] = True
         elif word.startswith("workers") and word[7:].isdigit() and int(word[7:]) > 0:
             fields["workers"] = int(word[7:])
+        elif word == "workersauto":  # xf's --workers 0: the decoding plan's rule
+            fields["workers"] = 0
         elif word in CT2_ENV:
             fields["env"].update([CT2_ENV[word]])
         else:
             raise ValueError(f"case {name!r}: unknown word {word!r} (the words: {', '.join(ENGINES + PRECISIONS)}, "
-                             f"{', '.join(INT8_ENGINES)}, compile, shortlist, greedy, cuda, workersN, "
+                             f"{', '.join(INT8_ENGINES)}, compile, shortlist, greedy, cuda, workersN, workersauto, "
                              f"{', '.join(CT2_ENV)})")
     case = Case(**fields)
     if case.int8_engine and (case.precision != "int8" or case.engine != "xf"):
         raise ValueError(f"case {name!r}: {case.int8_engine} is the engine of xf's int8: add int8")
+    if case.workers == 0 and case.engine != "xf":
+        raise ValueError(f"case {name!r}: workersauto is xf's --workers 0 (name CTranslate2's inter_threads: workersN)")
     if case.env and case.engine == "xf":
         raise ValueError(f"case {name!r}: {', '.join(case.env)} set CTranslate2's backends, not xf's")
     if case.compile and case.engine != "xf":
@@ -171,7 +177,8 @@ def open_xf(case: Case, job: dict):
     plan = engine.plan
     described = (f"engine {plan.engine}, torch {torch.__version__}, {plan.device} {plan.precision}, int8 {plan.int8}"
                  f"{f' ({plan.int8_engine})' if plan.int8_engine else ''}, step {plan.step}"
-                 f"{f'; rule fired: {plan.rule}' if plan.rule else ''}")
+                 f"{f', workers {plan.workers}' if plan.workers > 1 else ''}"
+                 + "".join(f"; rule fired: {rule}" for rule in plan.rules))
 
     def translate(lines):
         stats = Stats()
@@ -456,6 +463,40 @@ def table(header: dict, rows: list[dict], skipped: dict, against: str) -> str:
     return "\n".join(out)
 
 
+# --cases kind: one CPU kind's row of docs/benchmarks.md ("xf beside CTranslate2, one row per CPU
+# kind"): each engine's defaults with int8, and the settings that were each engine's fastest on
+# some CPU kind, with and without shortlists (the plan refuses what this CPU cannot run)
+KIND_CASES = ("xf int8,ct2 int8,xf int8 workers2,xf int8 compile workers2,xf bf16 compile workers2,"
+              "xf int8 shortlist workers2,xf int8 compile shortlist workers2,xf bf16 compile shortlist workers2,"
+              "ct2 int8 workers2,ct2 int8 nomkl workers2,ct2 int8 avx512 workers2,ct2 int8 nomkl avx512 workers2,"
+              "ct2 fp32 nomkl avx512 workers2,ct2 int8 shortlist workers2,ct2 int8 nomkl shortlist workers2,"
+              "ct2 int8 avx512 shortlist workers2,ct2 int8 nomkl avx512 shortlist workers2")
+
+
+def kind_row(header: dict, rows: list[dict]) -> Optional[str]:
+    """The CPU kind's row: xf's best against CTranslate2's best with shortlists and without, and
+    xf's defaults (``xf int8``: --quantize int8 alone) against CTranslate2's (``ct2 int8``), each
+    with its case and BLEU; None unless both engines ran."""
+    import datetime
+
+    def best(engine: str, shortlist: bool):
+        found = [r for r in rows if r["case"].split()[0] == engine and ("shortlist" in r["case"].split()) == shortlist]
+        return max(found, key=lambda r: r["value"], default=None)
+
+    def cell(xf, ct2) -> str:
+        if xf is None or ct2 is None:
+            return "not measured"
+        bleu = lambda r: f", BLEU {r['bleu']:.2f}" if "bleu" in r else ""  # noqa: E731
+        return (f"**{xf['value'] / ct2['value']:.2f}x**: {xf['case']} {xf['value']:.1f}{bleu(xf)} / {ct2['case']} "
+                f"{ct2['value']:.1f}{bleu(ct2)}")
+
+    named = {r["case"]: r for r in rows}
+    if best("xf", False) is None or best("ct2", False) is None:
+        return None
+    return (f"| {datetime.date.today().isoformat()} | {header['cpu_flags']} | {cell(best('xf', True), best('ct2', True))} "
+            f"| {cell(best('xf', False), best('ct2', False))} | {cell(named.get('xf int8'), named.get('ct2 int8'))} |")
+
+
 def parse_args(argv: list[str]):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--path", default=None, help="the checkpoint (default: a random --arch model)")
@@ -464,7 +505,8 @@ def parse_args(argv: list[str]):
     ap.add_argument("--reference", default=None, help="reference translations of --source: each case's sacreBLEU")
     ap.add_argument("--lines", type=int, default=1000, help="the first N lines of --source")
     ap.add_argument("--cpu-lines", type=int, default=0, help="the first N lines in the CPU cases (0: all)")
-    ap.add_argument("--cases", default=DEFAULT_CASES, help="comma-separated cases (the module docstring)")
+    ap.add_argument("--cases", default=DEFAULT_CASES, help="comma-separated cases (the module docstring), or kind: "
+                    "the CPU kind's row of docs/benchmarks.md (KIND_CASES)")
     ap.add_argument("--against", default=None, help="the case of the ratios (default: the first)")
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--threads", type=int, default=0, help="torch's and CTranslate2's threads (0: one per core)")
@@ -477,6 +519,9 @@ def parse_args(argv: list[str]):
     ap.add_argument("--isa", choices=sorted(ISA_ENV), default=None,
                     help="run every case as on a CPU with this instruction set only (the module docstring)")
     args = ap.parse_args(argv)
+    if args.cases == "kind":
+        args.cases = KIND_CASES
+        args.against = args.against or "ct2 int8"
     try:
         cases = [parse_case(name.strip()) for name in args.cases.split(",") if name.strip()]
     except ValueError as e:
@@ -503,6 +548,10 @@ def run(argv: list[str]) -> tuple[list[dict], int]:
     header, best, skipped = measure(args, cases, emit)
     rows = result_rows(header, best, args.against, refs)
     print(table(header, rows, skipped, args.against), flush=True)
+    row = kind_row(header, rows)
+    if row:
+        print("\nThis CPU kind's row (docs/benchmarks.md: date | CPU flags | best with shortlists | best without | "
+              f"defaults, --quantize int8 / CTranslate2 int8):\n{row}", flush=True)
     return rows, int(any(why.startswith("failed:") for why in skipped.values()))
 
 

@@ -52,6 +52,7 @@ KINDS = (
     ("cache gathers", r"aten::(index_select|gather|index|take_along_dim)$"),
     ("top-k", r"aten::(topk|sort|argsort|kthvalue)$"),
     ("log-softmax", r"log_softmax"),
+    ("the compiled step", r"^xf::compiled_step$"),
     ("copies", r"aten::(copy_|cat|clone|contiguous|to|_to_copy|stack|empty_like|fill_|zero_)$"),
     ("elementwise", r"aten::(add|add_|mul|mul_|div|div_|sub|rsub|where|masked_fill_?|eq|ne|lt|gt|le|ge|"
                     r"logical_\w+|bitwise_\w+|neg|exp|sum|max|min|any|all|relu|gelu|layer_norm|native_layer_norm)$"),
@@ -62,12 +63,14 @@ def kind_of(name: str) -> str:
     return next((kind for kind, pattern in KINDS if re.search(pattern, name)), "other operators")
 
 
-def steps_of(outputs: list[str], sources: list[list[int]], batch: int, sp) -> int:
-    """Beam steps of decoding ``outputs`` in batches of ``batch`` sources, longest first: each
-    batch runs until its longest output (re-encoded) and eos."""
+def steps_of(outputs: list[str], sources: list[list[int]], batch: int, sp) -> tuple[int, int]:
+    """(beam steps, sentence steps) of decoding ``outputs`` in batches of ``batch`` sources,
+    longest first: each batch runs until its longest output (re-encoded) and eos; a sentence is in
+    its batch for its own output and eos (both engines drop a finished sentence from the batch), so
+    the sentence steps are the outputs' subwords plus one eos each."""
     order = sorted(range(len(sources)), key=lambda i: -len(sources[i]))
     lengths = [len(ids) + 1 for ids in sp.encode(outputs, out_type=int)]
-    return sum(max(lengths[i] for i in order[k: k + batch]) for k in range(0, len(order), batch))
+    return sum(max(lengths[i] for i in order[k: k + batch]) for k in range(0, len(order), batch)), sum(lengths)
 
 
 def layouts(args, job: dict, sp) -> list[dict]:
@@ -95,22 +98,29 @@ def layouts(args, job: dict, sp) -> list[dict]:
         if "error" in r:
             rows.append({**row, "error": r["error"]})
             continue
-        steps = steps_of(r["outputs"], sources, batch, sp)
+        steps, sentence_steps = steps_of(r["outputs"], sources, batch, sp)
+        searches = LAYOUTS[layout][1]  # two searches side by side: each ran half the steps in the wall time
         rows.append({**row, "sent_per_s": len(r["outputs"]) / r["seconds"], "steps": steps,
-                     "ms_per_step": 1000 * r["seconds"] / steps * LAYOUTS[layout][1],  # two searches: each its steps
-                     "backend": r["backend"]})
+                     "sentence_steps": sentence_steps, "seconds": r["seconds"] * searches,
+                     "ms_per_step": 1000 * r["seconds"] / steps * searches, "backend": r["backend"]})
     return rows
 
 
 def split_step_cost(rows: list[dict], small: int, large: int) -> dict:
-    """(engine, precision, layout) -> (per-step overhead ms, ms per sentence of a step), from the
-    step costs at two batch sizes: cost(b) = overhead + b * per_sentence."""
-    cost = {(r["engine"], r["precision"], r["layout"], r["batch"]): r["ms_per_step"] for r in rows if "ms_per_step" in r}
+    """(engine, precision, layout) -> (per-step overhead ms, ms per sentence of a step): a search's
+    time is overhead x beam steps + per sentence x sentence steps (``steps_of``: sentences leave
+    the batch as they end), solved from its two batch sizes (the same lines: the sentence steps
+    nearly equal, the beam steps far apart)."""
+    found = {(r["engine"], r["precision"], r["layout"], r["batch"]): r for r in rows if "seconds" in r}
     out = {}
-    for (engine, precision, layout, batch), ms in cost.items():
-        if batch == large and (engine, precision, layout, small) in cost:
-            per = (ms - cost[(engine, precision, layout, small)]) / (large - small)
-            out[(engine, precision, layout)] = (ms - large * per, per)
+    for (engine, precision, layout, batch), big in found.items():
+        little = found.get((engine, precision, layout, small))
+        if batch != large or little is None:
+            continue
+        (n1, t1, s1), (n2, t2, s2) = ((r["steps"], r["sentence_steps"], r["seconds"]) for r in (little, big))
+        det = n1 * t2 - n2 * t1
+        if det:
+            out[(engine, precision, layout)] = (1000 * (s1 * t2 - s2 * t1) / det, 1000 * (n1 * s2 - n2 * s1) / det)
     return out
 
 
@@ -123,6 +133,9 @@ def profile_child(job: dict) -> dict:
     case = decode.parse_case(job["case"])
     translate, described, engine = decode.open_xf(case, job)
     translate(job["lines"][: job["batch"]])  # warm-up
+    if engine.compiled is not None:  # its kernels are no operators: one range around each call
+        for key, run in list(engine.compiled.runners.items()):
+            engine.compiled.runners[key] = _ranged(run)
     start = time.perf_counter()
     translate(job["lines"])  # the wall time, without the profiler's own cost per event
     wall = time.perf_counter() - start
@@ -141,6 +154,16 @@ def profile_child(job: dict) -> dict:
     engine.close()
     top_other = sorted(other.items(), key=lambda kv: -kv[1])[:6]
     return dict(wall=wall, kinds=kinds, backend=described, top_other=top_other)
+
+
+def _ranged(run):
+    """``run`` (a compiled package's runner) inside a profiler range named xf::compiled_step."""
+    import torch
+
+    def call(*args):
+        with torch.profiler.record_function("xf::compiled_step"):
+            return run(*args)
+    return call
 
 
 def profile(args, job: dict) -> dict:

@@ -22,9 +22,10 @@ def test_a_case_is_words_and_a_wrong_word_is_named():
         "xf", "int8", "onednn", True, 2, True)
     assert decode.parse_case("ct2 int8 mkl avx512").env == {"CT2_USE_MKL": "1", "CT2_FORCE_CPU_ISA": "AVX512"}
     assert decode.parse_case("greedy").engine == "xf" and decode.parse_case("greedy").greedy
+    assert decode.parse_case("xf int8 workersauto").workers == 0  # --workers 0: the plan's rule
     for name, message in (("xf fp64", "unknown word 'fp64'"), ("xf onednn", "add int8"),
                           ("xf mkl", "CTranslate2's backends"), ("ct2 compile", "xf's own step"),
-                          ("xf workers0", "unknown word 'workers0'")):
+                          ("xf workers0", "unknown word 'workers0'"), ("ct2 int8 workersauto", "xf's --workers 0")):
         with pytest.raises(ValueError, match=message):
             decode.parse_case(name)
 
@@ -53,6 +54,22 @@ def test_rows_give_same_run_ratios_identical_outputs_and_bleu():
     assert (rows["a"]["identical"], rows["b"]["identical"]) == (2, 1)
     assert rows["a"]["bleu"] == 100.0 and rows["b"]["bleu"] < 100.0
     assert rows["b"]["compile_seconds"] == 3.5 and "CPU flags avx2" in rows["b"]["note"]
+
+
+def test_the_cpu_kinds_row_sets_each_engines_best_and_defaults_side_by_side():
+    decode = bench_module("decode")
+    rows = [dict(case=name, value=value, bleu=28.0) for name, value in (
+        ("xf int8", 200.0), ("xf int8 workers2", 300.0), ("xf int8 shortlist workers2", 450.0),
+        ("ct2 int8", 100.0), ("ct2 int8 workers2", 250.0), ("ct2 int8 shortlist workers2", 300.0))]
+    row = decode.kind_row({"cpu_flags": "avx2 fma"}, rows)
+    cells = [c.strip() for c in row.strip("|").split("|")]
+    assert cells[1] == "avx2 fma"
+    assert cells[2].startswith("**1.50x**: xf int8 shortlist workers2 450.0, BLEU 28.00 / ct2 int8 shortlist workers2")
+    assert cells[3].startswith("**1.20x**: xf int8 workers2 300.0") and "/ ct2 int8 workers2 250.0" in cells[3]
+    assert cells[4].startswith("**2.00x**: xf int8 200.0")
+    assert decode.kind_row({"cpu_flags": "avx2"}, rows[:3]) is None  # CTranslate2 did not run: no row
+    args, cases = decode.parse_args(["--cases", "kind"])
+    assert args.against == "ct2 int8" and {"xf int8", "ct2 int8"} <= {c.name for c in cases}
 
 
 @pytest.mark.slow
@@ -122,10 +139,15 @@ def test_profile_engines_groups_operators_counts_steps_and_splits_a_step_cost():
             return [list(range(len(t))) for t in texts]
 
     # sources of lengths 3, 1, 2 in batches of 2, longest first: (0, 2) then (1); outputs' lengths + eos
-    assert profile.steps_of(["abcd", "a", "ab"], [[1, 1, 1], [1], [1, 1]], 2, Chars()) == 5 + 2
-    rows = [dict(engine="xf", precision="int8", layout="1 thread", batch=b, ms_per_step=ms) for b, ms in ((8, 3.0), (64, 10.0))]
+    # and sentence steps: each output and its eos
+    assert profile.steps_of(["abcd", "a", "ab"], [[1, 1, 1], [1], [1, 1]], 2, Chars()) == (5 + 2, 5 + 2 + 3)
+    # made from overhead 2 ms a step and 0.125 ms a sentence step: 100 steps of 700 sentence
+    # steps take 0.2875 s, 20 steps of 720 take 0.13 s
+    rows = [dict(engine="xf", precision="int8", layout="1 thread", batch=b, steps=n, sentence_steps=t,
+                 seconds=(2.0 * n + 0.125 * t) / 1000) for b, n, t in ((8, 100, 700), (64, 20, 720))]
     overhead, per = profile.split_step_cost(rows, 8, 64)[("xf", "int8", "1 thread")]
     assert per == pytest.approx(0.125) and overhead == pytest.approx(2.0)
+    assert profile.kind_of("xf::compiled_step") == "the compiled step"
 
 
 @pytest.mark.slow

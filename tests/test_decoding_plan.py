@@ -2,9 +2,11 @@
 table of (options, machine) -> plan fields or the one-line refusal, on the CPU kinds and GPUs
 users have (machines are described, not detected: the table holds on any machine that runs it)."""
 
+import os
+
 import pytest
 
-from xformer_cli.decoding_plan import Machine, int8_rule, plan_decoding
+from xformer_cli.decoding_plan import Machine, int8_rule, plan_decoding, precision_rule, workers_rule
 from xformer_cli.errors import ConfigError, XfError
 from xformer_cli.options import ScorePairsOptions, TranslateOptions
 
@@ -16,6 +18,8 @@ EPYC_AVX512 = Machine(cpu_bf16=True, int8_exact=True, threads=2, cpu_vendor="Aut
 EPYC_AVX2 = Machine(threads=2, cpu_vendor="AuthenticAMD", cpu_flags=frozenset({"avx2"}))
 XEON_AMX = Machine(cpu_bf16=True, int8_exact=True, threads=2, cpu_vendor="GenuineIntel",
                    cpu_flags=frozenset({"avx2", "avx512f", "avx512_vnni", "avx512_bf16", "amx_int8", "amx_bf16"}))
+VNNI_XEON = Machine(int8_exact=True, threads=2, cpu_vendor="GenuineIntel",
+                    cpu_flags=frozenset({"avx2", "avx512f", "avx512_vnni"}))
 H100 = Machine(cuda=True, cuda_bf16=True, cpu_bf16=True, int8_exact=True, threads=16)
 T4 = Machine(cuda=True, threads=8)  # no bf16 on the GPU
 
@@ -33,12 +37,26 @@ PLANS = [
     (dict(device="cuda", precision="fp16"), T4, dict(precision="fp16")),
     (dict(quantize="int8"), AVX2, dict(int8="dynamic", int8_engine="x86", step="eager", precision="fp32")),
     # --int8-engine auto (the default): int8_rule by the CPU's flags, the rule named in the plan
-    (dict(quantize="int8"), EPYC_AVX512, dict(int8_engine="fbgemm", rule=int8_rule("AuthenticAMD", EPYC_AVX512.cpu_flags)[1])),
+    (dict(quantize="int8"), EPYC_AVX512, dict(int8_engine="fbgemm", rules=(
+        "--int8-engine auto: fbgemm, " + int8_rule("AuthenticAMD", EPYC_AVX512.cpu_flags)[1],))),
     (dict(quantize="int8"), EPYC_AVX2, dict(int8_engine="x86")),
-    (dict(quantize="int8"), XEON_AMX, dict(int8_engine="x86")),
-    (dict(quantize="int8", int8_engine="x86"), EPYC_AVX512, dict(int8_engine="x86", rule=None)),  # named: no rule
+    (dict(quantize="int8"), XEON_AMX, dict(int8_engine="fbgemm")),
+    (dict(quantize="int8"), VNNI_XEON, dict(int8_engine="x86")),
+    (dict(quantize="int8", int8_engine="x86"), EPYC_AVX512, dict(int8_engine="x86", rules=())),  # named: no rule
     (dict(quantize="int8", compile=True), EPYC_AVX512, dict(int8="matmul", int8_engine="fbgemm")),
-    (dict(), EPYC_AVX512, dict(int8_engine=None, rule=None)),  # no int8: nothing to choose
+    (dict(precision="fp32"), EPYC_AVX512, dict(int8_engine=None, rules=())),  # nothing left to the machine
+    # --precision auto (the plan's default when a command has no --precision): its rule named
+    (dict(precision="auto"), EPYC_AVX512, dict(precision="bf16", rules=(precision_rule("cpu", "bf16"),))),
+    (dict(precision="auto"), EPYC_AVX2, dict(precision="fp32", rules=("--precision auto: fp32, the CPU has no native "
+                                                                     "bf16",))),
+    # --workers 0 (auto): one process per core, one thread each; one on a GPU, one core, or to sample
+    (dict(workers=0, quantize="int8"), Machine(threads=2, cores=2), dict(workers=2, processes=True, threads=1)),
+    (dict(workers=0), Machine(threads=8, cores=8), dict(workers=8, processes=True, threads=1)),
+    (dict(workers=0, threads=4), Machine(threads=8, cores=8), dict(workers=8, threads=1)),
+    (dict(workers=0), Machine(threads=1, cores=1), dict(workers=1, processes=False, threads=0)),
+    (dict(workers=0, sampling=True), Machine(threads=2, cores=2), dict(workers=1, processes=False)),
+    (dict(workers=0, device="cuda"), H100, dict(workers=1, processes=False)),
+    (dict(workers=0, engine="ctranslate2", quantize="int8"), Machine(threads=2, cores=2), dict(workers=2)),
     (dict(quantize="int8", int8_engine="onednn"), AMX, dict(int8="dynamic", int8_engine="onednn")),
     (dict(quantize="int8", compile=True), VNNI, dict(int8="matmul", int8_engine="x86", step="aot")),
     (dict(quantize="int8", compile=True, int8_engine="fbgemm"), AMX, dict(int8="matmul", int8_engine="fbgemm")),
@@ -120,3 +138,29 @@ def test_steering_is_refused_where_the_plan_cannot_meet_it():
 def test_the_machine_here_is_read_once_and_consistent():
     here = Machine.here()
     assert here.threads >= 1 and (here.cuda or not here.cuda_bf16)
+    assert 1 <= here.cores <= (os.cpu_count() or 1)
+
+
+def test_the_workers_rule_names_its_reason():
+    assert workers_rule(4, "cpu", False) == (4, workers_rule(4, "cpu", False)[1])
+    assert "one process per CPU core" in workers_rule(4, "cpu", False)[1]
+    assert workers_rule(1, "cpu", False)[0] == 1 and "one CPU core" in workers_rule(1, "cpu", False)[1]
+    assert workers_rule(16, "cuda", False)[0] == 1 and workers_rule(16, "cpu", True)[0] == 1
+
+
+def test_the_translate_summary_prints_the_rules_that_fired(tmp_path, capsys):
+    """xf translate's summary table: a row per rule (--workers 0's, --precision auto's), the int8
+    engine's rule beside the engine it chose."""
+    from rich.console import Console
+
+    from xformer_cli.commands.translate import _summary
+    from xformer_cli.translation import Stats
+
+    console = Console(file=open(tmp_path / "summary.txt", "w"), width=300)
+    rules = (workers_rule(2, "cpu", False)[1], "--int8-engine auto: x86, any other CPU")
+    _summary(console, Stats(lines=3), 1.0, options(workers=0), None, "x86 (--int8-engine auto: x86, any other CPU)",
+             rules)
+    console.file.close()
+    text = (tmp_path / "summary.txt").read_text()
+    assert "--workers auto: 2, one process per CPU core" in text
+    assert text.count("--int8-engine auto") == 1  # in the int8 engine's row, not again as a rule row

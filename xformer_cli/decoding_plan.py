@@ -13,8 +13,7 @@ tests/test_decoding_plan.py):
 - device: ``auto`` is CUDA where there is one, else the CPU; ``cuda`` without one is refused;
 - precision: ``precision.resolve_precision`` over what the engine computes in here;
 - int8: ``--int8-engine`` names torch's engine of --quantize int8 and nothing else; ``auto`` (the
-  default) is ``int8_rule``'s choice by the CPU's flags, never by timing (the plan says which rule
-  fired: ``DecodingPlan.rule``);
+  default) is ``int8_rule``'s choice by the CPU's flags, never by timing;
   eager int8 is torch.ao's dynamic layers of that engine; with --compile, the decoder's int8
   products are compiled ahead of time (``torch._int_mm``), which is exact only where the CPU
   multiplies int8 pairs into int32 (VNNI, AMX): refused elsewhere; the encoder keeps the engine's;
@@ -22,12 +21,17 @@ tests/test_decoding_plan.py):
   until bench/gpu.sh has measured it there;
 - workers: on the CPU each its own process (no shared interpreter lock), elsewhere a thread;
   sampling runs in one (its random stream runs through the batches in order); each worker gets
-  its share of --threads;
+  its share of --threads; ``--workers 0`` (auto) is ``workers_rule``'s number, by the CPU's cores;
 - steering (lexical constraints, glossaries): xf's beam search only, not CTranslate2's and not sampling.
+
+Every choice an option leaves to the machine (``auto``) is made by a rule of its facts, never by
+timing at run time, and the plan names each rule that fired (``DecodingPlan.rules``): xf
+translate's summary and bench/decode.py print them.
 """
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from typing import Optional
 
@@ -41,10 +45,38 @@ def int8_rule(vendor: str, flags: frozenset) -> tuple[str, str]:
     """(torch's int8 engine, the rule that chose it) for a CPU of ``vendor`` (/proc/cpuinfo's
     vendor_id) and instruction-set ``flags``, each rule from same-run measurements of
     bench/decode.py (docs/benchmarks.md, "Every engine of one CPU")."""
-    if vendor == "AuthenticAMD" and "avx512_vnni" in flags and "amx_int8" not in flags:
-        return "fbgemm", "AMD with AVX-512 VNNI: fbgemm (1.11-1.12x x86 in two runs on the AVX-512 EPYC)"
-    return "x86", ("elsewhere x86, torch's pick of fbgemm or oneDNN by shape (fastest on the VNNI Xeon; level on AVX2 "
-                   "and AMX)")
+    if "amx_int8" in flags:
+        return "fbgemm", ("a CPU with AMX (1.12-1.22x x86 on one AMX Xeon, level on another: x86 sends some shapes to "
+                          "oneDNN, which trails fbgemm on both)")
+    if vendor == "AuthenticAMD" and "avx512_vnni" in flags:
+        return "fbgemm", "an AMD CPU with AVX-512 VNNI (1.11-1.12x x86 in two runs on the AVX-512 EPYC)"
+    return "x86", ("any other CPU: torch's pick of fbgemm or oneDNN by shape (fastest on the VNNI Xeon, level with "
+                   "fbgemm on the AVX2 EPYC)")
+
+
+def workers_rule(cores: int, device: str, sampling: bool) -> tuple[int, str]:
+    """(decoding processes, the rule that chose them) for ``--workers 0`` (auto) on a machine of
+    ``cores`` usable CPU cores: one process per core, each on one thread, from the same-run
+    measurements on every CPU kind in docs/benchmarks.md (two one-thread processes against one
+    search on two threads: 1.08x on the AVX2 EPYC, 1.25x on the AVX-512 EPYC, 1.45x on the VNNI
+    Xeon, 1.28x on the AMX Xeon); one where there is one core, on a GPU, or to sample."""
+    if device != "cpu":
+        return 1, "--workers auto: 1 on a GPU (its batches are its parallelism)"
+    if sampling:
+        return 1, "--workers auto: 1 to sample (the random stream runs through the batches in order)"
+    if cores < 2:
+        return 1, "--workers auto: 1, one CPU core"
+    return cores, (f"--workers auto: {cores}, one process per CPU core on one thread each (1.08-1.45x one search "
+                   "on every core, on each CPU kind measured)")
+
+
+def precision_rule(device: str, precision: str) -> str:
+    """The rule --precision auto followed to ``precision`` on ``device``."""
+    where = "the GPU" if device == "cuda" else "the CPU"
+    if precision == "bf16":
+        return f"--precision auto: bf16, {where} multiplies bf16 natively" + (
+            " (avx512_bf16 or AMX)" if device == "cpu" else "")
+    return f"--precision auto: fp32, {where} has no native bf16"
 
 
 @dataclass(frozen=True)
@@ -58,6 +90,7 @@ class Machine:
     threads: int = 1  # torch's default thread count
     cpu_vendor: str = ""  # /proc/cpuinfo's vendor_id (GenuineIntel, AuthenticAMD, ...)
     cpu_flags: frozenset = frozenset()  # /proc/cpuinfo's flags
+    cores: int = 1  # CPU cores this process may run on (its affinity)
 
     @classmethod
     def here(cls) -> "Machine":
@@ -69,7 +102,8 @@ class Machine:
         cuda = torch.cuda.is_available()
         return cls(cuda=cuda, cuda_bf16=cuda and cuda_has_bf16(torch.device("cuda")),
                    cpu_bf16=bool(cpu_bf16_instructions()), int8_exact=int8_matmul_exact(),
-                   threads=torch.get_num_threads(), cpu_vendor=cpu_vendor(), cpu_flags=frozenset(cpu_flags()))
+                   threads=torch.get_num_threads(), cpu_vendor=cpu_vendor(), cpu_flags=frozenset(cpu_flags()),
+                   cores=len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1)
 
 @dataclass(frozen=True)
 class DecodingPlan:
@@ -85,7 +119,7 @@ class DecodingPlan:
     shortlist: Optional[str]
     steering: bool  # lexical constraints and glossaries can be met (xf's beam search)
     warning: Optional[str] = None  # runs, but badly here (emulated bf16)
-    rule: Optional[str] = None  # which rule chose what the options left to the machine (--int8-engine auto)
+    rules: tuple[str, ...] = ()  # the rules that chose what the options left to the machine (auto), one line each
 
     def refuse_steering(self, what: str) -> None:
         """Raise the one line saying why ``what`` (constraints, a glossary) cannot be met here."""
@@ -116,6 +150,10 @@ def plan_decoding(options, machine: Machine) -> DecodingPlan:
             raise ConfigError("--engine ctranslate2 does not sample: use the xf engine for --sampling")
         if o["compile"]:
             raise ConfigError("--compile compiles xf's own search: --engine ctranslate2 runs CTranslate2's")
+    rules = []
+    if workers == 0:
+        workers, rule = workers_rule(machine.cores, _device(o["device"], machine), o["sampling"])
+        rules.append(rule)
     if workers > 1 and o["sampling"]:
         raise ConfigError(f"--workers {workers} decodes batches in parallel, but --sampling's random "
                           "stream runs through the batches in order: use --workers 1 to sample")
@@ -129,14 +167,16 @@ def plan_decoding(options, machine: Machine) -> DecodingPlan:
         raise ConfigError("--compile --quantize int8 needs int8 products this CPU computes exactly (VNNI or AMX; "
                           "without them torch._int_mm saturates): drop --compile, or --quantize")
     threads = max(1, (o["threads"] or machine.threads) // workers) if o["threads"] > 0 or workers > 1 else 0
-    rule = None
+    if o["precision"] == "auto" and engine == "xf" and o["quantize"] != "int8":
+        rules.append(precision_rule(device, precision))
     if int8 != "none" and engine == "xf" and int8_engine == "auto":
         int8_engine, rule = int8_rule(machine.cpu_vendor, machine.cpu_flags)
+        rules.append(f"--int8-engine auto: {int8_engine}, {rule}")
     plan = DecodingPlan(engine=engine, device=device, precision=precision, int8=int8,
                         int8_engine=int8_engine if int8 != "none" and engine == "xf" else None,
                         step="aot" if o["compile"] else "eager", workers=workers,
                         processes=workers > 1 and device == "cpu", threads=threads, shortlist=o["shortlist"],
-                        steering=engine == "xf" and not o["sampling"], warning=warning, rule=rule)
+                        steering=engine == "xf" and not o["sampling"], warning=warning, rules=tuple(rules))
     if o["glossary"]:
         plan.refuse_steering("--glossary")
     return plan

@@ -435,7 +435,7 @@ class TranslateOptions(DecodingOptions):
     )
     int8_engine: Literal["auto", "fbgemm", "x86", "onednn"] = option(
         "auto", "--quantize int8's matrix library, the model's own (two models in one process may differ): auto "
-        "(by the CPU's flags, the decoding plan's rule: fbgemm on AMD CPUs with AVX-512 VNNI and no AMX, x86 "
+        "(by the CPU's flags, the decoding plan's rule: fbgemm on CPUs with AMX and on AMD CPUs with AVX-512 VNNI, x86 "
         "elsewhere), x86 (torch's pick of fbgemm or oneDNN by shape), fbgemm (its AVX2, AVX-512 and VNNI kernels) or "
         "onednn (whose int8 kernels use AMX tiles on CPUs with amx_int8); the weights are the same int8, the "
         "activations' quantization differs, so outputs may change; with --compile: the encoder's (the decoder's "
@@ -445,8 +445,9 @@ class TranslateOptions(DecodingOptions):
     workers: int = option(
         1, "batches decoded at once (CPU throughput: as CTranslate2's inter_threads and Marian's --cpu-threads): "
         "on the CPU each by its own process (its own copy of the models, no shared interpreter lock) with "
-        "threads/workers torch threads, elsewhere by threads; outputs are those of --workers 1",
-        range=Range(1, 256),
+        "threads/workers torch threads, elsewhere by threads; 0: auto, the decoding plan's rule (on the CPU one "
+        "process per core, one thread each); outputs are those of --workers 1",
+        range=Range(0, 256),
     )
     compile: bool = option(
         False, "compile the decoder step with its output projection, log-softmax and specials mask ahead of time "

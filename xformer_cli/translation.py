@@ -50,7 +50,7 @@ def open_engine(options: TranslateOptions, machine: Optional[Machine] = None):
         warn(warning)
     if plan.engine == "ctranslate2":
         engine, sp = CTranslate2Engine.open(options.path[0], plan.device, options.precision, options.quantize,
-                                            options.threads, options.workers, plan.shortlist)
+                                            options.threads, plan.workers, plan.shortlist)
     else:
         engine, sp = XfEngine.open(options.path, plan)
     engine.plan = plan
@@ -360,7 +360,7 @@ def search_lines(engine: Engine, pieces: list[list[int]], options: TranslateOpti
             return engine.search([pieces[i] for i in idx], options, generator), []
         return engine.search([pieces[i] for i in idx], options, generator, [prefixes[i] for i in idx]), []
 
-    workers = min(getattr(options, "workers", 1), len(batches))
+    workers = min(engine.plan.workers if getattr(engine, "plan", None) else getattr(options, "workers", 1), len(batches))
     with contextlib.ExitStack() as stack:
         if workers > 1:  # batches decoded at once by worker threads (torch and CTranslate2 release the GIL)
             pool = stack.enter_context(ThreadPoolExecutor(workers, thread_name_prefix="xf-decode"))

@@ -173,7 +173,8 @@ def _translate(engine, sp, vocab, device, options: TranslateOptions, glossary: O
         warn(f"{stats.empty_outputs:,} of {stats.lines - stats.empty:,} non-empty line(s) got an empty translation "
               "(a model that ends every sentence at once: an untrained or broken checkpoint?)")
     if not options.quiet and not interactive:
-        _summary(console, stats, elapsed, options, getattr(engine, "compiled", None), getattr(engine, "int8_engine", None))
+        _summary(console, stats, elapsed, options, getattr(engine, "compiled", None), getattr(engine, "int8_engine", None),
+                 getattr(getattr(engine, "plan", None), "rules", ()))
 
 
 def _constraints(sp, wanted: list, engine, options: TranslateOptions, where: str, first_line: int):
@@ -202,10 +203,11 @@ def compile_cell(compiled) -> str:
 
 
 def _summary(console, stats: Stats, elapsed: float, options: TranslateOptions, compiled=None,
-             int8_engine: Optional[str] = None) -> None:
+             int8_engine: Optional[str] = None, rules: tuple = ()) -> None:
     """The summary table; with --compile (``compiled``, a decoder_step.AotStep) the time that
     built or loaded its packages is reported on its own row and left out of the speeds; with
-    --quantize int8 what runs the int8 products (``int8_engine``)."""
+    --quantize int8 what runs the int8 products (``int8_engine``, with its rule); the decoding
+    plan's other rules that fired (``rules``: --precision auto, --workers 0), a row each."""
     translated = stats.lines - stats.empty
     mode = "sampling" if options.sampling else "greedy" if options.beam_size == 1 else f"beam {options.beam_size}"
     compiling = compiled.compile_seconds if compiled is not None else 0.0
@@ -220,6 +222,7 @@ def _summary(console, stats: Stats, elapsed: float, options: TranslateOptions, c
         ("time", f"{elapsed:.2f} s"),
         *([("compile (not in the speeds)", compile_cell(compiled))] if compiled else []),
         *([("int8 engine", int8_engine)] if int8_engine else []),
+        *[("rule", rule) for rule in rules if not rule.startswith("--int8-engine")],
         ("sentences/s", f"{translated / decoding:,.1f}"),
         ("target subwords/s", f"{stats.tgt_tokens / decoding:,.0f}"),
     ]
