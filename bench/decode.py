@@ -473,20 +473,20 @@ KIND_CASES = ("xf int8,ct2 int8,xf int8 workers2,xf int8 compile workers2,xf bf1
               "ct2 int8 avx512 shortlist workers2,ct2 int8 nomkl avx512 shortlist workers2")
 
 
-BLEU_TOLERANCE = 0.3  # "at equal BLEU": xf's best is its fastest case within this of CTranslate2's best
+BLEU_TOLERANCE = 0.3  # "at equal BLEU": xf's best is its fastest case at most this below CTranslate2's best
 
 
 def kind_row(header: dict, rows: list[dict]) -> Optional[str]:
     """The CPU kind's row: xf's best against CTranslate2's best with shortlists and without, and
     xf's defaults (``xf int8``: --quantize int8 alone) against CTranslate2's (``ct2 int8``), each
-    with its case and BLEU; xf's best is its fastest case within ``BLEU_TOLERANCE`` of
-    CTranslate2's best's BLEU (where both have one). None unless both engines ran."""
+    with its case and BLEU; xf's best is its fastest case whose BLEU is at most ``BLEU_TOLERANCE``
+    below CTranslate2's best's (where both have one). None unless both engines ran."""
     import datetime
 
     def best(engine: str, shortlist: bool, near=None):
         found = [r for r in rows if r["case"].split()[0] == engine and ("shortlist" in r["case"].split()) == shortlist
-                 and (near is None or "bleu" not in near or abs(r.get("bleu", near["bleu"]) - near["bleu"])
-                      <= BLEU_TOLERANCE + 1e-9)]
+                 and (near is None or "bleu" not in near or r.get("bleu", near["bleu"]) >= near["bleu"] - BLEU_TOLERANCE
+                      - 1e-9)]
         return max(found, key=lambda r: r["value"], default=None)
 
     def cell(xf, ct2) -> str:
