@@ -101,6 +101,21 @@ def test_workers_give_the_output_of_one_worker(tmp_path, ckpt, sentences):
 
 
 @pytest.mark.slow
+def test_workers_auto_is_the_plans_rule_with_the_output_of_one(tmp_path, ckpt, sentences):
+    """--workers 0: the decoding plan's rule (one process per core this process may use, one
+    thread each), named in its rules; the output is --workers 1's."""
+    import os
+
+    data = ("\n".join(sentences) + "\n").encode()
+    extra = dict(batch_size=2, quantize="int8", device="cpu")
+    assert run(tmp_path, ckpt, data, workers=0, **extra) == run(tmp_path, ckpt, data, **extra)
+    plan = plan_decoding(TranslateOptions(path=(ckpt,), device="cpu", workers=0), Machine.here())
+    cores = len(os.sched_getaffinity(0))
+    assert (plan.workers, plan.processes) == (cores, cores > 1)
+    assert [r for r in plan.rules if r.startswith(f"--workers auto: {cores}")]
+
+
+@pytest.mark.slow
 def test_workers_are_processes_on_the_cpu_with_the_output_of_one(tmp_path, ckpt, sentences):
     """--workers 2 on the CPU: batches go to two spawned processes (threads would share the
     interpreter lock), which give, with int8, prefixes and a constraint (searched in this process),
@@ -345,7 +360,7 @@ def int8_tracks_fp32(ckpt, sources, targets, int8_engine):
 @pytest.mark.kernels
 def test_quantize_int8(tmp_path, ckpt, sentences, multi30k_dir):
     """--quantize int8 (fbgemm) tracks the fp32 model within INT8_LOG_PROB_BOUND, and translates
-    with the default engine, x86."""
+    with the default engine (the decoding plan's rule by the CPU's flags)."""
     targets = (multi30k_dir / "test2016.de").read_text(encoding="utf-8").splitlines()[: len(sentences)]
     engine, differ = int8_tracks_fp32(ckpt, sentences, targets, "fbgemm")
     assert engine == "fbgemm" and differ < INT8_LOG_PROB_BOUND
