@@ -170,3 +170,18 @@ def test_profile_engines_runs_every_layout_of_both_engines(trained_tiny, multi30
     assert profiles["int8"]["kinds"]["int8 products"][1] > 0 and profiles["fp32"]["kinds"]["float products"][1] > 0
     assert "int8 products" not in profiles["fp32"]["kinds"] and profiles["fp32"]["wall"] > 0
     assert "| CTranslate2 int8 | 2 searches, 1 thread each | 4 |" in proc.stdout
+
+
+def test_gemm_paths_times_each_layer_through_each_library(tmp_path):
+    """bench/gemm_paths.py: every layer of a step through MKL, oneDNN (fp32, bf16), fbgemm and
+    oneDNN int8 and torch._int_mm, with MKL's banner; the table has a row per layer."""
+    out = tmp_path / "gemm.json"
+    proc = subprocess.run([sys.executable, str(BENCH.parent / "gemm_paths.py"), "--rows", "8", "--d-model", "32",
+                           "--ffn", "64", "--vocab", "100", "--rounds", "1", "--json", str(out)],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    found = json.loads(out.read_text())
+    paths = {r["path"] for r in found["rows"]}
+    assert {"fp32, MKL (F.linear)", "bf16, oneDNN (F.linear)", "int8, torch.ao fbgemm"} <= paths
+    assert len({r["layer"] for r in found["rows"]}) == 5 and all(r["gflops"] > 0 for r in found["rows"])
+    assert found["mkl"] and "| output projection |" in proc.stdout
