@@ -15,7 +15,8 @@ A case is words, the engine first:
   plan's rule by the CPU's flags, which the case's backend names: "rule fired: ...");
 - ``compile`` (the decoder step ahead of time: its build or load happens in the warm-up, and is
   reported, not timed), ``shortlist`` (--shortlist; CTranslate2's vocabulary map), ``workersN``
-  (--workers N; CTranslate2's inter_threads), ``workersauto`` (xf's --workers 0: the plan's rule), ``greedy`` (beam 1; else --beam), ``cuda``;
+  (--workers N; CTranslate2's inter_threads), ``workersauto`` (xf's --workers 0: the plan's rule),
+  ``greedy`` (beam 1; else --beam), ``cuda``;
 - CTranslate2's backends (it takes MKL and AVX-512 only on GenuineIntel CPUs unless told): ``mkl``,
   ``nomkl`` (CT2_USE_MKL), ``avx512`` (CT2_FORCE_CPU_ISA=AVX512).
 Each xf case is checked by the decoding plan first (``decoding_plan.plan_decoding``): a case the
@@ -37,8 +38,9 @@ the first N lines in the CPU cases (beside CUDA ones). Prints the CPU flags and 
 and where both engines ran, the CPU kind's row of docs/benchmarks.md (xf's best against
 CTranslate2's, with shortlists and without, and each engine's defaults with int8: ``--cases
 kind`` runs that row's cases); --json OUT gets the rows (make bench's: bench, case, metric,
-value, unit, ratio, note) after every measurement. ``make bench`` runs ``rows()`` (XF_BENCH_DECODE: more arguments). Figures mean
-something only against each other, from one run on one machine: docs/benchmarks.md keeps them.
+value, unit, ratio, note) after every measurement. ``make bench`` runs ``rows()``
+(XF_BENCH_DECODE: more arguments). Figures mean something only against each other, from one
+run on one machine: docs/benchmarks.md keeps them.
 """
 
 from __future__ import annotations

@@ -66,8 +66,8 @@ def kind_of(name: str) -> str:
 def steps_of(outputs: list[str], sources: list[list[int]], batch: int, sp) -> tuple[int, int]:
     """(beam steps, sentence steps) of decoding ``outputs`` in batches of ``batch`` sources,
     longest first: each batch runs until its longest output (re-encoded) and eos; a sentence is in
-    its batch for its own output and eos (both engines drop a finished sentence from the batch), so
-    the sentence steps are the outputs' subwords plus one eos each."""
+    its batch for its own output and eos (xf drops a finished sentence from the batch), so the
+    sentence steps are the outputs' subwords plus one eos each."""
     order = sorted(range(len(sources)), key=lambda i: -len(sources[i]))
     lengths = [len(ids) + 1 for ids in sp.encode(outputs, out_type=int)]
     return sum(max(lengths[i] for i in order[k: k + batch]) for k in range(0, len(order), batch)), sum(lengths)

@@ -121,6 +121,10 @@ class DecodingPlan:
     warning: Optional[str] = None  # runs, but badly here (emulated bf16)
     rules: tuple[str, ...] = ()  # the rules that chose what the options left to the machine (auto), one line each
 
+    def rule(self, option: str) -> Optional[str]:
+        """The rule that chose ``option``'s value (``"--int8-engine"``), None where none fired."""
+        return next((rule for rule in self.rules if rule.startswith(option + " ")), None)
+
     def refuse_steering(self, what: str) -> None:
         """Raise the one line saying why ``what`` (constraints, a glossary) cannot be met here."""
         if not self.steering:
@@ -150,14 +154,13 @@ def plan_decoding(options, machine: Machine) -> DecodingPlan:
             raise ConfigError("--engine ctranslate2 does not sample: use the xf engine for --sampling")
         if o["compile"]:
             raise ConfigError("--compile compiles xf's own search: --engine ctranslate2 runs CTranslate2's")
-    rules = []
+    device, rules = _device(o["device"], machine), []
     if workers == 0:
-        workers, rule = workers_rule(machine.cores, _device(o["device"], machine), o["sampling"])
+        workers, rule = workers_rule(machine.cores, device, o["sampling"])
         rules.append(rule)
     if workers > 1 and o["sampling"]:
         raise ConfigError(f"--workers {workers} decodes batches in parallel, but --sampling's random "
                           "stream runs through the batches in order: use --workers 1 to sample")
-    device = _device(o["device"], machine)
     precision, warning = _precision(engine, device, o["precision"], o["quantize"], machine)
     int8 = "none" if o["quantize"] != "int8" else "matmul" if o["compile"] else "dynamic"
     if o["compile"] and device == "cuda":

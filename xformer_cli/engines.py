@@ -118,8 +118,8 @@ class XfEngine(Engine):
             models = [quantize_int8(m, plan.int8_engine) for m in models]
         engine = cls(models, device, loaded, AotStep(AotPackages(packages)) if plan.step == "aot" else None)
         engine.meta = language_meta(meta)
-        chosen = next((f"{plan.int8_engine} ({rule})" for rule in plan.rules if rule.startswith("--int8-engine")),
-                      plan.int8_engine)
+        rule = plan.rule("--int8-engine")
+        chosen = f"{plan.int8_engine} ({rule})" if rule else plan.int8_engine
         engine.int8_engine = {"matmul": f"decoder: int8 matmul, compiled ahead of time; encoder: {chosen}",
                               "dynamic": chosen}.get(plan.int8)
         if plan.processes:  # no shared interpreter lock; each opens one worker's plan
