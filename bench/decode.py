@@ -3,7 +3,8 @@ CTranslate2's own search), with same-run ratios against one case, each case's BL
 
     python bench/decode.py [--path CKPT] [--source FILE|wmt-like] [--reference REF] [--lines 1000]
                            [--cases "xf fp32,xf int8,ct2 int8"] [--against CASE] [--rounds 2]
-                           [--threads 0] [--batch 64] [--shortlist FILE] [--json OUT] [--isa avx2]
+                           [--threads 0] [--batch 64] [--shortlist FILE] [--max-len-a A --max-len-b B]
+                           [--json OUT] [--isa avx2]
 
 A case is words, the engine first:
 - ``xf`` (xf translate: ``TranslateOptions`` and ``translation.open_engine`` / ``translate_buffer``,
@@ -29,9 +30,20 @@ CTranslate2's ``CT2_FORCE_CPU_ISA``; bf16 cases skipped): the AVX2
 row of a table measured on an AVX-512 machine, labelled so in the header; a real AVX2 CPU is the
 better witness (the caches and clocks are the bigger machine's).
 
+The length rule, one for both engines (STYLE.md item 22): xf stops each sentence after
+floor(max_len_a x |X| + max_len_b) subwords (|X| its source's, eos not counted; xf translate's
+defaults, |X| + 50, or --max-len-a/--max-len-b); CTranslate2 has no limit per sentence, so each of
+its batches (sorted by length, as translate_batch sorts them) gets ``max_decoding_length`` = that
+bound for the batch's longest source, the one xf applies to the same sentence (both counts are
+subwords before eos, clamped to the model's positions - 1). No output of either engine is longer
+than its batch's longest source allows; a shorter sentence may run longer in CTranslate2 than in
+xf (never the reverse). The header names the rule, and each case's row its limit and its longest
+output.
+
 The cases alternate, --rounds rounds, each run in a fresh process (its peak memory its own; a busy
 machine slows all alike), each figure its best round. Without --path a random model of --arch
-stands in (it never ends a sentence: outputs are capped at the source length) with a BPE of
+stands in (it never ends a sentence: unless --max-len-a/--max-len-b say otherwise, outputs are capped at the
+source length: max_len_a 1, max_len_b 0) with a BPE of
 8,000 learned on Multi30k train, or with ``--source wmt-like`` --vocab-size made-up words and
 synthetic sources of WMT-like lengths (no data needed; bench/gpu.sh). --cpu-lines N decodes only
 the first N lines in the CPU cases (beside CUDA ones). Prints the CPU flags and one line a case,
@@ -46,6 +58,7 @@ run on one machine: docs/benchmarks.md keeps them.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import io
 import json
 import os
@@ -127,7 +140,6 @@ def translate_options(case: Case, job: dict):
     """The case's ``TranslateOptions`` (xf and ct2-engine cases)."""
     from xformer_cli.options import TranslateOptions
 
-    limits = {} if job["trained"] else dict(max_len_a=1.0, max_len_b=0)  # a random model never ends
     int8 = case.precision == "int8"
     return TranslateOptions(
         path=(job["ct2_dir"] if case.engine == "ct2-engine" else job["checkpoint"],),
@@ -135,7 +147,34 @@ def translate_options(case: Case, job: dict):
         batch_size=job["batch"], device="cuda" if case.cuda else "cpu", threads=job["threads"],
         workers=case.workers, precision="fp32" if int8 else case.precision, quantize="int8" if int8 else "none",
         int8_engine=case.int8_engine or "auto", compile=case.compile,
-        shortlist=job["shortlist"] if case.shortlist else None, **limits)
+        shortlist=job["shortlist"] if case.shortlist else None, max_len_a=job["max_len_a"], max_len_b=job["max_len_b"])
+
+
+def length_rule(job: dict) -> str:
+    """The header's words for the length limit both engines decode under (the module docstring)."""
+    a, b = job["max_len_a"], job["max_len_b"]
+    bound = f"floor({a:g} x |X| + {b})" if a else f"{b}"
+    return (f"length limit {bound} subwords before eos, at most {job['max_positions'] - 1}: xf per sentence "
+            f"(|X| its source's subwords), CTranslate2 per batch sorted by length (max_decoding_length = the bound of "
+            f"the batch's longest source)")
+
+
+def case_limit(case: Case, job: dict) -> str:
+    """A row's words for the limit its case ran under: how its engine applies the rule, and the
+    largest bound of the run (that of the longest source)."""
+    per = "per batch" if case.engine == "ct2" else "per sentence"
+    return f"{per}, at most {batch_limit([job['longest_source']], job)}"
+
+
+def batch_limit(lengths: list[int], job: dict) -> int:
+    """CTranslate2's max_decoding_length for a batch of sources of ``lengths`` subwords: xf's
+    bound (``search.max_output_lengths``) for the longest of them."""
+    import torch
+
+    from xformer_cli.search import max_output_lengths
+
+    longest = torch.tensor([max(lengths)])
+    return int(max_output_lengths(longest, job["max_len_a"], job["max_len_b"], job["max_positions"])[0])
 
 
 # --isa avx2: the variables that hold torch, oneDNN, fbgemm, MKL and CTranslate2 to AVX2 kernels
@@ -184,16 +223,16 @@ def open_xf(case: Case, job: dict):
 
     def translate(lines):
         stats = Stats()
-        return [o.rstrip("\n") for o in translate_buffer(engine, sp, lines, 0, options, stats)], stats.tgt_tokens
+        outputs = [o.rstrip("\n") for o in translate_buffer(engine, sp, lines, 0, options, stats)]
+        return outputs, stats.tgt_tokens, stats.longest_output
 
     return translate, described, engine
 
 
 def open_ct2(case: Case, job: dict):
     """(translate, description) of CTranslate2's own search: batches of --batch sentences sorted by
-    length, as translate_batch(max_batch_size) makes them, each capped at its longest source for a
-    random model (as xf's max_len_a 1, max_len_b 0), else at the model's positions; workersN: N
-    batches at once (inter_threads)."""
+    length, as translate_batch(max_batch_size) makes them, each capped at xf's bound for its longest
+    source (``batch_limit``); workersN: N batches at once (inter_threads)."""
     from concurrent.futures import ThreadPoolExecutor
 
     import ctranslate2
@@ -216,7 +255,7 @@ def open_ct2(case: Case, job: dict):
         batches = [order[i: i + job["batch"]] for i in range(0, len(order), job["batch"])]
 
         def run(batch):
-            cap = job["max_target"] if job["trained"] else max(len(pieces[i]) for i in batch)
+            cap = batch_limit([len(pieces[i]) for i in batch], job)
             return translator.translate_batch([pieces[i] for i in batch], beam_size=beam,
                                               use_vmap=vmap is not None, max_decoding_length=cap)
 
@@ -226,7 +265,8 @@ def open_ct2(case: Case, job: dict):
         for batch, results in zip(batches, found):
             for i, r in zip(batch, results):
                 out[i] = r.hypotheses[0]
-        return [sp.decode_pieces(h) for h in out], sum(len(h) + 1 for h in out)  # eos counted, as xf's
+        # eos counted in the subwords, as xf's; the longest output without it
+        return [sp.decode_pieces(h) for h in out], sum(len(h) + 1 for h in out), max(map(len, out), default=0)
 
     env = "".join(f", {k}={v}" for k, v in case.env.items())
     return translate, f"ctranslate2 {ctranslate2.__version__}, {CT2_COMPUTE[case.precision]}{env}", None
@@ -248,9 +288,9 @@ def measure_case(job: dict) -> dict:
     translate(lines[: job["batch"]])
     compiling = step.compile_seconds if step else 0.0
     start = time.perf_counter()
-    outputs, tokens = translate(lines)
+    outputs, tokens, longest = translate(lines)
     seconds = time.perf_counter() - start
-    row = dict(seconds=seconds, tokens=tokens, outputs=outputs, backend=described, threads=torch.get_num_threads(),
+    row = dict(seconds=seconds, tokens=tokens, outputs=outputs, longest_output=longest, limit=case_limit(case, job), backend=described, threads=torch.get_num_threads(),
                peak_mib=peak_memory_mib(torch.device("cuda" if case.cuda else "cpu")))
     if step:
         seconds -= step.compile_seconds - compiling
@@ -313,6 +353,15 @@ def wmt_like_lines(count: int, vocabulary: int) -> list[str]:
     return [" ".join(f"w{i}" for i in rng.integers(0, vocabulary - 4, int(n))) for n in lengths]
 
 
+def longest_source(checkpoint: str, lines: list[str]) -> int:
+    """The most subwords of any of ``lines`` in the checkpoint's vocabulary (eos not counted)."""
+    from xformer_cli.checkpoint import load_checkpoint
+    from xformer_cli.vocab import load_sentencepiece
+
+    sp = load_sentencepiece(load_checkpoint(checkpoint)["spm_model"], checkpoint)
+    return max(map(len, sp.encode(lines)), default=0)
+
+
 def build_shortlist(checkpoint: str, directory: Path) -> Optional[str]:
     """xf shortlist's file (its defaults) from Multi30k train encoded with the checkpoint's
     vocabulary; None without Multi30k."""
@@ -362,6 +411,7 @@ def prepare(args, work: Path, cases: list[Case]) -> dict:
     import torch
 
     from xformer_cli.checkpoint import load_checkpoint
+    from xformer_cli.options import TranslateOptions
     from xformer_cli.precision import cpu_flags
 
     wmt_like = args.source == "wmt-like"
@@ -372,15 +422,21 @@ def prepare(args, work: Path, cases: list[Case]) -> dict:
     found = cpu_flags()
     positions = load_checkpoint(checkpoint)["model_config"]["max_positions"]
     flags = " ".join(f for f in FLAGS if f in found) or "none of " + " ".join(FLAGS)
-    job = dict(checkpoint=checkpoint, max_target=positions - 1, trained=args.path is not None, lines=lines, beam=args.beam, batch=args.batch,
+    # xf translate's length rule; a random model never ends, so its outputs stop at |X| unless told
+    defaults = {f.name: f.default for f in dataclasses.fields(TranslateOptions)} if args.path else dict(max_len_b=0)
+    job = dict(checkpoint=checkpoint, max_positions=positions, lines=lines, beam=args.beam, batch=args.batch,
+               max_len_a=args.max_len_a if args.max_len_a is not None else defaults.get("max_len_a", 1.0),
+               max_len_b=args.max_len_b if args.max_len_b is not None else defaults["max_len_b"],
                threads=args.threads, cpu_lines=args.cpu_lines, ct2_dir=None, shortlist=args.shortlist,
                cpu_flags=f"AVX2 emulated (--isa avx2) on {flags}" if args.isa else flags, isa=args.isa)
+    job["longest_source"] = longest_source(checkpoint, lines)
     if any(c.shortlist for c in cases) and not args.shortlist:
         job["shortlist"] = build_shortlist(checkpoint, work)
     if any(c.engine != "xf" for c in cases) and importlib.util.find_spec("ctranslate2"):
         job["ct2_dir"] = export_ct2(checkpoint, work / "ct2")
     job["header"] = dict(checkpoint=args.path or f"random {args.arch}", source=str(source or "wmt-like"),
                          lines=len(lines), beam=args.beam, batch=args.batch, cpu_flags=job["cpu_flags"],
+                         length_rule=length_rule(job),
                          torch=torch.__version__, threads=args.threads or torch.get_num_threads())
     return job
 
@@ -427,7 +483,7 @@ def result_rows(header: dict, best: dict, against: str, refs: Optional[list[str]
         rate = count / r["seconds"]
         row = dict(bench="decode", case=name, metric="sentences/s", value=rate, unit="sent/s",
                    tokens_per_s=r["tokens"] / r["seconds"], peak_mib=r["peak_mib"], threads=r["threads"],
-                   backend=r["backend"], lines=count)
+                   backend=r["backend"], lines=count, limit=r["limit"], longest_output=r["longest_output"])
         if reference:
             row["ratio"] = rate / (len(reference["outputs"]) / reference["seconds"])
             row["identical"] = sum(a == b for a, b in zip(r["outputs"], reference["outputs"]))
@@ -438,6 +494,7 @@ def result_rows(header: dict, best: dict, against: str, refs: Optional[list[str]
         row["note"] = "; ".join(filter(None, [
             f"{count} lines, {r['threads']} thread(s), {row['tokens_per_s']:.0f} target subwords/s, "
             f"peak {r['peak_mib']:.0f} MiB", r["backend"],
+            f"length limit {r['limit']}, longest output {r['longest_output']} subwords",
             f"ratio vs {against}, {row['identical']}/{min(count, len(reference['outputs']))} outputs identical to it"
             if reference else "",
             f"BLEU {row['bleu']}" if "bleu" in row else "",
@@ -453,14 +510,15 @@ def table(header: dict, rows: list[dict], skipped: dict, against: str) -> str:
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
     out = [f"{header['checkpoint']}, {header['source']} ({header['lines']} lines), beam {header['beam']}, batch "
            f"{header['batch']}, {header['threads']} thread(s), torch {header['torch']}, load average {load:.1f}; "
-           f"CPU flags: {header['cpu_flags']}"]
+           f"CPU flags: {header['cpu_flags']}", f"Both engines: {header['length_rule']}"]
     out += [f"CTranslate2 with {name}: {'; '.join(lines)}" for name, lines in header.get("ct2_backends", {}).items()]
     for r in rows:
         ratio = f"  {r['ratio']:.2f}x {against}" if "ratio" in r else ""
         bleu = f"  BLEU {r['bleu']:.2f}" if "bleu" in r else ""
         compiled = (f"  compiling {r['compile_seconds']} s ({r['built']} built, {r['loaded']} loaded; not timed)"
                     if "compile_seconds" in r else "")
-        out.append(f"{r['case']:<32} {r['value']:8.1f} sent/s{ratio}{bleu}{compiled}   [{r['backend']}]")
+        out.append(f"{r['case']:<32} {r['value']:8.1f} sent/s{ratio}{bleu}  limit {r['limit']}, longest "
+                   f"{r['longest_output']}{compiled}   [{r['backend']}]")
     out += [f"{name:<32} skipped: {why}" for name, why in skipped.items()]
     return "\n".join(out)
 
@@ -522,6 +580,9 @@ def parse_args(argv: list[str]):
     ap.add_argument("--threads", type=int, default=0, help="torch's and CTranslate2's threads (0: one per core)")
     ap.add_argument("--beam", type=int, default=4)
     ap.add_argument("--batch", type=int, default=64)
+    ap.add_argument("--max-len-a", type=float, default=None, help="both engines' length limit a x |X| + b (default: "
+                    "xf translate's, |X| + 50; a random model's: |X|); --max-len-a 0 --max-len-b N: one cap for all")
+    ap.add_argument("--max-len-b", type=int, default=None, help="see --max-len-a")
     ap.add_argument("--shortlist", default=None, help="xf shortlist's file for the shortlist cases")
     ap.add_argument("--arch", default="small", help="the random model's preset")
     ap.add_argument("--vocab-size", type=int, default=37000, help="the made-up words of --source wmt-like")

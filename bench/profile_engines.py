@@ -182,7 +182,7 @@ def profile(args, job: dict) -> dict:
 
 def tables(header: dict, rows: list[dict], split: dict, profiles: dict, small: int, large: int) -> str:
     out = [f"{header['checkpoint']}, {header['source']} ({header['lines']} lines), beam {header['beam']}; "
-           f"CPU flags: {header['cpu_flags']}; torch {header['torch']}", "",
+           f"CPU flags: {header['cpu_flags']}; torch {header['torch']}", f"Both engines: {header['length_rule']}", "",
            "| engine | layout | batch | sent/s | ms per beam step |", "|---|---|---|---|---|"]
     for r in rows:
         label = f"{'xf' if r['engine'] == 'xf' else 'CTranslate2'} {r['precision']}"
@@ -232,7 +232,7 @@ def main(argv: list[str]) -> int:
     with tempfile.TemporaryDirectory(prefix="xf-profile-engines-") as tmp:
         settings = argparse.Namespace(path=args.path, source=args.source, lines=args.lines, beam=args.beam,
                                       batch=max(args.batches), threads=1, cpu_lines=0, shortlist=None, isa=args.isa,
-                                      arch="small", vocab_size=0)
+                                      arch="small", vocab_size=0, max_len_a=None, max_len_b=None)
         job = decode.prepare(settings, Path(tmp), [decode.parse_case("ct2 fp32")])
         header = job.pop("header")
         rows = layouts(args, job, sp)

@@ -36,9 +36,18 @@ from xformer_cli.precision import cpu_flags  # noqa: E402
 
 CONCURRENCY = (1, 4, 16)
 PER_REQUEST = (1, 10)
-# argostranslate's translate_batch: beam_size 4, length_penalty 0.2 (|Y|^0.2), CTranslate2's 256
-ARGOS_SEARCH = ["--beam", "4", "--lenpen", "0.2", "--lenpen-style", "length", "--max-len-a", "0",
-                "--max-len-b", "256", "--precision", "fp32"]
+# argostranslate's translate_batch: beam_size 4 (settings.beam_size), length_penalty 0.2 (|Y|^0.2),
+# CTranslate2's default max_decoding_length 256: xf serve decodes under the same rules and limit
+ARGOS = dict(beam=4, lenpen=0.2, max_decoding_length=256)
+ARGOS_SEARCH = ["--beam", str(ARGOS["beam"]), "--lenpen", str(ARGOS["lenpen"]), "--lenpen-style", "length",
+                "--max-len-a", "0", "--max-len-b", str(ARGOS["max_decoding_length"]), "--precision", "fp32"]
+
+
+def settings_line(threads: int) -> str:
+    """The header's words for what both servers share (STYLE.md item 22)."""
+    return (f"Both servers: beam {ARGOS['beam']}, length penalty |Y|^{ARGOS['lenpen']}, at most "
+            f"{ARGOS['max_decoding_length']} subwords before eos (CTranslate2's default max_decoding_length; xf "
+            f"--max-len-a 0 --max-len-b {ARGOS['max_decoding_length']}), float32, {threads} thread(s) each")
 
 
 def export_package(checkpoint: str, path: Path) -> Path:
@@ -83,6 +92,7 @@ def main() -> None:
     lines = bench_serve.SOURCE.read_text(encoding="utf-8").splitlines()[: args.lines]
     flags = cpu_flags()
     print("CPU flags:", " ".join(sorted(f for f in flags if f.startswith(("avx", "amx", "fma", "sse4")))) or "none")
+    print(settings_line(args.threads))
     python = libretranslate_env.ensure_venv()
     results = {}
     with tempfile.TemporaryDirectory(prefix="xf-bench-lt-") as tmp:

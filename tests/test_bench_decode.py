@@ -32,8 +32,8 @@ def test_a_case_is_words_and_a_wrong_word_is_named():
 
 def test_the_plan_refuses_a_case_before_it_runs(tmp_path):
     decode = bench_module("decode")
-    job = dict(checkpoint=str(tmp_path / "m.pt"), ct2_dir=None, trained=True, beam=4, batch=64, threads=0,
-               shortlist=None, cpu_flags="avx2")
+    job = dict(checkpoint=str(tmp_path / "m.pt"), ct2_dir=None, beam=4, batch=64, threads=0, shortlist=None,
+               cpu_flags="avx2", max_len_a=1.0, max_len_b=50)
     why = decode.refusal(decode.parse_case("xf cuda compile"), job)  # the plan's one line, with CUDA or without
     assert "no CUDA device is available" in why or "on CUDA it is not measured yet" in why
     assert "no shortlist" in decode.refusal(decode.parse_case("xf shortlist"), job)
@@ -46,14 +46,16 @@ def test_the_plan_refuses_a_case_before_it_runs(tmp_path):
 def test_rows_give_same_run_ratios_identical_outputs_and_bleu():
     decode = bench_module("decode")
     refs = ["a man rides a red bike", "two dogs play in the snow"]
-    best = {"a": dict(seconds=2.0, tokens=40, outputs=refs, backend="b", threads=1, peak_mib=10.0),
+    limits = dict(limit="per sentence, at most 57", longest_output=9)
+    best = {"a": dict(seconds=2.0, tokens=40, outputs=refs, backend="b", threads=1, peak_mib=10.0, **limits),
             "b": dict(seconds=1.0, tokens=40, outputs=[refs[0], "a cat sleeps"], backend="b", threads=1,
-                      peak_mib=10.0, compile_seconds=3.5, built=1, loaded=0)}
+                      peak_mib=10.0, compile_seconds=3.5, built=1, loaded=0, **limits)}
     rows = {r["case"]: r for r in decode.result_rows({"cpu_flags": "avx2"}, best, "a", refs)}
     assert rows["a"]["value"] == 1.0 and rows["b"]["value"] == 2.0 and rows["b"]["ratio"] == 2.0
     assert (rows["a"]["identical"], rows["b"]["identical"]) == (2, 1)
     assert rows["a"]["bleu"] == 100.0 and rows["b"]["bleu"] < 100.0
     assert rows["b"]["compile_seconds"] == 3.5 and "CPU flags avx2" in rows["b"]["note"]
+    assert rows["a"]["longest_output"] == 9 and "length limit per sentence, at most 57, longest output 9" in rows["a"]["note"]
 
 
 def test_the_cpu_kinds_row_sets_each_engines_best_and_defaults_side_by_side():
@@ -111,6 +113,11 @@ def test_every_kind_of_case_runs_with_ratios_and_bleu(trained_tiny, multi30k_dir
     assert f"CPU flags: {found['cpu_flags']}" in proc.stdout
     table = [line for line in proc.stdout.splitlines() if " sent/s " in line]
     assert len(table) == len(cases) and all("x ct2 int8 workers2" in line and "BLEU" in line for line in table)
+    # one length rule for both engines, in the header; each row its limit and its longest output
+    assert "Both engines: length limit floor(1 x |X| + 50) subwords before eos" in proc.stdout
+    assert all(" limit per " in line and ", longest " in line for line in table)
+    assert rows["ct2 int8 workers2"]["limit"].startswith("per batch, at most ")
+    assert rows["xf fp32"]["limit"] == rows["ct2 int8 workers2"]["limit"].replace("batch", "sentence")
     assert "xf cuda compile" in proc.stdout and "skipped: " in proc.stdout
 
 
@@ -185,3 +192,89 @@ def test_gemm_paths_times_each_layer_through_each_library(tmp_path):
     assert {"fp32, MKL (F.linear)", "bf16, oneDNN (F.linear)", "int8, torch.ao fbgemm"} <= paths
     assert len({r["layer"] for r in found["rows"]}) == 5 and all(r["gflops"] > 0 for r in found["rows"])
     assert found["mkl"] and "| output projection |" in proc.stdout
+
+
+# -- fairness: both engines under one length rule (STYLE.md item 22) -------------------------------
+def never_ending_checkpoint(path: Path, multi30k_dir: Path) -> str:
+    """A random tiny model (max_positions 128) that never ends a sentence: eos's output bias -1e4."""
+    import torch
+
+    from helpers import learn_spm, random_checkpoint
+    from xformer_cli.checkpoint import load_checkpoint, save_checkpoint
+    from xformer_cli.vocab import EOS_ID
+
+    lines = (multi30k_dir / "train.en").read_text(encoding="utf-8").splitlines()[:500]
+    random_checkpoint(path, learn_spm(lines, 200), output_bias=True)
+    ckpt = load_checkpoint(path)
+    ckpt["model"]["output_bias"][EOS_ID] = -1e4
+    save_checkpoint(path, ckpt)
+    assert torch.equal(load_checkpoint(path)["model"]["output_bias"], ckpt["model"]["output_bias"])
+    return str(path)
+
+
+def test_the_header_names_the_length_rule_both_engines_share(tmp_path):
+    decode = bench_module("decode")
+    job = dict(max_len_a=1.0, max_len_b=50, max_positions=1024)
+    rule = decode.length_rule(job)
+    assert rule.startswith("length limit floor(1 x |X| + 50) subwords before eos, at most 1023: xf per sentence")
+    assert "CTranslate2 per batch sorted by length (max_decoding_length = the bound of the batch's longest source)" in rule
+    assert decode.length_rule(dict(job, max_len_a=0, max_len_b=256)).startswith("length limit 256 subwords")
+    header = dict(checkpoint="m.pt", source="s", lines=2, beam=4, batch=64, threads=2, torch="2", cpu_flags="avx2",
+                  length_rule=rule)
+    assert f"Both engines: {rule}" in decode.table(header, [], {}, "xf fp32").splitlines()[1]
+    # a bound is xf's own (search.max_output_lengths): the batch's longest source, clamped to the positions
+    assert decode.batch_limit([3, 7, 5], job) == 57 and decode.batch_limit([2000], job) == 1023
+    assert decode.batch_limit([7], dict(job, max_len_a=1.5, max_len_b=0)) == 10
+
+
+def test_serve_against_libretranslate_runs_both_under_argos_rules():
+    """bench/serve_vs_libretranslate.py: xf serve's search is argostranslate's (its beam setting, its
+    length penalty) under CTranslate2's default length limit, and the header says so."""
+    ctranslate2 = pytest.importorskip("ctranslate2", reason="installed by make test")
+    settings = pytest.importorskip("argostranslate.settings", reason="installed by make test")
+    import inspect
+    import re
+
+    import argostranslate.translate
+
+    bench = bench_module("serve_vs_libretranslate")
+    default = re.search(r"max_decoding_length: int = (\d+)", ctranslate2.Translator.translate_batch.__doc__)
+    assert bench.ARGOS["max_decoding_length"] == int(default.group(1))
+    assert bench.ARGOS["beam"] == settings.beam_size
+    assert f"length_penalty={bench.ARGOS['lenpen']}" in inspect.getsource(argostranslate.translate)
+    search = bench.ARGOS_SEARCH
+    assert search[search.index("--max-len-a") + 1] == "0" and search[search.index("--max-len-b") + 1] == "256"
+    line = bench.settings_line(2)
+    assert "beam 4" in line and "at most 256 subwords" in line and "2 thread(s) each" in line
+
+
+@pytest.mark.slow
+def test_a_model_that_never_ends_stops_at_the_same_length_in_both_engines(multi30k_dir, tmp_path):
+    """xf and CTranslate2's own search, each as bench/decode.py runs it, on a model that never ends:
+    every sentence alone (batch 1), both stop at xf's bound |X| + 50 (clamped to the positions);
+    in batches, CTranslate2's longest output is the bound of the batch's longest source, as xf's."""
+    pytest.importorskip("ctranslate2", reason="the export extra (CTranslate2) is installed by make test")
+    decode = bench_module("decode")
+    from xformer_cli.checkpoint import load_checkpoint
+    from xformer_cli.vocab import load_sentencepiece
+
+    ckpt = never_ending_checkpoint(tmp_path / "never.pt", multi30k_dir)
+    sp = load_sentencepiece(load_checkpoint(ckpt)["spm_model"], ckpt)
+    val = (multi30k_dir / "val.en").read_text(encoding="utf-8").splitlines()
+    words = " ".join(val[2:12]).split()
+    long = next(" ".join(words[:n]) for n in range(len(words)) if len(sp.encode(" ".join(words[:n]))) > 90)
+    lines = [val[0], val[1][:12], long]  # the last one's bound is clamped to the positions: 127
+    source = tmp_path / "src.txt"
+    source.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    args, cases = decode.parse_args(["--path", ckpt, "--source", str(source), "--batch", "1", "--threads", "1",
+                                     "--cases", "xf fp32,ct2 fp32"])
+    job = decode.prepare(args, tmp_path, cases)
+    bounds = [min(len(ids) + 50, 127) for ids in sp.encode(lines)]
+    assert bounds[-1] == 127 and len(set(bounds)) == 3
+    for line, bound in zip(lines, bounds):
+        found = {case: decode.measure_case({**job, "lines": [line], "case": case}) for case in ("xf fp32", "ct2 fp32")}
+        assert [r["longest_output"] for r in found.values()] == [bound, bound], line
+    batched = {case: decode.measure_case({**job, "batch": 2, "case": case}) for case in ("xf fp32", "ct2 fp32")}
+    assert [r["longest_output"] for r in batched.values()] == [127, 127]
+    assert batched["xf fp32"]["limit"] == "per sentence, at most 127"
+    assert batched["ct2 fp32"]["limit"] == "per batch, at most 127"

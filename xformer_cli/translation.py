@@ -94,6 +94,7 @@ class Stats:
     empty_outputs: int = 0  # empty translations of lines that were not empty
     src_tokens: int = 0
     tgt_tokens: int = 0
+    longest_output: int = 0  # the most subwords before eos of a line's best hypothesis
     invalid_utf8: int = 0
     first_invalid: int = 0
     truncated: int = 0
@@ -378,6 +379,7 @@ def search_lines(engine: Engine, pieces: list[list[int]], options: TranslateOpti
                 results[i] = hyps
                 stats.src_tokens += len(pieces[i]) + 1
                 stats.tgt_tokens += len(hyps[0].tokens) if hyps else 0
+                stats.longest_output = max(stats.longest_output, len(hyps[0].tokens) - 1 if hyps else 0)
             if options.print_alignment:  # a forced-decoding pass over the final hypotheses, in this
                 # thread: it records attention on the model's modules, which threads would share
                 aligned = engine.alignments([pieces[i] for i in idx], found, options.alignment_layer,
