@@ -49,7 +49,7 @@ def test_the_record_holds_the_checkpoints_facts(deen, deen_marian):
     assert facts.pairs == (("de", "en"),) and not facts.multilingual and not facts.tagged and facts.tags == []
     assert (facts.sinusoids, facts.decoder_start, facts.share_embeddings, facts.positions) == (
         "tensor2tensor", "zero", "all", "sinusoidal")
-    assert (facts.d_model, facts.vocab_size, facts.vocabulary) == (64, 200, "sentencepiece")
+    assert (facts.d_model, facts.vocab_size, facts.vocabulary_kind) == (64, 200, "sentencepiece")
     assert [fmt for fmt, reason in facts.exports if reason is None] == ["ctranslate2", "argos", "marian", "bergamot"]
     assert "--sinusoids tensor2tensor cannot be exported to MarianMT" in facts.export_refusal("huggingface")
     assert [fmt for fmt, reason in read_facts(deen).exports if reason is None] == [
@@ -132,3 +132,22 @@ def test_a_flag_may_confirm_the_models_languages_not_contradict_them(deen, tmp_p
 def test_a_flag_the_format_does_not_read_is_refused(deen, tmp_path, fmt, flags, named):
     fails(["export", fmt, "--path", deen, "--output", tmp_path / "out", *flags], named)
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("engine", ["xf", "ctranslate2"])
+def test_serve_refuses_a_direction_the_model_does_not_translate_with_either_engine(deen, tmp_path, engine):
+    """``--model en-fr=DE_EN.pt`` would serve English as French: refused at start, before a model loads."""
+    from xformer_cli.config import build_options
+    from xformer_cli.errors import XfError
+    from xformer_cli.options import ServeOptions
+    from xformer_cli.serving import load_directions
+
+    path = deen
+    if engine == "ctranslate2":
+        xf("export", "ctranslate2", "--path", deen, "--output", tmp_path / "ct2")
+        path = str(tmp_path / "ct2")
+    options = build_options(ServeOptions, {"model": [f"de-fr={path}"], "engine": engine}, "test")
+    with pytest.raises(XfError, match=f"--model de-fr={path}: the model translates de-en, not de-fr"):
+        load_directions(options)
+    options = build_options(ServeOptions, {"model": [f"de-en={path}"], "engine": engine, "device": "cpu"}, "test")
+    assert [(d.source, d.target) for d in load_directions(options)] == [("de", "en")]  # confirming it: served

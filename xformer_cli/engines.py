@@ -29,6 +29,7 @@ from .decoding_plan import DecodingPlan
 from .errors import ConfigError
 from .memory import bound_native_memory
 from .model import Transformer
+from .model_facts import ModelFacts, facts_from_config
 from .options import TranslateOptions
 from .quantization import quantize_int8, quantize_int8_matmul
 from .search import Hypothesis, next_token_alternatives, search, with_prefix_candidates
@@ -43,9 +44,9 @@ class Engine:
     max_source: int  # the longest source (subwords, without eos) the engine takes
     supports_alignments: bool = False
     plan: DecodingPlan  # how it was opened (translation.open_engine sets it)
-    # the model's checkpoint meta as far as its languages go (source_lang, target_lang, and a
-    # multilingual model's pairs): what ``languages.vocabulary_for`` chooses a direction by
-    meta: dict = {}
+    # what the model is (model_facts): its languages and target tags, asked for a direction's
+    # vocabulary, the alignments' rule for the tag and the scorer's target language
+    facts: ModelFacts = ModelFacts("model")
 
     def search(self, sentences: Sequence[Sequence[int]], options: TranslateOptions,
                generator: Optional[torch.Generator] = None,
@@ -117,7 +118,7 @@ class XfEngine(Engine):
         elif plan.int8 == "dynamic":
             models = [quantize_int8(m, plan.int8_engine) for m in models]
         engine = cls(models, device, loaded, AotStep(AotPackages(packages)) if plan.step == "aot" else None)
-        engine.meta = language_meta(meta)
+        engine.facts = facts_from_config(models[0].cfg, meta, isinstance(sp, MappedVocabulary), paths[0])
         rule = plan.rule("--int8-engine")
         chosen = f"{plan.int8_engine} ({rule})" if rule else plan.int8_engine
         engine.int8_engine = {"matmul": f"decoder: int8 matmul, compiled ahead of time; encoder: {chosen}",
@@ -180,11 +181,6 @@ class XfEngine(Engine):
     def check_alignment_layer(self, layer: int) -> None:
         for model in self.models:
             resolve_layer(layer, len(model.decoder_layers))
-
-
-def language_meta(meta: dict) -> dict:
-    """The part of a checkpoint's meta that names its languages (``languages.py``)."""
-    return {key: meta[key] for key in ("source_lang", "target_lang", "pairs") if meta.get(key)}
 
 
 def collate_prefix(prefixes: Optional[Sequence[Sequence[int]]], device: torch.device,

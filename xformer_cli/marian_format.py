@@ -40,7 +40,6 @@ import numpy as np
 import torch
 import yaml
 
-from .errors import XfError
 from .huggingface import ACTIVATIONS, marian_state_dict
 from .model_facts import facts_from_config
 from .model import Transformer

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Optional
 
 from .errors import XfError
-from .languages import LANGUAGE_KEYS, model_pairs, pair_names, tag
+from .languages import LANGUAGE_KEYS, languages_of, model_pairs, pair_names, tag, vocabulary_for
 
 FORMATS = ("ctranslate2", "argos", "huggingface", "marian", "bergamot")
 MARIAN_ACTIVATIONS = ("relu", "gelu", "swish")  # MarianMT's and Marian's feed-forward activations
@@ -36,7 +36,7 @@ class ModelFacts:
     where: str
     pairs: tuple[tuple[str, str], ...] = ()
     multilingual: bool = False
-    vocabulary: Optional[str] = None  # "sentencepiece", or "mapped" (two models over one id space)
+    vocabulary_kind: Optional[str] = None  # "sentencepiece", or "mapped" (two models over one id space)
     positions: Optional[str] = None
     sinusoids: Optional[str] = None
     decoder_start: Optional[str] = None
@@ -85,6 +85,12 @@ class ModelFacts:
             return source in self.sources and target in self.targets
         return (source, target) in self.pairs
 
+    def vocabulary(self, sp, target_lang: Optional[str], where: Optional[str] = None):
+        """The vocabulary translating into ``target_lang`` (``languages.vocabulary_for``): ``sp``
+        for a bilingual model (a --target-lang other than its own refused), a ``TaggedVocabulary``
+        putting the target's tag first for a multilingual one (--target-lang one of its targets)."""
+        return vocabulary_for(sp, languages_meta(self), target_lang, where or self.where)
+
     def export_refusal(self, fmt: str) -> Optional[str]:
         return dict(self.exports).get(fmt)
 
@@ -111,11 +117,11 @@ def facts_from_config(cfg, meta: Optional[dict] = None, mapped: bool = False,
                       where: str | Path = "checkpoint") -> ModelFacts:
     """The facts of a model of configuration ``cfg`` (a ModelConfig) whose checkpoint ``meta``
     records its languages; ``mapped``: its vocabulary is a mapped pair of sentencepiece models."""
-    meta = meta or {}
+    meta = languages_of(meta or {})
     pairs = model_pairs(meta)
     facts = ModelFacts(
         where=str(where), pairs=tuple(pairs) if pairs is not None else _bilingual(meta),
-        multilingual=pairs is not None, vocabulary="mapped" if mapped else "sentencepiece",
+        multilingual=pairs is not None, vocabulary_kind="mapped" if mapped else "sentencepiece",
         positions=cfg.positions, sinusoids=cfg.sinusoids, decoder_start=cfg.decoder_start,
         share_embeddings=cfg.share_embeddings, normalize_before=cfg.normalize_before,
         scale_embedding=cfg.scale_embedding, activation=cfg.activation, d_model=cfg.d_model, heads=cfg.heads,
@@ -127,7 +133,7 @@ def facts_from_config(cfg, meta: Optional[dict] = None, mapped: bool = False,
 def from_export(info: dict, where: str | Path) -> ModelFacts:
     """The facts a CTranslate2 directory's ``xf.json`` records (``ctranslate2_format``): its
     languages (none in exports older than their record: bilingual) and its longest sequence."""
-    languages = info.get("languages") or {}
+    languages = languages_of(info.get("languages") or {})
     pairs = model_pairs(languages)
     return ModelFacts(where=str(where), pairs=tuple(pairs) if pairs is not None else _bilingual(languages),
                       multilingual=pairs is not None, max_positions=info.get("max_positions"))
@@ -184,7 +190,7 @@ def marian_reasons(facts: ModelFacts) -> list[str]:
     decoder_ff_logit_out_Wt) is translated differently from xf by Marian and Bergamot alike
     (docs/export.md), so it is refused until the export's fault is found."""
     out = []
-    if facts.vocabulary == "mapped":
+    if facts.vocabulary_kind == "mapped":
         out.append("its vocabulary is a mapped one (two sentencepiece models, from xf import huggingface); Marian "
                    "reads one sentencepiece model's own ids")
     if facts.normalize_before:

@@ -36,7 +36,7 @@ from .json_input import parse_json
 from .options import TranslateOptions
 from .search import Hypothesis
 from .segment import split_texts
-from .languages import TaggedVocabulary, check_code, model_pairs, target_languages, vocabulary_for
+from .languages import TaggedVocabulary, check_code
 from .vocab import UNK_ID, decode_line, encode_target
 
 
@@ -67,7 +67,7 @@ def open_scorer(options, plan, calibration: Optional[Calibration] = None, langua
     forced = dataclasses.replace(plan, engine="xf", int8="none", int8_engine=None, step="eager", workers=1,
                                  processes=False, shortlist=None, warning=None)
     reverse = XfEngine.open(options.reverse_path, forced) if options.reverse_path else None
-    if reverse is not None and model_pairs(reverse[0].meta):
+    if reverse is not None and reverse[0].facts.multilingual:
         raise ConfigError(f"--reverse-path {options.reverse_path[0]}: a multilingual model; the reverse score needs "
                           "a bilingual target->source model")
     return Scorer(calibration, reverse, options.target_lang, options.confidence or "", languages)
@@ -75,16 +75,16 @@ def open_scorer(options, plan, calibration: Optional[Calibration] = None, langua
 
 def source_vocabulary(engine: Engine, sp, target_lang: Optional[str], where: str):
     """The vocabulary the engine's sources are encoded with to translate into ``target_lang``
-    (``languages.vocabulary_for`` over the model's languages, ``engine.meta``): ``sp`` itself
+    (``ModelFacts.vocabulary``: the model's languages, ``engine.facts``): ``sp`` itself
     for a bilingual model, a ``TaggedVocabulary`` putting the target's tag first for a
     multilingual one. Target-side text is encoded with ``vocab.encode_target(sp, ...)``."""
-    return vocabulary_for(sp, engine.meta, target_lang, where)
+    return engine.facts.vocabulary(sp, target_lang, where)
 
 
 def is_tagged(engine: Engine) -> bool:
     """Whether every non-empty source the engine searches starts with a target tag (a
     multilingual model's): alignments then skip it."""
-    return model_pairs(engine.meta) is not None
+    return engine.facts.tagged
 
 
 @dataclass
