@@ -5,12 +5,12 @@ does not read is refused, and every format's refusal is the record's."""
 
 import json
 import zipfile
-from pathlib import Path
 
 import pytest
 import yaml
 
 from xformer_cli.checkpoint import load_checkpoint
+from xformer_cli.ctranslate2_format import read_exported_model
 from xformer_cli.model_facts import facts_of, from_export, read_facts
 
 from helpers import cli_fails, random_checkpoint
@@ -89,7 +89,7 @@ def test_a_deen_model_exports_deen_to_every_format_without_flags(deen, deen_mari
     xf("export", "ctranslate2", "--path", deen, "--output", tmp_path / "ct2")
     assert json.loads((tmp_path / "ct2" / "xf.json").read_text())["languages"] == {"source_lang": "de",
                                                                                    "target_lang": "en"}
-    assert read_facts(tmp_path / "ct2", "ctranslate2").pairs == (("de", "en"),)
+    assert from_export(read_exported_model(tmp_path / "ct2"), "ct2").pairs == (("de", "en"),)
     xf("export", "huggingface", "--path", deen, "--output", tmp_path / "hf")
     tokenizer = json.loads((tmp_path / "hf" / "tokenizer_config.json").read_text())
     assert (tokenizer["source_lang"], tokenizer["target_lang"]) == ("de", "en")
@@ -151,3 +151,32 @@ def test_serve_refuses_a_direction_the_model_does_not_translate_with_either_engi
         load_directions(options)
     options = build_options(ServeOptions, {"model": [f"de-en={path}"], "engine": engine, "device": "cpu"}, "test")
     assert [(d.source, d.target) for d in load_directions(options)] == [("de", "en")]  # confirming it: served
+
+
+def test_a_multilingual_models_alignments_are_equal_in_translate_and_serve(multi30k_dir, tmp_path):
+    """One rule for the target tag (``ModelFacts.tagged``, applied by ``Engine.alignments``): xf
+    translate --print-alignment and xf serve's word alignments (its HTML markup's) agree."""
+    from xformer_cli.config import build_options
+    from xformer_cli.options import ServeOptions, TranslateOptions
+    from xformer_cli.serve_queue import word_alignments
+    from xformer_cli.serving import load_directions
+
+    from helpers import multilingual_checkpoint
+
+    # seed 1: a random model whose attention peaks at the tag on some of these lines (where the two
+    # rules of the tag, skipped or aligned to and shifted, differ)
+    ckpt = multilingual_checkpoint(tmp_path / "m.pt", multi30k_dir, seed=1)
+    lines = (multi30k_dir / "test2016.en").read_text(encoding="utf-8").splitlines()[:200]
+    (tmp_path / "in.txt").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    printed = xf("translate", "--path", ckpt, "--input", tmp_path / "in.txt", "--target-lang", "fr",
+                 "--print-alignment", "--alignment-level", "word", "--device", "cpu", "--threads", "1", "--quiet",
+                 "--precision", "fp32", "--max-len-a", "0", "--max-len-b", "12").output.splitlines()
+    mine = [sorted(tuple(map(int, p.split("-"))) for p in line.split(" ||| ")[1].split()) for line in printed]
+    options = build_options(ServeOptions, {"model": [f"en-fr={ckpt}"], "device": "cpu", "threads": 1,
+                                           "precision": "fp32", "max_len_a": 0, "max_len_b": 12}, "test")
+    direction = load_directions(options)[0]
+    sources = [direction.sp.encode(line) for line in lines]
+    found = direction.engine.search(sources, TranslateOptions(**{k: getattr(direction.options, k) for k in (
+        "beam_size", "max_len_a", "max_len_b", "lenpen", "nbest")}, path=(ckpt,)))
+    served = [sorted(pairs) for pairs in word_alignments(direction, sources, found)]
+    assert served == mine

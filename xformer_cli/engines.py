@@ -62,11 +62,11 @@ class Engine:
     def close(self) -> None:
         """Release what the engine holds beyond its models (xf's --workers processes)."""
 
-    def alignments(self, sentences: Sequence[Sequence[int]], found: list[list[Hypothesis]], layer: int,
-                   tagged: bool = False):
-        """Per sentence, per hypothesis: the source position each target subword attends to most;
-        tagged: each sentence starts with a target tag (a multilingual model's), which nothing
-        aligns to, and positions count the sentence's own subwords after it."""
+    def alignments(self, sentences: Sequence[Sequence[int]], found: list[list[Hypothesis]], layer: int):
+        """Per sentence, per hypothesis: the source position each target subword attends to most.
+        One rule for the tag, the record's (``ModelFacts.tagged``): where each sentence starts with
+        a target tag (a multilingual model's), nothing aligns to it and positions count the
+        sentence's own subwords after it, for xf translate and xf serve alike."""
         raise ConfigError("--print-alignment needs xf's own engine (the attention of --engine ctranslate2 "
                           "is not recorded)")
 
@@ -174,7 +174,8 @@ class XfEngine(Engine):
             out[i].append(hyps[0])
         return out
 
-    def alignments(self, sentences, found, layer, tagged=False):
+    def alignments(self, sentences, found, layer):
+        tagged = self.facts.tagged
         aligned = hard_alignments(self.models, collate_source(sentences).to(self.device), found, layer, skip_first=tagged)
         return [[[i - 1 for i in row] for row in rows] for rows in aligned] if tagged else aligned
 

@@ -139,13 +139,9 @@ def from_export(info: dict, where: str | Path) -> ModelFacts:
                       multilingual=pairs is not None, max_positions=info.get("max_positions"))
 
 
-def read_facts(path: str | Path, engine: str = "xf") -> ModelFacts:
-    """The facts of the model at ``path`` without loading its weights into a model: a checkpoint
-    (memory-mapped), or with ``engine`` ctranslate2 a CTranslate2 directory's xf.json."""
-    if engine == "ctranslate2":
-        from .ctranslate2_format import read_exported_model
-
-        return from_export(read_exported_model(Path(path)), path)
+def read_facts(path: str | Path) -> ModelFacts:
+    """The facts of the checkpoint at ``path`` without loading its weights into a model (memory-
+    mapped); a CTranslate2 directory's: ``from_export(ctranslate2_format.read_exported_model(path))``."""
     from .checkpoint import load_checkpoint
 
     return facts_of(load_checkpoint(path, mmap=True), path)

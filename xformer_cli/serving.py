@@ -58,7 +58,7 @@ from .glossary import Glossary, find_terms
 from .options import ServeOptions, check_served, direction_and_path, model_spec
 from .language_id import LanguageId, UnknownLanguage
 from .languages import pair_names
-from .model_facts import ModelFacts, read_facts
+from .model_facts import ModelFacts, from_export, read_facts
 from .segment import Units, line_texts, split_texts
 from .serve_queue import BatchQueue, Direction, Job, QueueFull
 from .serve_log import ANSWER_SECONDS, CLIENT_GONE, AccessLog
@@ -137,12 +137,15 @@ def load_directions(options: ServeOptions, glossaries: Optional[dict[str, Glossa
     specs = [(spec, *model_spec(spec)) for spec in options.model]
     for code in glossaries or {}:  # refused by the plan (the engine's, the same for every path) before the models
         plan_decoding(options.translate_options("check"), Machine.here()).refuse_steering(f"--glossary {code}=...")
+    from .ctranslate2_format import read_exported_model
+
     facts: dict[str, ModelFacts] = {}  # each model's record, read without loading the model
     for spec, _, path in specs:
         if not Path(path).exists():
             raise XfError(f"--model {spec}: {path} does not exist")
         if path not in facts:
-            facts[path] = read_facts(path, options.engine)
+            facts[path] = (from_export(read_exported_model(Path(path)), path) if options.engine == "ctranslate2"
+                           else read_facts(path))
     served = [(spec, path, source, target, trained) for spec, listed, path in specs
               for source, target, trained in model_directions(listed, facts[path], spec)]
     codes = [(source, target) for _, _, source, target, _ in served]

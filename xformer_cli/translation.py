@@ -81,12 +81,6 @@ def source_vocabulary(engine: Engine, sp, target_lang: Optional[str], where: str
     return engine.facts.vocabulary(sp, target_lang, where)
 
 
-def is_tagged(engine: Engine) -> bool:
-    """Whether every non-empty source the engine searches starts with a target tag (a
-    multilingual model's): alignments then skip it."""
-    return engine.facts.tagged
-
-
 @dataclass
 class Stats:
     lines: int = 0
@@ -380,8 +374,7 @@ def search_lines(engine: Engine, pieces: list[list[int]], options: TranslateOpti
                 stats.tgt_tokens += len(hyps[0].tokens) if hyps else 0
             if options.print_alignment:  # a forced-decoding pass over the final hypotheses, in this
                 # thread: it records attention on the model's modules, which threads would share
-                aligned = engine.alignments([pieces[i] for i in idx], found, options.alignment_layer,
-                                            tagged=is_tagged(engine))
+                aligned = engine.alignments([pieces[i] for i in idx], found, options.alignment_layer)
                 for i, per_hyp in zip(idx, aligned):
                     alignments[i] = per_hyp
     return results, alignments
