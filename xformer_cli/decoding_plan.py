@@ -36,9 +36,10 @@ from dataclasses import dataclass
 from typing import Optional
 
 from .errors import ConfigError, XfError
+from .options import TranslateOptions
 from .precision import precision_warning, resolve_precision, xf_precisions
 
-DEFAULT_INT8_ENGINE = "auto"  # int8_rule: by the CPU's flags
+DEFAULT_INT8_ENGINE = TranslateOptions.__dataclass_fields__["int8_engine"].default  # "auto": int8_rule, by the CPU's flags
 
 
 def int8_rule(vendor: str, flags: frozenset) -> tuple[str, str]:
@@ -133,9 +134,23 @@ class DecodingPlan:
 
 
 # The engine options a plan reads, with the value a command that lacks one runs with (xf
-# score-pairs has no --engine, --quantize, --compile, ...): TranslateOptions declares them all.
-PLAN_DEFAULTS = dict(engine="xf", device="auto", precision="auto", quantize="none", int8_engine=DEFAULT_INT8_ENGINE,
-                     compile=False, workers=1, threads=0, shortlist=None, sampling=False, glossary=None)
+# score-pairs has no --engine, --quantize, --compile, ...): TranslateOptions declares them all, and
+# its defaults are the only ones (one precision default: the flag's).
+PLAN_DEFAULTS = {name: TranslateOptions.__dataclass_fields__[name].default for name in (
+    "engine", "device", "precision", "quantize", "int8_engine", "compile", "workers", "threads", "shortlist",
+    "sampling", "glossary")}
+
+
+def plan_scoring(options, forward: DecodingPlan, machine: Machine) -> DecodingPlan:
+    """The plan of the reverse scorer (``--reverse-path``: forced decoding of whole batches in this
+    process): ``plan_decoding``'s for xf's engine, eager, one worker and no shortlist (the forward
+    model's would not fit the reverse vocabulary), on the forward plan's device with the options'
+    precision and threads; its rules and refusals are the plan's (``--precision auto`` resolved,
+    fp16 refused on a CPU), whatever engine the forward model runs on."""
+    from types import SimpleNamespace
+
+    return plan_decoding(SimpleNamespace(path=tuple(options.reverse_path), device=forward.device,
+                                         precision=options.precision, threads=options.threads), machine)
 
 
 def plan_decoding(options, machine: Machine) -> DecodingPlan:

@@ -13,7 +13,6 @@ opens the engine that ``--engine`` names over ``--path``.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import json
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -29,7 +28,7 @@ from .confidence import Calibration, Scorer, mean_log_probability
 from .constraints import BatchConstraints, word_boundaries
 from .ctranslate2_format import CTranslate2Engine
 from .engines import Engine, XfEngine
-from .decoding_plan import Machine, plan_decoding
+from .decoding_plan import Machine, plan_decoding, plan_scoring
 from .errors import ConfigError, XfError
 from .glossary import Glossary
 from .json_input import parse_json
@@ -62,11 +61,8 @@ def open_scorer(options, plan, calibration: Optional[Calibration] = None, langua
     ``calibration`` of ``--confidence`` (read before any model: ``Calibration.load``), its
     reverse models opened on ``plan``'s device and precision; ``languages``: the other targets
     an input line may name (a multilingual model's), for the wrong_language flag."""
-    # forced decoding of whole batches in this process: xf's engine, eager, one worker, no shortlist
-    # (the forward model's would not fit the reverse vocabulary); the forward's device and precision
-    forced = dataclasses.replace(plan, engine="xf", int8="none", int8_engine=None, step="eager", workers=1,
-                                 processes=False, shortlist=None, warning=None)
-    reverse = XfEngine.open(options.reverse_path, forced) if options.reverse_path else None
+    reverse = XfEngine.open(options.reverse_path, plan_scoring(options, plan, Machine.here())) \
+        if options.reverse_path else None
     if reverse is not None and reverse[0].facts.multilingual:
         raise ConfigError(f"--reverse-path {options.reverse_path[0]}: a multilingual model; the reverse score needs "
                           "a bilingual target->source model")
