@@ -47,28 +47,26 @@ def int8_rule(vendor: str, flags: frozenset) -> tuple[str, str]:
     vendor_id) and instruction-set ``flags``, each rule from same-run measurements of
     bench/decode.py (docs/benchmarks.md, "Every engine of one CPU")."""
     if "amx_int8" in flags:
-        return "fbgemm", ("a CPU with AMX (1.12-1.22x x86 on one AMX Xeon, level on another: x86 sends some shapes to "
-                          "oneDNN, which trails fbgemm on both)")
+        return "fbgemm", ("a CPU with AMX (fbgemm at least level with x86, which sends some shapes to oneDNN; "
+                          "docs/benchmarks.md)")
     if vendor == "AuthenticAMD" and "avx512_vnni" in flags:
-        return "fbgemm", "an AMD CPU with AVX-512 VNNI (1.11-1.12x x86 in two runs on the AVX-512 EPYC)"
-    return "x86", ("any other CPU: torch's pick of fbgemm or oneDNN by shape (fastest on the VNNI Xeon, level with "
-                   "fbgemm on the AVX2 EPYC)")
+        return "fbgemm", "an AMD CPU with AVX-512 VNNI (fbgemm ahead of x86; docs/benchmarks.md)"
+    return "x86", "any other CPU: torch's pick of fbgemm or oneDNN by shape (docs/benchmarks.md)"
 
 
 def workers_rule(cores: int, device: str, sampling: bool) -> tuple[int, str]:
     """(decoding processes, the rule that chose them) for ``--workers 0`` (auto) on a machine of
     ``cores`` usable CPU cores: one process per core, each on one thread, from the same-run
-    measurements on every CPU kind in docs/benchmarks.md (two one-thread processes against one
-    search on two threads: 1.08x on the AVX2 EPYC, 1.25x on the AVX-512 EPYC, 1.45x on the VNNI
-    Xeon, 1.28x on the AMX Xeon); one where there is one core, on a GPU, or to sample."""
+    measurements on every CPU kind in docs/benchmarks.md (two one-thread processes ahead of one
+    search on two threads on each); one where there is one core, on a GPU, or to sample."""
     if device != "cpu":
         return 1, "--workers auto: 1 on a GPU (its batches are its parallelism)"
     if sampling:
         return 1, "--workers auto: 1 to sample (the random stream runs through the batches in order)"
     if cores < 2:
         return 1, "--workers auto: 1, one CPU core"
-    return cores, (f"--workers auto: {cores}, one process per CPU core on one thread each (1.08-1.45x one search "
-                   "on every core, on each CPU kind measured)")
+    return cores, (f"--workers auto: {cores}, one process per CPU core on one thread each (ahead of one search on "
+                   "every core on each CPU kind measured; docs/benchmarks.md)")
 
 
 def precision_rule(device: str, precision: str) -> str:
