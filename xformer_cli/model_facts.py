@@ -184,7 +184,7 @@ def marian_reasons(facts: ModelFacts) -> list[str]:
     over un-normalized states of earlier positions when it decodes step by step
     (src/models/transformer.h); an output projection of its own (Marian's
     decoder_ff_logit_out_Wt) is translated differently from xf by Marian and Bergamot alike
-    (docs/export.md), so it is refused until the export's fault is found."""
+    (docs/benchmarks.md), so it is refused until the export's fault is found."""
     out = []
     if facts.vocabulary_kind == "mapped":
         out.append("its vocabulary is a mapped one (two sentencepiece models, from xf import huggingface); Marian "
