@@ -217,3 +217,22 @@ def test_calibrate_refuses_equal_labels_in_one_line_before_writing(spm_model, tm
                "--output", tmp_path / "c.json", "--device", "cpu", "--threads", "1", "--max-len-b", "4"],
               "sentence chrF are all 0.00: nothing tells a good translation from a bad one")
     assert not (tmp_path / "c.json").exists()
+
+
+def test_the_confidences_target_language_is_the_models_recorded_one(spm_model, tmp_path):
+    """No --target-lang: an EN->DE model's record names German, so a French output is flagged."""
+    pytest.importorskip("py3langid")
+    from helpers import random_checkpoint
+
+    ckpt = random_checkpoint(tmp_path / "ende.pt", spm_model, meta={"source_lang": "en", "target_lang": "de"})
+    source = "Two young guys with shaggy hair look at their hands while hanging out in the yard."
+    french = "Deux jeunes hommes aux cheveux hirsutes regardent leurs mains dans le jardin."
+    german = "Zwei junge Männer mit zotteligen Haaren betrachten ihre Hände im Garten."
+    lines = [{"source": source, "prefix": prefix} for prefix in (french, german)]
+    (tmp_path / "in.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines), encoding="utf-8")
+    result = runner.invoke(app, ["translate", "--path", ckpt, "--input", str(tmp_path / "in.jsonl"),
+                                 "--input-format", "jsonl", "--output-format", "jsonl", "--device", "cpu",
+                                 "--quiet", "--max-len-b", "3"])
+    assert result.exit_code == 0, result.output
+    wrong, right = (json.loads(line)["hypotheses"][0] for line in result.stdout.splitlines() if line.startswith("{"))
+    assert wrong["confidence"] == 0.0 and right["confidence"] > 0.0

@@ -36,6 +36,7 @@ from .options import TranslateOptions
 from .search import Hypothesis
 from .segment import split_texts
 from .languages import TaggedVocabulary, check_code
+from .model_facts import ModelFacts
 from .vocab import UNK_ID, decode_line, encode_target
 
 
@@ -56,17 +57,23 @@ def open_engine(options: TranslateOptions, machine: Optional[Machine] = None):
     return engine, sp, engine.device
 
 
-def open_scorer(options, plan, calibration: Optional[Calibration] = None, languages: tuple = ()) -> Scorer:
+def open_scorer(options, plan, calibration: Optional[Calibration] = None, languages: tuple = (),
+                facts: Optional[ModelFacts] = None) -> Scorer:
     """The confidence scorer of the options (``--reverse-path``, ``--target-lang``) with the
     ``calibration`` of ``--confidence`` (read before any model: ``Calibration.load``), its
-    reverse models opened on ``plan``'s device and precision; ``languages``: the other targets
-    an input line may name (a multilingual model's), for the wrong_language flag."""
+    reverse models opened on the plan's device and precision (``plan_scoring``); ``languages``:
+    the other targets an input line may name (a multilingual model's), for the wrong_language
+    flag. The target language is --target-lang's, else the one the forward model's record
+    (``facts``) names for a bilingual model."""
     reverse = XfEngine.open(options.reverse_path, plan_scoring(options, plan, Machine.here())) \
         if options.reverse_path else None
     if reverse is not None and reverse[0].facts.multilingual:
         raise ConfigError(f"--reverse-path {options.reverse_path[0]}: a multilingual model; the reverse score needs "
                           "a bilingual target->source model")
-    return Scorer(calibration, reverse, options.target_lang, options.confidence or "", languages)
+    target = options.target_lang
+    if target is None and facts is not None and not facts.multilingual and facts.targets:
+        target = facts.targets[0]
+    return Scorer(calibration, reverse, target, options.confidence or "", languages)
 
 
 def source_vocabulary(engine: Engine, sp, target_lang: Optional[str], where: str):

@@ -35,7 +35,7 @@ def calibrate(options: CalibrateOptions) -> None:
     engine, sp, _ = open_engine(translate_options)
     try:
         vocab = source_vocabulary(engine, sp, options.target_lang, options.path[0])  # a multilingual model's tag
-        scorer = open_scorer(translate_options, engine.plan)
+        scorer = open_scorer(translate_options, engine.plan, facts=engine.facts)
         outputs, rows = translate_with_features(engine, vocab, sources, translate_options, scorer)
     finally:
         engine.close()

@@ -90,7 +90,7 @@ def translate(options: TranslateOptions) -> None:
         vocab = None if per_line and multilingual and options.target_lang is None else \
             source_vocabulary(engine, sp, options.target_lang, options.path[0])
         languages = tuple(engine.facts.targets) if multilingual and per_line else ()
-        scorer = open_scorer(options, engine.plan, calibration, languages) if options.output_format == "jsonl" else None
+        scorer = open_scorer(options, engine.plan, calibration, languages, engine.facts) if options.output_format == "jsonl" else None
         unfit = glossary is not None and (unfit_term(glossary, sp, engine.max_source)
                                           or crowded_term(glossary, options.max_constraint_forms))
         if unfit:  # its terms against the model, before a line is written
