@@ -218,3 +218,28 @@ def test_ctranslate2_with_a_reverse_model_scores_or_refuses_in_one_line(spm_mode
     assert result.exit_code == 0, result.output
     assert all("confidence" in line for line in result.output.splitlines() if line.startswith("{"))
     cli_fails([*run, "--precision", "fp16"], "--precision fp16")
+
+
+# -- which batches the --workers processes take: the plan's rule (DecodingPlan.to_workers) ----------------
+ROUTES = [  # (options, sampled, constrained, alternatives, to the workers)
+    (dict(workers=2), False, False, 0, True),  # plain (and prefixed) beam search
+    (dict(workers=2), False, True, 0, False),  # constraints: this process
+    (dict(workers=2), False, False, 3, False),  # alternatives: this process
+    (dict(workers=2), True, False, 0, False),  # a sampled batch: this process
+    (dict(workers=1), False, False, 0, False),  # no worker processes
+    (dict(workers=2, device="cuda"), False, False, 0, False),  # threads on a GPU, no processes
+]
+
+
+@pytest.mark.parametrize("kw, sampled, constrained, alternatives, expected", ROUTES)
+def test_which_batches_the_workers_take(kw, sampled, constrained, alternatives, expected):
+    plan = plan_decoding(options(**kw), H100 if kw.get("device") == "cuda" else AVX2)
+    assert plan.to_workers(sampled, constrained, alternatives) is expected
+
+
+def test_a_workers_plan_is_its_parents_on_one_in_process_worker():
+    parent = plan_decoding(options(workers=2, quantize="int8"), AMX)
+    child = parent.worker_plan()
+    assert (child.workers, child.processes, child.to_workers(False, False, 0)) == (1, False, False)
+    assert (child.int8, child.precision, child.threads, child.device) == (parent.int8, parent.precision,
+                                                                           parent.threads, parent.device)

@@ -32,7 +32,7 @@ translate's summary and bench/decode.py print them.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Optional
 
 from .errors import ConfigError, XfError
@@ -123,6 +123,16 @@ class DecodingPlan:
     def rule(self, option: str) -> Optional[str]:
         """The rule that chose ``option``'s value (``"--int8-engine"``), None where none fired."""
         return next((rule for rule in self.rules if rule.startswith(option + " ")), None)
+
+    def worker_plan(self) -> "DecodingPlan":
+        """The plan each --workers process opens its engine with: this one, as one in-process worker."""
+        return replace(self, workers=1, processes=False)
+
+    def to_workers(self, sampled: bool, constrained: bool, alternatives: int) -> bool:
+        """Whether a batch goes to the --workers processes: plain and prefixed beam search only; a
+        sampled batch (its random stream runs through the batches in order), a constrained one and
+        one asking for alternatives run in this process."""
+        return self.processes and not sampled and not constrained and not alternatives
 
     def refuse_steering(self, what: str) -> None:
         """Raise the one line saying why ``what`` (constraints, a glossary) cannot be met here."""

@@ -118,6 +118,7 @@ class XfEngine(Engine):
         elif plan.int8 == "dynamic":
             models = [quantize_int8(m, plan.int8_engine) for m in models]
         engine = cls(models, device, loaded, AotStep(AotPackages(packages)) if plan.step == "aot" else None)
+        engine.plan = plan  # which batches go to its workers is the plan's (DecodingPlan.to_workers)
         engine.facts = facts_from_config(models[0].cfg, meta, isinstance(sp, MappedVocabulary), paths[0])
         rule = plan.rule("--int8-engine")
         chosen = f"{plan.int8_engine} ({rule})" if rule else plan.int8_engine
@@ -125,14 +126,14 @@ class XfEngine(Engine):
                               "dynamic": chosen}.get(plan.int8)
         if plan.processes:  # no shared interpreter lock; each opens one worker's plan
             opener = functools.partial(cls.open, packages=engine.compiled.packages.root) if engine.compiled else cls.open
-            engine.workers = DecodeWorkers(opener, tuple(paths), dataclasses.replace(plan, workers=1, processes=False),
-                                           plan.workers)
+            engine.workers = DecodeWorkers(opener, tuple(paths), plan.worker_plan(), plan.workers)
         return engine, sp
 
     def search(self, sentences: Sequence[Sequence[int]], options: TranslateOptions, generator=None,
                prefixes: Optional[Sequence[Sequence[int]]] = None,
                constraints: Optional[BatchConstraints] = None) -> list[list[Hypothesis]]:
-        if self.workers is not None and generator is None and constraints is None and not options.alternatives:
+        if self.workers is not None and self.plan.to_workers(generator is not None, constraints is not None,
+                                                             options.alternatives):
             found = self.workers.search(sentences, options, prefixes)
             if self.compiled is not None:
                 self.compiled.remote = self.workers.compile_counters()
