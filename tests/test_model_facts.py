@@ -180,3 +180,21 @@ def test_a_multilingual_models_alignments_are_equal_in_translate_and_serve(multi
         "beam_size", "max_len_a", "max_len_b", "lenpen", "nbest")}, path=(ckpt,)))
     served = [sorted(pairs) for pairs in word_alignments(direction, sources, found)]
     assert served == mine
+
+
+def test_serve_makes_one_start_up_plan_for_every_model(deen, spm_model, tmp_path, monkeypatch):
+    import xformer_cli.decoding_plan as decoding_plan
+    import xformer_cli.serving as serving
+    import xformer_cli.translation as translation
+    from xformer_cli.config import build_options
+    from xformer_cli.options import ServeOptions
+
+    other = random_checkpoint(tmp_path / "ende.pt", spm_model, meta={"source_lang": "en", "target_lang": "de"})
+    made = []
+    counted = lambda options, machine: made.append(options.path) or decoding_plan.plan_decoding(options, machine)  # noqa: E731
+    monkeypatch.setattr(serving, "plan_decoding", counted)
+    monkeypatch.setattr(translation, "plan_decoding", counted)
+    options = build_options(ServeOptions, {"model": [deen, other], "device": "cpu"}, "test")
+    directions = serving.load_directions(options)
+    assert [(d.source, d.target) for d in directions] == [("de", "en"), ("en", "de")]
+    assert len(made) == 1 and directions[0].engine.plan is directions[1].engine.plan

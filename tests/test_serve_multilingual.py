@@ -139,7 +139,7 @@ def served(multi, tmp_path_factory):
     opened = []
     real = serving.open_engine
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(serving, "open_engine", lambda o: opened.append(o.path) or real(o))
+        patch.setattr(serving, "open_engine", lambda o, **kw: opened.append(o.path) or real(o, **kw))
         server = start(load_directions(options, load_glossaries(options)), options)
     server.opened = opened
     yield server

@@ -135,8 +135,9 @@ def load_directions(options: ServeOptions, glossaries: Optional[dict[str, Glossa
     its directions, each with its own vocabulary (``languages.vocabulary_for``), its glossary
     (``load_glossaries``), whose target terms must fit the model, and its confidence."""
     specs = [(spec, *model_spec(spec)) for spec in options.model]
-    for code in glossaries or {}:  # refused by the plan (the engine's, the same for every path) before the models
-        plan_decoding(options.translate_options("check"), Machine.here()).refuse_steering(f"--glossary {code}=...")
+    plan = plan_decoding(options.translate_options("check"), Machine.here())  # the one start-up plan: every --model's
+    for code in glossaries or {}:  # refused by the plan before the models
+        plan.refuse_steering(f"--glossary {code}=...")
     from .ctranslate2_format import read_exported_model
 
     facts: dict[str, ModelFacts] = {}  # each model's record, read without loading the model
@@ -164,7 +165,7 @@ def load_directions(options: ServeOptions, glossaries: Optional[dict[str, Glossa
     directions = []
     for spec, path, source, target, _ in served:
         if path not in engines:
-            engines[path] = open_engine(options.translate_options(path))[:2]
+            engines[path] = open_engine(options.translate_options(path), plan=plan)[:2]
         engine, sp = engines[path]
         vocab = facts[path].vocabulary(sp, target, f"--model {spec}") if facts[path].multilingual else sp
         direction = Direction(source, target, engine, vocab, options.translate_options(path),

@@ -28,7 +28,7 @@ from .confidence import Calibration, Scorer, mean_log_probability
 from .constraints import BatchConstraints, word_boundaries
 from .ctranslate2_format import CTranslate2Engine
 from .engines import Engine, XfEngine
-from .decoding_plan import Machine, plan_decoding, plan_scoring
+from .decoding_plan import DecodingPlan, Machine, plan_decoding, plan_scoring
 from .errors import ConfigError, XfError
 from .glossary import Glossary
 from .json_input import parse_json
@@ -40,11 +40,12 @@ from .model_facts import ModelFacts
 from .vocab import UNK_ID, decode_line, encode_target
 
 
-def open_engine(options: TranslateOptions, machine: Optional[Machine] = None):
+def open_engine(options: TranslateOptions, machine: Optional[Machine] = None, plan: Optional[DecodingPlan] = None):
     """(engine, sentencepiece processor, device) of --engine for --path, opened as the decoding
-    plan of ``options`` on ``machine`` (this one unless given) says: xf's own (``XfEngine``, one
-    model or an ensemble) or CTranslate2 over a directory of xf export (``CTranslate2Engine``)."""
-    plan = plan_decoding(options, machine or Machine.here())
+    plan of ``options`` on ``machine`` (this one unless given) says, or as ``plan`` where the
+    caller made it already (xf serve's start-up plan): xf's own (``XfEngine``, one model or an
+    ensemble) or CTranslate2 over a directory of xf export (``CTranslate2Engine``)."""
+    plan = plan or plan_decoding(options, machine or Machine.here())
     warning = distributed.threads_warning(options.threads)
     if warning:
         warn(warning)
