@@ -149,7 +149,7 @@ def read_facts(path: str | Path) -> ModelFacts:
 
 def languages_meta(facts: ModelFacts) -> dict:
     """The facts' languages as a checkpoint's meta records them (``languages.LANGUAGE_KEYS``):
-    what an export's metadata carries."""
+    what ``languages.vocabulary_for`` chooses a direction's vocabulary by."""
     if facts.multilingual:
         return {"pairs": pair_names(facts.pairs)}
     return dict(zip(LANGUAGE_KEYS[:2], facts.pairs[0])) if facts.pairs else {}
