@@ -110,9 +110,10 @@ def multilingual_checkpoint(path, multi30k_dir: Path, pairs=("en-de", "en-fr"), 
     return str(path)
 
 
-def random_checkpoint(path, spm_model: bytes, **overrides) -> str:
+def random_checkpoint(path, spm_model: bytes, meta: dict | None = None, **overrides) -> str:
     """A random tiny model (vocabulary 200, d_model 32) whose LayerNorms, biases and output bias are
-    away from their initialisation (ones and zeros), so that an export has to map them right."""
+    away from their initialisation (ones and zeros), so that an export has to map them right;
+    ``meta``: the checkpoint's (its languages, e.g. {"source_lang": "de", "target_lang": "en"})."""
     torch.manual_seed(0)
     model = build_model("tiny", **{**dict(vocab_size=200, d_model=32, d_ff=64, heads=4, max_positions=128), **overrides})
     with torch.no_grad():
@@ -121,7 +122,7 @@ def random_checkpoint(path, spm_model: bytes, **overrides) -> str:
                 p.add_(torch.randn_like(p) * 0.1)
         if model.output_bias is not None:
             model.output_bias.copy_(torch.randn_like(model.output_bias))
-    save_checkpoint(path, make_checkpoint(model, spm_model))
+    save_checkpoint(path, make_checkpoint(model, spm_model, meta=meta) if meta else make_checkpoint(model, spm_model))
     return str(path)
 
 

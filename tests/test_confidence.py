@@ -182,3 +182,57 @@ def test_a_forced_copy_and_a_forced_wrong_language_output_get_confidence_0(model
     assert copied["text"].startswith(source[:-1]) and wrong["text"].startswith(french[:-1])
     assert copied["confidence"] == 0.0 and wrong["confidence"] == 0.0
     assert right["confidence"] > 0.0  # German, not the source: no flag (a random model: a low score)
+
+
+# -- labels at the median: ties broken, all equal refused (confidence.median_labels) ----------------------
+def test_labels_at_the_median_break_ties_so_a_weak_model_still_calibrates():
+    from xformer_cli.confidence import median_labels
+
+    assert median_labels([1.0, 2.0, 3.0, 4.0]) == ([0, 0, 1, 1], 2.5)  # no ties: at or above the median
+    assert median_labels([0.0, 5.0, 5.0, 9.0]) == ([0, 1, 1, 1], 5.0)  # ties that leave both sides: as before
+    # a weak model's many empty outputs at chrF 0, the median: at-or-above would be every line
+    assert median_labels([0.0, 0.0, 0.0, 0.0, 12.5, 30.0]) == ([0, 0, 0, 0, 1, 1], 0.0)
+    with pytest.raises(ValueError, match="the 5 translations' sentence chrF are all 0.00: nothing tells"):
+        median_labels([0.0] * 5)
+
+
+def test_calibrate_refuses_equal_labels_in_one_line_before_writing(spm_model, tmp_path, multi30k_dir):
+    """A model that ends every output at once (eos first): every chrF 0, nothing to fit."""
+    import torch
+
+    from xformer_cli.checkpoint import load_checkpoint, save_checkpoint
+    from xformer_cli.vocab import EOS_ID
+
+    from helpers import cli_fails, random_checkpoint
+
+    path = random_checkpoint(tmp_path / "eos.pt", spm_model, output_bias=True)
+    ckpt = load_checkpoint(path)
+    ckpt["model"]["output_bias"] = torch.full_like(ckpt["model"]["output_bias"], -1e4)
+    ckpt["model"]["output_bias"][EOS_ID] = 1e4
+    save_checkpoint(path, ckpt)
+    for side in ("en", "de"):
+        (tmp_path / f"v.{side}").write_text("\n".join((multi30k_dir / f"val.{side}").read_text(
+            encoding="utf-8").splitlines()[:30]) + "\n", encoding="utf-8")
+    cli_fails(["calibrate", "--path", path, "--source", tmp_path / "v.en", "--reference", tmp_path / "v.de",
+               "--output", tmp_path / "c.json", "--device", "cpu", "--threads", "1", "--max-len-b", "4"],
+              "sentence chrF are all 0.00: nothing tells a good translation from a bad one")
+    assert not (tmp_path / "c.json").exists()
+
+
+def test_the_confidences_target_language_is_the_models_recorded_one(spm_model, tmp_path):
+    """No --target-lang: an EN->DE model's record names German, so a French output is flagged."""
+    pytest.importorskip("py3langid")
+    from helpers import random_checkpoint
+
+    ckpt = random_checkpoint(tmp_path / "ende.pt", spm_model, meta={"source_lang": "en", "target_lang": "de"})
+    source = "Two young guys with shaggy hair look at their hands while hanging out in the yard."
+    french = "Deux jeunes hommes aux cheveux hirsutes regardent leurs mains dans le jardin."
+    german = "Zwei junge Männer mit zotteligen Haaren betrachten ihre Hände im Garten."
+    lines = [{"source": source, "prefix": prefix} for prefix in (french, german)]
+    (tmp_path / "in.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines), encoding="utf-8")
+    result = runner.invoke(app, ["translate", "--path", ckpt, "--input", str(tmp_path / "in.jsonl"),
+                                 "--input-format", "jsonl", "--output-format", "jsonl", "--device", "cpu",
+                                 "--quiet", "--max-len-b", "3"])
+    assert result.exit_code == 0, result.output
+    wrong, right = (json.loads(line)["hypotheses"][0] for line in result.stdout.splitlines() if line.startswith("{"))
+    assert wrong["confidence"] == 0.0 and right["confidence"] > 0.0

@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from xformer_cli.decoding_plan import Machine, int8_rule, plan_decoding, precision_rule, workers_rule
+from xformer_cli.decoding_plan import PLAN_DEFAULTS, Machine, int8_rule, plan_decoding, plan_scoring, precision_rule, workers_rule
 from xformer_cli.errors import ConfigError, XfError
 from xformer_cli.options import ScorePairsOptions, TranslateOptions
 
@@ -164,3 +164,82 @@ def test_the_translate_summary_prints_the_rules_that_fired(tmp_path, capsys):
     text = (tmp_path / "summary.txt").read_text()
     assert "--workers auto: 2, one process per CPU core" in text
     assert text.count("--int8-engine auto") == 1  # in the int8 engine's row, not again as a rule row
+
+
+# -- the reverse scorer's plan (--reverse-path): the plan's rules, whatever the forward engine ---------
+SCORER_PLANS = [  # (forward options, machine, what the scorer's plan is)
+    (dict(engine="ctranslate2", precision="auto"), AMX, dict(engine="xf", precision="bf16", device="cpu")),
+    (dict(engine="ctranslate2", precision="auto"), AVX2, dict(engine="xf", precision="fp32")),
+    (dict(quantize="int8", workers=2, compile=True, shortlist="sl.npz"), AMX,
+     dict(engine="xf", int8="none", step="eager", workers=1, processes=False, shortlist=None, precision="fp32")),
+    (dict(device="cuda", precision="fp16"), H100, dict(device="cuda", precision="fp16")),
+]
+
+
+@pytest.mark.parametrize("kw, machine, expected", SCORER_PLANS)
+def test_the_reverse_scorers_plan_is_the_plans(kw, machine, expected):
+    opts = options(reverse_path=("rev.pt",), output_format="jsonl", **kw)
+    plan = plan_scoring(opts, plan_decoding(opts, machine), machine)
+    assert {name: getattr(plan, name) for name in expected} == expected
+
+
+def test_the_reverse_scorer_in_fp16_on_a_cpu_is_refused_by_the_plan():
+    opts = options(reverse_path=("rev.pt",), output_format="jsonl", engine="ctranslate2", precision="fp16")
+    with pytest.raises(ConfigError, match="--precision fp16: the xf engine on a CPU computes in fp32, bf16"):
+        plan_scoring(opts, plan_decoding(opts, AMX), AMX)
+
+
+def test_one_precision_default():
+    """The flag's default is the plan's: a command without --precision runs as one that leaves it out."""
+    assert PLAN_DEFAULTS["precision"] == TranslateOptions.__dataclass_fields__["precision"].default
+    assert plan_decoding(options(), AMX).precision == plan_decoding(
+        ScorePairsOptions(path=("m.pt",), source="s", target="t", device="cpu"), AMX).precision
+
+
+@pytest.mark.slow
+def test_ctranslate2_with_a_reverse_model_scores_or_refuses_in_one_line(spm_model, tmp_path):
+    """The two commands that failed: --precision auto ended in KeyError 'auto', --precision fp16 opened
+    the reverse model in fp16 on a CPU."""
+    pytest.importorskip("ctranslate2")
+    from typer.testing import CliRunner
+
+    from xformer_cli.cli import app
+
+    from helpers import cli_fails, random_checkpoint
+
+    ckpt = random_checkpoint(tmp_path / "m.pt", spm_model, max_positions=64)
+    runner = CliRunner()
+    assert runner.invoke(app, ["export", "ctranslate2", "--path", ckpt, "--output", str(tmp_path / "ct2")]).exit_code == 0
+    (tmp_path / "in.txt").write_text("A dog runs.\nTwo men sit.\n", encoding="utf-8")
+    run = ["translate", "--engine", "ctranslate2", "--path", tmp_path / "ct2", "--input", tmp_path / "in.txt",
+           "--output-format", "jsonl", "--reverse-path", ckpt, "--device", "cpu", "--max-len-a", "0",
+           "--max-len-b", "5", "--quiet"]
+    result = runner.invoke(app, [str(a) for a in [*run, "--precision", "auto"]])
+    assert result.exit_code == 0, result.output
+    assert all("confidence" in line for line in result.output.splitlines() if line.startswith("{"))
+    cli_fails([*run, "--precision", "fp16"], "--precision fp16")
+
+
+# -- which batches the --workers processes take: the plan's rule (DecodingPlan.to_workers) ----------------
+ROUTES = [  # (options, sampled, constrained, alternatives, to the workers)
+    (dict(workers=2), False, False, 0, True),  # plain (and prefixed) beam search
+    (dict(workers=2), False, True, 0, False),  # constraints: this process
+    (dict(workers=2), False, False, 3, False),  # alternatives: this process
+    (dict(workers=2), True, False, 0, False),  # a sampled batch: this process
+    (dict(workers=1), False, False, 0, False),  # no worker processes
+    (dict(workers=2, device="cuda"), False, False, 0, False),  # threads on a GPU, no processes
+]
+
+
+@pytest.mark.parametrize("kw, sampled, constrained, alternatives, expected", ROUTES)
+def test_which_batches_the_workers_take(kw, sampled, constrained, alternatives, expected):
+    plan = plan_decoding(options(**kw), H100 if kw.get("device") == "cuda" else AVX2)
+    assert plan.to_workers(sampled, constrained, alternatives) is expected
+
+
+def test_a_workers_plan_is_its_parents_on_one_in_process_worker():
+    parent = plan_decoding(options(workers=2, quantize="int8"), AMX)
+    child = parent.worker_plan()
+    assert (child.workers, child.processes, child.to_workers(False, False, 0)) == (1, False, False)
+    assert (child.int8, child.precision, child.threads, child.device) == (parent.int8, parent.precision,
+                                                                           parent.threads, parent.device)

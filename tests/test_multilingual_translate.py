@@ -209,7 +209,7 @@ def test_calibrate_needs_the_target_of_a_multilingual_model(tmp_path, ckpt, mult
 
 
 # -- exports that translate one direction without a tag step -------------------------------------------
-@pytest.mark.parametrize("fmt, runtime", [("marian", "Marian"), ("argos", "an Argos package"), ("bergamot", "Bergamot")])
+@pytest.mark.parametrize("fmt, runtime", [("marian", "Marian's decoder"), ("argos", "an Argos package"), ("bergamot", "Bergamot")])
 def test_exports_without_a_tag_step_refuse_a_multilingual_model(tmp_path, ckpt, fmt, runtime, monkeypatch):
     if fmt == "argos":
         pytest.importorskip("argostranslate", reason="the argos extra is not installed")
@@ -218,6 +218,6 @@ def test_exports_without_a_tag_step_refuse_a_multilingual_model(tmp_path, ckpt, 
 
         monkeypatch.setattr(bergamot, "engine_package", lambda path: Path(path))
     out = tmp_path / ("m.argosmodel" if fmt == "argos" else "out")
-    line = fails(["export", fmt, "--path", ckpt, "--output", out], f"m.pt is multilingual (en-de, en-fr) and {runtime}")
+    line = fails(["export", fmt, "--path", ckpt, "--output", out], f"m.pt: multilingual (en-de, en-fr) and {runtime}")
     assert "ctranslate2 or huggingface" in line
     assert not out.exists()

@@ -24,6 +24,7 @@ from xformer_cli.errors import ConfigError, XfError  # noqa: E402
 from xformer_cli.languages import TaggedVocabulary, tag, vocabulary_for  # noqa: E402
 from xformer_cli.options import ServeOptions, TranslateOptions, model_spec  # noqa: E402
 from xformer_cli.serve_queue import BatchQueue, Direction, Job, word_alignments  # noqa: E402
+from xformer_cli.model_facts import from_export  # noqa: E402
 from xformer_cli.serving import Server, load_directions, load_glossaries, model_directions  # noqa: E402
 from xformer_cli.translation import Stats, encode_lines, hypothesis_texts, search_lines  # noqa: E402
 from xformer_cli.vocab import load_sentencepiece  # noqa: E402
@@ -51,11 +52,12 @@ def test_model_spec_reads_one_direction_several_or_none():
     ([("en", "fr")], MULTI, [("en", "fr", True)]),
     # a source of the model into a target of the model it was not trained on: zero-shot, when listed
     ([("fr", "de")], {"pairs": ["en-de", "fr-en"]}, [("fr", "de", False)]),
-    ([("xx", "de")], {"source_lang": "en", "target_lang": "de"}, [("xx", "de", True)]),  # bilingual: the user's codes
+    ([("xx", "de")], {}, [("xx", "de", True)]),  # bilingual recording no languages: the user's codes
+    ([("en", "de")], {"source_lang": "en", "target_lang": "de"}, [("en", "de", True)]),  # a listed one confirms it
     (None, {"source_lang": "en", "target_lang": "de"}, [("en", "de", True)]),
 ])
 def test_model_directions(listed, meta, served):
-    assert model_directions(listed, meta, "m.pt") == served
+    assert model_directions(listed, from_export({"languages": meta}, "m.pt"), "m.pt") == served
 
 
 @pytest.mark.parametrize("listed, meta, message", [
@@ -64,10 +66,13 @@ def test_model_directions(listed, meta, served):
     ([("en", "de"), ("en", "fr")], {"source_lang": "en", "target_lang": "de"}, "a bilingual model translates one "
                                                                                "direction, not en-de, en-fr"),
     (None, {}, "the checkpoint does not record its languages: name its direction, e.g. en-de=m.pt"),
+    # a bilingual model named for a direction it does not translate (German served as French)
+    ([("en", "fr")], {"source_lang": "en", "target_lang": "de"}, "--model m.pt: the model translates en-de, not "
+                                                                 "en-fr \\(its recorded languages\\)"),
 ])
 def test_model_directions_refused(listed, meta, message):
     with pytest.raises(XfError, match=message):
-        model_directions(listed, meta, "m.pt")
+        model_directions(listed, from_export({"languages": meta}, "m.pt"), "m.pt")
 
 
 def test_options_refuse_a_direction_twice_across_models_and_defer_what_the_meta_decides():
@@ -134,7 +139,7 @@ def served(multi, tmp_path_factory):
     opened = []
     real = serving.open_engine
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(serving, "open_engine", lambda o: opened.append(o.path) or real(o))
+        patch.setattr(serving, "open_engine", lambda o, **kw: opened.append(o.path) or real(o, **kw))
         server = start(load_directions(options, load_glossaries(options)), options)
     server.opened = opened
     yield server

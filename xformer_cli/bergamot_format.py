@@ -193,19 +193,6 @@ def write_directory(directory: Path, model: bytes, int8: bool, shortlist: Option
     return names
 
 
-def refuse_untied_output(cfg) -> None:
-    """Refuse, in one line, an output projection of its own (--share-embeddings none), Marian's
-    decoder_ff_logit_out_Wt: in int8 the 0.4.9 engine aborts on it ("cols % RegisterElems == 0"
-    in intgemm's PrepareBQuantizedTransposed, for a vocabulary of 200), and in float32 its
-    greedy translations left xf's early on 13 of 20 lines of a random model, where the same
-    model with the output tied to the decoder's embeddings kept xf's on all 20; native Marian
-    (pymarian) does the same, so the export of an untied output to Marian is at fault."""
-    if cfg.share_embeddings == "none":
-        raise XfError("xf export bergamot: an output projection of its own (--share-embeddings none) is not "
-                      "translated as xf translates it by Bergamot's engine; train with --share-embeddings all or "
-                      "decoder")
-
-
 def check_int8_shapes(cfg) -> None:
     """Refuse, in one line, a model whose matrices the WASM engine cannot multiply in int8: its
     gemm interface needs the inner dimension a multiple of 64 and the output columns a multiple

@@ -21,6 +21,7 @@ import difflib
 import json
 import math
 import re
+import statistics
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional, Sequence
@@ -128,6 +129,20 @@ def _refuse_constant(name: str):
 
 def _finite(x) -> bool:
     return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+
+
+def median_labels(chrf: Sequence[float]) -> tuple[list[int], float]:
+    """(labels, median) of the translations' sentence chrF: 1 at or above the median, 0 below. Ties
+    at the median are broken the other way (1 only above it) where at-or-above would leave no 0 (a
+    weak model's many empty outputs at chrF 0, the median: the rest still tell good from bad);
+    chrF all equal is refused in one line, as nothing tells good from bad."""
+    median = statistics.median(chrf)
+    for labels in ([int(c >= median) for c in chrf], [int(c > median) for c in chrf]):
+        if 0 < sum(labels) < len(labels):
+            return labels, median
+    raise ValueError(f"the {len(chrf):,} translations' sentence chrF are all {median:.2f}: nothing tells a good "
+                     "translation from a bad one (a model this weak, or a validation set this uniform, cannot "
+                     "be calibrated)")
 
 
 def fit(rows: Sequence[Sequence[float]], labels: Sequence[int], l2: float = 1e-3, steps: int = 50) -> tuple[np.ndarray, float]:

@@ -165,7 +165,7 @@ def coerce(value: Any, tp: Any, where: str) -> Any:
 # Options and values that were removed, with what replaces them: a config file or a command line
 # that still names one gets this one line instead of "unknown option" (``removed``).
 REMOVED_OPTIONS = {
-    "refill": "--refill was removed (it decoded at 0.78x in xf translate and gained nothing in xf serve); "
+    "refill": "--refill was removed (slower in xf translate and no gain in xf serve: docs/benchmarks.md); "
               "--workers N decodes batches in parallel",
     "compile_mode": "--compile-mode was removed: --compile compiles the decoder step ahead of time on the CPU "
                     "(its jit mode measured no gain)",

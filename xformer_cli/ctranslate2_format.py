@@ -33,7 +33,9 @@ from typing import Optional, Sequence
 import torch
 
 from .checkpoint import spm_digest
-from .engines import Engine, check_shortlist, language_meta
+from .engines import Engine, check_shortlist
+from .languages import languages_of
+from .model_facts import from_export
 from .errors import XfError
 from .json_input import read_json
 from .model import Transformer
@@ -157,7 +159,7 @@ def write_model_directory(directory: Path, model: Transformer, spm_model: bytes,
     (directory / "spm.model").write_bytes(spm_model)
     info = {"format": "xf-ctranslate2", "version": 1, "checkpoint": source, "spm_sha256": spm_digest(spm_model),
             "max_positions": model.cfg.max_positions, "quantization": quantization, "ctranslate2": ct2.__version__,
-            "languages": language_meta(meta or {})}
+            "languages": languages_of(meta or {})}
     (directory / "xf.json").write_text(json.dumps(info, indent=1) + "\n", encoding="utf-8")
     return info
 
@@ -268,7 +270,7 @@ class CTranslate2Engine(Engine):
             raise XfError(f"{path / 'model.bin'}: damaged CTranslate2 model ({first}); export it again") from None
         engine = cls(translator, sp, int(info["max_positions"]), vmap)
         engine.device = torch.device(device)
-        engine.meta = info.get("languages", {})  # exports before languages were recorded: bilingual
+        engine.facts = from_export(info, path)  # exports before languages were recorded: bilingual
         return engine, sp
 
     def search(self, sentences: Sequence[Sequence[int]], options: TranslateOptions, generator=None,

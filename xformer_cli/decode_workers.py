@@ -3,8 +3,8 @@ own copy of the models and its share of the torch threads (CTranslate2's inter_t
 --cpu-threads).
 
 Threads of one process would share Python's global interpreter lock, which a decoder step holds
-for most of its hundreds of small operator calls at translation's batch sizes: on 2 cores two
-threads gave 1.3-1.8x one, two processes about 2x (docs/performance.md). A worker starts by
+for most of its hundreds of small operator calls at translation's batch sizes: processes scale
+where threads do not (docs/performance.md, docs/benchmarks.md). A worker starts by
 spawn (no fork of a process whose OpenMP threads already run), loads the checkpoints itself with
 the engine, precision and int8 kernels the parent resolved, and then searches the batches it is
 sent: the same code and the same batches as one process, so the outputs are the same.

@@ -32,13 +32,14 @@ translate's summary and bench/decode.py print them.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Optional
 
 from .errors import ConfigError, XfError
+from .options import TranslateOptions
 from .precision import precision_warning, resolve_precision, xf_precisions
 
-DEFAULT_INT8_ENGINE = "auto"  # int8_rule: by the CPU's flags
+DEFAULT_INT8_ENGINE = TranslateOptions.__dataclass_fields__["int8_engine"].default  # "auto": int8_rule, by the CPU's flags
 
 
 def int8_rule(vendor: str, flags: frozenset) -> tuple[str, str]:
@@ -46,28 +47,26 @@ def int8_rule(vendor: str, flags: frozenset) -> tuple[str, str]:
     vendor_id) and instruction-set ``flags``, each rule from same-run measurements of
     bench/decode.py (docs/benchmarks.md, "Every engine of one CPU")."""
     if "amx_int8" in flags:
-        return "fbgemm", ("a CPU with AMX (1.12-1.22x x86 on one AMX Xeon, level on another: x86 sends some shapes to "
-                          "oneDNN, which trails fbgemm on both)")
+        return "fbgemm", ("a CPU with AMX (fbgemm at least level with x86, which sends some shapes to oneDNN; "
+                          "docs/benchmarks.md)")
     if vendor == "AuthenticAMD" and "avx512_vnni" in flags:
-        return "fbgemm", "an AMD CPU with AVX-512 VNNI (1.11-1.12x x86 in two runs on the AVX-512 EPYC)"
-    return "x86", ("any other CPU: torch's pick of fbgemm or oneDNN by shape (fastest on the VNNI Xeon, level with "
-                   "fbgemm on the AVX2 EPYC)")
+        return "fbgemm", "an AMD CPU with AVX-512 VNNI (fbgemm ahead of x86; docs/benchmarks.md)"
+    return "x86", "any other CPU: torch's pick of fbgemm or oneDNN by shape (docs/benchmarks.md)"
 
 
 def workers_rule(cores: int, device: str, sampling: bool) -> tuple[int, str]:
     """(decoding processes, the rule that chose them) for ``--workers 0`` (auto) on a machine of
     ``cores`` usable CPU cores: one process per core, each on one thread, from the same-run
-    measurements on every CPU kind in docs/benchmarks.md (two one-thread processes against one
-    search on two threads: 1.08x on the AVX2 EPYC, 1.25x on the AVX-512 EPYC, 1.45x on the VNNI
-    Xeon, 1.28x on the AMX Xeon); one where there is one core, on a GPU, or to sample."""
+    measurements on every CPU kind in docs/benchmarks.md (two one-thread processes ahead of one
+    search on two threads on each); one where there is one core, on a GPU, or to sample."""
     if device != "cpu":
         return 1, "--workers auto: 1 on a GPU (its batches are its parallelism)"
     if sampling:
         return 1, "--workers auto: 1 to sample (the random stream runs through the batches in order)"
     if cores < 2:
         return 1, "--workers auto: 1, one CPU core"
-    return cores, (f"--workers auto: {cores}, one process per CPU core on one thread each (1.08-1.45x one search "
-                   "on every core, on each CPU kind measured)")
+    return cores, (f"--workers auto: {cores}, one process per CPU core on one thread each (ahead of one search on "
+                   "every core on each CPU kind measured; docs/benchmarks.md)")
 
 
 def precision_rule(device: str, precision: str) -> str:
@@ -125,6 +124,16 @@ class DecodingPlan:
         """The rule that chose ``option``'s value (``"--int8-engine"``), None where none fired."""
         return next((rule for rule in self.rules if rule.startswith(option + " ")), None)
 
+    def worker_plan(self) -> "DecodingPlan":
+        """The plan each --workers process opens its engine with: this one, as one in-process worker."""
+        return replace(self, workers=1, processes=False)
+
+    def to_workers(self, sampled: bool, constrained: bool, alternatives: int) -> bool:
+        """Whether a batch goes to the --workers processes: plain and prefixed beam search only; a
+        sampled batch (its random stream runs through the batches in order), a constrained one and
+        one asking for alternatives run in this process."""
+        return self.processes and not sampled and not constrained and not alternatives
+
     def refuse_steering(self, what: str) -> None:
         """Raise the one line saying why ``what`` (constraints, a glossary) cannot be met here."""
         if not self.steering:
@@ -133,9 +142,23 @@ class DecodingPlan:
 
 
 # The engine options a plan reads, with the value a command that lacks one runs with (xf
-# score-pairs has no --engine, --quantize, --compile, ...): TranslateOptions declares them all.
-PLAN_DEFAULTS = dict(engine="xf", device="auto", precision="auto", quantize="none", int8_engine=DEFAULT_INT8_ENGINE,
-                     compile=False, workers=1, threads=0, shortlist=None, sampling=False, glossary=None)
+# score-pairs has no --engine, --quantize, --compile, ...): TranslateOptions declares them all, and
+# its defaults are the only ones (one precision default: the flag's).
+PLAN_DEFAULTS = {name: TranslateOptions.__dataclass_fields__[name].default for name in (
+    "engine", "device", "precision", "quantize", "int8_engine", "compile", "workers", "threads", "shortlist",
+    "sampling", "glossary")}
+
+
+def plan_scoring(options, forward: DecodingPlan, machine: Machine) -> DecodingPlan:
+    """The plan of the reverse scorer (``--reverse-path``: forced decoding of whole batches in this
+    process): ``plan_decoding``'s for xf's engine, eager, one worker and no shortlist (the forward
+    model's would not fit the reverse vocabulary), on the forward plan's device with the options'
+    precision and threads; its rules and refusals are the plan's (``--precision auto`` resolved,
+    fp16 refused on a CPU), whatever engine the forward model runs on."""
+    from types import SimpleNamespace
+
+    return plan_decoding(SimpleNamespace(path=tuple(options.reverse_path), device=forward.device,
+                                         precision=options.precision, threads=options.threads), machine)
 
 
 def plan_decoding(options, machine: Machine) -> DecodingPlan:

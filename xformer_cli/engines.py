@@ -29,6 +29,7 @@ from .decoding_plan import DecodingPlan
 from .errors import ConfigError
 from .memory import bound_native_memory
 from .model import Transformer
+from .model_facts import ModelFacts, facts_from_config
 from .options import TranslateOptions
 from .quantization import quantize_int8, quantize_int8_matmul
 from .search import Hypothesis, next_token_alternatives, search, with_prefix_candidates
@@ -43,9 +44,9 @@ class Engine:
     max_source: int  # the longest source (subwords, without eos) the engine takes
     supports_alignments: bool = False
     plan: DecodingPlan  # how it was opened (translation.open_engine sets it)
-    # the model's checkpoint meta as far as its languages go (source_lang, target_lang, and a
-    # multilingual model's pairs): what ``languages.vocabulary_for`` chooses a direction by
-    meta: dict = {}
+    # what the model is (model_facts): its languages and target tags, asked for a direction's
+    # vocabulary, the alignments' rule for the tag and the scorer's target language
+    facts: ModelFacts = ModelFacts("model")
 
     def search(self, sentences: Sequence[Sequence[int]], options: TranslateOptions,
                generator: Optional[torch.Generator] = None,
@@ -61,11 +62,11 @@ class Engine:
     def close(self) -> None:
         """Release what the engine holds beyond its models (xf's --workers processes)."""
 
-    def alignments(self, sentences: Sequence[Sequence[int]], found: list[list[Hypothesis]], layer: int,
-                   tagged: bool = False):
-        """Per sentence, per hypothesis: the source position each target subword attends to most;
-        tagged: each sentence starts with a target tag (a multilingual model's), which nothing
-        aligns to, and positions count the sentence's own subwords after it."""
+    def alignments(self, sentences: Sequence[Sequence[int]], found: list[list[Hypothesis]], layer: int):
+        """Per sentence, per hypothesis: the source position each target subword attends to most.
+        One rule for the tag, the record's (``ModelFacts.tagged``): where each sentence starts with
+        a target tag (a multilingual model's), nothing aligns to it and positions count the
+        sentence's own subwords after it, for xf translate and xf serve alike."""
         raise ConfigError("--print-alignment needs xf's own engine (the attention of --engine ctranslate2 "
                           "is not recorded)")
 
@@ -117,21 +118,22 @@ class XfEngine(Engine):
         elif plan.int8 == "dynamic":
             models = [quantize_int8(m, plan.int8_engine) for m in models]
         engine = cls(models, device, loaded, AotStep(AotPackages(packages)) if plan.step == "aot" else None)
-        engine.meta = language_meta(meta)
+        engine.plan = plan  # which batches go to its workers is the plan's (DecodingPlan.to_workers)
+        engine.facts = facts_from_config(models[0].cfg, meta, isinstance(sp, MappedVocabulary), paths[0])
         rule = plan.rule("--int8-engine")
         chosen = f"{plan.int8_engine} ({rule})" if rule else plan.int8_engine
         engine.int8_engine = {"matmul": f"decoder: int8 matmul, compiled ahead of time; encoder: {chosen}",
                               "dynamic": chosen}.get(plan.int8)
         if plan.processes:  # no shared interpreter lock; each opens one worker's plan
             opener = functools.partial(cls.open, packages=engine.compiled.packages.root) if engine.compiled else cls.open
-            engine.workers = DecodeWorkers(opener, tuple(paths), dataclasses.replace(plan, workers=1, processes=False),
-                                           plan.workers)
+            engine.workers = DecodeWorkers(opener, tuple(paths), plan.worker_plan(), plan.workers)
         return engine, sp
 
     def search(self, sentences: Sequence[Sequence[int]], options: TranslateOptions, generator=None,
                prefixes: Optional[Sequence[Sequence[int]]] = None,
                constraints: Optional[BatchConstraints] = None) -> list[list[Hypothesis]]:
-        if self.workers is not None and generator is None and constraints is None and not options.alternatives:
+        if self.workers is not None and self.plan.to_workers(generator is not None, constraints is not None,
+                                                             options.alternatives):
             found = self.workers.search(sentences, options, prefixes)
             if self.compiled is not None:
                 self.compiled.remote = self.workers.compile_counters()
@@ -173,18 +175,14 @@ class XfEngine(Engine):
             out[i].append(hyps[0])
         return out
 
-    def alignments(self, sentences, found, layer, tagged=False):
+    def alignments(self, sentences, found, layer):
+        tagged = self.facts.tagged
         aligned = hard_alignments(self.models, collate_source(sentences).to(self.device), found, layer, skip_first=tagged)
         return [[[i - 1 for i in row] for row in rows] for rows in aligned] if tagged else aligned
 
     def check_alignment_layer(self, layer: int) -> None:
         for model in self.models:
             resolve_layer(layer, len(model.decoder_layers))
-
-
-def language_meta(meta: dict) -> dict:
-    """The part of a checkpoint's meta that names its languages (``languages.py``)."""
-    return {key: meta[key] for key in ("source_lang", "target_lang", "pairs") if meta.get(key)}
 
 
 def collate_prefix(prefixes: Optional[Sequence[Sequence[int]]], device: torch.device,

@@ -53,13 +53,14 @@ from .errors import XfError
 from .json_input import read_json
 from .languages import model_pairs, pair_names, parse_pairs, tag, vocabulary_for
 from .model import Transformer, model_config
+from .model_facts import MARIAN_ACTIVATIONS, facts_from_config
 from .options import ModelConfig
 from .vocab import BOS_ID, EOS_ID, PAD_ID, UNK_ID, MappedVocabulary, load_sentencepiece, spm_processor
 
 # The logit of a row that MarianMT does not have (xf's pad, when MarianMT's pad is its decoder
 # start): exp(-1000 - max logit) is 0 in float32, yet finite in the label-smoothed loss.
 NEVER_LOGIT = -1000.0
-ACTIVATIONS = {"relu": "relu", "gelu": "gelu", "swish": "swish"}  # xf -> MarianMT; import also takes "silu"
+ACTIVATIONS = {a: a for a in MARIAN_ACTIVATIONS}  # xf -> MarianMT; import also takes "silu"
 # generation_config.json's max_length when none is given: what OPUS-MT (Helsinki-NLP) models carry.
 # xf translate's limit, a*|X|+b subwords (|X|+50 by default), follows the source; transformers'
 # generate has no such rule, only a fixed length (or max_new_tokens per call).
@@ -125,30 +126,6 @@ def _permute(t: torch.Tensor, how: str, perm: torch.Tensor) -> torch.Tensor:
 
 
 # -- export --------------------------------------------------------------------------------------
-def refuse_for_marian(cfg, where: str, target: str = "MarianMT", sinusoids: str = "paper",
-                      decoder_start: str = "bos") -> None:
-    """A one-line error naming the option when ``target`` (MarianMT, or Marian: one architecture
-    that differs in ``sinusoids`` and ``decoder_start``) cannot compute what the model computes."""
-    for option, mine, theirs in (("sinusoids", cfg.sinusoids, sinusoids),
-                                 ("decoder-start", cfg.decoder_start, decoder_start)):
-        if mine != theirs:
-            raise XfError(f"{where}: --{option} {mine} cannot be exported to {target}, which has --{option} "
-                          f"{theirs} (train with it)")
-    if cfg.normalize_before:
-        raise XfError(f"{where}: --normalize-before (pre-LN) cannot be exported to {target}, which is post-LN")
-    if cfg.positions != "sinusoidal":
-        raise XfError(f"{where}: --positions {cfg.positions} cannot be exported to {target} (static sinusoids only)")
-    if cfg.activation not in ACTIVATIONS:
-        raise XfError(f"{where}: --activation {cfg.activation} cannot be exported to {target} "
-                      f"({', '.join(ACTIVATIONS)} only)")
-    if cfg.d_model % 2:
-        raise XfError(f"{where}: --d-model {cfg.d_model} is odd; {target}'s sinusoids need an even width")
-    head_dim = getattr(cfg, "head_dim", None)  # projections d_model -> heads * head_dim, where that option exists
-    if head_dim and head_dim * cfg.heads != cfg.d_model:
-        raise XfError(f"{where}: --head-dim {head_dim} (heads x head_dim != d_model) cannot be exported to {target}, "
-                      "whose heads split d_model")
-
-
 def marian_state_dict(model: Transformer) -> dict[str, torch.Tensor]:
     """The MarianMT tensors of ``model``: permuted into MarianMT's layout, one tensor per tied group."""
     cfg, d = model.cfg, model.cfg.d_model
@@ -262,7 +239,7 @@ def write_marian(directory: Path, model: Transformer, spm_model: bytes, source: 
     the pairs for xf import. Returns (config.json, generation_config.json) as written."""
     st = import_hf_extra()
     cfg = model.cfg
-    refuse_for_marian(cfg, source)
+    facts_from_config(cfg, meta, where=source).refuse_export("huggingface")  # every reason at once
     source_spm, target_spm, pieces = _vocabulary_files(spm_model, source)
     if len(pieces) != cfg.vocab_size:
         raise XfError(f"{source}: model vocabulary {cfg.vocab_size} != its vocabulary's {len(pieces)} pieces")
@@ -270,9 +247,7 @@ def write_marian(directory: Path, model: Transformer, spm_model: bytes, source: 
     pairs = model_pairs(meta or {})
     if pairs is not None:
         vocabulary_for(load_sentencepiece(spm_model, source), meta, pairs[0][1], source)  # its tags are pieces
-        config["xf_pairs"] = pair_names(pairs)
-        source_lang = "+".join(dict.fromkeys(s for s, _ in pairs))
-        target_lang = "+".join(dict.fromkeys(t for _, t in pairs))
+        config["xf_pairs"] = pair_names(pairs)  # source_lang, target_lang: the export's (model_facts: "en", "de+fr")
     directory = Path(directory)
     (directory / "model.safetensors").write_bytes(st.save(marian_state_dict(model), metadata={"format": "pt"}))
     dump = lambda data: json.dumps(data, indent=2, ensure_ascii=False) + "\n"  # noqa: E731

@@ -40,8 +40,8 @@ import numpy as np
 import torch
 import yaml
 
-from .errors import XfError
-from .huggingface import ACTIVATIONS, marian_state_dict, refuse_for_marian
+from .huggingface import ACTIVATIONS, marian_state_dict
+from .model_facts import facts_from_config
 from .model import Transformer
 from .vocab import MappedVocabulary, load_sentencepiece
 
@@ -57,24 +57,11 @@ _FFN = {"fc1.weight": "ffn_W1", "fc1.bias": "ffn_b1", "fc2.weight": "ffn_W2", "f
 
 
 def refuse_unmarian(model: Transformer, where: str = "checkpoint", spm_model: Optional[bytes] = None) -> None:
-    """A one-line error naming the option when Marian's transformer cannot hold ``model``: the
-    paper's sinusoids or a bos decoder start (above), what MarianMT cannot hold either (learned,
-    RoPE or ALiBi positions, SwiGLU, a head size other than d_model / heads, an odd d_model),
-    pre-LN (src/models/transformer.h, DecoderLayerSelfAttention: step by step, the keys and values
-    of earlier positions are their layer inputs, not normalized as in training and in xf) and
-    unscaled embeddings (Marian scales them by sqrt(d_model) before adding its sinusoids); given
-    the checkpoint's ``spm_model``, a mapped vocabulary (Marian reads one sentencepiece model's ids)."""
-    cfg = model.cfg
-    if spm_model is not None and isinstance(load_sentencepiece(spm_model, where), MappedVocabulary):
-        raise XfError(f"{where}: its vocabulary is a mapped one (two sentencepiece models, from xf import "
-                      "huggingface); Marian reads one sentencepiece model's own ids")
-    if cfg.normalize_before:  # Marian has pre-LN ("n" before, "da" after, "n" on top), but not as xf decodes it
-        raise XfError(f"{where}: --normalize-before (pre-LN) cannot be exported to Marian, whose pre-LN decoder "
-                      "attends over un-normalized states of earlier positions when it decodes step by step")
-    refuse_for_marian(cfg, where, "Marian", sinusoids="tensor2tensor", decoder_start="zero")
-    if not cfg.scale_embedding:
-        raise XfError(f"{where}: --scale-embedding false cannot be exported to Marian, which always scales "
-                      "embeddings by sqrt(d_model)")
+    """A one-line error naming every option Marian's transformer cannot hold in ``model``
+    (``model_facts.marian_reasons``: the record's rule); given the checkpoint's ``spm_model``,
+    a mapped vocabulary too (Marian reads one sentencepiece model's ids)."""
+    mapped = spm_model is not None and isinstance(load_sentencepiece(spm_model, where), MappedVocabulary)
+    facts_from_config(model.cfg, mapped=mapped, where=where).refuse_export("marian")
 
 
 def _marian_name(hf_name: str) -> str:

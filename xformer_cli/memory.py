@@ -6,8 +6,8 @@ of `small` makes 174, of 27-51 distinct (shape, layout) problems (forward, both 
 products, attention's batched products), and three updates share 3 of them. Where bf16 matmuls run through oneDNN (CPUs with avx512_bf16/AMX; on an AVX2-only CPU
 torch multiplies bf16 in its own emulating kernel and oneDNN is not used for them), oneDNN
 JIT-compiles a primitive for each and keeps it in its primitive cache, keyed by shape, default
-capacity 1024 entries, never freed: RSS grows with every new shape until the cache is full (the
-3.1 -> 4.3 GB of a 34-minute cpu.yaml run on an AMX Xeon, while fp32 matmuls go to MKL and stay flat).
+capacity 1024 entries, never freed: RSS grows with every new shape until the cache is full, while
+fp32 matmuls go to MKL and stay flat (docs/benchmarks.md, "Memory in bf16").
 
 An epoch so asks for some 4,000 distinct primitives, each shape once an epoch in a shuffled
 order: 1024 entries hold about 20 updates' worth, so lookups across updates miss anyway; what

@@ -61,9 +61,9 @@ def alibi_slopes(heads: int) -> torch.Tensor:
 
 
 # Up to this many query x key positions per head, CPUs run attention as two plain matmuls and a
-# softmax: 1.4-1.8x faster than SDPA's flash kernel, forward + backward, for captions and
-# sentences (T = 16-48; B x T = 4096 tokens, H 4, K 64), and 1.25x for a beam search step (T 1,
-# S 20, 256 rows); longer sequences take SDPA, whose memory does not grow with T x S. 2 cores.
+# softmax, faster than SDPA's flash kernel for captions, sentences and beam search steps; longer
+# sequences take SDPA, whose memory does not grow with T x S (figures: docs/benchmarks.md,
+# "Figures behind the rules in the code").
 MATMUL_ATTENTION_MAX_POSITIONS = 64 * 64
 
 
@@ -362,7 +362,7 @@ class Dropout(nn.Module):
     9% of a training step of the small preset (2 cores). Here one 64-bit draw makes four 16-bit
     uniform lanes and an element is kept when its lane is at least p * 2^16: the keep probability
     is 1 - round(p * 2^16) / 2^16 (within 8e-6 of 1 - p) and the scale is its exact inverse, so the
-    expectation is unchanged. 3-4x faster; same global generator, so runs stay reproducible from
+    expectation is unchanged. Faster (docs/benchmarks.md); same global generator, so runs stay reproducible from
     the seed. Other devices use F.dropout (CUDA's is fused and fast).
     """
 

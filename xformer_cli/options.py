@@ -676,10 +676,13 @@ class ExportOptions:
     max_length: int = option(0, "huggingface: max_length of generation_config.json, decoder start and eos "
                              "included (0: 512, as OPUS-MT models have, or max_positions if fewer)",
                              range=Range(0, 1 << 20))
-    source_lang: str = option("en", "huggingface: source language, for the model card and tokenizer; argos: the "
-                              "package's from_code; bergamot: its two letters name the direction")
-    target_lang: str = option("de", "huggingface: target language, for the model card and tokenizer; argos: the "
-                              "package's to_code; bergamot: as --source-lang")
+    source_lang: Optional[str] = option(
+        None, "huggingface: source language, for the model card and tokenizer; argos: the package's from_code; "
+        "bergamot: its two letters name the direction (default: the model's recorded language, else en; one "
+        "that contradicts the model's is refused)")
+    target_lang: Optional[str] = option(
+        None, "huggingface: target language, for the model card and tokenizer; argos: the package's to_code; "
+        "bergamot: as --source-lang (default: the model's recorded language, else de)")
     source_name: Optional[str] = option(None, "argos: the source language's name LibreTranslate shows (default: "
                                         "--source-lang)")
     target_name: Optional[str] = option(None, "argos: the target language's name (default: --target-lang)")

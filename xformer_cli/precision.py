@@ -1,9 +1,9 @@
 """Which precision training runs in: ``--precision auto`` (the default) picks bf16 autocast where
 the hardware multiplies bf16 natively, fp32 elsewhere, decided at start-up from what it finds.
 
-Measured (docs/benchmarks.md): on a 2-core AVX-512 CPU with avx512_bf16, bf16 autocast trained the `small`
-model 1.35-1.39x faster than fp32; on an AVX2-only CPU (no bf16 instructions, so oneDNN emulates them)
-bf16 is about 0.03x fp32. Hence the choice is made per machine, never assumed.
+The rule: bf16 where the CPU has bf16 instructions (faster than fp32 there), never where it emulates
+them (far slower than fp32); figures in docs/benchmarks.md. Hence the choice is made per machine,
+never assumed.
 """
 
 from __future__ import annotations
@@ -16,8 +16,7 @@ import torch
 
 from .errors import ConfigError
 
-# CPU flags (Linux /proc/cpuinfo) of native bf16 matrix instructions: AVX512-BF16 (Cooper Lake,
-# Zen 4 and later) and AMX (Sapphire Rapids and later).
+# CPU flags (Linux /proc/cpuinfo) of native bf16 matrix instructions: AVX512-BF16 and AMX.
 BF16_CPU_FLAGS = ("avx512_bf16", "amx_bf16")
 
 
@@ -85,8 +84,8 @@ NATIVE, EMULATED = "native", "emulated"
 
 def xf_precisions(device: torch.device, bf16_native: Optional[bool] = None) -> dict[str, str]:
     """What xf (torch) computes in on ``device``, each native or emulated: fp32; bf16, native where
-    the hardware multiplies it (CUDA sm_80+, avx512_bf16 or AMX), else emulated and slow (about
-    0.03x fp32 on an AVX2 CPU); fp16 on CUDA only; int8 (dynamic int8 linear layers, torch.ao) on
+    the hardware multiplies it (CUDA sm_80+, avx512_bf16 or AMX), else emulated and far slower than
+    fp32 (docs/benchmarks.md); fp16 on CUDA only; int8 (dynamic int8 linear layers, torch.ao) on
     CPU only. bf16_native: whether the device multiplies bf16 natively (None: asked here)."""
     if device.type == "cuda":
         bf16 = cuda_has_bf16(device) if bf16_native is None else bf16_native

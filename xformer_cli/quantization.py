@@ -103,7 +103,7 @@ def int8_matmul(x: torch.Tensor, weight_t: torch.Tensor, w_scale: torch.Tensor,
 def int8_matmul_exact() -> bool:
     """Whether torch._int_mm multiplies int8 matrices exactly on this CPU (once per process):
     oneDNN's s8 x s8 kernels for CPUs without VNNI or AMX add int8 pairs into int16, which
-    saturates (measured with ONEDNN_MAX_CPU_ISA=AVX2: products off by millions, and 5x slower);
+    saturates (seen with ONEDNN_MAX_CPU_ISA=AVX2: products off by millions, and slower);
     False too where this torch has no CPU _int_mm."""
     a = torch.full((5, 64), 127, dtype=torch.int8)
     a[1::2] = -127

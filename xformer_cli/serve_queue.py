@@ -294,7 +294,8 @@ def word_alignments(direction: Direction, sources: list[list[int]], found: list)
     """(source word, target word) pairs of each line's best hypothesis (``xf translate
     --print-alignment --alignment-level word``, words by the pieces' word starts), None where the
     engine gives none (ctranslate2) or the line is empty. A tagged direction's tag is no word: a
-    subword aligned to it counts as aligned to the first word."""
+    position counts from the sentence's first subword and nothing aligns to the tag (the engine's
+    rule, ``Engine.alignments``, as xf translate's)."""
     engine, sp = direction.engine, direction.sp
     if not getattr(engine, "supports_alignments", False):
         return [None] * len(sources)
@@ -304,9 +305,9 @@ def word_alignments(direction: Direction, sources: list[list[int]], found: list)
         return out
     best = [[found[i][0]] for i in kept]
     aligned = engine.alignments([sources[i] for i in kept], best, direction.options.alignment_layer)
-    lead = 1 if direction.tagged else 0
+    lead = 1 if direction.tagged else 0  # the tag is no word
     for i, hyps, rows in zip(kept, best, aligned):
         src = word_ids([sp.id_to_piece(t) for t in sources[i][lead:]])
         tgt = word_ids([sp.id_to_piece(t) for t in hyps[0].tokens[:-1]])
-        out[i] = alignment_pairs([max(s - lead, 0) for s in rows[0]], src, tgt)
+        out[i] = alignment_pairs(rows[0], src, tgt)
     return out

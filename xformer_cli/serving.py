@@ -51,14 +51,14 @@ from pathlib import Path
 from typing import Optional
 
 from . import html_text
-from .checkpoint import load_checkpoint
 from .confidence import Calibration, Scorer
 from .console import warn
 from .errors import ConfigError, XfError
 from .glossary import Glossary, find_terms
 from .options import ServeOptions, check_served, direction_and_path, model_spec
 from .language_id import LanguageId, UnknownLanguage
-from .languages import model_pairs, pair_names, source_languages, target_languages, vocabulary_for
+from .languages import pair_names
+from .model_facts import ModelFacts, from_export, read_facts
 from .segment import Units, line_texts, split_texts
 from .serve_queue import BatchQueue, Direction, Job, QueueFull
 from .serve_log import ANSWER_SECONDS, CLIENT_GONE, AccessLog
@@ -96,45 +96,36 @@ def load_glossaries(options: ServeOptions) -> dict[str, Glossary]:
     return glossaries
 
 
-def model_meta(options: ServeOptions, path: str) -> dict:
-    """What a --model's checkpoint records of its languages (its meta: source_lang, target_lang,
-    a multilingual model's pairs), read without loading the model: a CTranslate2 directory's
-    from its xf.json (an export that records none: a bilingual model)."""
-    if options.engine == "ctranslate2":
-        from .ctranslate2_format import read_exported_model
+def model_directions(listed: Optional[list[tuple[str, str]]], facts: ModelFacts, spec: str) -> list[tuple[str, str, bool]]:
+    """The directions one --model serves, each (source, target, trained on it), as the model's
+    record (``model_facts``) says what it translates.
 
-        return read_exported_model(Path(path)).get("languages") or {}
-    return load_checkpoint(path, mmap=True).get("meta") or {}
-
-
-def model_directions(listed: Optional[list[tuple[str, str]]], meta: dict, spec: str) -> list[tuple[str, str, bool]]:
-    """The directions one --model serves, each (source, target, trained on it).
-
-    Multilingual (``meta`` records pairs): ``listed``, or every pair when None. A direction it
-    was not trained on is served zero-shot (trained False) when listed and its source is one
-    of the model's sources and its target one of its targets; any other is refused, naming the
-    model's pairs. Bilingual: the one direction listed (its codes are the user's to choose), or
-    the languages its meta records."""
-    pairs = model_pairs(meta)
-    if pairs is None:
+    Multilingual: ``listed``, or every pair when None. A direction it was not trained on is served
+    zero-shot (trained False) when listed and its source is one of the model's sources and its
+    target one of its targets; any other is refused, naming the model's pairs. Bilingual: its
+    recorded direction, which a listed one may confirm but not contradict (a model that records
+    none: the one direction listed, its codes the user's to choose)."""
+    if not facts.multilingual:
         if listed is None:
-            if not (meta.get("source_lang") and meta.get("target_lang")):
+            if not facts.pairs:
                 raise XfError(f"--model {spec}: the checkpoint does not record its languages: name its direction, "
                               f"e.g. en-de={spec}")
-            return [(meta["source_lang"], meta["target_lang"], True)]
+            return [(*facts.pairs[0], True)]
         if len(listed) > 1:
             raise XfError(f"--model {spec}: a bilingual model translates one direction, not "
                           f"{', '.join(pair_names(listed))}")
+        if not facts.translates(*listed[0]):
+            raise XfError(f"--model {spec}: the model translates {facts.describe()}, not {pair_names(listed)[0]} "
+                          "(its recorded languages)")
         return [(*listed[0], True)]
     if listed is None:
-        return [(source, target, True) for source, target in pairs]
-    sources, targets = source_languages(meta), target_languages(meta)
+        return [(source, target, True) for source, target in facts.pairs]
     out = []
     for source, target in listed:
-        if (source, target) not in pairs and (source not in sources or target not in targets):
-            raise XfError(f"--model {spec}: the model translates {', '.join(pair_names(pairs))}, not {source}-{target} "
-                          f"(from {', '.join(sources)} into {', '.join(targets)})")
-        out.append((source, target, (source, target) in pairs))
+        if not facts.translates(source, target):
+            raise XfError(f"--model {spec}: the model translates {facts.describe()}, not {source}-{target} "
+                          f"(from {', '.join(facts.sources)} into {', '.join(facts.targets)})")
+        out.append((source, target, (source, target) in facts.pairs))
     return out
 
 
@@ -144,16 +135,20 @@ def load_directions(options: ServeOptions, glossaries: Optional[dict[str, Glossa
     its directions, each with its own vocabulary (``languages.vocabulary_for``), its glossary
     (``load_glossaries``), whose target terms must fit the model, and its confidence."""
     specs = [(spec, *model_spec(spec)) for spec in options.model]
-    for code in glossaries or {}:  # refused by the plan (the engine's, the same for every path) before the models
-        plan_decoding(options.translate_options("check"), Machine.here()).refuse_steering(f"--glossary {code}=...")
-    metas: dict[str, dict] = {}
+    plan = plan_decoding(options.translate_options("check"), Machine.here())  # the one start-up plan: every --model's
+    for code in glossaries or {}:  # refused by the plan before the models
+        plan.refuse_steering(f"--glossary {code}=...")
+    from .ctranslate2_format import read_exported_model
+
+    facts: dict[str, ModelFacts] = {}  # each model's record, read without loading the model
     for spec, _, path in specs:
         if not Path(path).exists():
             raise XfError(f"--model {spec}: {path} does not exist")
-        if path not in metas:
-            metas[path] = model_meta(options, path)
+        if path not in facts:
+            facts[path] = (from_export(read_exported_model(Path(path)), path) if options.engine == "ctranslate2"
+                           else read_facts(path))
     served = [(spec, path, source, target, trained) for spec, listed, path in specs
-              for source, target, trained in model_directions(listed, metas[path], spec)]
+              for source, target, trained in model_directions(listed, facts[path], spec)]
     codes = [(source, target) for _, _, source, target, _ in served]
     for spec, _, source, target, _ in served:
         if codes.count((source, target)) > 1:
@@ -165,15 +160,14 @@ def load_directions(options: ServeOptions, glossaries: Optional[dict[str, Glossa
     for spec, path, source, target, trained in served:
         if not trained:
             warn(f"--model {spec}: the model was not trained on {source}-{target} "
-                 f"(its pairs: {', '.join(pair_names(model_pairs(metas[path])))}): served zero-shot")
+                 f"(its pairs: {facts[path].describe()}): served zero-shot")
     engines: dict[str, tuple] = {}
     directions = []
     for spec, path, source, target, _ in served:
         if path not in engines:
-            engines[path] = open_engine(options.translate_options(path))[:2]
+            engines[path] = open_engine(options.translate_options(path), plan=plan)[:2]
         engine, sp = engines[path]
-        meta = metas[path]
-        vocab = vocabulary_for(sp, meta, target, f"--model {spec}") if model_pairs(meta) else sp
+        vocab = facts[path].vocabulary(sp, target, f"--model {spec}") if facts[path].multilingual else sp
         direction = Direction(source, target, engine, vocab, options.translate_options(path),
                               (glossaries or {}).get(f"{source}-{target}"), confidence_scorer(options, source, target))
         unfit = direction.glossary is not None and (

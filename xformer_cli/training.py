@@ -30,7 +30,7 @@ from .options import TrainOptions
 
 def make_optimizer(model: torch.nn.Module, o: TrainOptions) -> torch.optim.Optimizer:
     """Adam, or AdamW (decoupled weight decay, as fairseq's "adam"), with the fused kernel (one
-    kernel per tensor: ~2x faster than foreach on CPU, and far less sensitive to other jobs on the
+    kernel per tensor: faster than foreach on CPU (docs/benchmarks.md), and far less sensitive to other jobs on the
     cores); the foreach one where fused is unavailable."""
     cls = torch.optim.AdamW if o.optimizer == "adamw" else torch.optim.Adam
     kwargs = dict(lr=0.0, betas=tuple(o.adam_betas), eps=o.adam_eps, weight_decay=o.weight_decay)

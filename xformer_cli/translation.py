@@ -13,7 +13,6 @@ opens the engine that ``--engine`` names over ``--path``.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import json
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -29,22 +28,24 @@ from .confidence import Calibration, Scorer, mean_log_probability
 from .constraints import BatchConstraints, word_boundaries
 from .ctranslate2_format import CTranslate2Engine
 from .engines import Engine, XfEngine
-from .decoding_plan import Machine, plan_decoding
+from .decoding_plan import DecodingPlan, Machine, plan_decoding, plan_scoring
 from .errors import ConfigError, XfError
 from .glossary import Glossary
 from .json_input import parse_json
 from .options import TranslateOptions
 from .search import Hypothesis
 from .segment import split_texts
-from .languages import TaggedVocabulary, check_code, model_pairs, target_languages, vocabulary_for
+from .languages import TaggedVocabulary, check_code
+from .model_facts import ModelFacts
 from .vocab import UNK_ID, decode_line, encode_target
 
 
-def open_engine(options: TranslateOptions, machine: Optional[Machine] = None):
+def open_engine(options: TranslateOptions, machine: Optional[Machine] = None, plan: Optional[DecodingPlan] = None):
     """(engine, sentencepiece processor, device) of --engine for --path, opened as the decoding
-    plan of ``options`` on ``machine`` (this one unless given) says: xf's own (``XfEngine``, one
-    model or an ensemble) or CTranslate2 over a directory of xf export (``CTranslate2Engine``)."""
-    plan = plan_decoding(options, machine or Machine.here())
+    plan of ``options`` on ``machine`` (this one unless given) says, or as ``plan`` where the
+    caller made it already (xf serve's start-up plan): xf's own (``XfEngine``, one model or an
+    ensemble) or CTranslate2 over a directory of xf export (``CTranslate2Engine``)."""
+    plan = plan or plan_decoding(options, machine or Machine.here())
     warning = distributed.threads_warning(options.threads)
     if warning:
         warn(warning)
@@ -57,34 +58,31 @@ def open_engine(options: TranslateOptions, machine: Optional[Machine] = None):
     return engine, sp, engine.device
 
 
-def open_scorer(options, plan, calibration: Optional[Calibration] = None, languages: tuple = ()) -> Scorer:
+def open_scorer(options, plan, calibration: Optional[Calibration] = None, languages: tuple = (),
+                facts: Optional[ModelFacts] = None) -> Scorer:
     """The confidence scorer of the options (``--reverse-path``, ``--target-lang``) with the
     ``calibration`` of ``--confidence`` (read before any model: ``Calibration.load``), its
-    reverse models opened on ``plan``'s device and precision; ``languages``: the other targets
-    an input line may name (a multilingual model's), for the wrong_language flag."""
-    # forced decoding of whole batches in this process: xf's engine, eager, one worker, no shortlist
-    # (the forward model's would not fit the reverse vocabulary); the forward's device and precision
-    forced = dataclasses.replace(plan, engine="xf", int8="none", int8_engine=None, step="eager", workers=1,
-                                 processes=False, shortlist=None, warning=None)
-    reverse = XfEngine.open(options.reverse_path, forced) if options.reverse_path else None
-    if reverse is not None and model_pairs(reverse[0].meta):
+    reverse models opened on the plan's device and precision (``plan_scoring``); ``languages``:
+    the other targets an input line may name (a multilingual model's), for the wrong_language
+    flag. The target language is --target-lang's, else the one the forward model's record
+    (``facts``) names for a bilingual model."""
+    reverse = XfEngine.open(options.reverse_path, plan_scoring(options, plan, Machine.here())) \
+        if options.reverse_path else None
+    if reverse is not None and reverse[0].facts.multilingual:
         raise ConfigError(f"--reverse-path {options.reverse_path[0]}: a multilingual model; the reverse score needs "
                           "a bilingual target->source model")
-    return Scorer(calibration, reverse, options.target_lang, options.confidence or "", languages)
+    target = options.target_lang
+    if target is None and facts is not None and not facts.multilingual and facts.targets:
+        target = facts.targets[0]
+    return Scorer(calibration, reverse, target, options.confidence or "", languages)
 
 
 def source_vocabulary(engine: Engine, sp, target_lang: Optional[str], where: str):
     """The vocabulary the engine's sources are encoded with to translate into ``target_lang``
-    (``languages.vocabulary_for`` over the model's languages, ``engine.meta``): ``sp`` itself
+    (``ModelFacts.vocabulary``: the model's languages, ``engine.facts``): ``sp`` itself
     for a bilingual model, a ``TaggedVocabulary`` putting the target's tag first for a
     multilingual one. Target-side text is encoded with ``vocab.encode_target(sp, ...)``."""
-    return vocabulary_for(sp, engine.meta, target_lang, where)
-
-
-def is_tagged(engine: Engine) -> bool:
-    """Whether every non-empty source the engine searches starts with a target tag (a
-    multilingual model's): alignments then skip it."""
-    return model_pairs(engine.meta) is not None
+    return engine.facts.vocabulary(sp, target_lang, where)
 
 
 @dataclass
@@ -382,8 +380,7 @@ def search_lines(engine: Engine, pieces: list[list[int]], options: TranslateOpti
                 stats.longest_output = max(stats.longest_output, len(hyps[0].tokens) - 1 if hyps else 0)
             if options.print_alignment:  # a forced-decoding pass over the final hypotheses, in this
                 # thread: it records attention on the model's modules, which threads would share
-                aligned = engine.alignments([pieces[i] for i in idx], found, options.alignment_layer,
-                                            tagged=is_tagged(engine))
+                aligned = engine.alignments([pieces[i] for i in idx], found, options.alignment_layer)
                 for i, per_hyp in zip(idx, aligned):
                     alignments[i] = per_hyp
     return results, alignments

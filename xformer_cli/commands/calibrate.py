@@ -4,17 +4,17 @@ two scores (``confidence.SCORES``; its flags are rules), on a validation set, an
 
 The validation source is translated with the given decoding options, each translation scored
 with sacreBLEU's sentence chrF against its reference, and a logistic regression fitted to tell
-the translations at or above the median chrF from those below (``confidence.fit``). Only the
+the translations at or above the median chrF from those below (``confidence.fit``; ties at the
+median broken, chrF all equal refused: ``confidence.median_labels``). Only the
 validation set is read: the test set stays unseen, so the figures measured on it are honest.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import statistics
 import time
 
-from ..confidence import SCORES, Calibration, fit, roc_auc
+from ..confidence import SCORES, Calibration, fit, median_labels, roc_auc
 from ..console import print_summary, stderr_console
 from ..errors import XfError
 from ..fileio import atomic_write_text, read_lines
@@ -35,19 +35,21 @@ def calibrate(options: CalibrateOptions) -> None:
     engine, sp, _ = open_engine(translate_options)
     try:
         vocab = source_vocabulary(engine, sp, options.target_lang, options.path[0])  # a multilingual model's tag
-        scorer = open_scorer(translate_options, engine.plan)
+        scorer = open_scorer(translate_options, engine.plan, facts=engine.facts)
         outputs, rows = translate_with_features(engine, vocab, sources, translate_options, scorer)
     finally:
         engine.close()
     chrf = sentence_chrf(outputs, references)
-    median = statistics.median(chrf)
-    labels = [int(c >= median) for c in chrf]
+    try:  # before anything is written: labels that tell nothing are refused
+        labels, median = median_labels(chrf)
+    except ValueError as e:
+        raise XfError(f"xf calibrate: {options.source}: {e}") from None
     weights, bias = fit([row[:len(SCORES)] for row in rows], labels)
     calibration = Calibration(tuple(float(w) for w in weights), bias, scorer.reverse is not None,
                               f"fitted on {options.source} ({len(sources):,} lines), median sentence chrF {median:.2f}")
     atomic_write_text(options.output, calibration.to_json())
     fitted = [calibration.confidence(row) for row in rows]
-    low = [c < median for c in chrf]
+    low = [not label for label in labels]
     print_summary(stderr_console(), "xf calibrate", [
         ("validation lines", f"{len(sources):,}"),
         ("median sentence chrF", f"{median:.2f}"),

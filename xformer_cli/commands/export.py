@@ -19,8 +19,61 @@ from ..console import print_summary, stderr_console
 from ..errors import XfError
 from ..fileio import atomic_directory, atomic_write
 from ..json_input import read_json
-from ..languages import model_pairs, pair_names
+from ..model_facts import ModelFacts, facts_of
 from ..options import ExportOptions
+
+# Which options each format reads; one it does not read, given, is refused (it would mean nothing).
+USED_BY = {
+    "quantization": ("ctranslate2", "argos", "bergamot"), "beam_size": ("huggingface", "marian", "bergamot"),
+    "lenpen": ("huggingface", "marian", "bergamot"), "max_length": ("huggingface",),
+    "source_lang": ("huggingface", "argos", "bergamot"), "target_lang": ("huggingface", "argos", "bergamot"),
+    "source_name": ("argos",), "target_name": ("argos",), "package_version": ("argos",), "bleu": ("huggingface",),
+    "shortlist": ("bergamot",), "bergamot_package": ("bergamot",),
+}
+UNRECORDED = ("en", "de")  # the languages of a checkpoint that records none (written before xf recorded them)
+
+
+def refuse_unused(options: ExportOptions) -> None:
+    """One line naming every option given that the chosen format does not read."""
+    from dataclasses import fields
+
+    defaults = {f.name: f.default for f in fields(ExportOptions)}
+    unused = [f"--{name.replace('_', '-')}" for name, formats in USED_BY.items()
+              if options.format not in formats and getattr(options, name) != defaults[name]]
+    if unused:
+        raise XfError(f"xf export {options.format}: {', '.join(unused)} {'means' if len(unused) == 1 else 'mean'} "
+                      f"nothing to a {options.format} export; leave {'it' if len(unused) == 1 else 'them'} out")
+
+
+def direction(options: ExportOptions, facts: ModelFacts) -> tuple[str, str]:
+    """(source, target) of a bilingual export: the model's recorded languages, which --source-lang
+    and --target-lang may confirm but not contradict; the flags (else en, de) where it records none."""
+    flags = (options.source_lang, options.target_lang)
+    if facts.multilingual:
+        given = [f"--{n}-lang {v}" for n, v in zip(("source", "target"), flags) if v is not None]
+        if given:
+            raise XfError(f"xf export {options.format}: {', '.join(given)}: {facts.where} is multilingual "
+                          f"({facts.describe()}); its languages come from its pairs (leave the flags out)")
+        return "+".join(facts.sources), "+".join(facts.targets)
+    if not facts.pairs:
+        return tuple(flag or default for flag, default in zip(flags, UNRECORDED))
+    own = facts.pairs[0]
+    for name, flag, mine in zip(("source", "target"), flags, own):
+        if flag is not None and flag != mine:
+            raise XfError(f"xf export {options.format}: --{name}-lang {flag}: {facts.where} translates "
+                          f"{own[0]}-{own[1]} (its recorded languages); leave the flag out")
+    return own
+
+
+def prepare(options: ExportOptions) -> tuple[dict, ModelFacts, tuple[str, str]]:
+    """The checkpoint, its facts and the export's direction, every refusal said before a file is
+    written: options the format does not read, languages that contradict the model's, and what the
+    format cannot hold (the record's ``export_refusal``)."""
+    refuse_unused(options)
+    ckpt = load_checkpoint(options.path)
+    facts = facts_of(ckpt, options.path)
+    facts.refuse_export(options.format)
+    return ckpt, facts, direction(options, facts)
 
 
 def ctranslate2_rows(options: ExportOptions, model) -> list[tuple[str, str]]:
@@ -37,8 +90,8 @@ def export_ctranslate2(options: ExportOptions) -> Path:
 
     import_ctranslate2()  # the missing extra is said before anything is read or written
     output = Path(options.output)
+    ckpt, _, _ = prepare(options)
     with atomic_directory(output) as tmp:
-        ckpt = load_checkpoint(options.path)
         model = model_from_checkpoint(ckpt, options.path).eval()
         write_model_directory(tmp, model, ckpt["spm_model"], options.quantization, str(options.path), ckpt.get("meta"))
     print_summary(stderr_console(), "xf export ctranslate2", [
@@ -65,12 +118,12 @@ def export_huggingface(options: ExportOptions) -> Path:
 
     import_hf_extra()
     output = Path(options.output)
+    ckpt, _, (source_lang, target_lang) = prepare(options)
     with atomic_directory(output) as tmp:
-        ckpt = load_checkpoint(options.path)
         model = model_from_checkpoint(ckpt, options.path).eval()
         bleu: Optional[tuple[float, str]] = read_bleu(options.bleu) if options.bleu else None
         config, generation = write_marian(
-            tmp, model, ckpt["spm_model"], str(options.path), options.source_lang, options.target_lang,
+            tmp, model, ckpt["spm_model"], str(options.path), source_lang, target_lang,
             num_beams=options.beam_size, length_penalty=options.lenpen, max_length=options.max_length, bleu=bleu,
             meta=ckpt.get("meta"))
     print_summary(stderr_console(), "xf export huggingface", [
@@ -84,27 +137,16 @@ def export_huggingface(options: ExportOptions) -> Path:
     return output
 
 
-def refuse_multilingual(ckpt: dict, options: ExportOptions, runtime: str) -> None:
-    """Refuse a multilingual checkpoint for a format whose runtime translates one direction with
-    no step that puts a target tag first (Argos, Marian, Bergamot)."""
-    pairs = model_pairs(ckpt.get("meta") or {})
-    if pairs is not None:
-        raise XfError(f"xf export {options.format}: {options.path} is multilingual ({', '.join(pair_names(pairs))}) and "
-                      f"{runtime} has no step that starts a source with its target tag; export it as ctranslate2 or "
-                      "huggingface")
-
-
 def export_argos(options: ExportOptions) -> Path:
     """Write the Argos Translate package (.argosmodel) of checkpoint options.path to options.output."""
     from ..argos_format import SENTENCE_ENDS, check_language, check_version, import_argos_extra, write_package
 
     import_argos_extra()  # the missing extra is said before anything is read or written
-    source_lang = check_language(options.source_lang, "--source-lang")
-    target_lang = check_language(options.target_lang, "--target-lang")
+    ckpt, _, (source_lang, target_lang) = prepare(options)
+    source_lang = check_language(source_lang, "--source-lang")
+    target_lang = check_language(target_lang, "--target-lang")
     version = check_version(options.package_version)
     output = Path(options.output)
-    ckpt = load_checkpoint(options.path)
-    refuse_multilingual(ckpt, options, "an Argos package")
     model = model_from_checkpoint(ckpt, options.path).eval()
     with atomic_write(output, "wb") as f:
         metadata = write_package(f, model, ckpt["spm_model"], source_lang=source_lang, target_lang=target_lang,
@@ -126,22 +168,19 @@ def export_argos(options: ExportOptions) -> Path:
 def export_bergamot(options: ExportOptions) -> Path:
     """Write the Bergamot directory (model, shortlist, vocabulary, engine, page) of options.path."""
     from ..bergamot_format import (binary_model, binary_shortlist, check_int8_shapes, direction_name, engine_package,
-                                   refuse_untied_output, write_directory)
+                                   write_directory)
     from ..checkpoint import vocab_digest
-    from ..marian_format import marian_config, marian_params, refuse_unmarian
+    from ..marian_format import marian_config, marian_params
     from ..shortlist import Shortlist
 
     package = engine_package(options.bergamot_package)  # a missing engine is said before anything is read
     if options.quantization == "bfloat16":
         raise XfError("xf export bergamot: --quantization bfloat16 has no Bergamot form; its WebAssembly engine "
                       "multiplies float32 or int8 (--quantization float32 or int8)")
-    direction = direction_name(options.source_lang, options.target_lang)
+    ckpt, _, languages = prepare(options)  # what Marian cannot hold, an untied output included
+    direction = direction_name(*languages)
     output = Path(options.output)
-    ckpt = load_checkpoint(options.path)
-    refuse_multilingual(ckpt, options, "Bergamot")
     model = model_from_checkpoint(ckpt, options.path).eval()
-    refuse_unmarian(model, str(options.path), ckpt["spm_model"])
-    refuse_untied_output(model.cfg)
     int8 = options.quantization == "int8"
     if int8:
         check_int8_shapes(model.cfg)
@@ -170,8 +209,7 @@ def export_marian(options: ExportOptions) -> Path:
     from ..marian_format import write_marian_model
 
     output = Path(options.output)
-    ckpt = load_checkpoint(options.path)
-    refuse_multilingual(ckpt, options, "Marian's decoder")
+    ckpt, _, _ = prepare(options)
     with atomic_directory(output) as tmp:
         model = model_from_checkpoint(ckpt, options.path).eval()
         config = write_marian_model(tmp, model, ckpt["spm_model"], str(options.path), options.beam_size, options.lenpen)

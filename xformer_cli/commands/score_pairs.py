@@ -30,7 +30,6 @@ from ..errors import ConfigError, XfError
 from ..fileio import atomic_write
 from ..options import ScorePairsOptions
 from ..pair_scoring import PairScore, dual_conditional_cross_entropy, max_length, score_pairs as score
-from ..languages import model_pairs, vocabulary_for
 from ..vocab import decode_line, encode_target
 
 
@@ -128,10 +127,10 @@ def score_pairs(options: ScorePairsOptions) -> None:
     # each direction's (source encoding, target encoding): the forward model's sources start with
     # --target-lang's tag when it is multilingual; a reverse model would need the source's
     # language as its target, which no option names: a multilingual one is refused
-    if len(directions) > 1 and model_pairs(directions[1][0].meta) is not None:
+    if len(directions) > 1 and directions[1][0].facts.multilingual:
         raise ConfigError(f"--reverse-path {options.reverse_path[0]}: a multilingual model; the reverse score needs a "
                           "bilingual target->source model")
-    forward = vocabulary_for(directions[0][1], directions[0][0].meta, options.target_lang, options.path[0])
+    forward = directions[0][0].facts.vocabulary(directions[0][1], options.target_lang, options.path[0])
     encoders = [(lambda texts, v=v: v.encode(texts, out_type=int), lambda texts, sp=sp: encode_target(sp, texts, out_type=int))
                 for v, (_, sp) in zip([forward, *[sp for _, sp in directions[1:]]], directions)]
     batch = dict(max_tokens=options.max_tokens or None, max_sentences=None if options.max_tokens else options.batch_size)

@@ -24,7 +24,7 @@ from ..errors import ConfigError, XfError, memory_detail, out_of_memory
 from ..fileio import atomic_write
 from ..glossary import Glossary
 from ..options import TranslateOptions
-from ..languages import TaggedVocabulary, model_pairs, target_languages
+from ..languages import TaggedVocabulary
 from ..translation import (Stats, decode_input_line, encode_constraints, encode_prefixes, line_vocabularies,
                            open_engine, open_scorer, crowded_term, over_constraint_limits, read_steered_line,
                            source_vocabulary, translate_buffer, translate_sentences, unfit_term)
@@ -84,13 +84,13 @@ def translate(options: TranslateOptions) -> None:
     calibration = Calibration.load(options.confidence) if options.confidence else None  # as does this
     engine, sp, device = open_engine(options)
     try:
-        multilingual = model_pairs(engine.meta) is not None
+        multilingual = engine.facts.multilingual
         per_line = options.input_format == "jsonl"  # a line may name its target
         # the source vocabulary of --target-lang (None: a multilingual model whose jsonl lines name theirs)
         vocab = None if per_line and multilingual and options.target_lang is None else \
             source_vocabulary(engine, sp, options.target_lang, options.path[0])
-        languages = tuple(target_languages(engine.meta)) if multilingual and per_line else ()
-        scorer = open_scorer(options, engine.plan, calibration, languages) if options.output_format == "jsonl" else None
+        languages = tuple(engine.facts.targets) if multilingual and per_line else ()
+        scorer = open_scorer(options, engine.plan, calibration, languages, engine.facts) if options.output_format == "jsonl" else None
         unfit = glossary is not None and (unfit_term(glossary, sp, engine.max_source)
                                           or crowded_term(glossary, options.max_constraint_forms))
         if unfit:  # its terms against the model, before a line is written
