@@ -599,9 +599,12 @@ class ServeOptions(DecodingOptions):
         """The options of ``xf translate --path PATH`` with this server's decoding and engine options."""
         shared = {f.name for f in dataclasses.fields(TranslateOptions)} & {f.name for f in dataclasses.fields(self)}
         # split_sentences: the server's switch (a bool), not xf translate's language (each direction has its own);
-        # glossary and confidence: the server's, per direction (DIRECTION=FILE), applied by xf serve itself
-        return TranslateOptions(path=(path,), **{name: getattr(self, name) for name in shared
-                                                 if name not in ("path", "split_sentences", "glossary", "confidence")})
+        # glossary and confidence: the server's, per direction (DIRECTION=FILE), applied by xf serve itself;
+        # output_format jsonl: every answer has a confidence, which needs each subword's log-probability
+        # (CTranslate2 computes them for jsonl output only; without them its confidence was exp(0) = 1)
+        return TranslateOptions(path=(path,), output_format="jsonl",
+                                **{name: getattr(self, name) for name in shared
+                                   if name not in ("path", "split_sentences", "glossary", "confidence", "output_format")})
 
 
 def model_spec(spec: str) -> tuple[Optional[list[tuple[str, str]]], str]:
