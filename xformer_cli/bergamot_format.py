@@ -35,6 +35,7 @@ import numpy as np
 import yaml
 
 from .errors import XfError
+from .json_input import read_json
 from .shortlist import NUM_SPECIALS, Shortlist
 from .vocab import EOS_ID, UNK_ID
 
@@ -153,8 +154,8 @@ def engine_package(directory: str | Path) -> Path:
     naming the command that installs it."""
     root = Path(directory)
     try:
-        version = json.loads((root / "package.json").read_text(encoding="utf-8")).get("version")
-    except (OSError, ValueError, AttributeError):
+        version = read_json(root / "package.json").get("version")
+    except (XfError, AttributeError):
         raise XfError(f"{root}: no npm package {NPM_PACKAGE} there; install it with {INSTALL}, "
                       "or name its directory with --bergamot-package") from None
     if version != NPM_VERSION:
