@@ -60,11 +60,14 @@ def test_the_calibration_file_round_trips(tmp_path):
 
 
 @pytest.mark.parametrize("text, says", [
-    ('{"format": "xf-confidence",\n "version": 1,\n oops}', "c.json:3:"),
+    ('{"format": "xf-confidence",\n "version": 1,\n oops}', "c.json: line 3: not JSON"),
     (json.dumps({"format": "xf-confidence", "version": 1, "scores": list(SCORES),
                  "weights": [1, 2], "bias": 0, "reverse": False}).replace("0, \"reverse", "NaN, \"reverse"),
-     "c.json:1: not a calibration file of xf calibrate: NaN is not a number"),
-    (json.dumps({"format": "xf-confidence", "version": 2}), "calibration version 2"),
+     "c.json: not JSON xf reads: 'bias' is NaN, not a finite number; not a calibration file of xf calibrate"),
+    (json.dumps({"format": "xf-confidence", "version": 2}), '"version" is 2; this xf reads calibration version 1'),
+    (json.dumps({"format": "xf-confidence", "version": "1"}), '"version" is "1"; this xf reads calibration version 1'),
+    ('{"format": "xf-confidence", "version": 1, "scores": ["forward", "reverse"], "weights": [1, %s], "bias": 0, '
+     '"reverse": false}' % ("9" * 400), "'weights' is an integer of 400 digits, beyond a finite number"),
     (json.dumps({"format": "xf-confidence", "version": 1, "scores": list(SCORES), "weights": [1],
                  "bias": 0, "reverse": False}), "2 finite numbers"),
     ("[]", "not a calibration file"),
@@ -162,7 +165,7 @@ def test_serve_refuses_a_bad_calibration_file_in_one_line(ckpt, tmp_path):
     path = tmp_path / "c.json"
     path.write_text('{"format": "xf-confidence", "version": 7}', encoding="utf-8")
     result = runner.invoke(app, ["serve", "--model", f"en-de={ckpt}", "--confidence", f"en-de={path}", "--port", "0"])
-    assert result.exit_code != 0 and "calibration version 7" in result.output and "Traceback" not in result.output
+    assert result.exit_code != 0 and '"version" is 7' in result.output and "Traceback" not in result.output
 
 
 def test_a_forced_copy_and_a_forced_wrong_language_output_get_confidence_0(models):

@@ -20,14 +20,13 @@ from __future__ import annotations
 import difflib
 import json
 import math
-import re
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Optional, Sequence
 
 import numpy as np
 
 from .errors import XfError
+from .json_input import read_json
 
 FEATURES = ("forward", "reverse", "wrong_language", "copy")  # a row's columns
 SCORES = FEATURES[:2]  # what a calibration weighs; the rest are flags
@@ -89,27 +88,18 @@ class Calibration:
 
     @classmethod
     def load(cls, path: str) -> "Calibration":
-        """The file ``xf calibrate`` wrote; an XfError of one line naming the file (and the line
-        of a JSON error) otherwise."""
-        try:
-            text = Path(path).read_text(encoding="utf-8")
-        except (OSError, UnicodeDecodeError) as e:
-            raise XfError(f"{path}: cannot read the calibration file: {getattr(e, 'strerror', None) or e}") from None
-        try:
-            data = json.loads(text, parse_constant=_refuse_constant)
-        except ValueError as e:
-            constant = re.search(r"-?\b(?:NaN|Infinity)\b", text)  # refused by _refuse_constant, which has no line
-            line = getattr(e, "lineno", None) or (text.count("\n", 0, constant.start()) + 1 if constant else None)
-            where = f"{path}:{line}" if line else path
-            raise XfError(f"{where}: not a calibration file of xf calibrate: {getattr(e, 'msg', e)}") from None
-        return cls.from_dict(data, path)
+        """The file ``xf calibrate`` wrote (read by the one JSON reader: no NaN, no number past a
+        double); an XfError of one line naming the file (and the line of a JSON error) otherwise."""
+        return cls.from_dict(read_json(path, hint="not a calibration file of xf calibrate"), path)
 
     @classmethod
     def from_dict(cls, data, path: str) -> "Calibration":
         if not isinstance(data, dict) or data.get("format") != FORMAT:
             raise XfError(f"{path}: not a calibration file of xf calibrate (no \"format\": \"{FORMAT}\")")
-        if data.get("version") != VERSION:
-            raise XfError(f"{path}: calibration version {data.get('version')!r}; this xf reads version {VERSION} "
+        version = data.get("version")
+        if version != VERSION or isinstance(version, bool):
+            shown = json.dumps(version) if isinstance(version, (str, bool, int, float, type(None))) else "not a number"
+            raise XfError(f"{path}: \"version\" is {shown}; this xf reads calibration version {VERSION} "
                           "(run xf calibrate again)")
         if data.get("scores") != list(SCORES):
             raise XfError(f"{path}: scores {data.get('scores')!r}, expected {list(SCORES)}")
@@ -120,10 +110,6 @@ class Calibration:
         if not isinstance(data.get("reverse"), bool):
             raise XfError(f"{path}: \"reverse\" must be true or false")
         return cls(tuple(float(w) for w in weights), float(bias), data["reverse"], str(data.get("note", "")))
-
-
-def _refuse_constant(name: str):
-    raise ValueError(f"{name} is not a number a calibration may hold")
 
 
 def _finite(x) -> bool:
