@@ -3,6 +3,7 @@
 does on the CTranslate2 model inside the package."""
 
 import json
+import os
 import subprocess
 import sys
 import zipfile
@@ -91,6 +92,26 @@ def test_an_existing_package_is_replaced_only_with_overwrite(tmp_path, spm_model
     export(ckpt, out, "--overwrite")
     assert zipfile.is_zipfile(out)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["m.pt", "x.argosmodel"]  # no temporary left
+
+
+def test_a_package_streams_onto_a_character_device_and_a_fifo_as_every_output_does(tmp_path, spm_model):
+    """The frame's output rule (fileio.output_route): a FIFO or a character device is written in
+    place. /dev/null was "error: argument out of range" (zipfile seeking back over a device that
+    tells 0); a FIFO's reader gets a whole package."""
+    import io
+    import threading
+
+    ckpt = random_checkpoint(tmp_path / "m.pt", spm_model)
+    assert "streamed" in export(ckpt, "/dev/null", "--overwrite").stderr
+    fifo = tmp_path / "out.fifo"
+    os.mkfifo(fifo)
+    got = []
+    reader = threading.Thread(target=lambda: got.append(fifo.read_bytes()))
+    reader.start()
+    export(ckpt, fifo, "--overwrite")
+    reader.join(60)
+    names = zipfile.ZipFile(io.BytesIO(got[0])).namelist()
+    assert f"{ROOT}/model/model.bin" in names and sorted(p.name for p in tmp_path.iterdir()) == ["m.pt", "out.fifo"]
 
 
 def test_the_guard_treats_the_output_as_a_file_for_argos_alone():
