@@ -12,7 +12,7 @@ import pytest
 from typer.testing import CliRunner
 
 from xformer_cli.cli import app
-from xformer_cli.confidence import SCORES, Calibration, Scorer, fit, is_copy, roc_auc, uncalibrated
+from xformer_cli.confidence import SCORES, WRONG_LANGUAGE_LETTERS, Calibration, Scorer, fit, is_copy, roc_auc, uncalibrated
 from xformer_cli.errors import XfError
 
 from helpers import Served, tiny_checkpoint
@@ -166,6 +166,20 @@ def test_serve_refuses_a_bad_calibration_file_in_one_line(ckpt, tmp_path):
     path.write_text('{"format": "xf-confidence", "version": 7}', encoding="utf-8")
     result = runner.invoke(app, ["serve", "--model", f"en-de={ckpt}", "--confidence", f"en-de={path}", "--port", "0"])
     assert result.exit_code != 0 and '"version" is 7' in result.output and "Traceback" not in result.output
+
+
+def test_the_wrong_language_flag_needs_a_text_long_enough_to_tell(multi30k_dir):
+    """Short correct German was flagged: "Eine Person springt." (py3langid's German 0.12), "Ein
+    Hund.", and a whole Multi30k val reference, "Ein Mann boxt"; no output of fewer letters than
+    WRONG_LANGUAGE_LETTERS is flagged, a longer one in another language still is."""
+    pytest.importorskip("py3langid")
+    scorer = Scorer(target_lang="de")
+    references = (multi30k_dir / "val.de").read_text(encoding="utf-8").splitlines()
+    short = [line for line in references if sum(c.isalpha() for c in line) < WRONG_LANGUAGE_LETTERS]
+    outputs = ["Eine Person springt.", "Ein Hund.", "Ein Mann boxt", *short, "A man sleeps.",
+               "A man in a blue shirt is sleeping on a bench."]
+    rows = scorer.rows(["x"] * len(outputs), outputs, [-0.5] * len(outputs))
+    assert [r[2] for r in rows] == [0.0] * (len(outputs) - 1) + [1.0]
 
 
 def test_a_forced_copy_and_a_forced_wrong_language_output_get_confidence_0(models):

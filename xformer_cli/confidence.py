@@ -47,12 +47,19 @@ def is_copy(source: str, output: str) -> bool:
 # table): it flags 2 of 1,014 German references, and 85% of outputs forced half into English by
 # a prefix; 0.9 would flag 95% of those but 1.4% of clean output, a margin too thin for other text.
 WRONG_LANGUAGE_P = 0.5
+# ... and only on an output of at least this many letters: on two or three words the identifier
+# is no evidence. Chosen on Multi30k val, the first words of each German reference standing for
+# a short correct output (docs/decoding.md#short-outputs has the table): from this length on its
+# false alarms fall to about their rate on whole outputs.
+WRONG_LANGUAGE_LETTERS = 30
 
 
 def is_wrong_language(probability, output: str, target: str) -> bool:
     """``probability(text, language)``: the identifier's (``LanguageId.probability``); an output
-    with no letter is never flagged (numbers, punctuation: nothing to tell its language by)."""
-    return any(ch.isalpha() for ch in output) and probability(output, target) < WRONG_LANGUAGE_P
+    of fewer than WRONG_LANGUAGE_LETTERS letters is never flagged (numbers, punctuation, two or
+    three words: too little to tell its language by)."""
+    return (sum(ch.isalpha() for ch in output) >= WRONG_LANGUAGE_LETTERS
+            and probability(output, target) < WRONG_LANGUAGE_P)
 
 
 def features(forward: float, reverse: Optional[float], wrong_language: bool, copy: bool) -> list[float]:
