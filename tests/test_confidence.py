@@ -6,6 +6,7 @@ is checked here; bench/confidence.py measures what the confidence is worth)."""
 from __future__ import annotations
 
 import json
+import math
 
 import numpy as np
 import pytest
@@ -78,6 +79,13 @@ def test_a_bad_calibration_file_is_refused_in_one_line(tmp_path, text, says):
     with pytest.raises(XfError) as e:
         Calibration.load(str(path))
     assert says in str(e.value) and str(path) in str(e.value) and "\n" not in str(e.value)
+
+
+def test_a_blank_source_has_confidence_1_calibrated_or_not():
+    """Nothing to translate: 1, as without a file (a calibration's sigmoid of zero scores gave 0.992)."""
+    calibrated = Scorer(Calibration((1.0, 0.0), 5.0, reverse=False))
+    assert calibrated.confidences([" ", "A dog."], ["", "Ein Hund."], [0.0, -1.0]) == [1.0, pytest.approx(1 / (1 + math.exp(-4)))]
+    assert Scorer().confidences([""], [""], [0.0]) == [1.0]
 
 
 def test_the_copy_flag_fires_on_a_copied_source_and_not_on_a_translation():

@@ -154,6 +154,9 @@ def test_bad_input_is_an_answer(server, ckpt, lines, tmp_path):
     refused(400, "at most 1 (it runs with --nbest 2)", body={"q": "a", "source": "en", "target": "de", "alternatives": 2})
     refused(400, "'alternatives' must be a number", body={"q": "a", "source": "en", "target": "de", "alternatives": "2"})
     refused(413, "9 lines are over the limit of 8", body={"q": ["a"] * 9, "source": "en", "target": "de"})
+    refused(413, "9 lines are over the limit of 8", body={"q": "a\n" * 9, "source": "en", "target": "de"})
+    # a final newline ends the last line: 8 lines, within --max-lines 8 (it was "9 lines are over")
+    assert server.request("POST", "/translate", body={"q": "a\n" * 8, "source": "en", "target": "de"})[0] == 200
     refused(413, "over the limit of 2,000 a request", body={"q": "a" * 2001, "source": "en", "target": "de"})
     refused(413, "over the limit of 20,000", raw=b" " * 20001)  # refused before it is parsed
     refused(400, "nests arrays or objects deeper than 64 levels", raw=b"[" * 10_000 + b"]" * 10_000)

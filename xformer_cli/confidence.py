@@ -203,9 +203,11 @@ class Scorer:
 
     def confidences(self, sources: Sequence[str], outputs: Sequence[str], forward: Sequence[float],
                     targets: Optional[Sequence[Optional[str]]] = None) -> list[float]:
+        """Each output's confidence; 1 for a source with nothing to translate (blank), calibrated
+        or not (a calibration's sigmoid of a zero score gave it 0.992)."""
         rows = self.rows(sources, outputs, forward, targets)
         combine = self.calibration.confidence if self.calibration is not None else uncalibrated
-        return [combine(row) for row in rows]
+        return [1.0 if not source.strip() else combine(row) for source, row in zip(sources, rows)]
 
     def _reverse(self, sources: Sequence[str], outputs: Sequence[str]) -> list[float]:
         """The mean log-probability of each source given its output under the reverse model

@@ -637,8 +637,11 @@ def direction_and_path(spec: str, flag: str = "--model", what: str = "CHECKPOINT
     """``en-de=avg.pt`` -> ("en", "de", "avg.pt"); a ValueError naming the ``flag`` value otherwise."""
     direction, sep, path = spec.partition("=")
     source, dash, target = direction.partition("-")
-    if not sep or not dash or not path or not source or not target or "-" in target or source == target:
+    if not sep or not dash or not path or not source or not target or "-" in target:
         raise ValueError(f"{flag} {spec!r}: expected SOURCE-TARGET={what}, e.g. {example}")
+    if source == target:  # well formed, but no direction: say so, not "expected SOURCE-TARGET"
+        raise ValueError(f"{flag} {spec!r}: the source and the target are both '{source}': a direction translates "
+                         "between two languages")
     return source, target, path
 
 
