@@ -143,6 +143,9 @@ def test_bad_input_is_an_answer(server, ckpt, lines, tmp_path):
 
     refused(400, "not JSON: Expecting", raw=b'{"q": "a", ')
     refused(400, "JSON object", body=["a"])
+    # JSON sent as a form (curl -d without -H): said "'q' is empty"
+    refused(400, "the body is JSON, but its Content-Type is application/x-www-form-urlencoded",
+            raw=b'{"q": "a", "source": "en", "target": "de"}', headers={"Content-Type": "application/x-www-form-urlencoded"})
     refused(400, "'q' is empty", body={"q": "", "source": "en", "target": "de"})
     refused(400, "'q' is empty", body={"q": [], "source": "en", "target": "de"})
     refused(400, "'q' is empty", body={"source": "en", "target": "de"})
