@@ -10,6 +10,7 @@ value (huge, NaN, infinite, negative, of the wrong type) written where a number 
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import numpy as np
@@ -21,6 +22,7 @@ from xformer_cli.confidence import Calibration
 from xformer_cli.ctranslate2_format import read_exported_model
 from xformer_cli.data import DataDir
 from xformer_cli.errors import XfError
+from xformer_cli.json_input import parse_json
 from xformer_cli.huggingface import read_marian
 from xformer_cli.options import TrainOptions
 from xformer_cli.shortlist import Shortlist
@@ -147,3 +149,37 @@ def test_file_number_takes_what_is_in_range_and_refuses_the_rest_in_one_line(val
         assert isinstance(value, (bool, str, list)) or valid.problem(value) is not None
     else:
         assert got == (7.0 if value is None else value) and isinstance(got, float)
+
+
+NUMBER_TEXT = st.one_of(st.integers().map(str), st.floats(allow_nan=True, allow_infinity=True).map(repr),
+                        st.integers(0, 6000).map(lambda n: "9" * max(n, 1)), st.sampled_from(
+                            ["NaN", "Infinity", "-Infinity", "1e999", "-1e999", "1e-999", "-0", "0.0"]))
+
+
+@settings(max_examples=300, deadline=None)
+@given(number=NUMBER_TEXT)
+def test_a_json_number_is_finite_or_refused_with_its_key(number):
+    """json_input's rule: any number written in a file comes back finite, or is refused in one
+    line naming the key it is written under (never a message about Python's int() limit)."""
+    text = '{"a": 1,\n "key": %s}' % number.replace("inf", "Infinity").replace("nan", "NaN")
+    try:
+        value = parse_json(text, "f.json")["key"]
+    except XfError as e:
+        assert str(e).startswith("f.json: line 2: not JSON xf reads: 'key' is ") and "\n" not in str(e), str(e)
+        assert "set_int_max_str_digits" not in str(e)
+    else:
+        assert not isinstance(value, float) or math.isfinite(value)
+
+
+@settings(max_examples=150, deadline=None)
+@given(number=NUMBER_TEXT)
+def test_a_yaml_number_is_finite_in_range_or_refused_in_one_line(number, tmp_path_factory):
+    """The same in a YAML options file: the option's value, or one ConfigError naming the file."""
+    path = tmp_path_factory.mktemp("yaml") / "c.yaml"
+    path.write_text(f"train:\n  max_update: {number}\n", encoding="utf-8")
+    try:
+        options = train_options(path)
+    except XfError as e:
+        assert str(path) in str(e) and "\n" not in str(e) and "set_int_max_str_digits" not in str(e), str(e)
+    else:
+        assert isinstance(options.max_update, int) and 0 <= options.max_update <= 2**31 - 1
