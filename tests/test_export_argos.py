@@ -70,6 +70,12 @@ def test_what_cannot_be_exported_is_one_line_and_writes_nothing(tmp_path, spm_mo
     fails(["export", "argos", "--path", ckpt, "--output", out, "--target-lang", "en"], "both 'en'")
     fails(["export", "argos", "--path", ckpt, "--output", out, "--source-lang", "../en"], "not a language code")
     fails(["export", "argos", "--path", ckpt, "--output", out, "--package-version", "1/../x"], "not a version")
+    fails(["export", "argos", "--path", ckpt, "--output", out, "--source-name", "Eng\nlish"], "one line of printable text")
+    # an option the format does not take is refused, not ignored (marian wrote float32 without a shortlist)
+    fails(["export", "marian", "--path", ckpt, "--output", tmp_path / "m", "--quantization", "int8"],
+          "xf export marian writes float32 weights")
+    fails(["export", "marian", "--path", ckpt, "--output", tmp_path / "m", "--shortlist", ckpt],
+          "xf export marian writes no shortlist")
     fails(["export", "argos", "--path", ckpt, "--output", ckpt, "--overwrite"], "is the input --path")
     fails(["export", "argos", "--path", ckpt, "--output", tmp_path, "--overwrite"], "holds the input --path")
     fails(["export", "argos", "--path", ckpt, "--output", tmp_path / "no" / "x.argosmodel"], "x.argosmodel")

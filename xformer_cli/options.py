@@ -702,6 +702,17 @@ class ExportOptions:
 
     def __post_init__(self) -> None:
         check_ranges(self)
+        # an option the format does not take is refused, not ignored (marian took --quantization int8
+        # and --shortlist and wrote float32 without either)
+        if self.quantization != "float32" and self.format in ("huggingface", "marian"):
+            raise ConfigError(f"--quantization {self.quantization}: xf export {self.format} writes float32 weights "
+                              "(ctranslate2, argos and bergamot take --quantization)")
+        if self.shortlist is not None and self.format != "bergamot":
+            raise ConfigError(f"--shortlist: xf export {self.format} writes no shortlist (bergamot does; xf translate "
+                              "--shortlist takes one with a model)")
+        for flag, name in (("--source-name", self.source_name), ("--target-name", self.target_name)):
+            if name is not None and (not name.strip() or not name.isprintable()):  # a newline went into metadata.json
+                raise ConfigError(f"{flag} {name!r}: a language's name is one line of printable text")
 
 
 @dataclass(frozen=True)

@@ -78,8 +78,10 @@ def _input_size(stream: IO[bytes]) -> Optional[int]:
 # -- the command ---------------------------------------------------------------------------------
 def translate(options: TranslateOptions) -> None:
     """Translate the input (stdin or --input) to the output (stdout or --output)."""
-    if options.input not in (None, "-") and not Path(options.input).is_file():
-        raise XfError(f"{options.input}: input file not found")
+    # a FIFO or <(...) (/dev/fd/N) is read as a file is (it was "not found", and its writer blocked)
+    if options.input not in (None, "-") and (not Path(options.input).exists() or Path(options.input).is_dir()):
+        raise XfError(f"{options.input}: input file not found" if not Path(options.input).exists()
+                      else f"{options.input}: is a directory, not an input file")
     glossary = Glossary.load(options.glossary) if options.glossary is not None else None  # fails before loading
     calibration = Calibration.load(options.confidence) if options.confidence else None  # as does this
     engine, sp, device = open_engine(options)
