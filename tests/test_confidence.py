@@ -176,6 +176,13 @@ def test_serve_refuses_a_bad_calibration_file_in_one_line(ckpt, tmp_path):
     assert result.exit_code != 0 and '"version" is 7' in result.output and "Traceback" not in result.output
 
 
+def test_the_wrong_language_flag_takes_a_three_letter_code_as_its_two():
+    pytest.importorskip("py3langid")
+    long_english = "A man in a blue shirt is sleeping on a bench."
+    assert Scorer(target_lang="deu").rows(["x"], [long_english], [-0.5])[0][2] == 1.0  # was: py3langid knows no 'deu'
+    assert Scorer(target_lang="de").rows(["x"], [long_english], [-0.5], targets=["fra"])[0][2] == 1.0
+
+
 def test_the_wrong_language_flag_needs_a_text_long_enough_to_tell(multi30k_dir):
     """Short correct German was flagged: "Eine Person springt." (py3langid's German 0.12), "Ein
     Hund.", and a whole Multi30k val reference, "Ein Mann boxt"; no output of fewer letters than

@@ -27,6 +27,7 @@ import numpy as np
 
 from .errors import XfError
 from .json_input import read_json
+from .languages import two_letters
 
 FEATURES = ("forward", "reverse", "wrong_language", "copy")  # a row's columns
 SCORES = FEATURES[:2]  # what a calibration weighs; the rest are flags
@@ -180,7 +181,10 @@ class Scorer:
                           f"{'give' if calibration.reverse else 'drop'} --reverse-path")
         self.calibration, self.reverse, self.target_lang = calibration, reverse, target_lang
         self.probability = None
-        # languages: the targets lines may name besides target_lang (a multilingual model's)
+        # languages: the targets lines may name besides target_lang (a multilingual model's); py3langid
+        # names languages by ISO 639-1: --target-lang deu is its de
+        self.target_lang = target_lang = two_letters(target_lang) if target_lang is not None else None
+        languages = [two_letters(lang) for lang in languages]
         wanted = list(dict.fromkeys(([target_lang] if target_lang is not None else []) + list(languages)))
         if wanted:
             from .language_id import LanguageId
@@ -196,7 +200,8 @@ class Scorer:
         """FEATURES of each (source, output) pair; ``forward``: each output's mean log-probability;
         ``targets``: each output's language (None: target_lang; no language: no wrong_language flag)."""
         reverse = self._reverse(sources, outputs) if self.reverse is not None else [None] * len(sources)
-        targets = [t or self.target_lang for t in targets] if targets is not None else [self.target_lang] * len(sources)
+        targets = [two_letters(t) if t else self.target_lang for t in targets] if targets is not None \
+            else [self.target_lang] * len(sources)
         return [features(f, r, self.probability is not None and lang is not None
                          and is_wrong_language(self.probability, out, lang), is_copy(src, out))
                 for src, out, f, r, lang in zip(sources, outputs, forward, reverse, targets)]

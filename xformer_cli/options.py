@@ -467,7 +467,7 @@ class TranslateOptions(DecodingOptions):
         "the output (forced decoding, as xf score-pairs --reverse-path)"
     )
     target_lang: Optional[str] = option(
-        None, "the language to translate into (ISO 639-1, e.g. de): required for a multilingual model (its target "
+        None, "the language to translate into (ISO 639-1 or 639-3, e.g. de or deu): required for a multilingual model (its target "
         "tag starts every source), for a bilingual one only its own target is accepted; a jsonl input line's "
         "\"target_lang\" overrides it; with --output-format jsonl it also turns on the confidence's wrong_language "
         "flag, an output that py3langid finds unlikely in it (the detect extra)")
