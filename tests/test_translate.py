@@ -445,6 +445,9 @@ def test_empty_translations_are_counted_and_warned_about(tmp_path, spm_model, ca
     assert out == "\n\n\n"
     err = capsys.readouterr().err
     assert "xf: warning: 2 of 2 non-empty line(s) got an empty translation" in err
+    # the start-up (the model loaded; --workers' processes started) on a row of its own: --workers 16
+    # on 2 cores took 50 s for 3 lines while the summary said "time 0.08 s"
+    assert "start-up (models, workers; not in the speeds)" in err
 
 
 @pytest.mark.slow
