@@ -139,3 +139,13 @@ def test_a_missing_or_other_engine_names_the_command_that_installs_it(tmp_path):
     (tmp_path / "package.json").write_text(json.dumps({"version": "0.4.9"}))
     with pytest.raises(XfError, match="lacks translator.js.*make bergamot"):
         engine_package(tmp_path)
+
+
+def test_a_direction_is_named_by_two_letters_a_three_letter_code_by_its_two():
+    """spa-deu was named "spde" (its first two letters); an ISO 639-3 code is its ISO 639-1 one."""
+    from xformer_cli.bergamot_format import direction_name
+
+    assert direction_name("en", "de") == direction_name("eng", "deu") == "ende"
+    assert direction_name("spa", "deu") == "esde"
+    with pytest.raises(XfError, match="Bergamot names languages by two letters"):
+        direction_name("xyz", "de")

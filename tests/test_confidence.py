@@ -6,13 +6,14 @@ is checked here; bench/confidence.py measures what the confidence is worth)."""
 from __future__ import annotations
 
 import json
+import math
 
 import numpy as np
 import pytest
 from typer.testing import CliRunner
 
 from xformer_cli.cli import app
-from xformer_cli.confidence import SCORES, Calibration, Scorer, fit, is_copy, roc_auc, uncalibrated
+from xformer_cli.confidence import SCORES, WRONG_LANGUAGE_LETTERS, Calibration, Scorer, fit, is_copy, roc_auc, uncalibrated
 from xformer_cli.errors import XfError
 
 from helpers import Served, tiny_checkpoint
@@ -60,11 +61,14 @@ def test_the_calibration_file_round_trips(tmp_path):
 
 
 @pytest.mark.parametrize("text, says", [
-    ('{"format": "xf-confidence",\n "version": 1,\n oops}', "c.json:3:"),
+    ('{"format": "xf-confidence",\n "version": 1,\n oops}', "c.json: line 3: not JSON"),
     (json.dumps({"format": "xf-confidence", "version": 1, "scores": list(SCORES),
                  "weights": [1, 2], "bias": 0, "reverse": False}).replace("0, \"reverse", "NaN, \"reverse"),
-     "c.json:1: not a calibration file of xf calibrate: NaN is not a number"),
-    (json.dumps({"format": "xf-confidence", "version": 2}), "calibration version 2"),
+     "c.json: not JSON xf reads: 'bias' is NaN, not a finite number; not a calibration file of xf calibrate"),
+    (json.dumps({"format": "xf-confidence", "version": 2}), '"version" is 2; this xf reads calibration version 1'),
+    (json.dumps({"format": "xf-confidence", "version": "1"}), '"version" is "1"; this xf reads calibration version 1'),
+    ('{"format": "xf-confidence", "version": 1, "scores": ["forward", "reverse"], "weights": [1, %s], "bias": 0, '
+     '"reverse": false}' % ("9" * 400), "'weights' is an integer of 400 digits, beyond a finite number"),
     (json.dumps({"format": "xf-confidence", "version": 1, "scores": list(SCORES), "weights": [1],
                  "bias": 0, "reverse": False}), "2 finite numbers"),
     ("[]", "not a calibration file"),
@@ -75,6 +79,13 @@ def test_a_bad_calibration_file_is_refused_in_one_line(tmp_path, text, says):
     with pytest.raises(XfError) as e:
         Calibration.load(str(path))
     assert says in str(e.value) and str(path) in str(e.value) and "\n" not in str(e.value)
+
+
+def test_a_blank_source_has_confidence_1_calibrated_or_not():
+    """Nothing to translate: 1, as without a file (a calibration's sigmoid of zero scores gave 0.992)."""
+    calibrated = Scorer(Calibration((1.0, 0.0), 5.0, reverse=False))
+    assert calibrated.confidences([" ", "A dog."], ["", "Ein Hund."], [0.0, -1.0]) == [1.0, pytest.approx(1 / (1 + math.exp(-4)))]
+    assert Scorer().confidences([""], [""], [0.0]) == [1.0]
 
 
 def test_the_copy_flag_fires_on_a_copied_source_and_not_on_a_translation():
@@ -162,7 +173,28 @@ def test_serve_refuses_a_bad_calibration_file_in_one_line(ckpt, tmp_path):
     path = tmp_path / "c.json"
     path.write_text('{"format": "xf-confidence", "version": 7}', encoding="utf-8")
     result = runner.invoke(app, ["serve", "--model", f"en-de={ckpt}", "--confidence", f"en-de={path}", "--port", "0"])
-    assert result.exit_code != 0 and "calibration version 7" in result.output and "Traceback" not in result.output
+    assert result.exit_code != 0 and '"version" is 7' in result.output and "Traceback" not in result.output
+
+
+def test_the_wrong_language_flag_takes_a_three_letter_code_as_its_two():
+    pytest.importorskip("py3langid")
+    long_english = "A man in a blue shirt is sleeping on a bench."
+    assert Scorer(target_lang="deu").rows(["x"], [long_english], [-0.5])[0][2] == 1.0  # was: py3langid knows no 'deu'
+    assert Scorer(target_lang="de").rows(["x"], [long_english], [-0.5], targets=["fra"])[0][2] == 1.0
+
+
+def test_the_wrong_language_flag_needs_a_text_long_enough_to_tell(multi30k_dir):
+    """Short correct German was flagged: "Eine Person springt." (py3langid's German 0.12), "Ein
+    Hund.", and a whole Multi30k val reference, "Ein Mann boxt"; no output of fewer letters than
+    WRONG_LANGUAGE_LETTERS is flagged, a longer one in another language still is."""
+    pytest.importorskip("py3langid")
+    scorer = Scorer(target_lang="de")
+    references = (multi30k_dir / "val.de").read_text(encoding="utf-8").splitlines()
+    short = [line for line in references if sum(c.isalpha() for c in line) < WRONG_LANGUAGE_LETTERS]
+    outputs = ["Eine Person springt.", "Ein Hund.", "Ein Mann boxt", *short, "A man sleeps.",
+               "A man in a blue shirt is sleeping on a bench."]
+    rows = scorer.rows(["x"] * len(outputs), outputs, [-0.5] * len(outputs))
+    assert [r[2] for r in rows] == [0.0] * (len(outputs) - 1) + [1.0]
 
 
 def test_a_forced_copy_and_a_forced_wrong_language_output_get_confidence_0(models):

@@ -117,7 +117,7 @@ def test_datadir_errors(tmp_path):
             DataDir.open(d)
         assert f"version {FORMAT_VERSION}, this xf reads version {FORMAT_VERSION}" not in str(e.value)
     (d / "meta.json").write_text(json.dumps({**meta, "vocab_size": "14"}))
-    with pytest.raises(XfError, match="'vocab_size' is '14', expected a int"):
+    with pytest.raises(XfError, match="'vocab_size' is '14', expected an integer in"):
         DataDir.open(d)
     (d / "meta.json").unlink()
     with pytest.raises(XfError, match="no meta.json"):

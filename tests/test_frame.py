@@ -39,7 +39,8 @@ CONTEXT = {("average-checkpoints", "valid_source"): {"choose_on_valid": True},
            ("average-checkpoints", "valid_reference"): {"choose_on_valid": True},
            ("average-checkpoints", "choose_report"): {"choose_on_valid": True},
            ("translate", "confidence"): {"output_format": "jsonl"},
-           ("translate", "reverse_path"): {"output_format": "jsonl"}}
+           ("translate", "reverse_path"): {"output_format": "jsonl"},
+           ("export", "shortlist"): {"format": "bergamot"}}  # the one format that takes a shortlist
 PLACEHOLDERS = {"model": ("en-de=model.pt",)}
 
 

@@ -36,6 +36,16 @@ def test_bad_json_is_one_line_with_its_line_and_column():
     assert "not JSON xf reads" in refusal("[" + "9" * 5000 + "]")  # over Python's integer digits limit
 
 
+def test_every_number_is_finite_and_refused_with_its_line_and_key():
+    """NaN and Infinity (Python's json takes them), 1e999 (inf) and an integer past a double were
+    numbers xf read, or a message naming sys.set_int_max_str_digits."""
+    assert refusal('{"a": 1,\n "b": NaN}') == "f.json: line 2: not JSON xf reads: 'b' is NaN, not a finite number"
+    assert refusal('{"w": [1, -Infinity]}') == "f.json: not JSON xf reads: 'w' is -Infinity, not a finite number"
+    assert refusal('[1e999]') == "f.json: not JSON xf reads: 1e999, beyond a finite number"
+    assert refusal("[" + "9" * 5000 + "]") == "f.json: not JSON xf reads: an integer of 5,000 digits, beyond a finite number"
+    assert parse_json("[" + "9" * 308 + ", -1e308]", "f.json") == [int("9" * 308), -1e308]  # the largest kept
+
+
 def test_read_json_names_a_missing_unreadable_or_bad_file(tmp_path):
     with pytest.raises(XfError, match="missing"):
         read_json(tmp_path / "none.json")

@@ -3,7 +3,8 @@
 import pytest
 
 from xformer_cli.errors import XfError
-from xformer_cli.languages import TaggedVocabulary, parse_pairs, tag, target_languages, vocabulary_for
+from xformer_cli.languages import (TaggedVocabulary, parse_pairs, same_language, tag, target_languages, two_letters,
+                                   vocabulary_for)
 
 
 class FakeVocabulary:
@@ -64,3 +65,15 @@ def test_choosing_a_target_the_model_lacks_is_refused():
     assert isinstance(vocabulary_for(FakeVocabulary(), bilingual, None), FakeVocabulary)
     with pytest.raises(XfError, match="bilingual and translates into de only"):
         vocabulary_for(FakeVocabulary(), bilingual, "fr")
+
+
+def test_iso_639_1_and_639_3_codes_name_one_language_alike():
+    """docs/decoding.md says --target-lang takes either; deu was refused ("translates into de only")."""
+    bilingual = {"source_lang": "en", "target_lang": "de"}
+    assert isinstance(vocabulary_for(FakeVocabulary(), bilingual, "deu"), FakeVocabulary)
+    with pytest.raises(XfError, match="bilingual and translates into de only"):
+        vocabulary_for(FakeVocabulary(), bilingual, "fra")
+    multi = {"pairs": ["en-de", "fr-de"], "source_lang": "src", "target_lang": "tgt"}
+    assert vocabulary_for(FakeVocabulary(), multi, "deu").encode("ab", out_type=str) == [">>deu<<", "a", "b"]
+    assert same_language("de", "deu") and same_language("deu", "deu") and not same_language("de", "fra")
+    assert two_letters("deu") == "de" and two_letters("de") == "de" and two_letters("xyz") == "xyz"

@@ -160,6 +160,35 @@ def test_the_circle_finder_sees_a_circle_closed_inside_a_function():
     assert "engines" in imported_modules(PACKAGE / "decode_workers.py", source)
 
 
+def json_parses(source: str) -> list[int]:
+    """The lines where ``source`` parses JSON without the one reader: a call of json.load or
+    json.loads (also as ``from json import loads``), or a json.JSONDecoder made."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.ImportFrom) and node.module == "json" and \
+                any(a.name in ("load", "loads", "JSONDecoder") for a in node.names):
+            found.append(node.lineno)
+        elif isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "json" \
+                and node.attr in ("load", "loads", "JSONDecoder"):
+            found.append(node.lineno)
+    return found
+
+
+def test_every_json_text_is_read_by_the_one_reader():
+    """Only ``json_input.py`` parses JSON: every file, line and body xf reads goes through its
+    ``parse_json`` (nesting at most 64 deep, every number finite), never json.loads directly."""
+    offenders = {module_name(p): json_parses(p.read_text(encoding="utf-8"))
+                 for p in sorted(PACKAGE.rglob("*.py")) if p.name != "json_input.py"}
+    assert {k: v for k, v in offenders.items() if v} == {}
+
+
+def test_the_json_checker_sees_a_direct_parse():
+    assert json_parses("import json\nx = json.loads(t)\n") == [2]
+    assert json_parses("from json import loads\n") == [1]
+    assert json_parses("import json\nf = json.load\n") == [2]
+    assert json_parses("import json\njson.dumps(x)\n") == []
+
+
 def test_no_library_module_imports_the_front_end():
     """The library sits below the command table and the CLI: no library module imports ``cli``,
     ``frame`` or ``__main__`` (the command modules are checked above)."""

@@ -20,7 +20,7 @@ from xformer_cli.errors import ConfigError, XfError
 from xformer_cli.frame import COMMANDS, check_outputs, load_command_options
 from xformer_cli.languages import tag, vocabulary_for
 from xformer_cli.options import PreprocessOptions
-from xformer_cli.sampling import direction_probabilities, draw_epoch, epoch_counts, epoch_sampler
+from xformer_cli.sampling import direction_probabilities, draw_epoch, epoch_counts, epoch_sampler, undrawn
 from xformer_cli.vocab import load_sentencepiece
 from helpers import learn_spm, opts, random_checkpoint
 
@@ -231,6 +231,13 @@ def test_direction_probabilities_by_hand():
     assert np.allclose(direction_probabilities([900, 100], 0.01), [1.0, 0.0])  # no overflow
     assert epoch_counts([900, 100], 2.0) == [750, 250] and epoch_counts([900, 100], 1.0) == [900, 100]
     assert epoch_counts([900, 0, 100], 2.0) == [750, 0, 250]
+
+
+def test_a_direction_a_temperature_near_0_never_draws_is_named():
+    """--sampling-temperature 1e-300 trained one direction 0% of the time, silently: xf train now
+    warns, naming the directions ``undrawn`` lists (an empty one is not left out: it has nothing)."""
+    assert undrawn([900, 100], 1e-300) == [1] and undrawn([900, 100], 0.01) == [1]
+    assert undrawn([900, 100], 1.0) == [] and undrawn([900, 0, 100], 2.0) == []
 
 
 def test_a_drawn_epoch_takes_whole_passes_then_a_sample():

@@ -17,6 +17,7 @@ import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
+from types import SimpleNamespace
 from urllib.parse import urlencode
 
 import pytest
@@ -27,6 +28,7 @@ pytest.importorskip("uvicorn", reason="the serve extra is not installed")
 from xformer_cli.errors import ConfigError, XfError  # noqa: E402
 from xformer_cli.config import build_options  # noqa: E402
 from xformer_cli.frame import load_command_options
+from xformer_cli.language_id import LanguageId  # noqa: E402
 from xformer_cli.options import ServeOptions, TranslateOptions  # noqa: E402
 from xformer_cli.serve_queue import BatchQueue, Direction, Job, QueueFull  # noqa: E402
 from xformer_cli.serving import Server, bind  # noqa: E402
@@ -34,6 +36,17 @@ from xformer_cli.serving import Server, bind  # noqa: E402
 from helpers import DECODING, FakeEngine, FakeSp, REPO, Served, call, until, xf_translate
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # conftest.py: torch on one thread (the in-process references)
+def target_flag() -> dict:
+    """xf translate's options for serve's wrong_language flag (serve's where py3langid knows German)."""
+    return {"target_lang": "de"} if LanguageId.load(["de"]) is not None else {}
+
+
+def confidences(tmp_path) -> list[float]:
+    """The best hypothesis's confidence of each line of the last ``xf_translate``."""
+    return [json.loads(line)["hypotheses"][0]["confidence"]
+            for line in (tmp_path / "ref.jsonl").read_text(encoding="utf-8").splitlines()]
+
+
 @pytest.fixture(scope="module")
 def lines(multi30k_dir) -> list[str]:
     return (multi30k_dir / "test2016.en").read_text(encoding="utf-8").splitlines()[:600]
@@ -52,7 +65,7 @@ def server(ckpt):
 # -- endpoints -----------------------------------------------------------------------------------
 @pytest.mark.slow
 def test_every_endpoint(server, ckpt, lines, tmp_path):
-    reference = xf_translate(ckpt, lines[:3], tmp_path)
+    reference = xf_translate(ckpt, lines[:3], tmp_path, **target_flag())
     status, _, health = server.request("GET", "/health")
     assert status == 200 and health["status"] == "ready" and health["directions"] == ["en-de"]
     status, _, languages = server.request("GET", "/languages")
@@ -65,7 +78,7 @@ def test_every_endpoint(server, ckpt, lines, tmp_path):
     assert status == 200 and answer.pop("confidence") >= 0
     assert answer == {"translatedText": reference[0][0], "alternatives": reference[0][1:2]}
     status, _, answer = server.translate([lines[1], lines[2]])
-    assert status == 200 and all(0 <= c <= 1 for c in answer.pop("confidence"))
+    assert status == 200 and answer.pop("confidence") == pytest.approx(confidences(tmp_path)[1:], abs=2e-6)
     assert answer == {"translatedText": [reference[1][0], reference[2][0]]}
     # the same fields form-encoded, as LibreTranslate also takes them
     form = urlencode([("q", lines[1]), ("q", lines[2]), ("source", "en"), ("target", "de"), ("alternatives", "1")])
@@ -130,6 +143,9 @@ def test_bad_input_is_an_answer(server, ckpt, lines, tmp_path):
 
     refused(400, "not JSON: Expecting", raw=b'{"q": "a", ')
     refused(400, "JSON object", body=["a"])
+    # JSON sent as a form (curl -d without -H): said "'q' is empty"
+    refused(400, "the body is JSON, but its Content-Type is application/x-www-form-urlencoded",
+            raw=b'{"q": "a", "source": "en", "target": "de"}', headers={"Content-Type": "application/x-www-form-urlencoded"})
     refused(400, "'q' is empty", body={"q": "", "source": "en", "target": "de"})
     refused(400, "'q' is empty", body={"q": [], "source": "en", "target": "de"})
     refused(400, "'q' is empty", body={"source": "en", "target": "de"})
@@ -141,6 +157,9 @@ def test_bad_input_is_an_answer(server, ckpt, lines, tmp_path):
     refused(400, "at most 1 (it runs with --nbest 2)", body={"q": "a", "source": "en", "target": "de", "alternatives": 2})
     refused(400, "'alternatives' must be a number", body={"q": "a", "source": "en", "target": "de", "alternatives": "2"})
     refused(413, "9 lines are over the limit of 8", body={"q": ["a"] * 9, "source": "en", "target": "de"})
+    refused(413, "9 lines are over the limit of 8", body={"q": "a\n" * 9, "source": "en", "target": "de"})
+    # a final newline ends the last line: 8 lines, within --max-lines 8 (it was "9 lines are over")
+    assert server.request("POST", "/translate", body={"q": "a\n" * 8, "source": "en", "target": "de"})[0] == 200
     refused(413, "over the limit of 2,000 a request", body={"q": "a" * 2001, "source": "en", "target": "de"})
     refused(413, "over the limit of 20,000", raw=b" " * 20001)  # refused before it is parsed
     refused(400, "nests arrays or objects deeper than 64 levels", raw=b"[" * 10_000 + b"]" * 10_000)
@@ -331,7 +350,7 @@ def test_ctranslate2_engine(ckpt, lines, tmp_path):
     exported = tmp_path / "ct2"
     loaded = load_checkpoint(ckpt)
     write_model_directory(exported, model_from_checkpoint(loaded, ckpt).eval(), loaded["spm_model"], source=str(ckpt))
-    reference = xf_translate(str(exported), lines[:40], tmp_path, engine="ctranslate2")
+    reference = xf_translate(str(exported), lines[:40], tmp_path, engine="ctranslate2", **target_flag())
     served = Served("--model", f"en-de={exported}", "--engine", "ctranslate2", *DECODING)
     try:
         with ThreadPoolExecutor(8) as pool:
@@ -342,7 +361,33 @@ def test_ctranslate2_engine(ckpt, lines, tmp_path):
         assert served.stop() == 0
     got = [text for status, _, answer in answers for text in answer["translatedText"]]
     assert all(status == 200 for status, _, _ in answers) and got == [r[0] for r in reference]
+    # the confidence is translate's (it was exp(0) = 1.0 for every line: text output had no scores)
+    assert [c for _, _, answer in answers for c in answer["confidence"]] == pytest.approx(confidences(tmp_path), abs=2e-6)
     assert "engine ctranslate2" in served.log
+
+
+class FakeTranslator:
+    """CTranslate2's Translator as the engine calls it: every hypothesis "▁5 ▁6" and its eos, -1.5."""
+
+    def translate_batch(self, sources, num_hypotheses, **_):
+        return [SimpleNamespace(hypotheses=[["\u25815", "\u25816", "</s>"]] * num_hypotheses, scores=[-1.5] * num_hypotheses)
+                for _ in sources]
+
+    def score_batch(self, sources, targets):
+        return [SimpleNamespace(log_probs=[-0.5] * (len(t) + 1)) for t in targets]
+
+
+def test_ctranslate2_hypotheses_have_the_log_probabilities_serve_takes_its_confidence_from():
+    """serve's decoding options give every CTranslate2 hypothesis its subwords' log-probabilities
+    (it had none, as for xf translate's text output, and each answer's confidence was exp(0) = 1)."""
+    from xformer_cli.ctranslate2_format import CTranslate2Engine
+
+    sp = SimpleNamespace(id_to_piece=lambda i: ["<pad>", "<unk>", "<s>", "</s>"][i] if i < 4 else f"\u2581{i}",
+                         get_piece_size=lambda: 8)
+    engine = CTranslate2Engine(FakeTranslator(), sp, max_positions=64)
+    options = build_options(ServeOptions, {"model": ["en-de=ct2"], "engine": "ctranslate2"}, "test")
+    found = engine.search([[5, 6, 7]], options.translate_options("ct2"))
+    assert found[0][0].tokens == [5, 6, 3] and found[0][0].positional_scores == [-0.5] * 3
 
 
 def direction(code="en-de"):

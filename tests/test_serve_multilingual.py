@@ -42,7 +42,8 @@ def test_model_spec_reads_one_direction_several_or_none():
     assert model_spec("multi.pt") == (None, "multi.pt")
     for spec, message in (("en-de,en-de=m.pt", "direction en-de is given twice"),
                           ("en-de,fr=m.pt", "expected SOURCE-TARGET=CHECKPOINT"),
-                          ("", "expected SOURCE-TARGET=CHECKPOINT")):
+                          ("", "expected SOURCE-TARGET=CHECKPOINT"),
+                          ("en-en=m.pt", "the source and the target are both 'en'")):
         with pytest.raises(ValueError, match=message):
             model_spec(spec)
 

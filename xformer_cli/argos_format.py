@@ -23,8 +23,11 @@ This module never imports ctranslate2 or onnx at the top: they are the ``argos``
 from __future__ import annotations
 
 import importlib
+import io
 import json
+import os
 import re
+import stat
 import tempfile
 import zipfile
 from pathlib import Path
@@ -119,6 +122,24 @@ def package_directory(source_lang: str, target_lang: str, version: str) -> str:
     return f"translate-{source_lang}_{target_lang}-{version.replace('.', '_')}"
 
 
+class _Stream:
+    """A file written as a pipe is (write and flush only): zipfile then writes each member's
+    sizes after it instead of seeking back to its header. A character device (/dev/null) says it
+    can seek, but tells 0 after any write: zipfile's offsets came out negative (struct.error)."""
+
+    def __init__(self, out: IO[bytes]):
+        self.write, self.flush = out.write, out.flush
+
+
+def _regular_file(out: IO[bytes]) -> bool:
+    """Whether ``out`` is a regular file (what the output rule replaces), not a FIFO or a device
+    (what it streams to: ``fileio.output_route``); an in-memory buffer counts as a file."""
+    try:
+        return stat.S_ISREG(os.fstat(out.fileno()).st_mode)
+    except (AttributeError, OSError, io.UnsupportedOperation):
+        return True
+
+
 def write_package(out: IO[bytes], model: Transformer, spm_model: bytes, *, source_lang: str, target_lang: str,
                   source_name: str, target_name: str, version: str, quantization: str = "float32",
                   source: str = "checkpoint") -> dict:
@@ -138,7 +159,7 @@ def write_package(out: IO[bytes], model: Transformer, spm_model: bytes, *, sourc
         model_dir = Path(tmp) / "model"
         write_model_directory(model_dir, model, spm_model, quantization, source)
         # ZIP_STORED: model.bin is floats that deflate barely shrinks, at seconds per 100 MB
-        with zipfile.ZipFile(out, "w", zipfile.ZIP_STORED) as z:
+        with zipfile.ZipFile(out if _regular_file(out) else _Stream(out), "w", zipfile.ZIP_STORED) as z:
             z.writestr(f"{root}/metadata.json", json.dumps(metadata, indent=1) + "\n")
             for f in sorted(model_dir.iterdir()):
                 z.write(f, f"{root}/model/{f.name}")

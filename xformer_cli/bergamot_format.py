@@ -35,6 +35,8 @@ import numpy as np
 import yaml
 
 from .errors import XfError
+from .json_input import read_json
+from .languages import two_letters
 from .shortlist import NUM_SPECIALS, Shortlist
 from .vocab import EOS_ID, UNK_ID
 
@@ -140,8 +142,9 @@ PAGE_FILES = ("index.html", "page.js")
 
 def direction_name(source_lang: str, target_lang: str) -> str:
     """Bergamot's name of a direction, ``ende``: the npm package reads a registry key's first two
-    letters as the source language and the next two as the target (translator.js)."""
-    codes = [lang[:2].lower() for lang in (source_lang, target_lang)]
+    letters as the source language and the next two as the target (translator.js). An ISO 639-3
+    code is taken as its ISO 639-1 one (deu: de; its first two letters were taken, spa: sp)."""
+    codes = [two_letters(lang.lower()) for lang in (source_lang, target_lang)]
     if not all(len(code) == 2 and code.isascii() and code.isalpha() for code in codes):
         raise XfError(f"xf export bergamot: --source-lang {source_lang} --target-lang {target_lang}: Bergamot names "
                       "languages by two letters (en, de)")
@@ -153,8 +156,8 @@ def engine_package(directory: str | Path) -> Path:
     naming the command that installs it."""
     root = Path(directory)
     try:
-        version = json.loads((root / "package.json").read_text(encoding="utf-8")).get("version")
-    except (OSError, ValueError, AttributeError):
+        version = read_json(root / "package.json").get("version")
+    except (XfError, AttributeError):
         raise XfError(f"{root}: no npm package {NPM_PACKAGE} there; install it with {INSTALL}, "
                       "or name its directory with --bergamot-package") from None
     if version != NPM_VERSION:

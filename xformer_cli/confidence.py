@@ -23,12 +23,13 @@ import math
 import re
 import statistics
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Optional, Sequence
 
 import numpy as np
 
 from .errors import XfError
+from .json_input import read_json
+from .languages import two_letters
 
 FEATURES = ("forward", "reverse", "wrong_language", "copy")  # a row's columns
 SCORES = FEATURES[:2]  # what a calibration weighs; the rest are flags
@@ -49,12 +50,19 @@ def is_copy(source: str, output: str) -> bool:
 # table): it flags 2 of 1,014 German references, and 85% of outputs forced half into English by
 # a prefix; 0.9 would flag 95% of those but 1.4% of clean output, a margin too thin for other text.
 WRONG_LANGUAGE_P = 0.5
+# ... and only on an output of at least this many letters: on two or three words the identifier
+# is no evidence. Chosen on Multi30k val, the first words of each German reference standing for
+# a short correct output (docs/decoding.md#short-outputs has the table): from this length on its
+# false alarms fall to about their rate on whole outputs.
+WRONG_LANGUAGE_LETTERS = 30
 
 
 def is_wrong_language(probability, output: str, target: str) -> bool:
     """``probability(text, language)``: the identifier's (``LanguageId.probability``); an output
-    with no letter is never flagged (numbers, punctuation: nothing to tell its language by)."""
-    return any(ch.isalpha() for ch in output) and probability(output, target) < WRONG_LANGUAGE_P
+    of fewer than WRONG_LANGUAGE_LETTERS letters is never flagged (numbers, punctuation, two or
+    three words: too little to tell its language by)."""
+    return (sum(ch.isalpha() for ch in output) >= WRONG_LANGUAGE_LETTERS
+            and probability(output, target) < WRONG_LANGUAGE_P)
 
 
 def features(forward: float, reverse: Optional[float], wrong_language: bool, copy: bool) -> list[float]:
@@ -90,27 +98,18 @@ class Calibration:
 
     @classmethod
     def load(cls, path: str) -> "Calibration":
-        """The file ``xf calibrate`` wrote; an XfError of one line naming the file (and the line
-        of a JSON error) otherwise."""
-        try:
-            text = Path(path).read_text(encoding="utf-8")
-        except (OSError, UnicodeDecodeError) as e:
-            raise XfError(f"{path}: cannot read the calibration file: {getattr(e, 'strerror', None) or e}") from None
-        try:
-            data = json.loads(text, parse_constant=_refuse_constant)
-        except ValueError as e:
-            constant = re.search(r"-?\b(?:NaN|Infinity)\b", text)  # refused by _refuse_constant, which has no line
-            line = getattr(e, "lineno", None) or (text.count("\n", 0, constant.start()) + 1 if constant else None)
-            where = f"{path}:{line}" if line else path
-            raise XfError(f"{where}: not a calibration file of xf calibrate: {getattr(e, 'msg', e)}") from None
-        return cls.from_dict(data, path)
+        """The file ``xf calibrate`` wrote (read by the one JSON reader: no NaN, no number past a
+        double); an XfError of one line naming the file (and the line of a JSON error) otherwise."""
+        return cls.from_dict(read_json(path, hint="not a calibration file of xf calibrate"), path)
 
     @classmethod
     def from_dict(cls, data, path: str) -> "Calibration":
         if not isinstance(data, dict) or data.get("format") != FORMAT:
             raise XfError(f"{path}: not a calibration file of xf calibrate (no \"format\": \"{FORMAT}\")")
-        if data.get("version") != VERSION:
-            raise XfError(f"{path}: calibration version {data.get('version')!r}; this xf reads version {VERSION} "
+        version = data.get("version")
+        if version != VERSION or isinstance(version, bool):
+            shown = json.dumps(version) if isinstance(version, (str, bool, int, float, type(None))) else "not a number"
+            raise XfError(f"{path}: \"version\" is {shown}; this xf reads calibration version {VERSION} "
                           "(run xf calibrate again)")
         if data.get("scores") != list(SCORES):
             raise XfError(f"{path}: scores {data.get('scores')!r}, expected {list(SCORES)}")
@@ -121,10 +120,6 @@ class Calibration:
         if not isinstance(data.get("reverse"), bool):
             raise XfError(f"{path}: \"reverse\" must be true or false")
         return cls(tuple(float(w) for w in weights), float(bias), data["reverse"], str(data.get("note", "")))
-
-
-def _refuse_constant(name: str):
-    raise ValueError(f"{name} is not a number a calibration may hold")
 
 
 def _finite(x) -> bool:
@@ -202,7 +197,10 @@ class Scorer:
                           f"{'give' if calibration.reverse else 'drop'} --reverse-path")
         self.calibration, self.reverse, self.target_lang = calibration, reverse, target_lang
         self.probability = None
-        # languages: the targets lines may name besides target_lang (a multilingual model's)
+        # languages: the targets lines may name besides target_lang (a multilingual model's); py3langid
+        # names languages by ISO 639-1: --target-lang deu is its de
+        self.target_lang = target_lang = two_letters(target_lang) if target_lang is not None else None
+        languages = [two_letters(lang) for lang in languages]
         wanted = list(dict.fromkeys(([target_lang] if target_lang is not None else []) + list(languages)))
         if wanted:
             from .language_id import LanguageId
@@ -218,16 +216,19 @@ class Scorer:
         """FEATURES of each (source, output) pair; ``forward``: each output's mean log-probability;
         ``targets``: each output's language (None: target_lang; no language: no wrong_language flag)."""
         reverse = self._reverse(sources, outputs) if self.reverse is not None else [None] * len(sources)
-        targets = [t or self.target_lang for t in targets] if targets is not None else [self.target_lang] * len(sources)
+        targets = [two_letters(t) if t else self.target_lang for t in targets] if targets is not None \
+            else [self.target_lang] * len(sources)
         return [features(f, r, self.probability is not None and lang is not None
                          and is_wrong_language(self.probability, out, lang), is_copy(src, out))
                 for src, out, f, r, lang in zip(sources, outputs, forward, reverse, targets)]
 
     def confidences(self, sources: Sequence[str], outputs: Sequence[str], forward: Sequence[float],
                     targets: Optional[Sequence[Optional[str]]] = None) -> list[float]:
+        """Each output's confidence; 1 for a source with nothing to translate (blank), calibrated
+        or not (a calibration's sigmoid of a zero score gave it 0.992)."""
         rows = self.rows(sources, outputs, forward, targets)
         combine = self.calibration.confidence if self.calibration is not None else uncalibrated
-        return [combine(row) for row in rows]
+        return [1.0 if not source.strip() else combine(row) for source, row in zip(sources, rows)]
 
     def _reverse(self, sources: Sequence[str], outputs: Sequence[str]) -> list[float]:
         """The mean log-probability of each source given its output under the reverse model

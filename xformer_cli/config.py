@@ -26,6 +26,7 @@ from typing import Any, Literal, Union
 import yaml
 
 from .errors import ConfigError
+from .json_input import MAX_DIGITS
 
 INT_MAX = 2**31 - 1  # the largest count any option needs; also what torch's and sentencepiece's int32 arguments hold
 
@@ -66,6 +67,35 @@ def _number(x: float) -> str:
     return str(int(x)) if float(x).is_integer() and abs(x) < 1e16 else f"{x:g}"
 
 
+REQUIRED = object()  # a file's number with no default: missing is an error
+
+
+def file_number(data: dict, key: str, where: str, kind: type, valid: Range, default=REQUIRED):
+    """The number ``data[key]`` of the file ``where`` (xf.json, meta.json, config.json, a
+    calibration, a shortlist's header), by the one rule for numbers read from a file: of ``kind``
+    (int: an integer; float: any number; never a bool), finite and in ``valid``; ``default``
+    where the key is absent (or null), unless REQUIRED. A ConfigError "WHERE: 'KEY' is VALUE,
+    expected ..." otherwise, the value shown short (a 500-digit integer is not printed)."""
+    value = data.get(key) if isinstance(data, dict) else None
+    if value is None:
+        if default is REQUIRED:
+            raise ConfigError(f"{where}: '{key}' is missing")
+        return default
+    wanted = "an integer" if kind is int else "a number"
+    is_kind = not isinstance(value, bool) and (isinstance(value, int) if kind is int else isinstance(value, (int, float)))
+    if is_kind and valid.problem(value) is None:
+        return kind(value)
+    raise ConfigError(f"{where}: '{key}' is {_shown(value)}, expected {wanted} in {valid}")
+
+
+def _shown(value) -> str:
+    """A value as a message may quote it: an integer of more than 39 digits by its digit count."""
+    if isinstance(value, int) and not isinstance(value, bool) and abs(value).bit_length() > 130:
+        return f"an integer of {len(str(abs(value))) if abs(value).bit_length() < 14000 else 'thousands of'} digits"
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
 def option_range(cls: type, name: str) -> Range:
     """The Range of option ``name`` of the options dataclass ``cls`` (to quote its ends in a message)."""
     return next(f for f in dataclasses.fields(cls) if f.name == name).metadata["range"]
@@ -82,7 +112,7 @@ def check_ranges(options: Any) -> None:
         for v in value if isinstance(value, tuple) else (value,):
             problem = where.problem(v)
             if problem:
-                got = v if isinstance(v, int) else f"{v:g}"
+                got = _shown(v) if isinstance(v, int) else f"{v:g}"
                 span = f" (range {where})" if where.hi != INT_MAX and str(where) not in problem else ""
                 raise ConfigError(f"--{f.name.replace('_', '-')} {problem}, got {got}{span}")
 
@@ -186,13 +216,29 @@ def _nearest(key: str, valid: typing.Iterable[str]) -> str:
     return f" (did you mean '{match[0]}'?)" if match else ""
 
 
+class _Loader(yaml.SafeLoader):
+    """yaml.safe_load's loader, but an integer of more than MAX_DIGITS digits is refused at its
+    line (Python's int() refuses 4,300 with a message about its own internals)."""
+
+
+def _bounded_int(loader: yaml.SafeLoader, node: yaml.ScalarNode) -> int:
+    digits = len(node.value.lstrip("+-").replace("_", ""))
+    if digits > MAX_DIGITS:
+        raise yaml.constructor.ConstructorError(None, None, f"an integer of {digits:,} digits, beyond a finite number",
+                                                node.start_mark)
+    return loader.construct_yaml_int(node)
+
+
+_Loader.add_constructor("tag:yaml.org,2002:int", _bounded_int)
+
+
 def read_yaml(path: str | Path, section: str | None, sections: typing.Sequence[str] = ()) -> dict[str, Any]:
     """Read a YAML options file; return the keys for ``section`` (a subcommand name) of a file
     split into ``sections`` (every command's: ``frame.sections()``, which the caller passes, since
     the command table is above this module)."""
     path = Path(path)
     try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+        data = yaml.load(path.read_text(encoding="utf-8"), Loader=_Loader)
     except FileNotFoundError:
         raise ConfigError(f"{path}: config file not found") from None
     except (OSError, UnicodeDecodeError) as e:

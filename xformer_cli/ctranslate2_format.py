@@ -33,13 +33,14 @@ from typing import Optional, Sequence
 import torch
 
 from .checkpoint import spm_digest
+from .config import file_number, option_range
 from .engines import Engine, check_shortlist
 from .languages import languages_of
 from .model_facts import from_export
 from .errors import XfError
 from .json_input import read_json
 from .model import Transformer
-from .options import TranslateOptions
+from .options import ModelConfig, TranslateOptions
 from .precision import ct2_compute_type, ct2_precisions, resolve_precision
 from .search import Hypothesis, length_penalty, max_output_lengths
 from .shortlist import Shortlist, vocabulary_map
@@ -175,8 +176,10 @@ def read_exported_model(path: Path) -> dict:
         if not isinstance(found[name], dict):
             raise XfError(f"{path / name}: not a JSON object; export the model again")
     info = found["xf.json"]
-    if not isinstance(info.get("max_positions"), int):
-        raise XfError(f"{path / 'xf.json'}: no max_positions; export the model again")
+    try:
+        file_number(info, "max_positions", str(path / "xf.json"), int, option_range(ModelConfig, "max_positions"))
+    except XfError as e:
+        raise XfError(f"{e}; export the model again") from None
     if not isinstance(info.get("languages", {}), dict):
         raise XfError(f"{path / 'xf.json'}: 'languages' is not a JSON object; export the model again")
     try:

@@ -38,8 +38,10 @@ from typing import Any, Optional, Sequence
 
 import numpy as np
 
+from .config import INT_MAX, Range, file_number, option_range
 from .errors import XfError
 from .json_input import read_json
+from .options import ModelConfig, PreprocessOptions
 from .vocab import BOS_ID, EOS_ID, PAD_ID, UNK_ID, load_sentencepiece
 
 MAGIC = b"XFIDX\x00\x00\x00"
@@ -251,9 +253,13 @@ class DataDir:
             raise XfError(
                 f"{path}: data format version {version}, this xf reads version {FORMAT_VERSION} (re-run xf preprocess)"
             )
-        for key, kind in (("source_lang", str), ("target_lang", str), ("vocab_size", int), ("splits", list)):
+        for key, kind in (("source_lang", str), ("target_lang", str), ("splits", list)):
             if not isinstance(meta.get(key), kind):
                 raise XfError(f"{meta_path}: '{key}' is {meta.get(key)!r}, expected a {kind.__name__} (the file is damaged)")
+        # its numbers by the one rule for a file's numbers, in the ranges of the options that wrote them
+        file_number(meta, "vocab_size", str(meta_path), int, option_range(ModelConfig, "vocab_size"))
+        file_number(meta, "sampling_temperature", str(meta_path), float,
+                    option_range(PreprocessOptions, "sampling_temperature"), 1.0)
         if not (path / "spm.model").exists():
             raise XfError(f"{path}: spm.model is missing")
         check_meta_against_files(path, meta)
@@ -270,8 +276,10 @@ class DataDir:
         if not self.pairs:
             return None
         try:
-            kept = {name: int(d["pairs"]) for name, d in self.meta["stats"][split]["directions"].items()}
-        except (KeyError, TypeError, ValueError):
+            kept = {name: file_number(d, "pairs", f"{self.path / 'meta.json'}: stats.{split}.directions.{name}", int,
+                                      Range(0, INT_MAX))
+                    for name, d in self.meta["stats"][split]["directions"].items()}
+        except (KeyError, TypeError, AttributeError):
             raise XfError(f"{self.path / 'meta.json'}: split {split!r} does not record its directions' pairs "
                           "(the file is damaged; re-run xf preprocess)") from None
         if list(kept) != self.pairs:
@@ -281,7 +289,7 @@ class DataDir:
 
     @property
     def sampling_temperature(self) -> float:
-        return float(self.meta.get("sampling_temperature", 1.0))
+        return float(self.meta.get("sampling_temperature") or 1.0)  # checked by open
 
     @property
     def spm_model_bytes(self) -> bytes:

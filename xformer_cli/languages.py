@@ -58,6 +58,16 @@ def check_code(lang: str, where: str) -> str:
     return lang
 
 
+def same_language(a: str, b: str) -> bool:
+    """Whether two codes name one language, ISO 639-1 or 639-3 alike (``de`` and ``deu``)."""
+    return ISO_639_3.get(a, a) == ISO_639_3.get(b, b)
+
+
+def two_letters(lang: str) -> str:
+    """``lang``'s ISO 639-1 code where it has one (``deu`` -> ``de``), else ``lang``."""
+    return next((two for two, three in ISO_639_3.items() if three == lang), lang)
+
+
 def tag(lang: str) -> str:
     """The target-language tag of ``lang`` (ISO 639-1 or 639-3): ``tag("de") == ">>deu<<"``."""
     return f">>{ISO_639_3.get(lang, lang)}<<"
@@ -155,13 +165,14 @@ def vocabulary_for(sp, meta: dict, target_lang: Optional[str], where: str = "the
     pairs = model_pairs(meta)
     if pairs is None:
         own = meta.get("target_lang")
-        if target_lang is not None and own and target_lang != own:
+        if target_lang is not None and own and not same_language(target_lang, own):
             raise XfError(f"--target-lang {target_lang}: {where} is bilingual and translates into {own} only")
         return sp
     targets = target_languages(meta)
     if target_lang is None:
         raise XfError(f"{where} is multilingual ({', '.join(pair_names(pairs))}): choose the language to translate "
                       f"into with --target-lang ({', '.join(targets)})")
+    target_lang = next((t for t in targets if same_language(t, target_lang)), target_lang)  # deu: the model's de
     if target_lang not in targets:
         raise XfError(f"--target-lang {target_lang}: {where} translates into {', '.join(targets)}, not {target_lang}")
     piece = tag(target_lang)

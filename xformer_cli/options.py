@@ -467,7 +467,7 @@ class TranslateOptions(DecodingOptions):
         "the output (forced decoding, as xf score-pairs --reverse-path)"
     )
     target_lang: Optional[str] = option(
-        None, "the language to translate into (ISO 639-1, e.g. de): required for a multilingual model (its target "
+        None, "the language to translate into (ISO 639-1 or 639-3, e.g. de or deu): required for a multilingual model (its target "
         "tag starts every source), for a bilingual one only its own target is accepted; a jsonl input line's "
         "\"target_lang\" overrides it; with --output-format jsonl it also turns on the confidence's wrong_language "
         "flag, an output that py3langid finds unlikely in it (the detect extra)")
@@ -599,9 +599,12 @@ class ServeOptions(DecodingOptions):
         """The options of ``xf translate --path PATH`` with this server's decoding and engine options."""
         shared = {f.name for f in dataclasses.fields(TranslateOptions)} & {f.name for f in dataclasses.fields(self)}
         # split_sentences: the server's switch (a bool), not xf translate's language (each direction has its own);
-        # glossary and confidence: the server's, per direction (DIRECTION=FILE), applied by xf serve itself
-        return TranslateOptions(path=(path,), **{name: getattr(self, name) for name in shared
-                                                 if name not in ("path", "split_sentences", "glossary", "confidence")})
+        # glossary and confidence: the server's, per direction (DIRECTION=FILE), applied by xf serve itself;
+        # output_format jsonl: every answer has a confidence, which needs each subword's log-probability
+        # (CTranslate2 computes them for jsonl output only; without them its confidence was exp(0) = 1)
+        return TranslateOptions(path=(path,), output_format="jsonl",
+                                **{name: getattr(self, name) for name in shared
+                                   if name not in ("path", "split_sentences", "glossary", "confidence", "output_format")})
 
 
 def model_spec(spec: str) -> tuple[Optional[list[tuple[str, str]]], str]:
@@ -634,8 +637,11 @@ def direction_and_path(spec: str, flag: str = "--model", what: str = "CHECKPOINT
     """``en-de=avg.pt`` -> ("en", "de", "avg.pt"); a ValueError naming the ``flag`` value otherwise."""
     direction, sep, path = spec.partition("=")
     source, dash, target = direction.partition("-")
-    if not sep or not dash or not path or not source or not target or "-" in target or source == target:
+    if not sep or not dash or not path or not source or not target or "-" in target:
         raise ValueError(f"{flag} {spec!r}: expected SOURCE-TARGET={what}, e.g. {example}")
+    if source == target:  # well formed, but no direction: say so, not "expected SOURCE-TARGET"
+        raise ValueError(f"{flag} {spec!r}: the source and the target are both '{source}': a direction translates "
+                         "between two languages")
     return source, target, path
 
 
@@ -698,7 +704,10 @@ class ExportOptions:
     overwrite: bool = option(False, "replace an existing non-empty output directory (argos: an existing file)")
 
     def __post_init__(self) -> None:
-        check_ranges(self)
+        check_ranges(self)  # an option the format does not read is refused by xf export (commands/export.USED_BY)
+        for flag, name in (("--source-name", self.source_name), ("--target-name", self.target_name)):
+            if name is not None and (not name.strip() or not name.isprintable()):  # a newline went into metadata.json
+                raise ConfigError(f"{flag} {name!r}: a language's name is one line of printable text")
 
 
 @dataclass(frozen=True)

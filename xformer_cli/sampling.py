@@ -34,6 +34,12 @@ def epoch_counts(sizes: Sequence[int], temperature: float) -> list[int]:
     return [int(round(sum(sizes) * p)) for p in direction_probabilities(sizes, temperature)]
 
 
+def undrawn(sizes: Sequence[int], temperature: float) -> list[int]:
+    """The directions that have pairs but none in an epoch (a temperature near 0 gives the
+    largest direction every pair: ``--sampling-temperature 1e-300`` trains one direction alone)."""
+    return [i for i, (n, c) in enumerate(zip(sizes, epoch_counts(sizes, temperature))) if n and not c]
+
+
 def draw_epoch(sizes: Sequence[int], counts: Sequence[int], seed: int, epoch: int) -> np.ndarray:
     """The rows of one epoch (int64, ascending within each direction's block): counts[i] of
     direction i, whose rows follow those of the directions before it; each row of a direction

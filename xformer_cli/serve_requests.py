@@ -106,7 +106,11 @@ async def request_fields(request, limit: int, info: dict) -> dict:
         text = body.decode("utf-8", errors="replace")
         info["invalid_utf8_body"] = True
     if kind.startswith("application/x-www-form-urlencoded"):
-        return {**query, **form_fields(text)}
+        fields = form_fields(text)
+        if text.lstrip().startswith(("{", "[")) and "q" not in fields:  # was "'q' is empty"
+            raise HttpError(400, "the body is JSON, but its Content-Type is application/x-www-form-urlencoded: "
+                                 "send it as application/json")
+        return {**query, **fields}
     if not text.strip() and query:
         return query
     payload = json_body(text)

@@ -379,7 +379,8 @@ class Translation:
                                                                 self.direction, server.options.max_glossary_terms)
         self.terms: list = []  # per unit: its glossary terms (find_terms), once the units are known
         self.stats = Stats()
-        count, chars = sum(t.count("\n") + 1 for t in texts), sum(map(len, texts))
+        # lines: a final newline ends the last line, it starts none (a 100-line file was "101 lines")
+        count, chars = sum(t.count("\n") + 1 - t.endswith("\n") for t in texts), sum(map(len, texts))
         self.documents = None  # format html: each text's Document; its blocks are the texts translated
         if fmt == "html" and chars <= server.options.max_chars:
             self.documents = [html_text.parse(t) for t in texts]

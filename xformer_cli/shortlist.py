@@ -24,9 +24,11 @@ from typing import Callable, Optional, Sequence
 import numpy as np
 import torch
 
+from .config import file_number, option_range
 from .errors import XfError
 from .fileio import atomic_write
 from .json_input import parse_json
+from .options import ModelConfig, ShortlistOptions
 from .quantization import INT8_ENGINE_ATTR, Int8MatmulLinear, int8_matmul, quantized_engine
 from .vocab import EOS_ID, PAD_ID
 
@@ -165,14 +167,16 @@ class Shortlist:
         if header.get("format_version") != FORMAT_VERSION:
             raise XfError(f"{path}: shortlist format version {header.get('format_version')}, this xf reads "
                           f"version {FORMAT_VERSION} (run xf shortlist again)")
-        vocab = header.get("vocab_size")
-        if (not isinstance(vocab, int) or frequent.dtype != np.int32 or per_source.dtype != np.int32
+        where = f"{path}: its header"
+        vocab = file_number(header, "vocab_size", where, int, option_range(ModelConfig, "vocab_size"))
+        iterations = file_number(header, "iterations", where, int, option_range(ShortlistOptions, "em_iterations"), 0)
+        if (frequent.dtype != np.int32 or per_source.dtype != np.int32
                 or frequent.ndim != 1 or per_source.ndim != 2 or per_source.shape[0] != vocab
                 or (frequent.size and not 0 <= frequent.min() <= frequent.max() < vocab)
                 or (per_source.size and not 0 <= per_source.min() <= per_source.max() < vocab)):
             raise XfError(f"{path}: damaged shortlist (its arrays do not fit its vocabulary of {vocab})")
         return cls(frequent, per_source, vocab, str(header.get("vocab_digest", "")),
-                   str(header.get("spm_sha256", "")), int(header.get("iterations", 0)))
+                   str(header.get("spm_sha256", "")), iterations)
 
     def check_vocabulary(self, path: str | Path, vocab_size: int, vocab_digest: str) -> None:
         """Refuse a shortlist built for another vocabulary than the model's."""

@@ -19,7 +19,7 @@ from . import distributed
 from .batching import EpochBatches, batch_by_size
 from .checkpoint import load_initial_model, load_last_checkpoint
 from .config import to_dict
-from .console import stderr_console
+from .console import stderr_console, warn
 from .data import DataDir, ParallelDataset, check_trainable
 from .errors import XfError
 from .fileio import remove_stale_temporaries
@@ -28,7 +28,7 @@ from .model import Transformer
 from .options import MODEL_OVERRIDES, ModelConfig, TrainOptions, model_config
 from .precision import autocast_context
 from .safety import SaveDirLock
-from .sampling import epoch_sampler
+from .sampling import epoch_sampler, undrawn
 from .schedule import make_schedule
 from .train_state import TrainState, check_resumable
 from .compiling import compile_forward
@@ -116,6 +116,12 @@ def set_up(o: TrainOptions, env: distributed.Env, lock: SaveDirLock) -> Run:
     # made per epoch from the pairs it draws across a multilingual corpus's directions (sampling.py)
     directions = data.directions("train")
     draw = epoch_sampler(list(directions.values()), data.sampling_temperature, o.seed) if directions else None
+    left_out = [list(directions)[i] for i in undrawn(list(directions.values()), data.sampling_temperature)] \
+        if directions else []
+    if left_out:  # never silent: the run trains without them
+        warn(f"{data.path / 'meta.json'}: sampling_temperature {data.sampling_temperature:g} draws no pair of "
+             f"{', '.join(left_out)} in an epoch (below 1, the temperature favours the larger directions; 1 takes "
+             "the data as it is)")
     batches = EpochBatches(train_set, o.max_tokens, seed=o.seed, update_freq=o.update_freq, rank=env.rank,
                            world_size=env.world_size, pin_memory=env.device.type == "cuda", draw=draw)
     valid_batches = batch_by_size(valid_set.src_sizes, valid_set.tgt_sizes, o.max_tokens)
