@@ -11,8 +11,8 @@ from xformer_cli.errors import ConfigError, XfError
 from xformer_cli.options import ScorePairsOptions, TranslateOptions
 
 AVX2 = Machine(threads=2)  # no bf16 instructions, int8 products not exact
-VNNI = Machine(int8_exact=True, threads=2)
-AMX = Machine(cpu_bf16=True, int8_exact=True, threads=2)
+VNNI = Machine(int8_exact=True, threads=2, cpu_flags=frozenset({"avx2", "avx512f", "avx512_vnni"}))
+AMX = Machine(cpu_bf16=True, int8_exact=True, threads=2, cpu_flags=frozenset({"avx2", "avx512_bf16", "amx_int8"}))
 EPYC_AVX512 = Machine(cpu_bf16=True, int8_exact=True, threads=2, cpu_vendor="AuthenticAMD",
                       cpu_flags=frozenset({"avx2", "avx512f", "avx512_vnni", "avx512_bf16"}))
 EPYC_AVX2 = Machine(threads=2, cpu_vendor="AuthenticAMD", cpu_flags=frozenset({"avx2"}))
@@ -76,6 +76,19 @@ PLANS = [
      dict(engine="ctranslate2", int8="dynamic", int8_engine=None, shortlist="s.npz")),
     (dict(engine="ctranslate2", precision="bf16"), AVX2, dict(precision="bf16", warning=None)),  # CTranslate2 decides
 ]
+
+def test_compiled_int8_products_without_vnni_or_amx_are_warned_about():
+    """torch._int_mm exact but without int8 dot-product instructions (an AVX2-only CPU with a
+    torch that widens to int32): the plan runs it, warning that it is far slower (the bench skips
+    such a case); with VNNI or AMX, no warning."""
+    exact_avx2 = Machine(int8_exact=True, threads=2, cpu_vendor="AuthenticAMD", cpu_flags=frozenset({"avx2", "fma"}))
+    plan = plan_decoding(TranslateOptions(path=("m.pt",), quantize="int8", compile=True), exact_avx2)
+    assert plan.int8 == "matmul" and "no int8 dot-product instructions (VNNI or AMX)" in plan.warning
+    assert plan_decoding(TranslateOptions(path=("m.pt",), quantize="int8"), exact_avx2).warning is None
+    assert plan_decoding(TranslateOptions(path=("m.pt",), compile=True), exact_avx2).warning is None
+    for machine in (VNNI, AMX, EPYC_AVX512, XEON_AMX, VNNI_XEON):
+        assert plan_decoding(TranslateOptions(path=("m.pt",), quantize="int8", compile=True), machine).warning is None
+
 
 REFUSALS = [
     # (options, machine, the one line's words)

@@ -16,7 +16,8 @@ tests/test_decoding_plan.py):
   default) is ``int8_rule``'s choice by the CPU's flags, never by timing;
   eager int8 is torch.ao's dynamic layers of that engine; with --compile, the decoder's int8
   products are compiled ahead of time (``torch._int_mm``), which is exact only where the CPU
-  multiplies int8 pairs into int32 (VNNI, AMX): refused elsewhere; the encoder keeps the engine's;
+  multiplies int8 pairs into int32 (VNNI, AMX): refused where inexact, warned about where exact
+  but without those instructions (far slower there); the encoder keeps the engine's;
 - step: --compile is the decoder step compiled ahead of time on the CPU; on CUDA it is refused
   until bench/gpu.sh has measured it there;
 - workers: on the CPU each its own process (no shared interpreter lock), elsewhere a thread;
@@ -76,6 +77,9 @@ def precision_rule(device: str, precision: str) -> str:
         return f"--precision auto: bf16, {where} multiplies bf16 natively" + (
             " (avx512_bf16 or AMX)" if device == "cpu" else "")
     return f"--precision auto: fp32, {where} has no native bf16"
+
+
+INT8_DOT_PRODUCTS = frozenset({"avx512_vnni", "avx_vnni", "amx_int8"})  # int8 pairs into int32 in one instruction
 
 
 @dataclass(frozen=True)
@@ -192,6 +196,10 @@ def plan_decoding(options, machine: Machine) -> DecodingPlan:
     if int8 == "matmul" and not machine.int8_exact:
         raise ConfigError("--compile --quantize int8 needs int8 products this CPU computes exactly (VNNI or AMX; "
                           "without them torch._int_mm saturates): drop --compile, or --quantize")
+    if int8 == "matmul" and not machine.cpu_flags & INT8_DOT_PRODUCTS:
+        warning = warning or ("--compile --quantize int8: this CPU has no int8 dot-product instructions (VNNI or "
+                              "AMX), so torch._int_mm's exact products run far slower than --quantize int8 without "
+                              "--compile (docs/benchmarks.md#xf-beside-ctranslate2-one-row-per-cpu-kind)")
     threads = max(1, (o["threads"] or machine.threads) // workers) if o["threads"] > 0 or workers > 1 else 0
     if o["precision"] == "auto" and engine == "xf" and o["quantize"] != "int8":
         rules.append(precision_rule(device, precision))
