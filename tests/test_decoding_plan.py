@@ -10,15 +10,15 @@ from xformer_cli.decoding_plan import PLAN_DEFAULTS, Machine, int8_rule, plan_de
 from xformer_cli.errors import ConfigError, XfError
 from xformer_cli.options import ScorePairsOptions, TranslateOptions
 
-AVX2 = Machine(threads=2)  # no bf16 instructions, int8 products not exact
-VNNI = Machine(int8_exact=True, threads=2, cpu_flags=frozenset({"avx2", "avx512f", "avx512_vnni"}))
-AMX = Machine(cpu_bf16=True, int8_exact=True, threads=2, cpu_flags=frozenset({"avx2", "avx512_bf16", "amx_int8"}))
-EPYC_AVX512 = Machine(cpu_bf16=True, int8_exact=True, threads=2, cpu_vendor="AuthenticAMD",
+AVX2 = Machine(threads=2, cores=2)  # no bf16 instructions, int8 products not exact
+VNNI = Machine(cores=2, int8_exact=True, threads=2, cpu_flags=frozenset({"avx2", "avx512f", "avx512_vnni"}))
+AMX = Machine(cores=2, cpu_bf16=True, int8_exact=True, threads=2, cpu_flags=frozenset({"avx2", "avx512_bf16", "amx_int8"}))
+EPYC_AVX512 = Machine(cores=2, cpu_bf16=True, int8_exact=True, threads=2, cpu_vendor="AuthenticAMD",
                       cpu_flags=frozenset({"avx2", "avx512f", "avx512_vnni", "avx512_bf16"}))
-EPYC_AVX2 = Machine(threads=2, cpu_vendor="AuthenticAMD", cpu_flags=frozenset({"avx2"}))
-XEON_AMX = Machine(cpu_bf16=True, int8_exact=True, threads=2, cpu_vendor="GenuineIntel",
+EPYC_AVX2 = Machine(cores=2, threads=2, cpu_vendor="AuthenticAMD", cpu_flags=frozenset({"avx2"}))
+XEON_AMX = Machine(cores=2, cpu_bf16=True, int8_exact=True, threads=2, cpu_vendor="GenuineIntel",
                    cpu_flags=frozenset({"avx2", "avx512f", "avx512_vnni", "avx512_bf16", "amx_int8", "amx_bf16"}))
-VNNI_XEON = Machine(int8_exact=True, threads=2, cpu_vendor="GenuineIntel",
+VNNI_XEON = Machine(cores=2, int8_exact=True, threads=2, cpu_vendor="GenuineIntel",
                     cpu_flags=frozenset({"avx2", "avx512f", "avx512_vnni"}))
 H100 = Machine(cuda=True, cuda_bf16=True, cpu_bf16=True, int8_exact=True, threads=16)
 T4 = Machine(cuda=True, threads=8)  # no bf16 on the GPU
@@ -64,7 +64,11 @@ PLANS = [
     (dict(compile=True, precision="bf16"), AMX, dict(step="aot", precision="bf16")),
     (dict(workers=2), AVX2, dict(workers=2, processes=True, threads=1)),
     (dict(workers=2, threads=8), AVX2, dict(processes=True, threads=4)),
-    (dict(workers=3, threads=2), AVX2, dict(threads=1)),  # at least one thread each
+    (dict(workers=3, threads=2), AVX2, dict(workers=2, threads=1)),  # at most one process a usable core
+    (dict(workers=16), AVX2, dict(workers=2, processes=True, rules=("--workers 16: 2, the CPU cores this process may "
+                                                                  "use",))),
+    (dict(workers=16, engine="ctranslate2"), Machine(threads=8, cores=8), dict(workers=8)),  # its inter_threads too
+    (dict(workers=16, device="cuda"), H100, dict(workers=16)),  # threads on a GPU: not the CPU's cores
     (dict(threads=3), AVX2, dict(threads=3, processes=False)),
     (dict(workers=2, device="cuda"), H100, dict(workers=2, processes=False, threads=8)),  # threads on a GPU
     (dict(workers=2, compile=True, quantize="int8", shortlist="s.npz"), VNNI,

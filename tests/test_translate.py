@@ -89,7 +89,7 @@ def test_same_output_whatever_the_batching(tmp_path, ckpt, sentences):
 
 @pytest.mark.slow
 def test_workers_give_the_output_of_one_worker(tmp_path, ckpt, sentences):
-    """--workers 3 decodes batches of 2 in three threads: the same bytes, scores, alignments and
+    """--workers 3 (capped at the cores) decodes batches of 2 at once: the same bytes, scores, alignments and
     order as --workers 1 (each batch is searched alone either way)."""
     data = ("\n".join(sentences) + "\n\n").encode()
     extra = dict(batch_size=2, output_format="jsonl", nbest=2, beam_size=3, print_alignment=True)

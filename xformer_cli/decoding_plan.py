@@ -23,6 +23,7 @@ tests/test_decoding_plan.py):
 - workers: on the CPU each its own process (no shared interpreter lock), elsewhere a thread;
   sampling runs in one (its random stream runs through the batches in order); each worker gets
   its share of --threads; ``--workers 0`` (auto) is ``workers_rule``'s number, by the CPU's cores;
+  on the CPU a number above the cores this process may use is capped at them (a rule named);
 - steering (lexical constraints, glossaries): xf's beam search only, not CTranslate2's and not sampling.
 
 Every choice an option leaves to the machine (``auto``) is made by a rule of its facts, never by
@@ -188,6 +189,9 @@ def plan_decoding(options, machine: Machine) -> DecodingPlan:
     if workers > 1 and o["sampling"]:
         raise ConfigError(f"--workers {workers} decodes batches in parallel, but --sampling's random "
                           "stream runs through the batches in order: use --workers 1 to sample")
+    if workers > max(machine.cores, 1) and device == "cpu":  # more would wait for each other, each a model's memory
+        rules.append(f"--workers {workers}: {max(machine.cores, 1)}, the CPU cores this process may use")
+        workers = max(machine.cores, 1)
     precision, warning = _precision(engine, device, o["precision"], o["quantize"], machine)
     int8 = "none" if o["quantize"] != "int8" else "matmul" if o["compile"] else "dynamic"
     if o["compile"] and device == "cuda":
