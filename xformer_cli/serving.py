@@ -104,7 +104,10 @@ def model_directions(listed: Optional[list[tuple[str, str]]], facts: ModelFacts,
     zero-shot (trained False) when listed and its source is one of the model's sources and its
     target one of its targets; any other is refused, naming the model's pairs. Bilingual: its
     recorded direction, which a listed one may confirm but not contradict (a model that records
-    none: the one direction listed, its codes the user's to choose)."""
+    none: the one direction listed, its codes the user's to choose). A direction is served under
+    the model's own codes (``en-deu`` of a model that records en-de serves en-de)."""
+    if listed is not None:
+        listed = [facts.own(source, target) for source, target in listed]
     if not facts.multilingual:
         if listed is None:
             if not facts.pairs:
