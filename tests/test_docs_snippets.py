@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import REPO, read, write
+from helpers import REPO, bench_module, read, write
 
 PAGES = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
 FENCE = re.compile(r"^```(bash|sh|console|python)\n(.*?)^```", re.M | re.S)
@@ -49,6 +49,10 @@ RUN = {
     ("docs/decoding.md", """printf '%s\\n' '{"source": "a man sleeps", "constraints": ["Hund", ["Katze", "Katzen"]]}' \\"""),
     ("docs/decoding.md", "xf shortlist data-bin --output shortlist.npz     # defaults: --frequent 100 --per-source 20 --em-iterations 5"),
     ("docs/export.md", "xf export ctranslate2 --path averaged.pt --output model-ct2               # float32 weights"),
+    ("docs/export.md", "xf export argos --path averaged.pt --output en_de.argosmodel \\"),  # argostranslate's files in the page's directory
+    ("docs/export.md", "unzip en_de.argosmodel 'translate-en_de-1_0/model/*'"),
+    ("docs/huggingface.md", "xf export huggingface --path averaged.pt --output model-hf --beam-size 4 --lenpen 1.0 --bleu test.score.json"),
+    ("docs/huggingface.md", "from transformers import MarianMTModel, MarianTokenizer"),
     ("docs/metrics.md", "xf score --ref newstest2014.de --hyp hyp.de                 # sacreBLEU, chrF, TER with signatures"),
     ("docs/model.md", "import torch"),
     ("docs/training.md", "xf average-checkpoints --inputs checkpoints --num-update-checkpoints 5 --output averaged.pt"),
@@ -75,8 +79,6 @@ NOT_RUNNABLE = {
     ("docs/decoding.md", "xf calibrate --path en-de.pt --reverse-path de-en.pt --source val.en --reference val.de \\"): "a reverse (de-en) model: " + _TODO,
     ("docs/decoding.md", "xf score-pairs --path model.pt --source train.en --target train.de > scores.jsonl"): "a reverse (de-en) model: " + _TODO,
     ("docs/decoding.md", "from xformer_cli.pair_scoring import score_pairs, dual_conditional_cross_entropy"): _FRAGMENT,
-    ("docs/export.md", "xf export argos --path averaged.pt --output en_de.argosmodel \\"): "argos-translate installs into the user's argos directory; tests/test_export_argos.py runs it",
-    ("docs/export.md", "unzip en_de.argosmodel 'translate-en_de-1_0/model/*'"): "reads the argos package of the snippet above: " + _TODO,
     ("docs/export.md", "python -m venv lt && lt/bin/pip install torch==2.13.0 && lt/bin/pip install libretranslate==1.9.6"): _NET,
     ("docs/export.md", "xf train --data data --arch base --sinusoids tensor2tensor --decoder-start zero --save-dir ckpt   # Marian's conventions"): _TRAIN + "; marian-decoder, a binary xf does not install",
     ("docs/export.md", "make bergamot                    # npm install --prefix .bergamot @browsermt/bergamot-translator@0.4.9"): _NET + " (npm); " + _TRAIN,
@@ -84,8 +86,6 @@ NOT_RUNNABLE = {
     ("docs/gpu.md", "bash bench/gpu.sh gpu-results/"): _GPU,
     ("docs/gpu.md", "XF_GPU_TARBALL=gpu-results.tgz bash bench/gpu.sh /tmp/g"): _GPU,
     ("docs/gpu.md", "bash bench/gpu.sh --dry-run [OUT_DIR]"): "a usage line ([OUT_DIR] is optional); tests/test_gpu_script.py runs the dry run",
-    ("docs/huggingface.md", "xf export huggingface --path averaged.pt --output model-hf --beam-size 4 --lenpen 1.0 --bleu test.score.json"): _TODO,
-    ("docs/huggingface.md", "from transformers import MarianMTModel, MarianTokenizer"): "reads model-hf of the snippet above: " + _TODO,
     ("docs/huggingface.md", 'batch = tokenizer([">>fra<< A man is riding a bike."], return_tensors="pt")'): _FRAGMENT,
     ("docs/huggingface.md", 'batch = tokenizer(sentences, return_tensors="pt", padding=True)'): _FRAGMENT,
     ("docs/huggingface.md", "huggingface-cli download Helsinki-NLP/opus-mt-en-de --local-dir opus-mt-en-de"): _NET,
@@ -140,12 +140,14 @@ def workspace(root: Path, ckpt: Path, multi30k_dir: Path) -> dict[str, str]:
     for name, target in (("xf", f'"{sys.executable}" -m xformer_cli'), ("python", f'"{sys.executable}"')):
         (bin_dir / name).write_text(f'#!/bin/sh\nexec {target} "$@"\n')
         (bin_dir / name).chmod(stat.S_IRWXU)
-    env = {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}", "OMP_NUM_THREADS": "1",
+    path = os.pathsep.join([str(bin_dir), str(Path(sys.executable).parent), os.environ["PATH"]])  # argos-translate too
+    env = {**os.environ, "PATH": path, "OMP_NUM_THREADS": "1",
            "PYTHONPATH": f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
     return env
 
 
-def populate(page_dir: Path, page: str, ckpt: Path, data: Path, multi30k_dir: Path) -> None:
+def populate(page_dir: Path, page: str, ckpt: Path, data: Path, multi30k_dir: Path, env: dict) -> dict:
+    """Fill the page's directory; the environment its snippets run in."""
     page_dir.mkdir()
     models = ("a.pt", "b.pt", "c.pt") if page == "docs/training.md" else ("averaged.pt", "avg.pt", "model.pt", "a.pt", "b.pt")
     for name in models:  # copies: a snippet may write one
@@ -164,6 +166,13 @@ def populate(page_dir: Path, page: str, ckpt: Path, data: Path, multi30k_dir: Pa
         (page_dir / "data-bin" / "multi30k.en-de").symlink_to(data)
     else:
         (page_dir / "data-bin").symlink_to(data)
+    if page == "docs/huggingface.md":  # --bleu test.score.json: xf score --json's
+        subprocess.run("xf score --ref test.de --hyp hyp.de --json > test.score.json", shell=True, check=True,
+                       cwd=page_dir, env=env, timeout=120)
+    if page == "docs/export.md":  # argostranslate's packages and settings in the page's directory, no downloads
+        argos = bench_module("libretranslate_env").argos_env(page_dir / "argos-home")
+        env = {**argos, **{k: env[k] for k in ("PATH", "PYTHONPATH", "OMP_NUM_THREADS")}}
+    return env
 
 
 @pytest.mark.slow
@@ -176,11 +185,11 @@ def test_the_runnable_snippets_run_as_written(trained_tiny, multi30k_dir, tmp_pa
         if not keys:
             continue
         page_dir = tmp_path / page.replace("/", "_")
-        populate(page_dir, page, trained_tiny, trained_tiny.parent.parent / "data", multi30k_dir)
+        page_env = populate(page_dir, page, trained_tiny, trained_tiny.parent.parent / "data", multi30k_dir, env)
         for key in keys:
             lang, text = found[key]
             command = [sys.executable, "-c", text] if lang == "python" else ["bash", "-e", "-o", "pipefail", "-c", text]
-            out = subprocess.run(command, cwd=page_dir, env=env, capture_output=True, text=True, timeout=300)
+            out = subprocess.run(command, cwd=page_dir, env=page_env, capture_output=True, text=True, timeout=300)
             ran += 1
             if out.returncode != 0:
                 failed.append(f"{page}: {key[1]!r} exited {out.returncode}:\n{out.stdout[-1500:]}\n{out.stderr[-2500:]}")
