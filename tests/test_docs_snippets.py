@@ -16,7 +16,9 @@ from pathlib import Path
 
 import pytest
 
-from helpers import REPO, bench_module, read, write
+from xformer_cli.checkpoint import load_checkpoint
+
+from helpers import REPO, bench_module, multilingual_checkpoint, random_checkpoint, read, write
 
 PAGES = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
 FENCE = re.compile(r"^```(bash|sh|console|python)\n(.*?)^```", re.M | re.S)
@@ -40,9 +42,14 @@ def snippets(pages=PAGES, root=REPO) -> dict[tuple[str, str], tuple[str, str]]:
 # Run for real, each page's in the page's order in one directory (a later snippet may read what an
 # earlier one wrote, as a reader's would). The directory holds the names the snippets use:
 # averaged.pt, avg.pt, model.pt, a.pt, b.pt (copies of the tiny model), checkpoints (its training
-# directory), test.en, test.de and hypotheses (Multi30k's test2016), data-bin (its data directory).
+# directory), test.en, test.de and hypotheses (Multi30k's test2016), data-bin (its data directory);
+# decoding.md's too: multi.pt (helpers.multilingual_checkpoint), en-de.pt and a random de-en.pt
+# over its vocabulary, train.* and val.* (Multi30k's first lines).
 RUN = {
     ("docs/data.md", "from xformer_cli.batching import batch_by_size, collate"),
+    ("docs/decoding.md", "xf score-pairs --path model.pt --source train.en --target train.de > scores.jsonl"),
+    ("docs/decoding.md", "xf calibrate --path en-de.pt --reverse-path de-en.pt --source val.en --reference val.de \\"),
+    ("docs/decoding.md", "xf translate --path multi.pt --target-lang de < test.en > test.hyp.de"),
     ("docs/decoding.md", "printf 'A man sleeps. A dog barks!\\n' | xf translate --path avg.pt --split-sentences en"),
     ("docs/decoding.md", """printf '%s\\n' '{"source": "A man in a blue shirt sleeps .", "prefix": "Ein Herr"}' \\"""),
     ("docs/decoding.md", "xf translate --path avg.pt --input-format jsonl --input in.jsonl --alternatives 3"),
@@ -63,26 +70,26 @@ _NET = "downloads packages or models (the network)"
 _TRAIN = "trains a model on real data (hours), or on WMT data"
 _SERVER = "talks to a running xf serve over HTTP (curl); tests/test_serve*.py send these requests"
 _FRAGMENT = "a fragment: the names it uses (model, src, ...) are the reader's"
-_TODO = "runnable on a tiny model, not yet wired into this test"
 NOT_RUNNABLE = {
     ("README.md", "make demo   # creates .venv, installs xf, trains and evaluates on Multi30k end to end"): _NET,
     ("README.md", "make venv                    # only creates .venv and installs xf into it"): _NET,
     ("README.md", "make test TORCH='torch>=2.4'     # any torch 2.4 or newer; keeps an installed CUDA build"): _NET,
-    ("README.md", "xf preprocess --source-lang en --target-lang de --trainpref raw/train --validpref raw/val \\"): _TRAIN,
-    ("README.md", "python bench/gpu_data.py --multi30k work-dirs/multi30k-data   # once, where Multi30k is: fills bench/gpu-data/"): _GPU,
+    ("README.md", "xf preprocess --source-lang en --target-lang de --trainpref raw/train --validpref raw/val \\"):
+        _TRAIN + "; torchrun on 8 GPUs; a downloaded OPUS-MT model",
+    ("README.md", "python bench/gpu_data.py --multi30k work-dirs/multi30k-data   # once, where Multi30k is: fills bench/gpu-data/"):
+        _GPU + " (bench/gpu.sh); its data from the whole Multi30k",
     ("docs/cli.md", "make test TORCH='torch>=2.4'        # any torch 2.4 or newer; keeps an installed CUDA build"): _NET,
-    ("docs/data.md", "xf preprocess --source-lang en --target-lang de \\"): "the full Multi30k under raw/ " + _TODO,
+    ("docs/data.md", "xf preprocess --source-lang en --target-lang de \\"): ("an 8,000-piece vocabulary needs the whole Multi30k training set "
+                                                                 "under raw/ (tests/test_data.py runs xf preprocess)"),
     ("docs/data.md", "xf preprocess --pairs en-de,en-fr,de-fr \\"): _TRAIN,
     ("docs/decoding.md", "xf translate --path averaged.pt < test.en > test.hyp.de          # beam 4, alpha 0.6: the paper's"): _GPU + " (its last line)",
-    ("docs/decoding.md", "xf translate --path multi.pt --target-lang de < test.en > test.hyp.de"): "a multilingual model: " + _TODO,
     ("docs/decoding.md", "from xformer_cli.options import DecodingOptions"): _FRAGMENT,
-    ("docs/decoding.md", "xf calibrate --path en-de.pt --reverse-path de-en.pt --source val.en --reference val.de \\"): "a reverse (de-en) model: " + _TODO,
-    ("docs/decoding.md", "xf score-pairs --path model.pt --source train.en --target train.de > scores.jsonl"): "a reverse (de-en) model: " + _TODO,
     ("docs/decoding.md", "from xformer_cli.pair_scoring import score_pairs, dual_conditional_cross_entropy"): _FRAGMENT,
     ("docs/export.md", "python -m venv lt && lt/bin/pip install torch==2.13.0 && lt/bin/pip install libretranslate==1.9.6"): _NET,
     ("docs/export.md", "xf train --data data --arch base --sinusoids tensor2tensor --decoder-start zero --save-dir ckpt   # Marian's conventions"): _TRAIN + "; marian-decoder, a binary xf does not install",
     ("docs/export.md", "make bergamot                    # npm install --prefix .bergamot @browsermt/bergamot-translator@0.4.9"): _NET + " (npm); " + _TRAIN,
-    ("docs/gpu.md", "python bench/gpu_data.py --multi30k work-dirs/multi30k-data"): _GPU,
+    ("docs/gpu.md", "python bench/gpu_data.py --multi30k work-dirs/multi30k-data"):
+        "the GPU benchmark's data, from the whole Multi30k the quick start downloads",
     ("docs/gpu.md", "bash bench/gpu.sh gpu-results/"): _GPU,
     ("docs/gpu.md", "XF_GPU_TARBALL=gpu-results.tgz bash bench/gpu.sh /tmp/g"): _GPU,
     ("docs/gpu.md", "bash bench/gpu.sh --dry-run [OUT_DIR]"): "a usage line ([OUT_DIR] is optional); tests/test_gpu_script.py runs the dry run",
@@ -166,6 +173,15 @@ def populate(page_dir: Path, page: str, ckpt: Path, data: Path, multi30k_dir: Pa
         (page_dir / "data-bin" / "multi30k.en-de").symlink_to(data)
     else:
         (page_dir / "data-bin").symlink_to(data)
+    if page == "docs/decoding.md":  # a multilingual model; a de-en model (random) over the en-de model's vocabulary
+        multilingual_checkpoint(page_dir / "multi.pt", multi30k_dir)
+        shutil.copyfile(ckpt, page_dir / "en-de.pt")
+        spm = load_checkpoint(str(ckpt))["spm_model"]
+        random_checkpoint(page_dir / "de-en.pt", spm, {"source_lang": "de", "target_lang": "en"}, vocab_size=1000)
+        for split, n in (("train", 30), ("val", 40)):
+            for lang in ("en", "de"):
+                write(page_dir / f"{split}.{lang}", read(multi30k_dir / f"{split}.{lang}")[:n])
+        shutil.copyfile(page_dir / "hyp.de", page_dir / "test.hyp.de")
     if page == "docs/huggingface.md":  # --bleu test.score.json: xf score --json's
         subprocess.run("xf score --ref test.de --hyp hyp.de --json > test.score.json", shell=True, check=True,
                        cwd=page_dir, env=env, timeout=120)
