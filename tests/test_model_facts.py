@@ -114,6 +114,11 @@ def test_a_deen_model_exports_deen_to_every_format_without_flags(deen, deen_mari
 
 def test_a_flag_may_confirm_the_models_languages_not_contradict_them(deen, tmp_path):
     xf("export", "huggingface", "--path", deen, "--output", tmp_path / "hf", "--source-lang", "de")
+    # ISO 639-3 confirms as 639-1 does (was "--source-lang deu: ... translates de-en")
+    xf("export", "argos", "--path", deen, "--output", tmp_path / "deu.argosmodel", "--source-lang", "deu",
+       "--target-lang", "eng")
+    fails(["export", "huggingface", "--path", deen, "--output", tmp_path / "x", "--target-lang", "deu"],
+          "--target-lang deu: " + deen + " translates de-en (its recorded languages)")
     fails(["export", "huggingface", "--path", deen, "--output", tmp_path / "x", "--target-lang", "de"],
           "--target-lang de: " + deen + " translates de-en (its recorded languages)")
     fails(["export", "argos", "--path", deen, "--output", tmp_path / "x.argosmodel", "--source-lang", "en"],

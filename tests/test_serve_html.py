@@ -223,3 +223,37 @@ def test_format_html_through_a_real_server(ckpt):
         assert status == 200 and "</div>" in answer["translatedText"]
     finally:
         assert served.stop() == 0
+
+
+class Reversed(Identity):
+    """Each sentence to itself, its alignment reversed: word i to the sentence's last word but i."""
+
+    def alignments(self, sentences, found, layer):
+        return [[list(reversed(range(len(h.tokens) - 1))) for h in hyps] for hyps in found]
+
+
+def test_a_line_break_between_sentences_stays_between_their_translations():
+    """A <br> after a sentence's full stop was glued into one word with the next sentence's first
+    (`SLEEPS.A`) and went before it; one at a sentence's start went where that word is aligned,
+    mid-sentence (`EIN HUND <br>BELLT.`)."""
+    status, answer = translate(["<p>A man sleeps.<br>A dog barks.</p>", "<p>A man sleeps. <br>A dog barks.</p>"])
+    assert status == 200
+    assert answer["translatedText"] == ["<p>A MAN SLEEPS.<br>A DOG BARKS.</p>", "<p>A MAN SLEEPS. <br>A DOG BARKS.</p>"]
+    served = server()
+    served.directions["en-de"].engine = Reversed()
+    served.queue.start()
+    try:
+        body = json.dumps({"q": "<p>A man sleeps. <br>A dog barks.</p>", "source": "en", "target": "de",
+                           "format": "html"}).encode()
+        status, answer = asyncio.run(call(served.app(), "/translate", body))
+    finally:
+        served.queue.stop()
+    assert (status, answer["translatedText"]) == (200, "<p>A MAN SLEEPS. <br>A DOG BARKS.</p>")
+
+
+def test_an_inline_image_keeps_the_spaces_written_beside_it():
+    """The space after an <img> between two words went before it (`X <img>Y`)."""
+    status, answer = translate(["x <img src=a.png> y z", "x<img src=a.png> y", "x <img src=a.png>y", "<b>x</b> <img> y"])
+    assert status == 200
+    assert answer["translatedText"] == ["X <img src=a.png> Y Z", "X<img src=a.png> Y", "X <img src=a.png>Y",
+                                        "<b>X</b> <img> Y"]

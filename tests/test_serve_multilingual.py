@@ -40,6 +40,7 @@ def test_model_spec_reads_one_direction_several_or_none():
     assert model_spec("en-de=avg.pt") == ([("en", "de")], "avg.pt")
     assert model_spec("en-de, en-fr=multi.pt") == ([("en", "de"), ("en", "fr")], "multi.pt")
     assert model_spec("multi.pt") == (None, "multi.pt")
+    assert model_spec("eng-deu=avg.pt") == ([("eng", "deu")], "avg.pt")
     for spec, message in (("en-de,en-de=m.pt", "direction en-de is given twice"),
                           ("en-de,fr=m.pt", "expected SOURCE-TARGET=CHECKPOINT"),
                           ("", "expected SOURCE-TARGET=CHECKPOINT"),
@@ -56,6 +57,10 @@ def test_model_spec_reads_one_direction_several_or_none():
     ([("xx", "de")], {}, [("xx", "de", True)]),  # bilingual recording no languages: the user's codes
     ([("en", "de")], {"source_lang": "en", "target_lang": "de"}, [("en", "de", True)]),  # a listed one confirms it
     (None, {"source_lang": "en", "target_lang": "de"}, [("en", "de", True)]),
+    # ISO 639-3 names a language as 639-1 does; the direction is served under the model's codes
+    ([("eng", "deu")], {"source_lang": "en", "target_lang": "de"}, [("en", "de", True)]),
+    ([("eng", "fra")], MULTI, [("en", "fr", True)]),
+    ([("en", "deu")], {"pairs": ["en-de", "fr-en"]}, [("en", "de", True)]),
 ])
 def test_model_directions(listed, meta, served):
     assert model_directions(listed, from_export({"languages": meta}, "m.pt"), "m.pt") == served

@@ -46,6 +46,10 @@ class Tag:
     end: Optional[int] = None
     close: str = ""
     children: list["Tag"] = field(default_factory=list)
+    # a point between two words: whether whitespace was written before it and after it (`a <img> b`,
+    # `a<img> b`, `a <img>b`), which render_block keeps
+    space_before: bool = True
+    space_after: bool = False
 
 
 @dataclass
@@ -73,9 +77,9 @@ class Document:
         """The blocks that hold words: those translated."""
         return [p for p in self.parts if isinstance(p, Block) and p.words]
 
-    def render(self, translated: Sequence[tuple[str, Optional[Sequence[tuple[int, int]]]]]) -> str:
+    def render(self, translated: Sequence[tuple[str, Optional[Sequence[tuple[int, int]]], Optional[dict[int, int]]]]) -> str:
         """The document with each block of ``blocks`` replaced by its (translation, word alignment
-        (source, target) pairs or None) in order."""
+        (source, target) pairs or None, anchors or None: ``place_tags``) in order."""
         out, found = [], iter(translated)
         for part in self.parts:
             if isinstance(part, str):
@@ -83,8 +87,8 @@ class Document:
             elif not part.words:
                 out.append(part.raw)
             else:
-                text, pairs = next(found)
-                out.append(part.lead + render_block(part, text.split(), pairs) + part.trail)
+                text, pairs, anchors = next(found)
+                out.append(part.lead + render_block(part, text.split(), pairs, anchors) + part.trail)
         return "".join(out)
 
 
@@ -184,7 +188,7 @@ def parse(document: str) -> Document:
         if kind == "data":
             run.append(("text", raw, text))
         elif kind == "other" or name in POINT or (kind == "startend" and name in INLINE):
-            (run.append(("point", raw, "")) if run or kind != "other" else parts.append(raw))
+            (run.append(("point", raw, name)) if run or kind != "other" else parts.append(raw))
         elif name in INLINE:
             run.append((kind, raw, name))
         else:
@@ -205,25 +209,32 @@ def make_block(run: list[tuple]) -> Block:
     plain = "".join(item[2] for item in run if item[0] == "text")
     if not plain.strip():
         return Block([], raw=raw)
-    words, marks = [], []  # marks: (word index before which, kind, markup, name)
+    words, marks = [], []  # marks: (word index before which, kind, markup, name, spaces: (before, after) or None)
     glued = False  # the last text ended inside a word: a text starting without a space goes on with it
-    for kind, markup, value in run:
+    for j, (kind, markup, value) in enumerate(run):
         if kind != "text":
-            marks.append((len(words), kind, markup, value))
+            spaces = None
+            if kind == "point":  # the whitespace written beside it, where text is beside it
+                before = run[j - 1][2][-1:].isspace() if j and run[j - 1][0] == "text" else True
+                after = run[j + 1][2][:1].isspace() if j + 1 < len(run) and run[j + 1][0] == "text" else False
+                spaces = (before, after)
+            marks.append((len(words), kind, markup, value, spaces))
+            glued = glued and value != "br"  # a line break ends a word (`sleeps.<br>A` is two)
             continue
         split = value.split()
         if glued and split and not value[:1].isspace():
             # a tag inside a word (un<b>bel</b>ievable, link</a>.): the word is one, and a start
             # tag or point there goes before it, an end tag after it
             words[-1] += split.pop(0)
-            marks = [(i - 1 if i == len(words) and k != "end" else i, k, m, n) for i, k, m, n in marks]
+            marks = [(i - 1, k, m, n, None) if i == len(words) and k != "end" else (i, k, m, n, sp)
+                     for i, k, m, n, sp in marks]  # moved before the word: spaced as any tag there
         words.extend(split)
         glued = bool(words) and not value[-1:].isspace()
     lead = plain[:len(plain) - len(plain.lstrip())]
     trail = plain[len(plain.rstrip()):]
     root = Tag("", 0, len(words))
     stack: list[tuple[Tag, str]] = [(root, "")]
-    for index, kind, markup, name in marks:
+    for index, kind, markup, name, spaces in marks:
         if kind == "start" and len(stack) <= MAX_DEPTH:
             tag = Tag(markup, index)
             stack[-1][0].children.append(tag)
@@ -234,7 +245,8 @@ def make_block(run: list[tuple]) -> Block:
             tag, _ = stack.pop()
             tag.end, tag.close = index, markup
         else:
-            stack[-1][0].children.append(Tag(markup, index))
+            stack[-1][0].children.append(Tag(markup, index, **(dict(zip(("space_before", "space_after"), spaces))
+                                                               if spaces else {})))
     for tag, _ in stack[1:]:
         tag.end = None
     flatten_points(root)
@@ -255,12 +267,15 @@ def flatten_points(tag: Tag) -> None:
 
 
 def place_tags(tags: list[Tag], source_words: int, target_words: int,
-               pairs: Optional[Sequence[tuple[int, int]]]) -> list[tuple[Tag, int, int]]:
+               pairs: Optional[Sequence[tuple[int, int]]],
+               anchors: Optional[dict[int, int]] = None) -> list[tuple[Tag, int, int]]:
     """Each tag of the tree with its target span [start, end) (a point: start == end): a pair
     around the target words aligned with its source words, a point before the target word aligned
     with the source word after it; without an alignment (or none for those words) the same
-    relative position. Children are kept inside their parent and siblings apart and in order,
-    so the tags come out balanced."""
+    relative position. ``anchors``: source boundaries whose target boundary is known (where one
+    sentence ends and the next begins: a ``<br>`` between two sentences stays between their
+    translations, whatever the alignment of the next sentence's first word). Children are kept
+    inside their parent and siblings apart and in order, so the tags come out balanced."""
     to_target: dict[int, list[int]] = {}
     for s, t in pairs or ():
         to_target.setdefault(s, []).append(t)
@@ -269,6 +284,8 @@ def place_tags(tags: list[Tag], source_words: int, target_words: int,
         return round(s * target_words / source_words) if source_words else 0
 
     def boundary(s: int) -> int:  # the target boundary of source boundary s (before source word s)
+        if anchors and s in anchors:
+            return anchors[s]
         for word in range(s, source_words):
             if word in to_target:
                 return min(to_target[word])
@@ -297,12 +314,14 @@ def place_tags(tags: list[Tag], source_words: int, target_words: int,
     return placed
 
 
-def render_block(block: Block, target: list[str], pairs: Optional[Sequence[tuple[int, int]]]) -> str:
+def render_block(block: Block, target: list[str], pairs: Optional[Sequence[tuple[int, int]]],
+                 anchors: Optional[dict[int, int]] = None) -> str:
     """The target words with the block's inline tags around them (``place_tags``), escaped: one
-    space between two words, after the end tags that follow the first (tags hug their words)."""
-    placed = place_tags(block.tags, len(block.words), len(target), pairs)
+    space between two words, after the end tags that follow the first (tags hug their words); a
+    point between two words has whitespace on the sides it was written with."""
+    placed = place_tags(block.tags, len(block.words), len(target), pairs, anchors)
     spans = {id(tag): (start, end) for tag, start, end in placed}
-    events: list[tuple[str, str]] = []  # (kind: word, open, close, point; text)
+    events: list[tuple[str, Union[str, Tag]]] = []  # (kind: word, open, close, point; text, or the point)
 
     def walk(children: list[Tag], lo: int, hi: int) -> None:
         at = lo
@@ -310,7 +329,7 @@ def render_block(block: Block, target: list[str], pairs: Optional[Sequence[tuple
             start, end = spans[id(child)]
             events.extend(("word", w) for w in target[at:start])
             if child.end is None:
-                events.append(("point", child.open))
+                events.append(("point", child))
             else:
                 events.append(("open", child.open))
                 walk(child.children, start, end)
@@ -327,10 +346,23 @@ def render_block(block: Block, target: list[str], pairs: Optional[Sequence[tuple
         while closes < len(pending) and pending[closes][0] == "close":
             closes += 1
         out.extend(t for _, t in pending[:closes])
-        if seen_word:
+        owed, spaced = seen_word, False  # owed: the space between two words; spaced: the last thing out is one
+        for kind, item in pending[closes:]:
+            if kind == "point" and seen_word:
+                if item.space_before and not spaced:
+                    out.append(" ")
+                out.append(item.open)
+                if item.space_after:
+                    out.append(" ")
+                owed, spaced = False, item.space_after  # it parts the words (`sleeps.<br>A`) or has its spaces
+                continue
+            if owed:
+                out.append(" ")
+            out.append(item.open if kind == "point" else item)
+            owed = spaced = False
+        if owed:
             out.append(" ")
-        out.extend(t for _, t in pending[closes:])
         out.append(text.translate(ENTITY_FREE))
         seen_word, pending = True, []
-    out.extend(t for _, t in pending)
+    out.extend(item.open if kind == "point" else item for kind, item in pending)
     return "".join(out)

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Optional
 
 from .errors import XfError
-from .languages import LANGUAGE_KEYS, languages_of, model_pairs, pair_names, tag, vocabulary_for
+from .languages import LANGUAGE_KEYS, languages_of, model_pairs, pair_names, same_language, tag, vocabulary_for
 
 FORMATS = ("ctranslate2", "argos", "huggingface", "marian", "bergamot")
 MARIAN_ACTIVATIONS = ("relu", "gelu", "swish")  # MarianMT's and Marian's feed-forward activations
@@ -75,12 +75,20 @@ class ModelFacts:
     def describe(self) -> str:
         return ", ".join(pair_names(self.pairs)) if self.pairs else "no recorded languages"
 
+    def own(self, source: str, target: str) -> tuple[str, str]:
+        """(source, target) in the codes the model records (``deu`` -> ``de`` where it records
+        ``de``: ISO 639-1 and 639-3 name one language alike); a code it does not know as given."""
+        def mine(code: str, codes: list[str]) -> str:
+            return next((c for c in codes if same_language(c, code)), code)
+        return mine(source, self.sources), mine(target, self.targets)
+
     def translates(self, source: str, target: str) -> bool:
         """Whether (source, target) is one of the model's directions, or, multilingual, a zero-shot
-        one from one of its sources into one of its targets. A model that records no languages
-        translates whatever it is named to."""
+        one from one of its sources into one of its targets (either ISO 639-1 or 639-3: ``own``).
+        A model that records no languages translates whatever it is named to."""
         if not self.pairs:
             return True
+        source, target = self.own(source, target)
         if self.multilingual:
             return source in self.sources and target in self.targets
         return (source, target) in self.pairs

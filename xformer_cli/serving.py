@@ -104,7 +104,10 @@ def model_directions(listed: Optional[list[tuple[str, str]]], facts: ModelFacts,
     zero-shot (trained False) when listed and its source is one of the model's sources and its
     target one of its targets; any other is refused, naming the model's pairs. Bilingual: its
     recorded direction, which a listed one may confirm but not contradict (a model that records
-    none: the one direction listed, its codes the user's to choose)."""
+    none: the one direction listed, its codes the user's to choose). A direction is served under
+    the model's own codes (``en-deu`` of a model that records en-de serves en-de)."""
+    if listed is not None:
+        listed = [facts.own(source, target) for source, target in listed]
     if not facts.multilingual:
         if listed is None:
             if not facts.pairs:
@@ -558,17 +561,18 @@ class Translation:
     def _documents(self, translated: list[str], alts: Optional[list[list[str]]], found: list[list[str]],
                    alignments: list):
         """Format html: each document with its blocks' translations in place (``html_text``), the
-        inline tags where the best hypothesis's word alignment puts them; an alternative, which has
-        no alignment here, gets them at the same relative places."""
+        inline tags where the best hypothesis's word alignment puts them, a point between two
+        sentences between their translations; an alternative, which has no alignment here, gets
+        them at the same relative places."""
         sp = self.direction.sp
         pairs = [block_pairs(layout, self.units.pieces, found, alignments, sp) for layout in self.units.layouts]
         documents, alternatives, at = [], [], 0
         for document in self.documents:
             n = len(document.blocks)
-            documents.append(document.render(list(zip(translated[at:at + n], pairs[at:at + n]))))
+            documents.append(document.render([(t, *p) for t, p in zip(translated[at:at + n], pairs[at:at + n])]))
             if alts is not None:
                 mine = alts[at:at + n]
-                alternatives.append([document.render([(a[min(k, len(a) - 1)] if a else t, None)
+                alternatives.append([document.render([(a[min(k, len(a) - 1)] if a else t, None, None)
                                                       for a, t in zip(mine, translated[at:at + n])])
                                      for k in range(max(map(len, mine), default=0))])
             at += n
@@ -578,17 +582,20 @@ class Translation:
 def block_pairs(layout, pieces: list[list[int]], found: list[list[str]], alignments: list, sp):
     """A block's (source word, target word) pairs over its whole text: each unit's alignment moved
     by the words of the units before it (source: its subwords' word starts; target: its best
-    translation's words), or None where a unit has none."""
-    pairs, source_at, target_at = [], 0, 0
+    translation's words), or None where a unit has none; and its anchors, the unit boundaries
+    {source word: target word} (``html_text.place_tags``)."""
+    pairs, anchors, source_at, target_at = [], {0: 0}, 0, 0
     for part in layout.parts:
         if not isinstance(part, int):
             continue
-        if part >= len(alignments) or alignments[part] is None:
-            return None
-        pairs.extend((s + source_at, t + target_at) for s, t in alignments[part])
+        if pairs is not None and (part >= len(alignments) or alignments[part] is None):
+            pairs = None
+        if pairs is not None:
+            pairs.extend((s + source_at, t + target_at) for s, t in alignments[part])
         source_at += sum(sp.id_to_piece(i).startswith("\u2581") for i in pieces[part])
         target_at += len(found[part][0].split())
-    return pairs
+        anchors[source_at] = target_at
+    return pairs, anchors
 
 
 class Server:

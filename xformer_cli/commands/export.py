@@ -19,6 +19,7 @@ from ..console import print_summary, stderr_console
 from ..errors import XfError
 from ..fileio import atomic_directory, atomic_write
 from ..json_input import read_json
+from ..languages import same_language
 from ..model_facts import ModelFacts, facts_of
 from ..options import ExportOptions
 
@@ -59,7 +60,7 @@ def direction(options: ExportOptions, facts: ModelFacts) -> tuple[str, str]:
         return tuple(flag or default for flag, default in zip(flags, UNRECORDED))
     own = facts.pairs[0]
     for name, flag, mine in zip(("source", "target"), flags, own):
-        if flag is not None and flag != mine:
+        if flag is not None and not same_language(flag, mine):  # ISO 639-1 or 639-3 alike
             raise XfError(f"xf export {options.format}: --{name}-lang {flag}: {facts.where} translates "
                           f"{own[0]}-{own[1]} (its recorded languages); leave the flag out")
     return own
