@@ -182,7 +182,9 @@ def test_one_model_in_memory_serves_both_directions(served, multi, lines):
         assert answer["translatedText"] == [hyps[0] for hyps in expected]
         assert answer["alternatives"] == [hyps[1:2] for hyps in expected]
         answers[target] = answer["translatedText"]
-    assert answers["de"] != answers["fr"]  # the tag chooses the language, even of a random model
+    # each direction searched its own tagged source (reference asserts the tag first); whether a
+    # random model then writes other words depends on its vocabulary (the generated corpus's: not)
+    assert de.sp.tag_id != fr.sp.tag_id
 
 
 def test_a_direction_not_served_is_a_400_naming_the_served_ones(served):
