@@ -290,7 +290,8 @@ def measure_case(job: dict) -> dict:
     start = time.perf_counter()
     outputs, tokens, longest = translate(lines)
     seconds = time.perf_counter() - start
-    row = dict(seconds=seconds, tokens=tokens, outputs=outputs, longest_output=longest, limit=case_limit(case, job), backend=described, threads=torch.get_num_threads(),
+    row = dict(seconds=seconds, tokens=tokens, outputs=outputs, longest_output=longest, limit=case_limit(case, job),
+               backend=described, threads=torch.get_num_threads(),
                peak_mib=peak_memory_mib(torch.device("cuda" if case.cuda else "cpu")))
     if step:
         seconds -= step.compile_seconds - compiling
