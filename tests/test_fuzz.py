@@ -263,12 +263,12 @@ def test_any_document_parses_keeps_its_markup_and_renders(document, data):
     parsed = html_text.parse(document)
     assert "".join(p if isinstance(p, str) else p.raw for p in parsed.parts) == document  # nothing lost
     words = [len(b.words) for b in parsed.blocks]
-    parsed.render([(b.text, [(i, i) for i in range(n)]) for b, n in zip(parsed.blocks, words)])
+    parsed.render([(b.text, [(i, i) for i in range(n)], None) for b, n in zip(parsed.blocks, words)])
     translated = [data.draw(st.lists(st.sampled_from(["X", "Y&", "<z>"]), max_size=6)) for _ in words]
     aligned = [st.lists(st.tuples(st.integers(0, n - 1), st.integers(0, len(t) - 1)), max_size=6) if n and t
                else st.none() for n, t in zip(words, translated)]  # (source word, target word) pairs, or none
     pairs = [data.draw(st.none() | pairs_of) for pairs_of in aligned]
-    html_text.parse(parsed.render([(" ".join(t), p) for t, p in zip(translated, pairs)]))
+    html_text.parse(parsed.render([(" ".join(t), p, None) for t, p in zip(translated, pairs)]))
 
 
 @fuzz(40, 3000)
@@ -278,7 +278,7 @@ def test_long_documents_of_a_few_pieces_parse_in_time(pieces, length):
     """As long as xf serve reads by default (--max-chars 5000): tags nested or left open by the
     thousand, every example within the deadline."""
     parsed = html_text.parse(("".join(pieces) * length)[:length])
-    html_text.parse(parsed.render([(b.text, [(i, i) for i in range(len(b.words))]) for b in parsed.blocks]))
+    html_text.parse(parsed.render([(b.text, [(i, i) for i in range(len(b.words))], None) for b in parsed.blocks]))
 
 
 @fuzz(60, 3000)
@@ -288,7 +288,7 @@ def test_deeply_nested_documents_parse_and_render(unit, depth, closed):
     """Tags nested as deep as a document of xf serve's default --max-chars (5000) nests them, closed or not."""
     ends = "".join(f"</{name}>" for name in reversed(re.findall(r"<(\w+)", unit)))
     parsed = html_text.parse(unit * depth + " man " + ends * depth * closed)
-    html_text.parse(parsed.render([(b.text, [(i, i) for i in range(len(b.words))]) for b in parsed.blocks]))
+    html_text.parse(parsed.render([(b.text, [(i, i) for i in range(len(b.words))], None) for b in parsed.blocks]))
 
 
 @fuzz(300, 1000)
