@@ -488,6 +488,7 @@ def test_init_from_convert_carries_a_model_over_to_marians_conventions_and_nothi
     paper = build_model("tiny", vocab_size=data.vocab_size, d_model=32, d_ff=64, heads=2, encoder_layers=1,
                         decoder_layers=1)
     save_checkpoint(tmp_path / "paper.pt", make_checkpoint(paper, data.spm_model_bytes))
+    assert "--init-from-convert" in read_facts(tmp_path / "paper.pt").export_refusal("bergamot")
     fine_tune = dict(arch=None, d_model=None, d_ff=None, heads=None, encoder_layers=None, decoder_layers=None,
                      init_from=str(tmp_path / "paper.pt"), sinusoids="tensor2tensor", decoder_start="zero")
     with pytest.raises(XfError, match=r"--sinusoids tensor2tensor conflicts with --init-from .*paper.pt, whose model "
@@ -509,7 +510,7 @@ def test_init_from_convert_carries_a_model_over_to_marians_conventions_and_nothi
     assert train(o)["num_updates"] == 1
     facts = read_facts(tmp_path / "e" / "checkpoint_last.pt")
     assert facts.export_refusal("marian") is None and facts.export_refusal("bergamot") is None
-    assert facts.export_refusal("huggingface")
+    assert "--init-from-convert --sinusoids paper --decoder-start bos" in facts.export_refusal("huggingface")
 
 
 @pytest.mark.parametrize("change", [dict(late_dropout=0.3), dict(label_smoothing=0.2), dict(late_after=5),
