@@ -149,3 +149,21 @@ def test_a_direction_is_named_by_two_letters_a_three_letter_code_by_its_two():
     assert direction_name("spa", "deu") == "esde"
     with pytest.raises(XfError, match="Bergamot names languages by two letters"):
         direction_name("xyz", "de")
+
+
+@pytest.mark.parametrize("beam, skip_cost", [(1, True), (4, False)])
+def test_a_beam_wider_than_one_scores_by_log_probabilities(tmp_path, beam, skip_cost):
+    """registry.json's config turns off the worker's default skip-cost (raw logits, no log-softmax)
+    where a beam compares hypotheses; greedy keeps it (the same argmax, no softmax to compute). The
+    browser test (test_export_bergamot) checks the page against Marian at beam 4."""
+    from xformer_cli.formats.bergamot import ENGINE_FILES, worker_options, write_directory
+
+    package = tmp_path / "package"
+    for name in ENGINE_FILES:  # stand-ins: write_directory only copies them
+        (package / name).parent.mkdir(parents=True, exist_ok=True)
+        (package / name).write_bytes(b"")
+    (tmp_path / "out").mkdir()
+    write_directory(tmp_path / "out", b"model", False, None, b"spm", package, "ende", worker_options(beam, 1.0))
+    config = json.loads((tmp_path / "out" / "registry.json").read_text())["ende"]["config"]
+    assert config == {"gemm-precision": "float32", "beam-size": beam, "normalize": 1.0, "skip-cost": skip_cost,
+                      "allow-unk": True}

@@ -58,6 +58,7 @@ RUN = {
     ("docs/export.md", "xf export ctranslate2 --path averaged.pt --output model-ct2               # float32 weights"),
     ("docs/export.md", "xf export argos --path averaged.pt --output en_de.argosmodel \\"),  # argostranslate's files in the page's directory
     ("docs/export.md", "unzip en_de.argosmodel 'translate-en_de-1_0/model/*'"),
+    ("docs/export.md", "xf train data-bin --init-from averaged.pt --init-from-convert --sinusoids tensor2tensor --decoder-start zero \\"),
     ("docs/huggingface.md", "xf export huggingface --path averaged.pt --output model-hf --beam-size 4 --lenpen 1.0 --bleu test.score.json"),
     ("docs/huggingface.md", "from transformers import MarianMTModel, MarianTokenizer"),
     ("docs/metrics.md", "xf score --ref newstest2014.de --hyp hyp.de                 # sacreBLEU, chrF, TER with signatures"),

@@ -68,8 +68,10 @@ def test_weights_under_marians_names_and_layout(tmp_path, spm_model, share):
 
 
 @pytest.mark.parametrize("overrides, message", [
-    ({}, "--sinusoids paper cannot be exported to Marian, which has --sinusoids tensor2tensor (train with it)"),
-    ({"sinusoids": "tensor2tensor"}, "--decoder-start bos cannot be exported to Marian"),
+    ({}, "--sinusoids paper --decoder-start bos cannot be exported to Marian, which computes --sinusoids "
+         "tensor2tensor --decoder-start zero; retrain with --sinusoids tensor2tensor --decoder-start zero, or"),
+    ({"sinusoids": "tensor2tensor"}, "--decoder-start bos cannot be exported to Marian, which computes "
+                                     "--decoder-start zero; retrain with --decoder-start zero, or"),
     ({**MARIAN, "normalize_before": True}, "--normalize-before (pre-LN) cannot be exported to Marian, whose"),
     ({**MARIAN, "positions": "rope"}, "--positions rope cannot be exported to Marian"),
     ({**MARIAN, "positions": "alibi"}, "--positions alibi cannot be exported to Marian"),

@@ -51,7 +51,8 @@ def test_the_record_holds_the_checkpoints_facts(deen, deen_marian):
         "tensor2tensor", "zero", "all", "sinusoidal")
     assert (facts.d_model, facts.vocab_size, facts.vocabulary_kind) == (64, 200, "sentencepiece")
     assert [fmt for fmt, reason in facts.exports if reason is None] == ["ctranslate2", "argos", "marian", "bergamot"]
-    assert "--sinusoids tensor2tensor cannot be exported to MarianMT" in facts.export_refusal("huggingface")
+    assert "--sinusoids tensor2tensor --decoder-start zero cannot be exported to MarianMT" in facts.export_refusal(
+        "huggingface")
     assert [fmt for fmt, reason in read_facts(deen).exports if reason is None] == [
         "ctranslate2", "argos", "huggingface"]
     assert facts.translates("de", "en") and not facts.translates("en", "de")
@@ -75,8 +76,39 @@ def test_every_reason_is_named_at_once(spm_model, tmp_path):
     reason = facts_of(load_checkpoint(ckpt), ckpt).export_refusal("marian")
     for part in ("--normalize-before", "--sinusoids paper", "--decoder-start bos", "--share-embeddings none"):
         assert part in reason
+    assert reason.endswith("; retrain with --no-normalize-before --sinusoids tensor2tensor --decoder-start zero "
+                           "--share-embeddings all")  # no fine-tune offered: it converts the conventions only
     line = fails(["export", "marian", "--path", ckpt, "--output", tmp_path / "out"], reason)
     assert line == f"xf: error: xf export marian: {ckpt}: {reason}" and not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("conventions, fmt, refusal", [
+    ({}, "marian", "--sinusoids paper --decoder-start bos cannot be exported to Marian, which computes --sinusoids "
+                   "tensor2tensor --decoder-start zero; retrain with --sinusoids tensor2tensor --decoder-start zero, "
+                   "or fine-tune it to them: xf train DATA --init-from M --init-from-convert --sinusoids tensor2tensor "
+                   "--decoder-start zero"),
+    (dict(sinusoids="tensor2tensor"), "bergamot",
+     "--decoder-start bos cannot be exported to Marian, which computes --decoder-start zero; retrain with "
+     "--decoder-start zero, or fine-tune it to them: xf train DATA --init-from M --init-from-convert --decoder-start "
+     "zero"),
+    (MARIAN, "huggingface", "--sinusoids tensor2tensor --decoder-start zero cannot be exported to MarianMT, which "
+                            "computes --sinusoids paper --decoder-start bos; retrain with --sinusoids paper "
+                            "--decoder-start bos, or fine-tune it to them: xf train DATA --init-from M "
+                            "--init-from-convert --sinusoids paper --decoder-start bos"),
+    (dict(decoder_start="zero", normalize_before=True), "huggingface",
+     "--normalize-before (pre-LN) cannot be exported to MarianMT, which is post-LN; --decoder-start zero cannot be "
+     "exported to MarianMT, which computes --decoder-start bos; retrain with --no-normalize-before --decoder-start "
+     "bos"),
+])
+def test_a_refusal_names_every_option_to_train_with_at_once(conventions, fmt, refusal):
+    """A model made the paper's way is told both of Marian's conventions in one line, not one per
+    try (it was told --sinusoids, then, retrained, --decoder-start); the fine-tune that converts
+    them is offered where nothing else stands in the way."""
+    from xformer_cli.model.facts import facts_from_config
+    from xformer_cli.settings.options import ModelConfig
+
+    facts = facts_from_config(ModelConfig(vocab_size=200, d_model=64, heads=4, **conventions), DE_EN, where="M")
+    assert facts.export_refusal(fmt) == refusal
 
 
 def test_the_untied_output_is_refused_by_marians_export_too(spm_model, tmp_path):

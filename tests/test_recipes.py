@@ -188,6 +188,23 @@ def test_configs_load_as_options():
         assert big.dropout == (0.1 if pair == "en_fr" else None)  # EN-DE big keeps the preset's 0.3
 
 
+def test_the_student_exports_everywhere_students_go_and_the_teacher_is_the_papers():
+    """student.yaml trains Marian's conventions, so its model goes to CTranslate2, Argos, Marian and
+    Bergamot (MarianMT, the paper's, refuses it); cpu.yaml's teacher stays the paper's."""
+    from xformer_cli.frame import load_command_options
+    from xformer_cli.model.facts import facts_from_config
+    from xformer_cli.settings.options import MODEL_OVERRIDES, TrainOptions, model_config
+
+    def exports(name):
+        o = load_command_options(TrainOptions, RECIPES / "multi30k" / name, {"data": "d"}, section="train")
+        cfg = model_config(o.arch, vocab_size=8000, **{field: getattr(o, field) for field in MODEL_OVERRIDES})
+        facts = facts_from_config(cfg, {"source_lang": "en", "target_lang": "de"}, where=name)
+        return [fmt for fmt, reason in facts.exports if reason is None]
+
+    assert exports("student.yaml") == ["ctranslate2", "argos", "marian", "bergamot"]
+    assert exports("cpu.yaml") == ["ctranslate2", "argos", "huggingface"]
+
+
 def tiny_config(tmp_path: Path) -> Path:
     return write(tmp_path / "tiny.yaml", TINY.splitlines())
 

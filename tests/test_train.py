@@ -476,6 +476,44 @@ def test_init_from_the_model_is_built_once_from_the_checkpoint(data_dir, tmp_pat
     assert start["max_positions"] == 256 and start["d_model"] == 32 and start["arch"] == "tiny"
 
 
+def test_init_from_convert_carries_a_model_over_to_marians_conventions_and_nothing_else(data_dir, tmp_path):
+    """--sinusoids and --decoder-start change no weight: with --init-from-convert a fine-tune
+    starts from the checkpoint's weights under the conventions given (and the result exports to
+    Marian and Bergamot, no longer to MarianMT); without it they conflict as any model option
+    does, and the flag neither changes another option nor passes when it changes nothing."""
+    from xformer_cli.model.checkpoint import make_checkpoint, save_checkpoint
+    from xformer_cli.model.transformer import build_model
+    from xformer_cli.model.facts import read_facts
+
+    data = DataDir.open(str(data_dir))
+    paper = build_model("tiny", vocab_size=data.vocab_size, d_model=32, d_ff=64, heads=2, encoder_layers=1,
+                        decoder_layers=1)
+    save_checkpoint(tmp_path / "paper.pt", make_checkpoint(paper, data.spm_model_bytes))
+    assert "--init-from-convert" in read_facts(tmp_path / "paper.pt").export_refusal("bergamot")
+    fine_tune = dict(arch=None, d_model=None, d_ff=None, heads=None, encoder_layers=None, decoder_layers=None,
+                     init_from=str(tmp_path / "paper.pt"), sinusoids="tensor2tensor", decoder_start="zero")
+    with pytest.raises(XfError, match=r"--sinusoids tensor2tensor conflicts with --init-from .*paper.pt, whose model "
+                                      r"has paper .*--init-from-convert lets --sinusoids and --decoder-start change"):
+        train(opts(data_dir, tmp_path / "a", max_update=1, **fine_tune))
+    with pytest.raises(XfError, match=r"--d-model 64 conflicts with --init-from"):
+        train(opts(data_dir, tmp_path / "b", max_update=1, init_from_convert=True, **{**fine_tune, "d_model": 64}))
+    with pytest.raises(XfError, match=r"--init-from-convert changes nothing: .* --sinusoids paper --decoder-start bos"):
+        train(opts(data_dir, tmp_path / "c", max_update=1, init_from_convert=True,
+                   **{**fine_tune, "sinusoids": None, "decoder_start": "bos"}))
+    with pytest.raises(XfError, match=r"--init-from-convert .* needs --init-from"):
+        opts(data_dir, tmp_path / "d", init_from_convert=True)
+    assert not any((tmp_path / name).exists() for name in "abcd")
+
+    o = opts(data_dir, tmp_path / "e", max_update=1, init_from_convert=True, **fine_tune)
+    cfg, weights = build_config(o, data)
+    assert (cfg.sinusoids, cfg.decoder_start, cfg.d_model) == ("tensor2tensor", "zero", 32)
+    assert all(torch.equal(weights[k], v) for k, v in paper.state_dict().items())  # the trained weights, all of them
+    assert train(o)["num_updates"] == 1
+    facts = read_facts(tmp_path / "e" / "checkpoint_last.pt")
+    assert facts.export_refusal("marian") is None and facts.export_refusal("bergamot") is None
+    assert "--init-from-convert --sinusoids paper --decoder-start bos" in facts.export_refusal("huggingface")
+
+
 @pytest.mark.parametrize("change", [dict(late_dropout=0.3), dict(label_smoothing=0.2), dict(late_after=5),
                                     dict(dropout=0.2)])
 def test_a_resume_keeps_the_regularization_it_was_trained_with(data_dir, tmp_path, change):

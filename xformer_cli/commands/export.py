@@ -170,7 +170,7 @@ def export_argos(options: ExportOptions) -> Path:
 def export_bergamot(options: ExportOptions) -> Path:
     """Write the Bergamot directory (model, shortlist, vocabulary, engine, page) of options.path."""
     from ..formats.bergamot import (binary_model, binary_shortlist, check_int8_shapes, direction_name, engine_package,
-                                   write_directory)
+                                   worker_options, write_directory)
     from ..model.checkpoint import vocab_digest
     from ..formats.marian import marian_config, marian_params
     from ..decode.shortlist import Shortlist
@@ -192,7 +192,7 @@ def export_bergamot(options: ExportOptions) -> Path:
         shortlist.check_vocabulary(options.shortlist, model.cfg.vocab_size, vocab_digest(ckpt["spm_model"]))
     model_bytes = binary_model(marian_params(model), marian_config(model), int8)
     with atomic_directory(output) as tmp:
-        decoding = {"beam-size": options.beam_size, "normalize": options.lenpen, "allow-unk": True}  # unk: as xf
+        decoding = worker_options(options.beam_size, options.lenpen)
         lex = binary_shortlist(shortlist) if shortlist is not None else None
         names = write_directory(tmp, model_bytes, int8, lex, ckpt["spm_model"], package, direction, decoding)
     print_summary(stderr_console(), "xf export bergamot", [
@@ -200,7 +200,8 @@ def export_bergamot(options: ExportOptions) -> Path:
         ("model", f"{names['model']}, {'int8 (intgemm8)' if int8 else 'float32'}, {len(model_bytes) / 2**20:.1f} MiB"),
         ("shortlist", f"{names['lex']}: {len(shortlist.frequent)} frequent pieces, top {shortlist.k} a source piece"
                       if shortlist is not None else "none (--shortlist FILE from xf shortlist makes the page faster)"),
-        ("decoding", f"beam {options.beam_size}, normalize {options.lenpen:g} (score / |Y|^normalize)"),
+        ("decoding", f"beam {options.beam_size}, normalize {options.lenpen:g} (score / |Y|^normalize), skip-cost "
+                     f"{str(decoding['skip-cost']).lower()}"),
         ("written", f"{output}: open index.html through a static file server (python -m http.server)"),
     ])
     return output

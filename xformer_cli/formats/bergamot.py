@@ -168,6 +168,19 @@ def engine_package(directory: str | Path) -> Path:
     return root
 
 
+def worker_options(beam_size: int, normalize: float) -> dict:
+    """The Marian options of the page's search, as registry.json's ``config`` gives them to the
+    worker (translator.js merges them over the worker's defaults, translator-worker.js).
+
+    The 0.4.9 worker defaults to ``skip-cost: true``, which loads the model as
+    ``models::usage::raw`` (Marian's src/translator/scorers.cpp): its scores are logits with no
+    log-softmax. Greedy picks the same word either way, so beam 1 keeps the cheaper default; a wider
+    beam ranks hypotheses by sums of those logits, not log-probabilities (Marian's help: "not
+    recommended for beam-size > 1"), and so searches otherwise than Marian and xf do."""
+    return {"beam-size": beam_size, "normalize": normalize, "skip-cost": beam_size == 1,
+            "allow-unk": True}  # unk: as xf
+
+
 def write_directory(directory: Path, model: bytes, int8: bool, shortlist: Optional[bytes], spm_model: bytes,
                     package: Path, direction: str, decoding: Mapping) -> dict[str, str]:
     """Fill ``directory`` with what the page loads: the model (``int8``: intgemm8 weights), the

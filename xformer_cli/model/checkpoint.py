@@ -30,7 +30,7 @@ import torch
 from ..base.checkpoint_names import checkpoint_numbers
 from ..base.errors import ConfigError, XfError
 from ..base.fileio import atomic_write
-from ..settings.options import PRESETS, REGULARIZATION
+from ..settings.options import CONVENTIONS, PRESETS, REGULARIZATION
 from ..text.vocab import MAPPED_MAGIC, load_sentencepiece
 from .transformer import ModelConfig, Transformer, config_from_dict, config_to_dict
 
@@ -216,12 +216,13 @@ def model_from_checkpoint(ckpt: dict, path: str | Path = "checkpoint") -> Transf
 
 
 def load_initial_model(path: str | Path, data_vocabulary: bytes, data_path: Path, given: dict,
-                       arch: Optional[str] = None) -> tuple[ModelConfig, dict]:
+                       arch: Optional[str] = None, convert: bool = False) -> tuple[ModelConfig, dict]:
     """(model configuration, weights) of checkpoint ``path`` to fine-tune from (xf train --init-from).
 
     ``given``: the model options set on the command line or in YAML (None: not set); one that
-    differs from the checkpoint's is an error, except the dropouts (``REGULARIZATION``), and so is
-    a preset ``arch`` whose shape is not the checkpoint's. The data must have the
+    differs from the checkpoint's is an error, except the dropouts (``REGULARIZATION``) and, with
+    ``convert`` (--init-from-convert), the conventions (``CONVENTIONS``), one of which must then
+    differ; so is a preset ``arch`` whose shape is not the checkpoint's. The data must have the
     checkpoint's vocabulary (``data_vocabulary``, the bytes of data_path/spm.model)."""
     ckpt = load_checkpoint(path)
     if not same_vocabulary(ckpt["spm_model"], data_vocabulary):
@@ -232,14 +233,19 @@ def load_initial_model(path: str | Path, data_vocabulary: bytes, data_path: Path
         if name not in REGULARIZATION and given.get(name) is None and value != values.get(name):
             raise ConfigError(f"--arch {arch} conflicts with --init-from {path}, whose model has {name.replace('_', '-')} "
                               f"{values.get(name)} ({arch}: {value}); the model comes from the checkpoint (leave out --arch)")
+    changeable = REGULARIZATION + (CONVENTIONS if convert else ())
     for name, value in given.items():
         if value is None or value == values.get(name):
             continue
-        if name not in REGULARIZATION:
+        if name not in changeable:
+            hint = "; --init-from-convert lets --sinusoids and --decoder-start change" if name in CONVENTIONS else ""
             raise ConfigError(f"--{name.replace('_', '-')} {value} conflicts with --init-from {path}, whose model has "
-                              f"{values.get(name)} (the model options come from the checkpoint)")
+                              f"{values.get(name)} (the model options come from the checkpoint{hint})")
         values[name] = value
-    cfg = config_from_dict(values)
+    cfg, trained = config_from_dict(values), config_from_dict(ckpt["model_config"])
+    if convert and all(getattr(cfg, name) == getattr(trained, name) for name in CONVENTIONS):
+        raise ConfigError(f"--init-from-convert changes nothing: --init-from {path} has --sinusoids {cfg.sinusoids} "
+                          f"--decoder-start {cfg.decoder_start} already; give the ones to convert to")
     model_from_checkpoint(ckpt, path)  # its weights fit its configuration
     return cfg, ckpt["model"]
 

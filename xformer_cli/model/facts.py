@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Optional
 
 from ..base.errors import XfError
+from ..settings.options import CONVENTIONS
 from ..text.languages import LANGUAGE_KEYS, languages_of, model_pairs, pair_names, same_language, tag, vocabulary_for
 
 FORMATS = ("ctranslate2", "argos", "huggingface", "marian", "bergamot")
@@ -169,25 +170,40 @@ def _bilingual(meta: dict) -> tuple[tuple[str, str], ...]:
 
 
 # -- what each format can hold -----------------------------------------------------------------------
-def marian_architecture(facts: ModelFacts, target: str, sinusoids: str, decoder_start: str) -> list[str]:
+# A reason a format cannot hold a model: (the phrase that says why, the training flags a model made
+# with them would not have it: none where no flag helps, as for a mapped vocabulary).
+Reason = tuple[str, tuple[str, ...]]
+# The flags of the options a fine-tune may carry a trained model over to (xf train --init-from-convert).
+CONVERTIBLE = tuple(f"--{name.replace('_', '-')} " for name in CONVENTIONS)
+
+
+def marian_architecture(facts: ModelFacts, target: str, sinusoids: str, decoder_start: str) -> list[Reason]:
     """Every option of ``facts`` that ``target`` (MarianMT, or Marian: one architecture that differs in
-    ``sinusoids`` and ``decoder_start``) cannot compute, each as one phrase."""
-    out = [f"--{option} {mine} cannot be exported to {target}, which has --{option} {theirs} (train with it)"
-           for option, mine, theirs in (("sinusoids", facts.sinusoids, sinusoids),
-                                        ("decoder-start", facts.decoder_start, decoder_start)) if mine != theirs]
+    ``sinusoids`` and ``decoder_start``) cannot compute. The two conventions are one reason, so that
+    a model lacking both is told both at once."""
+    theirs = [(option, mine, wanted) for option, mine, wanted in (
+        ("--sinusoids", facts.sinusoids, sinusoids), ("--decoder-start", facts.decoder_start, decoder_start))
+        if mine != wanted]
+    out = []
+    if theirs:
+        fix = tuple(f"{option} {wanted}" for option, _, wanted in theirs)
+        out.append((f"{' '.join(f'{option} {mine}' for option, mine, _ in theirs)} cannot be exported to {target}, "
+                    f"which computes {' '.join(fix)}", fix))
     if facts.positions != "sinusoidal":
-        out.append(f"--positions {facts.positions} cannot be exported to {target} (static sinusoids only)")
+        out.append((f"--positions {facts.positions} cannot be exported to {target} (static sinusoids only)",
+                    ("--positions sinusoidal",)))
     if facts.activation not in MARIAN_ACTIVATIONS:
-        out.append(f"--activation {facts.activation} cannot be exported to {target} ({', '.join(MARIAN_ACTIVATIONS)} only)")
+        out.append((f"--activation {facts.activation} cannot be exported to {target} "
+                    f"({', '.join(MARIAN_ACTIVATIONS)} only)", ("--activation relu",)))
     if facts.d_model % 2:
-        out.append(f"--d-model {facts.d_model} is odd; {target}'s sinusoids need an even width")
+        out.append((f"--d-model {facts.d_model} is odd; {target}'s sinusoids need an even width", ()))
     if facts.head_dim and facts.head_dim * facts.heads != facts.d_model:
-        out.append(f"--head-dim {facts.head_dim} (heads x head_dim != d_model) cannot be exported to {target}, "
-                   "whose heads split d_model")
+        out.append((f"--head-dim {facts.head_dim} (heads x head_dim != d_model) cannot be exported to {target}, "
+                    "whose heads split d_model", ()))
     return out
 
 
-def marian_reasons(facts: ModelFacts) -> list[str]:
+def marian_reasons(facts: ModelFacts) -> list[Reason]:
     """What Marian's transformer (and so Bergamot's engine) cannot hold. Its pre-LN decoder attends
     over un-normalized states of earlier positions when it decodes step by step
     (src/models/transformer.h); an output projection of its own (Marian's
@@ -195,39 +211,57 @@ def marian_reasons(facts: ModelFacts) -> list[str]:
     (docs/benchmarks.md), so it is refused until the export's fault is found."""
     out = []
     if facts.vocabulary_kind == "mapped":
-        out.append("its vocabulary is a mapped one (two sentencepiece models, from xf import huggingface); Marian "
-                   "reads one sentencepiece model's own ids")
+        out.append(("its vocabulary is a mapped one (two sentencepiece models, from xf import huggingface); Marian "
+                    "reads one sentencepiece model's own ids", ()))
     if facts.normalize_before:
-        out.append("--normalize-before (pre-LN) cannot be exported to Marian, whose pre-LN decoder attends over "
-                   "un-normalized states of earlier positions when it decodes step by step")
+        out.append(("--normalize-before (pre-LN) cannot be exported to Marian, whose pre-LN decoder attends over "
+                    "un-normalized states of earlier positions when it decodes step by step", ("--no-normalize-before",)))
     out += marian_architecture(facts, "Marian", "tensor2tensor", "zero")
     if facts.scale_embedding is False:
-        out.append("--scale-embedding false cannot be exported to Marian, which always scales embeddings by "
-                   "sqrt(d_model)")
+        out.append(("--scale-embedding false cannot be exported to Marian, which always scales embeddings by "
+                    "sqrt(d_model)", ("--scale-embedding",)))
     if facts.share_embeddings == "none":
-        out.append("an output projection of its own (--share-embeddings none) is not translated as xf translates it "
-                   "by Marian or Bergamot's engine; train with --share-embeddings all or decoder")
+        out.append(("an output projection of its own (--share-embeddings none) is not translated as xf translates "
+                    "it by Marian or Bergamot's engine (--share-embeddings decoder also exports)",
+                    ("--share-embeddings all",)))
     return out
 
 
-def format_reasons(facts: ModelFacts, fmt: str) -> list[str]:
+def format_reasons(facts: ModelFacts, fmt: str) -> list[Reason]:
     """Every reason ``facts`` cannot go to format ``fmt``, in one list (empty: it can)."""
     out = []
     if facts.multilingual and fmt in RUNTIMES:
-        out.append(f"multilingual ({facts.describe()}) and {RUNTIMES[fmt]} has no step that starts a source with "
-                   "its target tag; export it as ctranslate2 or huggingface")
+        out.append((f"multilingual ({facts.describe()}) and {RUNTIMES[fmt]} has no step that starts a source with "
+                    "its target tag; export it as ctranslate2 or huggingface", ()))
     if fmt in ("ctranslate2", "argos") and facts.positions in ("rope", "alibi"):
-        out.append(f"{facts.positions} positions cannot be exported to CTranslate2 (sinusoidal or learned only)")
+        out.append((f"{facts.positions} positions cannot be exported to CTranslate2 (sinusoidal or learned only)",
+                    ("--positions sinusoidal",)))
     if fmt == "huggingface":
         if facts.normalize_before:
-            out.append("--normalize-before (pre-LN) cannot be exported to MarianMT, which is post-LN")
+            out.append(("--normalize-before (pre-LN) cannot be exported to MarianMT, which is post-LN",
+                        ("--no-normalize-before",)))
         out += marian_architecture(facts, "MarianMT", "paper", "bos")
     if fmt in ("marian", "bergamot"):
         out += marian_reasons(facts)
     return out
 
 
+def refusal(facts: ModelFacts, reasons: list[Reason]) -> Optional[str]:
+    """One line of every reason, then every flag that retraining needs, at once; where the flags
+    are only the conventions (CONVERTIBLE), the fine-tune that carries the trained model over too."""
+    if not reasons:
+        return None
+    flags = " ".join(dict.fromkeys(flag for _, fix in reasons for flag in fix))
+    line = "; ".join(phrase for phrase, _ in reasons)
+    if not flags:
+        return line
+    line += f"; retrain with {flags}"
+    if all(fix and all(flag.startswith(CONVERTIBLE) for flag in fix) for _, fix in reasons):
+        line += f", or fine-tune it to them: xf train DATA --init-from {facts.where} --init-from-convert {flags}"
+    return line
+
+
 def _with_exports(facts: ModelFacts) -> ModelFacts:
     from dataclasses import replace
 
-    return replace(facts, exports=tuple((fmt, "; ".join(format_reasons(facts, fmt)) or None) for fmt in FORMATS))
+    return replace(facts, exports=tuple((fmt, refusal(facts, format_reasons(facts, fmt))) for fmt in FORMATS))

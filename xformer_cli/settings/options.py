@@ -96,6 +96,12 @@ PRESETS: dict[str, dict] = {
 # differ only in them are one architecture (xf average-checkpoints).
 REGULARIZATION = ("dropout", "attention_dropout", "activation_dropout")
 
+# The ModelConfig fields that change what a model's weights compute but none of its weights: the
+# position frequencies and the decoder's first input, Marian's conventions (xf export marian and
+# bergamot need tensor2tensor and zero, huggingface the paper's and bos). A fine-tune given
+# --init-from-convert may set them apart from its checkpoint and learns the change.
+CONVENTIONS = ("sinusoids", "decoder_start")
+
 # The ModelConfig fields that xf train can set on top of a preset (the vocabulary comes from the data).
 MODEL_OVERRIDES = tuple(f.name for f in dataclasses.fields(ModelConfig) if f.name != "vocab_size")
 
@@ -231,6 +237,11 @@ class TrainOptions:
         None, "fine-tune: start from this checkpoint's weights (xf's or imported) with a fresh optimizer, schedule and "
         "counters; the model options are the checkpoint's (a conflicting one is an error; dropouts may change) and "
         "the data must have its vocabulary (xf preprocess --vocab-from). A checkpoint_last.pt in --save-dir resumes instead")
+    init_from_convert: bool = option(
+        False, "with --init-from: --sinusoids and --decoder-start given may differ from the checkpoint's (they "
+        "change no weight): a fine-tune that carries a trained model over to another format's conventions, e.g. "
+        "--sinusoids tensor2tensor --decoder-start zero for xf export marian|bergamot; every other model option "
+        "stays the checkpoint's")
     # batching
     max_tokens: int = option(4096, "tokens per micro-batch (source or target, whichever is larger)", range=COUNT1)
     update_freq: int = option(1, "micro-batches accumulated per update", range=Range(1, 1 << 20))
@@ -309,6 +320,9 @@ class TrainOptions:
             raise ConfigError("--weight-decay is decoupled weight decay: use --optimizer adamw")
         if self.arch is not None and self.arch not in PRESETS:
             raise ConfigError(f"unknown arch '{self.arch}'; choose one of {', '.join(PRESETS)}")
+        if self.init_from_convert and self.init_from is None:
+            raise ConfigError("--init-from-convert changes a checkpoint's conventions on a fine-tune: it needs "
+                              "--init-from CHECKPOINT")
         if self.init_from is None:  # with it, the model is the checkpoint's, checked against it when it is read
             model_config(self.arch or "base", **{name: getattr(self, name) for name in MODEL_OVERRIDES})
 

@@ -38,11 +38,12 @@ from .update import make_optimizer
 
 def build_config(o: TrainOptions, data: DataDir) -> tuple[ModelConfig, Optional[dict]]:
     """The model that trains, built once: --init-from's (with its weights; --arch and the model
-    options given must agree with it, but for its regularization), else the preset named by
+    options given must agree with it, but for its regularization and, with --init-from-convert,
+    its conventions), else the preset named by
     --arch with the model options given applied (and no weights)."""
     given = {name: getattr(o, name) for name in MODEL_OVERRIDES}
     if o.init_from:
-        return load_initial_model(o.init_from, data.spm_model_bytes, data.path, given, o.arch)
+        return load_initial_model(o.init_from, data.spm_model_bytes, data.path, given, o.arch, o.init_from_convert)
     return model_config(o.arch or "base", vocab_size=data.vocab_size, **given), None
 
 
