@@ -61,6 +61,7 @@ from xformer_cli.formality import classify, cues, words
     # addresses no one
     ("Du meine Güte! Wie spät es ist.", "none"),
     ("Du meine Güte! Mögen Sie Jazz?", "formal"),
+    ("Auf dem Schild steht \"PORT DU CASQUE OBLIGATOIRE\".", "none"),
 ])
 def test_classify(text, label):
     assert classify(text) == label

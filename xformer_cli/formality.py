@@ -23,7 +23,8 @@ Ambiguous cues, where a pronoun may as well be she, they or their:
 
 Quoted speech is text the writer chose a form of address for, so its cues count; only where a
 sentence holds formal and informal cues at once do those outside quotes decide (a narrator who
-says Sie quoting someone who says du is formal). "Du meine Güte" and its kind address no one.
+says Sie quoting someone who says du is formal). "Du meine Güte" and its kind address no one, nor
+does a word in capitals ("PORT DU CASQUE OBLIGATOIRE").
 
 How a sentence is labelled (``classify``): its unambiguous cues decide (formal and informal both:
 those outside quotes, else ``none``); where it has ambiguous cues only, all of one formality, the
@@ -40,6 +41,7 @@ import re
 from dataclasses import dataclass
 from typing import Optional
 
+LANGUAGE = "de"  # the language the classifier reads
 FORMALITIES = ("formal", "informal")  # what a request may ask for
 LABELS = FORMALITIES + ("none",)
 
@@ -175,6 +177,8 @@ def cues(text: str) -> list[Cue]:
         after = ws[i + 1] if i + 1 < len(ws) else None
         before = ws[i - 1] if i > 0 and w.attached else None  # the word just before, in the same clause
         lower = w.text.lower()
+        if len(w.text) > 1 and w.text.isupper():
+            continue  # capitals: a sign or a name ("PORT DU CASQUE"), not a sentence's address
 
         def cue(formality: str, ambiguous: bool = False) -> None:
             out.append(Cue(text[w.start: w.start + len(w.text)], w.start, formality, ambiguous, w.quoted))
