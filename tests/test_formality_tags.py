@@ -219,6 +219,12 @@ def test_a_model_without_formality_tags_refuses_in_one_line(models, tmp_path):
     assert models["plain"] in line and "--formality formal" in line and not out.exists()
 
 
+def test_an_ensemble_has_formality_tags_in_every_model_or_in_none(models, tmp_path):
+    for paths in ((models["formal"], models["plain"]), (models["plain"], models["formal"])):
+        cli_fails(["translate", "--path", *paths, "--input", "-", "--device", "cpu"],
+                  f"{models['formal']} has formality tags but {models['plain']} has none")
+
+
 def test_jsonl_lines_choose_their_own_formality(models, tmp_path, monkeypatch):
     src = tmp_path / "in.jsonl"
     src.write_text("\n".join(json.dumps(r) for r in [
