@@ -18,7 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
-from xformer_cli.data import TokenArray, TokenArrayWriter
+from xformer_cli.data.dataset import TokenArray, TokenArrayWriter
 
 SCALE = float(os.environ.get("XF_BENCH_DATA_SCALE", "1"))
 SENTENCES = int(36_000_000 * SCALE)

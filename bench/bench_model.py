@@ -7,8 +7,8 @@ import time
 
 import torch
 
-from xformer_cli.model import MultiHeadAttention, build_model
-from xformer_cli.train_log import peak_memory_mib
+from xformer_cli.model.transformer import MultiHeadAttention, build_model
+from xformer_cli.train.log import peak_memory_mib
 
 
 def _time(fn, repeat: int) -> float:

@@ -141,7 +141,7 @@ def repeat_data_dir(base: Path, dest: Path, pairs: int) -> None:
     """A data directory like ``base`` whose training split holds ``pairs`` pairs: base's binarized
     sentences repeated, each round in another seeded order (what xf preprocess would write for the
     repeated text, without encoding the same sentences again)."""
-    from xformer_cli.data import TokenArray, TokenArrayWriter
+    from xformer_cli.data.dataset import TokenArray, TokenArrayWriter
 
     dest.mkdir()
     for f in base.iterdir():
@@ -185,14 +185,14 @@ def memory_rows(kept: Path, tmp: Path) -> list[dict]:
     data = tmp / "subset-bin"  # the epoch part's subset
     if not data.exists():
         repeat_data_dir(kept / "base-bin", data, SUBSET)
-    from xformer_cli.batching import batch_by_size
-    from xformer_cli.data import DataDir
+    from xformer_cli.data.batching import batch_by_size
+    from xformer_cli.data.dataset import DataDir
 
     split = DataDir.open(data).split("train")
     shapes = {(len(b), int(split.src_sizes[b].max()), int(split.tgt_sizes[b].max()))
               for b in batch_by_size(split.src_sizes, split.tgt_sizes, MEMORY_MAX_TOKENS)}
     case = f"{SUBSET:,}-pair subset, {len(shapes)} distinct batch shapes"
-    from xformer_cli.precision import cpu_bf16_instructions
+    from xformer_cli.base.precision import cpu_bf16_instructions
 
     out, peaks = [], {}
     precisions = MEMORY_PRECISIONS or (["fp32", "bf16"] if cpu_bf16_instructions() else ["fp32"])

@@ -141,15 +141,15 @@ class InProcess:
     """translate_buffer on one line in this process: the reference for a one-line request."""
 
     def __init__(self, checkpoint: str, trained: bool):
-        from xformer_cli.translation import open_engine
-        from xformer_cli.options import TranslateOptions
+        from xformer_cli.decode.translate import open_engine
+        from xformer_cli.settings.options import TranslateOptions
 
         overrides = {} if trained else {"max_len_a": 1.0, "max_len_b": 0}
         self.options = TranslateOptions(path=(checkpoint,), threads=THREADS, **overrides)
         self.engine, self.sp, _ = open_engine(self.options)
 
     def seconds(self, line: str) -> float:
-        from xformer_cli.translation import Stats, translate_buffer
+        from xformer_cli.decode.translate import Stats, translate_buffer
 
         start = time.perf_counter()
         translate_buffer(self.engine, self.sp, [line], 0, self.options, Stats())

@@ -7,7 +7,7 @@ instructions (elsewhere a row says why it was not run). On a GPU, and from ``ben
 ``base``/``big`` at --max-tokens 25000 on a WMT-like corpus (below).
 
 Each run is a process of its own (its peak memory is its own), set up by xf train's set-up
-(``train_setup.set_up``: data, batches, model, optimizer, autocast; nothing is written: no
+(``train.setup.set_up``: data, batches, model, optimizer, autocast; nothing is written: no
 checkpoint, no log) and fed by xf train's ``Prefetch`` (on CUDA the next update is collated in a
 background thread and pinned). xf runs ``train_step``, the update of xf train; the reference is
 ``torch.nn.Transformer`` (batch_first, the same width, depth, heads, FFN, dropout and post-/pre-LN)
@@ -119,8 +119,8 @@ def wmt_like_data(root: Path, pairs: int = PAIRS, vocab: int = VOCAB) -> Path:
 
     import sentencepiece as spm
 
-    from xformer_cli.data import FORMAT_VERSION, TokenArrayWriter, smallest_dtype
-    from xformer_cli.vocab import BOS_ID, EOS_ID, PAD_ID, UNK_ID
+    from xformer_cli.data.dataset import FORMAT_VERSION, TokenArrayWriter, smallest_dtype
+    from xformer_cli.text.vocab import BOS_ID, EOS_ID, PAD_ID, UNK_ID
 
     dest = root / f"wmt-like-{pairs}-{vocab}"
     if (dest / "meta.json").exists():  # XF_BENCH_TRAIN_DATA_DIR: made by an earlier stage of bench/gpu.sh
@@ -189,8 +189,8 @@ def reference_model(cfg):
     import torch.nn.functional as F
     from torch import nn
 
-    from xformer_cli.model import sinusoidal_positions
-    from xformer_cli.vocab import PAD_ID
+    from xformer_cli.model.transformer import sinusoidal_positions
+    from xformer_cli.text.vocab import PAD_ID
 
     class Reference(nn.Module):
         def __init__(self):
@@ -223,16 +223,16 @@ def one_run(engine: str, data: str, save_dir: str, out: str, device: str, precis
     (so that a run killed later still tells its compile time) and at the end."""
     import torch.nn.functional as F
 
-    from xformer_cli import compiling, distributed
-    from xformer_cli.batching import Prefetch
-    from xformer_cli.flops import training_flops
-    from xformer_cli.options import TrainOptions, model_config
-    from xformer_cli.safety import SaveDirLock
-    from xformer_cli.train_log import peak_memory_mib
-    from xformer_cli.compiling import compile_forward, compiled_graphs
-    from xformer_cli.train_setup import set_up
-    from xformer_cli.training import train_step
-    from xformer_cli.vocab import PAD_ID
+    from xformer_cli.base import compiling, distributed
+    from xformer_cli.data.batching import Prefetch
+    from xformer_cli.model.flops import training_flops
+    from xformer_cli.settings.options import TrainOptions, model_config
+    from xformer_cli.base.safety import SaveDirLock
+    from xformer_cli.train.log import peak_memory_mib
+    from xformer_cli.base.compiling import compile_forward, compiled_graphs
+    from xformer_cli.train.setup import set_up
+    from xformer_cli.train.update import train_step
+    from xformer_cli.text.vocab import PAD_ID
 
     stop = []  # SIGTERM (the deadline): finish the update, report what was done
     signal.signal(signal.SIGTERM, lambda *_: stop.append(True))
@@ -293,7 +293,7 @@ def one_run(engine: str, data: str, save_dir: str, out: str, device: str, precis
         return run.learning_rate(n) if xf else make_lr(n)
 
     if not xf:
-        from xformer_cli.schedule import make_schedule
+        from xformer_cli.train.schedule import make_schedule
 
         make_lr = make_schedule(o.lr_scheduler, cfg.d_model, o.warmup_updates,
                                 o.lr_factor if o.lr_scheduler == "noam" else o.lr, o.warmup_init_lr)
@@ -383,7 +383,7 @@ def cpu_flags() -> str:
 
 def measure(emit) -> None:
     """Calls ``emit(row)`` for every row as soon as it is measured."""
-    from xformer_cli.precision import cpu_bf16_instructions
+    from xformer_cli.base.precision import cpu_bf16_instructions
 
     devices = ENV("XF_BENCH_TRAIN_DEVICES", "cpu" if DRY else ",".join(["cpu"] + ["cuda"] * torch.cuda.is_available()))
     keep = ENV("XF_BENCH_TRAIN_DATA_DIR")

@@ -93,10 +93,10 @@ def main(argv: list[str]) -> None:
 
 
 def measure(models: dict[str, Path], calibrations: dict[str, Path], multi30k: Path) -> list[str]:
-    from xformer_cli.confidence import Calibration, roc_auc, uncalibrated
-    from xformer_cli.metrics import sentence_chrf
-    from xformer_cli.options import TranslateOptions
-    from xformer_cli.translation import open_engine, open_scorer, translate_with_features
+    from xformer_cli.decode.confidence import Calibration, roc_auc, uncalibrated
+    from xformer_cli.text.metrics import sentence_chrf
+    from xformer_cli.settings.options import TranslateOptions
+    from xformer_cli.decode.translate import open_engine, open_scorer, translate_with_features
 
     options = TranslateOptions(path=(str(models["en-de"]),), device="cpu", threads=1, output_format="jsonl",
                                reverse_path=(str(models["de-en"]),), target_lang="de")
@@ -133,10 +133,10 @@ def timing(models: dict[str, Path], calibration: Path, multi30k: Path, rounds: i
 
     import torch
 
-    from xformer_cli.confidence import Calibration
-    from xformer_cli.options import TranslateOptions
-    from xformer_cli.precision import cpu_flags
-    from xformer_cli.translation import Stats, open_engine, open_scorer, translate_buffer
+    from xformer_cli.decode.confidence import Calibration
+    from xformer_cli.settings.options import TranslateOptions
+    from xformer_cli.base.precision import cpu_flags
+    from xformer_cli.decode.translate import Stats, open_engine, open_scorer, translate_buffer
 
     torch.set_num_threads(1)
     sources = read(multi30k / "test2016.en")
@@ -176,7 +176,7 @@ PREFIXES = {"first 4 words": lambda words: words[:4], "words but the last 2": la
 
 def prefixed(engine, sp, options, sources: list[str], cut) -> list[str]:
     """The best translation of each source, forced to start with ``cut(its words)``."""
-    from xformer_cli.translation import Stats, hypothesis_texts, search_lines
+    from xformer_cli.decode.translate import Stats, hypothesis_texts, search_lines
 
     prefixes = [sp.encode(" ".join(cut(s.split())), out_type=int) for s in sources]
     found, _ = search_lines(engine, sp.encode(sources, out_type=int), options, Stats(), None, 64, prefixes=prefixes)
@@ -185,7 +185,7 @@ def prefixed(engine, sp, options, sources: list[str], cut) -> list[str]:
 
 def language_thresholds(engine, sp, options, multi30k: Path, clean) -> list[str]:
     """How the wrong_language bound was chosen, on val: the share flagged at each bound."""
-    from xformer_cli.language_id import LanguageId
+    from xformer_cli.text.language_id import LanguageId
 
     sources, texts, _ = clean
     probability = LanguageId(["de"]).probability

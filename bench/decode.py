@@ -7,7 +7,7 @@ CTranslate2's own search), with same-run ratios against one case, each case's BL
                            [--json OUT] [--isa avx2]
 
 A case is words, the engine first:
-- ``xf`` (xf translate: ``TranslateOptions`` and ``translation.open_engine`` / ``translate_buffer``,
+- ``xf`` (xf translate: ``TranslateOptions`` and ``decode.translate.open_engine`` / ``translate_buffer``,
   sentencepiece, sorting and search included, loading excluded); ``ct2``: CTranslate2's own
   ``translate_batch`` (its own search and length penalty) on xf's export of the checkpoint;
   ``ct2-engine``: ``xf translate --engine ctranslate2`` (xf's search rules over CTranslate2);
@@ -20,7 +20,7 @@ A case is words, the engine first:
   ``greedy`` (beam 1; else --beam), ``cuda``;
 - CTranslate2's backends (it takes MKL and AVX-512 only on GenuineIntel CPUs unless told): ``mkl``,
   ``nomkl`` (CT2_USE_MKL), ``avx512`` (CT2_FORCE_CPU_ISA=AVX512).
-Each xf case is checked by the decoding plan first (``decoding_plan.plan_decoding``): a case the
+Each xf case is checked by the decoding plan first (``decode.plan.plan_decoding``): a case the
 plan refuses here, or would run badly (emulated bf16), is skipped with the plan's reason.
 
 ``--isa avx2`` runs every case as on an AVX2-only CPU (torch's kernels ``ATEN_CPU_CAPABILITY``,
@@ -138,7 +138,7 @@ def parse_case(name: str) -> Case:
 
 def translate_options(case: Case, job: dict):
     """The case's ``TranslateOptions`` (xf and ct2-engine cases)."""
-    from xformer_cli.options import TranslateOptions
+    from xformer_cli.settings.options import TranslateOptions
 
     int8 = case.precision == "int8"
     return TranslateOptions(
@@ -171,7 +171,7 @@ def batch_limit(lengths: list[int], job: dict) -> int:
     bound (``search.max_output_lengths``) for the longest of them."""
     import torch
 
-    from xformer_cli.search import max_output_lengths
+    from xformer_cli.decode.search import max_output_lengths
 
     longest = torch.tensor([max(lengths)])
     return int(max_output_lengths(longest, job["max_len_a"], job["max_len_b"], job["max_positions"])[0])
@@ -186,8 +186,8 @@ def refusal(case: Case, job: dict) -> Optional[str]:
     """Why ``case`` cannot run (or runs badly) here: the decoding plan's word, or what is missing."""
     import importlib.util
 
-    from xformer_cli.decoding_plan import Machine, plan_decoding
-    from xformer_cli.errors import XfError
+    from xformer_cli.decode.plan import Machine, plan_decoding
+    from xformer_cli.base.errors import XfError
 
     if job.get("isa") == "avx2" and (case.precision == "bf16" or case.env.get("CT2_FORCE_CPU_ISA")):
         return "--isa avx2: an AVX2-only CPU has no native bf16 and no AVX-512 kernels"
@@ -211,7 +211,7 @@ def open_xf(case: Case, job: dict):
     """(translate(lines) -> (outputs, target subwords), the engine's description) through xf translate's library."""
     import torch
 
-    from xformer_cli.translation import Stats, open_engine, translate_buffer
+    from xformer_cli.decode.translate import Stats, open_engine, translate_buffer
 
     options = translate_options(case, job)
     engine, sp, _ = open_engine(options)
@@ -239,7 +239,7 @@ def open_ct2(case: Case, job: dict):
     import sentencepiece as spm
     import torch
 
-    from xformer_cli.ctranslate2_format import _with_vocabulary_map
+    from xformer_cli.decode.ctranslate2_engine import _with_vocabulary_map
 
     sp = spm.SentencePieceProcessor(model_file=f"{job['ct2_dir']}/spm.model")
     vmap = _with_vocabulary_map(Path(job["ct2_dir"]), job["shortlist"], sp) if case.shortlist else None
@@ -277,7 +277,7 @@ def measure_case(job: dict) -> dict:
     then one timed pass over the lines. Graphs built in the timed pass are not decoding either."""
     import torch
 
-    from xformer_cli.train_log import peak_memory_mib
+    from xformer_cli.train.log import peak_memory_mib
 
     if job["threads"]:
         torch.set_num_threads(job["threads"])
@@ -321,8 +321,8 @@ def random_checkpoint(directory: Path, arch: str = "small", vocabulary: object =
     import sentencepiece as spm
     import torch
 
-    from xformer_cli.checkpoint import make_checkpoint, save_checkpoint
-    from xformer_cli.model import build_model
+    from xformer_cli.model.checkpoint import make_checkpoint, save_checkpoint
+    from xformer_cli.model.transformer import build_model
 
     if vocabulary == "multi30k":
         lines = [line for lang in ("en", "de")
@@ -356,8 +356,8 @@ def wmt_like_lines(count: int, vocabulary: int) -> list[str]:
 
 def longest_source(checkpoint: str, lines: list[str]) -> int:
     """The most subwords of any of ``lines`` in the checkpoint's vocabulary (eos not counted)."""
-    from xformer_cli.checkpoint import load_checkpoint
-    from xformer_cli.vocab import load_sentencepiece
+    from xformer_cli.model.checkpoint import load_checkpoint
+    from xformer_cli.text.vocab import load_sentencepiece
 
     sp = load_sentencepiece(load_checkpoint(checkpoint)["spm_model"], checkpoint)
     return max(map(len, sp.encode(lines)), default=0)
@@ -368,9 +368,9 @@ def build_shortlist(checkpoint: str, directory: Path) -> Optional[str]:
     vocabulary; None without Multi30k."""
     import numpy as np
 
-    from xformer_cli.checkpoint import load_checkpoint, spm_digest, vocab_digest
-    from xformer_cli.shortlist import build_shortlist as build
-    from xformer_cli.vocab import load_sentencepiece
+    from xformer_cli.model.checkpoint import load_checkpoint, spm_digest, vocab_digest
+    from xformer_cli.decode.shortlist import build_shortlist as build
+    from xformer_cli.text.vocab import load_sentencepiece
 
     if not (MULTI30K / "train.en").exists():
         return None
@@ -385,8 +385,8 @@ def build_shortlist(checkpoint: str, directory: Path) -> Optional[str]:
 
 def export_ct2(checkpoint: str, directory: Path) -> str:
     """xf export ctranslate2 of the checkpoint (float32 weights; each case's compute type converts)."""
-    from xformer_cli.checkpoint import load_checkpoint, model_from_checkpoint
-    from xformer_cli.ctranslate2_format import write_model_directory
+    from xformer_cli.model.checkpoint import load_checkpoint, model_from_checkpoint
+    from xformer_cli.formats.ctranslate2 import write_model_directory
 
     ckpt = load_checkpoint(checkpoint)
     write_model_directory(directory, model_from_checkpoint(ckpt, checkpoint).eval(), ckpt["spm_model"],
@@ -411,9 +411,9 @@ def prepare(args, work: Path, cases: list[Case]) -> dict:
 
     import torch
 
-    from xformer_cli.checkpoint import load_checkpoint
-    from xformer_cli.options import TranslateOptions
-    from xformer_cli.precision import cpu_flags
+    from xformer_cli.model.checkpoint import load_checkpoint
+    from xformer_cli.settings.options import TranslateOptions
+    from xformer_cli.base.precision import cpu_flags
 
     wmt_like = args.source == "wmt-like"
     checkpoint = args.path or random_checkpoint(work, args.arch, args.vocab_size if wmt_like else "multi30k")

@@ -1,4 +1,4 @@
-"""The formality classifier (xformer_cli/formality.py) against CoCoA-MT's references: precision
+"""The formality classifier (xformer_cli/text/formality.py) against CoCoA-MT's references: precision
 and recall of formal, informal and none.
 
     python bench/formality_classifier.py [--data ../shared/data/cocoa-mt] [--errors 10]
@@ -23,7 +23,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
-from xformer_cli.formality import LABELS, classify  # noqa: E402
+from xformer_cli.text.formality import LABELS, classify  # noqa: E402
 
 DOMAINS = ("telephony", "topical_chat")
 

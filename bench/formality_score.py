@@ -1,5 +1,5 @@
 """Formality accuracy of translations against CoCoA-MT's annotated references
-(xformer_cli/formality_score.py: the paper's, and the official scorer's, rules).
+(xformer_cli/text/formality_score.py: the paper's, and the official scorer's, rules).
 
     python bench/formality_score.py --hyp out.de --formal-refs F.formal.annotated.de \
         --informal-refs F.informal.annotated.de [--requested formal] [--json]
@@ -18,7 +18,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
-from xformer_cli.formality_score import LABELS, score  # noqa: E402
+from xformer_cli.text.formality_score import LABELS, score  # noqa: E402
 
 
 def read(paths: str) -> list[str]:

@@ -49,7 +49,7 @@ def paths(x, weight):
     import torch
     import torch.nn.functional as F
 
-    from xformer_cli.quantization import Int8MatmulLinear, quantize_int8
+    from xformer_cli.model.quantization import Int8MatmulLinear, quantize_int8
 
     out = {"fp32, MKL (F.linear)": lambda: F.linear(x, weight)}
     if hasattr(torch.ops.mkldnn, "_linear_pointwise"):
@@ -121,7 +121,7 @@ def main(argv: list[str]) -> int:
     args = ap.parse_args(argv)
     import torch
 
-    from xformer_cli.precision import cpu_flags, cpu_vendor
+    from xformer_cli.base.precision import cpu_flags, cpu_vendor
 
     flags = " ".join(f for f in sorted(cpu_flags()) if f.startswith(("avx", "amx", "fma")))
     header = dict(cpu_vendor=cpu_vendor(), cpu_flags=flags, torch=torch.__version__, threads=args.threads,

@@ -81,14 +81,14 @@ def checkpoint_dir(needed_bytes: int, candidates: tuple[str, ...] = ("/dev/shm",
 
 
 def train(save_dir: Path, emit) -> Path:
-    from xformer_cli import distributed
-    from xformer_cli.checkpoint import make_checkpoint, save_checkpoint
-    from xformer_cli.batching import Prefetch
-    from xformer_cli.train_setup import set_up
-    from xformer_cli.options import TrainOptions
-    from xformer_cli.safety import SaveDirLock
-    from xformer_cli.training import train_step
-    from xformer_cli.validate import validation_loss
+    from xformer_cli.base import distributed
+    from xformer_cli.model.checkpoint import make_checkpoint, save_checkpoint
+    from xformer_cli.data.batching import Prefetch
+    from xformer_cli.train.setup import set_up
+    from xformer_cli.settings.options import TrainOptions
+    from xformer_cli.base.safety import SaveDirLock
+    from xformer_cli.train.update import train_step
+    from xformer_cli.train.validate import validation_loss
 
     stop = []
     signal.signal(signal.SIGTERM, lambda *_: stop.append(True))

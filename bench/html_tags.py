@@ -18,9 +18,10 @@ import re
 import sys
 from pathlib import Path
 
-from xformer_cli.config import build_options
-from xformer_cli.options import ServeOptions
-from xformer_cli.serving import Server, load_directions
+from xformer_cli.settings.config import build_options
+from xformer_cli.settings.options import ServeOptions
+from xformer_cli.serve.server import Server
+from xformer_cli.serve.directions import load_directions
 
 LEXICON = {"man": "mann", "woman": "frau", "dog": "hund", "girl": "mädchen", "boy": "junge", "water": "wasser",
            "street": "straße", "red": "rot", "blue": "blau", "child": "kind", "hat": "hut", "ball": "ball",

@@ -39,7 +39,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from xformer_cli.errors import XfError  # noqa: E402
+from xformer_cli.base.errors import XfError  # noqa: E402
 
 PRECISIONS = ("fp32", "bf16")
 COLUMNS = ("precision", "seed", "updates", "epochs", "val_loss", "val_nll", "val_ppl", "greedy_bleu_per_epoch",
@@ -81,8 +81,8 @@ def parse_args(argv=None) -> argparse.Namespace:
 def check_bf16(device_option: str, force: bool) -> str:
     """The hardware the study runs on (precision.hardware_note); where bf16 is emulated, unless
     ``force``, the one-line refusal (an XfError) instead."""
-    from xformer_cli.distributed import resolve_device
-    from xformer_cli.precision import NATIVE, hardware_note, xf_precisions
+    from xformer_cli.base.distributed import resolve_device
+    from xformer_cli.base.precision import NATIVE, hardware_note, xf_precisions
 
     device = resolve_device(device_option)
     if xf_precisions(device).get("bf16") != NATIVE and not force:
@@ -140,11 +140,11 @@ def train_run(a: argparse.Namespace, data: Path, precision: str, seed: int, save
 def evaluate_last(a: argparse.Namespace, save_dir: Path) -> dict:
     """The last checkpoint in fp32, so that only training differs between the runs: the sacreBLEU
     of its beam search of val (the config's translate beam and lenpen) and its val nll."""
-    from xformer_cli.checkpoint import load_ensemble
-    from xformer_cli.choose import read_valid, valid_bleu, valid_loss, valid_pairs
+    from xformer_cli.model.checkpoint import load_ensemble
+    from xformer_cli.train.choose import read_valid, valid_bleu, valid_loss, valid_pairs
     from xformer_cli.frame import load_command_options
-    from xformer_cli.distributed import resolve_device
-    from xformer_cli.options import TranslateOptions
+    from xformer_cli.base.distributed import resolve_device
+    from xformer_cli.settings.options import TranslateOptions
 
     path = save_dir / "checkpoint_last.pt"
     options = load_command_options(TranslateOptions, a.config, {"path": (str(path),), "quiet": True}, section="translate")
@@ -209,8 +209,8 @@ def markdown(a: argparse.Namespace, rows: list[dict], comparison: list[dict], ha
 
 
 def study(a: argparse.Namespace) -> list[dict]:
-    from xformer_cli.console import print_summary, stderr_console
-    from xformer_cli.fileio import atomic_write_text
+    from xformer_cli.base.console import print_summary, stderr_console
+    from xformer_cli.base.fileio import atomic_write_text
 
     console = stderr_console()
     hardware = check_bf16(a.device, force=a.force_bf16 or "bf16" not in a.precisions)

@@ -4,7 +4,7 @@
                                    [--threads 0] [--quantize none|int8] [--compile] [--shortlist FILE]
                                    [--rows 25]
 
-The search is the one ``xf translate`` runs (``translation.open_engine`` then ``engine.search``) on
+The search is the one ``xf translate`` runs (``decode.translate.open_engine`` then ``engine.search``) on
 the first --lines lines of SOURCE, in batches of --batch sentences, longest first, after one
 warm-up batch (with --compile, the batches run once more first, so that every graph is compiled
 before the profile). Operators are grouped by name, with their call counts: two trees profiled
@@ -23,9 +23,9 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from xformer_cli.batching import batch_by_size  # noqa: E402
-from xformer_cli.translation import open_engine  # noqa: E402
-from xformer_cli.options import TranslateOptions  # noqa: E402
+from xformer_cli.data.batching import batch_by_size  # noqa: E402
+from xformer_cli.decode.translate import open_engine  # noqa: E402
+from xformer_cli.settings.options import TranslateOptions  # noqa: E402
 
 
 def main() -> None:

@@ -225,8 +225,8 @@ def main(argv: list[str]) -> int:
         ap.error("--batches: two or more sizes, each at least 1")
     if args.isa:
         os.environ.update(decode.ISA_ENV[args.isa])
-    from xformer_cli.checkpoint import load_checkpoint
-    from xformer_cli.vocab import load_sentencepiece
+    from xformer_cli.model.checkpoint import load_checkpoint
+    from xformer_cli.text.vocab import load_sentencepiece
 
     sp = load_sentencepiece(load_checkpoint(args.path)["spm_model"], args.path)
     with tempfile.TemporaryDirectory(prefix="xf-profile-engines-") as tmp:

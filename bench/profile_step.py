@@ -3,7 +3,7 @@
     python bench/profile_step.py DATA_DIR [--arch small] [--max-tokens 4096] [--device cpu]
                                  [--precision fp32] [--rows 15]
 
-The update is xf's own ``training.train_step`` on xf train's set-up (``train_setup.set_up``), after two
+The update is xf's own ``train.update.train_step`` on xf train's set-up (``train.setup.set_up``), after two
 warm-up updates; operators are sorted by self time on the device (CPU time on a CPU). Writes
 nothing but a throw-away save directory.
 """
@@ -20,12 +20,12 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from xformer_cli import distributed  # noqa: E402
-from xformer_cli.batching import collate  # noqa: E402
-from xformer_cli.options import TrainOptions  # noqa: E402
-from xformer_cli.safety import SaveDirLock  # noqa: E402
-from xformer_cli.train_setup import set_up  # noqa: E402
-from xformer_cli.training import train_step  # noqa: E402
+from xformer_cli.base import distributed  # noqa: E402
+from xformer_cli.data.batching import collate  # noqa: E402
+from xformer_cli.settings.options import TrainOptions  # noqa: E402
+from xformer_cli.base.safety import SaveDirLock  # noqa: E402
+from xformer_cli.train.setup import set_up  # noqa: E402
+from xformer_cli.train.update import train_step  # noqa: E402
 
 
 def main() -> None:

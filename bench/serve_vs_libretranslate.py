@@ -30,9 +30,9 @@ sys.path.insert(0, str(HERE.parent))
 import bench_serve  # noqa: E402  (bench/ on sys.path: the benchmarks import each other)
 import libretranslate_env  # noqa: E402
 
-from xformer_cli.argos_format import write_package  # noqa: E402
-from xformer_cli.checkpoint import load_checkpoint, model_from_checkpoint  # noqa: E402
-from xformer_cli.precision import cpu_flags  # noqa: E402
+from xformer_cli.formats.argos import write_package  # noqa: E402
+from xformer_cli.model.checkpoint import load_checkpoint, model_from_checkpoint  # noqa: E402
+from xformer_cli.base.precision import cpu_flags  # noqa: E402
 
 CONCURRENCY = (1, 4, 16)
 PER_REQUEST = (1, 10)
@@ -60,7 +60,7 @@ def export_package(checkpoint: str, path: Path) -> Path:
 
 
 def export_ctranslate2(checkpoint: str, path: Path) -> Path:
-    from xformer_cli.ctranslate2_format import write_model_directory
+    from xformer_cli.formats.ctranslate2 import write_model_directory
 
     ckpt = load_checkpoint(checkpoint)
     path.mkdir()

@@ -276,7 +276,7 @@ def served(checkpoint: str, requests: list[list[str]], args: list[str], concurre
 
 def matching(sources: list[str], glossary_file: Path, pairs: list) -> list[str]:
     """Microseconds a sentence of finding the terms, three ways (best of 5 passes over the lines)."""
-    from xformer_cli.glossary import Glossary, find_terms
+    from xformer_cli.text.glossary import Glossary, find_terms
 
     server = Glossary.load(str(glossary_file))
     request = Glossary.from_pairs(pairs, "glossary")

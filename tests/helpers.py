@@ -28,14 +28,14 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from xformer_cli.checkpoint import make_checkpoint, save_checkpoint
+from xformer_cli.model.checkpoint import make_checkpoint, save_checkpoint
 from xformer_cli.commands.preprocess import preprocess
 from xformer_cli.commands.train import train
 from xformer_cli.commands.translate import translate
-from xformer_cli.model import build_model
-from xformer_cli.options import DecodingOptions, PreprocessOptions, TrainOptions, TranslateOptions
-from xformer_cli.search import Hypothesis, length_penalty
-from xformer_cli.vocab import BOS_ID, EOS_ID, PAD_ID
+from xformer_cli.model.transformer import build_model
+from xformer_cli.settings.options import DecodingOptions, PreprocessOptions, TrainOptions, TranslateOptions
+from xformer_cli.decode.search import Hypothesis, length_penalty
+from xformer_cli.text.vocab import BOS_ID, EOS_ID, PAD_ID
 
 REPO = Path(__file__).resolve().parents[1]
 MAX_POSITIONS = 128  # of tiny_checkpoint's model: so that a long line must be truncated
@@ -94,8 +94,8 @@ def learn_spm(lines, vocab_size=200, symbols=()) -> bytes:
 def multilingual_checkpoint(path, multi30k_dir: Path, pairs=("en-de", "en-fr"), seed: int = 0, **overrides) -> str:
     """A random tiny multilingual model (as random_checkpoint) whose vocabulary, learned on 300
     Multi30k lines of each language, reserves the target tags of ``pairs``, and whose meta records
-    them as xf train does (languages.py): for tests of choosing a target, serving, exporting."""
-    from xformer_cli.languages import parse_pairs, tag
+    them as xf train does (text/languages.py): for tests of choosing a target, serving, exporting."""
+    from xformer_cli.text.languages import parse_pairs, tag
 
     parsed = parse_pairs(list(pairs))
     langs = list(dict.fromkeys(lang for pair in parsed for lang in pair))
@@ -311,8 +311,8 @@ def teacher_forced_log_probs(model, sp, sources: list[str], targets: list[str]) 
     (N, V) in float32, the targets fed to the decoder."""
     import numpy as np
 
-    from xformer_cli.batching import collate
-    from xformer_cli.vocab import PAD_ID
+    from xformer_cli.data.batching import collate
+    from xformer_cli.text.vocab import PAD_ID
 
     batch = collate([(np.array(sp.encode(a)), np.array(sp.encode(b))) for a, b in zip(sources, targets)])
     with torch.no_grad():

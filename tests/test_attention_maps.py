@@ -9,8 +9,8 @@ import torch
 from typer.testing import CliRunner
 
 
-from xformer_cli import model as model_module
-from xformer_cli.attention_maps import (
+from xformer_cli.model import transformer as model_module
+from xformer_cli.model.attention_maps import (
     AttentionMaps,
     alignment_pairs,
     degeneracies,
@@ -23,16 +23,16 @@ from xformer_cli.attention_maps import (
     word_ids,
 )
 from xformer_cli.cli import app
-from xformer_cli.errors import ConfigError
-from xformer_cli.model import build_model
-from xformer_cli.vocab import PAD_ID, EOS_ID
-from xformer_cli.options import TranslateOptions
-from xformer_cli.search import Hypothesis, beam_search
-from xformer_cli.batching import collate_source
-from xformer_cli.options import DecodingOptions
-from xformer_cli.checkpoint import load_ensemble
-from xformer_cli.translation import Stats, translate_buffer
-from xformer_cli.engines import XfEngine
+from xformer_cli.base.errors import ConfigError
+from xformer_cli.model.transformer import build_model
+from xformer_cli.text.vocab import PAD_ID, EOS_ID
+from xformer_cli.settings.options import TranslateOptions
+from xformer_cli.decode.search import Hypothesis, beam_search
+from xformer_cli.data.batching import collate_source
+from xformer_cli.settings.options import DecodingOptions
+from xformer_cli.model.checkpoint import load_ensemble
+from xformer_cli.decode.translate import Stats, translate_buffer
+from xformer_cli.decode.engines import XfEngine
 
 V = 40
 runner = CliRunner()
@@ -170,8 +170,8 @@ def test_word_alignment():
 def test_source_words_are_those_of_the_line_as_given(spm_model):
     """Regression: 'A\u200bdog\u200bruns.' is one whitespace-separated word, though
     sentencepiece's normalization makes the zero-width spaces into word boundaries (▁)."""
-    from xformer_cli.attention_maps import line_word_ids
-    from xformer_cli.vocab import load_sentencepiece
+    from xformer_cli.model.attention_maps import line_word_ids
+    from xformer_cli.text.vocab import load_sentencepiece
 
     sp = load_sentencepiece(spm_model)
     for line, words in (("A\u200bdog\u200bruns.", 1), ("A  dog ｒｕｎｓ.", 3), ("  two words ", 2), ("Ein Hund", 2)):
@@ -264,8 +264,8 @@ def trained_tiny(multi30k_dir, updates=250, seed=1, batch_size=32):
     import sentencepiece as spm
 
     from helpers import learn_spm
-    from xformer_cli.batching import collate
-    from xformer_cli.loss import label_smoothed_loss
+    from xformer_cli.data.batching import collate
+    from xformer_cli.train.loss import label_smoothed_loss
 
     en = (multi30k_dir / "train.en").read_text(encoding="utf-8").splitlines()[:2000]
     de = (multi30k_dir / "train.de").read_text(encoding="utf-8").splitlines()[:2000]

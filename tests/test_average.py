@@ -8,11 +8,11 @@ import torch
 from typer.testing import CliRunner
 
 from xformer_cli.commands.average import average_checkpoints
-from xformer_cli.checkpoint import load_checkpoint, make_checkpoint, model_from_checkpoint, save_checkpoint
+from xformer_cli.model.checkpoint import load_checkpoint, make_checkpoint, model_from_checkpoint, save_checkpoint
 from xformer_cli.cli import app
-from xformer_cli.errors import ConfigError, XfError
-from xformer_cli.model import build_model
-from xformer_cli.options import AverageOptions
+from xformer_cli.base.errors import ConfigError, XfError
+from xformer_cli.model.transformer import build_model
+from xformer_cli.settings.options import AverageOptions
 
 SPM = b"stand-in sentencepiece model"
 TIED = ("encoder_embed.weight", "decoder_embed.weight", "output_proj.weight")

@@ -200,8 +200,8 @@ def never_ending_checkpoint(path: Path, multi30k_dir: Path) -> str:
     import torch
 
     from helpers import learn_spm, random_checkpoint
-    from xformer_cli.checkpoint import load_checkpoint, save_checkpoint
-    from xformer_cli.vocab import EOS_ID
+    from xformer_cli.model.checkpoint import load_checkpoint, save_checkpoint
+    from xformer_cli.text.vocab import EOS_ID
 
     lines = (multi30k_dir / "train.en").read_text(encoding="utf-8").splitlines()[:500]
     random_checkpoint(path, learn_spm(lines, 200), output_bias=True)
@@ -255,8 +255,8 @@ def test_a_model_that_never_ends_stops_at_the_same_length_in_both_engines(multi3
     in batches, CTranslate2's longest output is the bound of the batch's longest source, as xf's."""
     pytest.importorskip("ctranslate2", reason="the export extra (CTranslate2) is installed by make test")
     decode = bench_module("decode")
-    from xformer_cli.checkpoint import load_checkpoint
-    from xformer_cli.vocab import load_sentencepiece
+    from xformer_cli.model.checkpoint import load_checkpoint
+    from xformer_cli.text.vocab import load_sentencepiece
 
     ckpt = never_ending_checkpoint(tmp_path / "never.pt", multi30k_dir)
     sp = load_sentencepiece(load_checkpoint(ckpt)["spm_model"], ckpt)

@@ -10,11 +10,11 @@ import pytest
 import torch
 import yaml
 
-from xformer_cli.bergamot_format import (FLOAT32, INT8, INTGEMM8, SHORTLIST_MAGIC, binary_model, binary_shortlist,
+from xformer_cli.formats.bergamot import (FLOAT32, INT8, INTGEMM8, SHORTLIST_MAGIC, binary_model, binary_shortlist,
                                          check_int8_shapes, engine_package, hash_mem, is_gemm_weight)
-from xformer_cli.errors import XfError
-from xformer_cli.options import ModelConfig
-from xformer_cli.shortlist import Shortlist
+from xformer_cli.base.errors import XfError
+from xformer_cli.settings.options import ModelConfig
+from xformer_cli.decode.shortlist import Shortlist
 
 
 def load_items(data: bytes) -> dict:
@@ -143,7 +143,7 @@ def test_a_missing_or_other_engine_names_the_command_that_installs_it(tmp_path):
 
 def test_a_direction_is_named_by_two_letters_a_three_letter_code_by_its_two():
     """spa-deu was named "spde" (its first two letters); an ISO 639-3 code is its ISO 639-1 one."""
-    from xformer_cli.bergamot_format import direction_name
+    from xformer_cli.formats.bergamot import direction_name
 
     assert direction_name("en", "de") == direction_name("eng", "deu") == "ende"
     assert direction_name("spa", "deu") == "esde"

@@ -11,11 +11,11 @@ import pytest
 import sentencepiece as spm
 import torch
 
-from xformer_cli import checkpoint as ck
-from xformer_cli.checkpoint import load_checkpoint, load_last_checkpoint, make_checkpoint, same_vocabulary
-from xformer_cli.checkpoint import save_checkpoint
-from xformer_cli.errors import XfError
-from xformer_cli.model import build_model
+from xformer_cli.model import checkpoint as ck
+from xformer_cli.model.checkpoint import load_checkpoint, load_last_checkpoint, make_checkpoint, same_vocabulary
+from xformer_cli.model.checkpoint import save_checkpoint
+from xformer_cli.base.errors import XfError
+from xformer_cli.model.transformer import build_model
 
 
 def tiny(path, spm_model=b"stand-in", train_state=None):

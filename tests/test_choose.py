@@ -1,4 +1,4 @@
-"""Choosing the average and the length penalty on val (choose.py, xf average-checkpoints
+"""Choosing the average and the length penalty on val (train/choose.py, xf average-checkpoints
 --choose-on-valid): the candidates, the winner (the fixed rule beaten and winning), one search
 reranked per lenpen equals a search with that lenpen, the report, and the refusals."""
 
@@ -11,16 +11,16 @@ import pytest
 import torch
 from helpers import opts
 
-from xformer_cli.checkpoint import load_checkpoint, model_from_checkpoint
-from xformer_cli.choose import Candidate, candidate_sets, fixed_candidate, lenpen_grid, read_valid, valid_bleu
-from xformer_cli.choose import valid_loss, valid_pairs, winner
+from xformer_cli.model.checkpoint import load_checkpoint, model_from_checkpoint
+from xformer_cli.train.choose import Candidate, candidate_sets, fixed_candidate, lenpen_grid, read_valid, valid_bleu
+from xformer_cli.train.choose import valid_loss, valid_pairs, winner
 from xformer_cli.commands.average import average_checkpoints
 from xformer_cli.commands.train import train
-from xformer_cli.engines import XfEngine
-from xformer_cli.errors import ConfigError, XfError
-from xformer_cli.options import AverageOptions, TranslateOptions
-from xformer_cli.translation import Stats, translate_buffer
-from xformer_cli.vocab import load_sentencepiece
+from xformer_cli.decode.engines import XfEngine
+from xformer_cli.base.errors import ConfigError, XfError
+from xformer_cli.settings.options import AverageOptions, TranslateOptions
+from xformer_cli.decode.translate import Stats, translate_buffer
+from xformer_cli.text.vocab import load_sentencepiece
 
 
 def ckpts(n):

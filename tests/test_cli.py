@@ -153,8 +153,8 @@ def test_a_removed_option_says_what_replaces_it(args, words):
 ])
 def test_a_removed_yaml_key_says_what_replaces_it(tmp_path, yaml_text, words):
     from xformer_cli.frame import load_command_options
-    from xformer_cli.errors import ConfigError
-    from xformer_cli.options import TranslateOptions
+    from xformer_cli.base.errors import ConfigError
+    from xformer_cli.settings.options import TranslateOptions
 
     (tmp_path / "xf.yaml").write_text(yaml_text)
     with pytest.raises(ConfigError, match=words) as caught:

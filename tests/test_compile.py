@@ -8,12 +8,12 @@ import json
 import pytest
 import torch
 
-from xformer_cli import compiling
-from xformer_cli.checkpoint import load_checkpoint
-from xformer_cli.batching import batch_by_size
-from xformer_cli.data import DataDir
-from xformer_cli.model import build_model
-from xformer_cli.options import TrainOptions
+from xformer_cli.base import compiling
+from xformer_cli.model.checkpoint import load_checkpoint
+from xformer_cli.data.batching import batch_by_size
+from xformer_cli.data.dataset import DataDir
+from xformer_cli.model.transformer import build_model
+from xformer_cli.settings.options import TrainOptions
 from xformer_cli.commands.train import train
 
 from helpers import MICRO

@@ -7,11 +7,11 @@ packages (inductor's C++), about a minute each on a small CPU."""
 import pytest
 import torch
 
-from xformer_cli import compiling
-from xformer_cli.model import build_model
-from xformer_cli.options import DecodingOptions, TranslateOptions
-from xformer_cli.decoder_step import AotStep
-from xformer_cli.search import search
+from xformer_cli.base import compiling
+from xformer_cli.model.transformer import build_model
+from xformer_cli.settings.options import DecodingOptions, TranslateOptions
+from xformer_cli.decode.decoder_step import AotStep
+from xformer_cli.decode.search import search
 from xformer_cli.commands.translate import translate
 
 from helpers import assert_same_search, random_batch
@@ -145,8 +145,8 @@ def test_a_torch_without_the_package_loader_loads_through_its_public_function(tm
 def test_a_change_of_the_compiled_code_builds_anew(tmp_path, monkeypatch):
     """The package key holds a digest of the source compiled into it: the same model, machine
     and code load the package the first step built; a change to that code (here one comment in a
-    copy of model.py) builds a new one instead of running the old code."""
-    from xformer_cli import decoder_step
+    copy of model/transformer.py) builds a new one instead of running the old code."""
+    from xformer_cli.decode import decoder_step
 
     torch.manual_seed(0)
     model = build_model("tiny", vocab_size=40, d_model=16, d_ff=32, heads=2, encoder_layers=1, decoder_layers=1).eval()
@@ -160,9 +160,9 @@ def test_a_change_of_the_compiled_code_builds_anew(tmp_path, monkeypatch):
 
     assert counts() == (1, 0)
     assert counts() == (0, 1)  # unchanged code: loaded
-    changed = tmp_path / "model.py"
+    changed = tmp_path / "transformer.py"
     changed.write_text(decoder_step.step_sources()[0].read_text() + "\n# a fix\n")
-    assert decoder_step.step_sources()[0].name == "model.py"
+    assert decoder_step.step_sources()[0].name == "transformer.py"
     sources = decoder_step.step_sources()
     monkeypatch.setattr(decoder_step, "step_sources", lambda: [changed, *sources[1:]])
     decoder_step.source_digest.cache_clear()

@@ -1,4 +1,4 @@
-"""confidence.py: the fit on synthetic data with known weights, the
+"""decode/confidence.py: the fit on synthetic data with known weights, the
 calibration file's round trip and refusals, the flags, and the "confidence" of xf translate's
 jsonl through the CLI on tiny random models (whose translations are noise: only the contract
 is checked here; bench/confidence.py measures what the confidence is worth)."""
@@ -13,8 +13,8 @@ import pytest
 from typer.testing import CliRunner
 
 from xformer_cli.cli import app
-from xformer_cli.confidence import SCORES, WRONG_LANGUAGE_LETTERS, Calibration, Scorer, fit, is_copy, roc_auc, uncalibrated
-from xformer_cli.errors import XfError
+from xformer_cli.decode.confidence import SCORES, WRONG_LANGUAGE_LETTERS, Calibration, Scorer, fit, is_copy, roc_auc, uncalibrated
+from xformer_cli.base.errors import XfError
 
 from helpers import Served, tiny_checkpoint
 
@@ -218,7 +218,7 @@ def test_a_forced_copy_and_a_forced_wrong_language_output_get_confidence_0(model
 
 # -- labels at the median: ties broken, all equal refused (confidence.median_labels) ----------------------
 def test_labels_at_the_median_break_ties_so_a_weak_model_still_calibrates():
-    from xformer_cli.confidence import median_labels
+    from xformer_cli.decode.confidence import median_labels
 
     assert median_labels([1.0, 2.0, 3.0, 4.0]) == ([0, 0, 1, 1], 2.5)  # no ties: at or above the median
     assert median_labels([0.0, 5.0, 5.0, 9.0]) == ([0, 1, 1, 1], 5.0)  # ties that leave both sides: as before
@@ -232,8 +232,8 @@ def test_calibrate_refuses_equal_labels_in_one_line_before_writing(spm_model, tm
     """A model that ends every output at once (eos first): every chrF 0, nothing to fit."""
     import torch
 
-    from xformer_cli.checkpoint import load_checkpoint, save_checkpoint
-    from xformer_cli.vocab import EOS_ID
+    from xformer_cli.model.checkpoint import load_checkpoint, save_checkpoint
+    from xformer_cli.text.vocab import EOS_ID
 
     from helpers import cli_fails, random_checkpoint
 

@@ -2,12 +2,12 @@
 
 import pytest
 
-from xformer_cli.config import load_options, to_dict
+from xformer_cli.settings.config import load_options, to_dict
 from xformer_cli.frame import load_command_options
-from xformer_cli.errors import ConfigError
+from xformer_cli.base.errors import ConfigError
 import dataclasses
 
-from xformer_cli.options import ModelConfig, PreprocessOptions, TrainOptions, TranslateOptions
+from xformer_cli.settings.options import ModelConfig, PreprocessOptions, TrainOptions, TranslateOptions
 
 
 def write(tmp_path, text):
@@ -121,7 +121,7 @@ def test_old_decoding_names_are_aliases(tmp_path):
 
 
 def test_decoding_options_are_checked_once():
-    from xformer_cli.options import DecodingOptions
+    from xformer_cli.settings.options import DecodingOptions
 
     with pytest.raises(ValueError, match=r"--nbest 5 is larger than --beam-size 4"):
         DecodingOptions(beam_size=4, nbest=5)
@@ -133,8 +133,8 @@ def test_decoding_options_are_checked_once():
 def test_absolute_paths_makes_the_path_options_absolute(tmp_path, monkeypatch):
     """Regression: config.yaml said 'reuse with: xf train --config config.yaml' but held the
     relative paths of the directory it was run from."""
-    from xformer_cli.config import absolute_paths, to_dict
-    from xformer_cli.options import TrainOptions
+    from xformer_cli.settings.config import absolute_paths, to_dict
+    from xformer_cli.settings.options import TrainOptions
 
     monkeypatch.chdir(tmp_path)
     values = absolute_paths(TrainOptions, to_dict(TrainOptions(data="data-bin/x", save_dir="ck", arch="tiny")))

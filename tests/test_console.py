@@ -10,7 +10,7 @@ import pytest
 from helpers import cli_args
 from rich.table import Table
 
-from xformer_cli.console import print_table, stderr_console, table_line
+from xformer_cli.base.console import print_table, stderr_console, table_line
 
 BOX = re.compile("[\u2500-\u257f]")  # rich's box-drawing characters
 

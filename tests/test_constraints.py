@@ -4,8 +4,8 @@ states (overlaps, disjunctions, word ends), banks and the order of dynamic beam 
 import pytest
 import torch
 
-from xformer_cli.constraints import BatchConstraints, distinct_first, least_tokens, word_boundaries
-from xformer_cli.vocab import BOS_ID, EOS_ID, PAD_ID
+from xformer_cli.decode.constraints import BatchConstraints, distinct_first, least_tokens, word_boundaries
+from xformer_cli.text.vocab import BOS_ID, EOS_ID, PAD_ID
 
 PHRASE = [(7, 8)]  # one constraint, one form: the phrase "7 8"
 EITHER = [(5,), (7, 9)]  # one constraint, two forms
@@ -157,9 +157,9 @@ WORST = """
 import resource, sys, time, random, torch
 sys.path.insert(0, {tests!r})
 from helpers import tiny, batch
-from xformer_cli.constraints import BatchConstraints
-from xformer_cli.options import DecodingOptions
-from xformer_cli.search import beam_search
+from xformer_cli.decode.constraints import BatchConstraints
+from xformer_cli.settings.options import DecodingOptions
+from xformer_cli.decode.search import beam_search
 torch.set_num_threads(1)
 limits = DecodingOptions()
 rng, vocab = random.Random(0), 8000

@@ -20,12 +20,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from xformer_cli.checkpoint import load_checkpoint
-from xformer_cli.model import build_model
-from xformer_cli.vocab import PAD_ID, EOS_ID
-from xformer_cli.options import DecodingOptions, PreprocessOptions, TrainOptions
+from xformer_cli.model.checkpoint import load_checkpoint
+from xformer_cli.model.transformer import build_model
+from xformer_cli.text.vocab import PAD_ID, EOS_ID
+from xformer_cli.settings.options import DecodingOptions, PreprocessOptions, TrainOptions
 from xformer_cli.commands.preprocess import preprocess
-from xformer_cli.search import beam_search, greedy_search
+from xformer_cli.decode.search import beam_search, greedy_search
 from xformer_cli.commands.train import train
 
 REPO = Path(__file__).resolve().parents[1]
@@ -121,7 +121,7 @@ def test_a_cuda_device_turns_cudnn_attention_off(monkeypatch):
     """distributed.configure_cuda, called where xf resolves a CUDA device (training and decoding
     alike), turns SDPA's cuDNN backend off: it plans every new shape, and bucketed batches are
     new shapes. Checked on the CPU with CUDA's presence faked; a CPU device leaves it alone."""
-    from xformer_cli import distributed
+    from xformer_cli.base import distributed
 
     before = torch.backends.cuda.cudnn_sdp_enabled()
     try:
@@ -141,7 +141,7 @@ def test_attention_on_cuda_runs_flash_or_memory_efficient_kernels_not_cudnn():
     memory-efficient kernels (read from the profiler's kernel names), never cuDNN's."""
     from torch.profiler import ProfilerActivity, profile
 
-    from xformer_cli import distributed
+    from xformer_cli.base import distributed
 
     env = distributed.setup("cuda")
     assert not torch.backends.cuda.cudnn_sdp_enabled()

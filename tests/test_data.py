@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 import torch
 
-from xformer_cli.batching import batch_by_size, collate, collate_source, epoch_order, length_order, rank_share, update_batches
-from xformer_cli.data import FORMAT_VERSION, DataDir, TokenArray, TokenArrayWriter, smallest_dtype
-from xformer_cli.errors import XfError
+from xformer_cli.data.batching import batch_by_size, collate, collate_source, epoch_order, length_order, rank_share, update_batches
+from xformer_cli.data.dataset import FORMAT_VERSION, DataDir, TokenArray, TokenArrayWriter, smallest_dtype
+from xformer_cli.base.errors import XfError
 
 from helpers import learn_spm
 
@@ -433,7 +433,7 @@ def test_check_trainable_refuses_empty_splits_and_the_longest_pair_over_max_posi
     data) and a pair that needs more positions than the model has (it crashed at its batch)."""
     from types import SimpleNamespace
 
-    from xformer_cli.data import check_trainable
+    from xformer_cli.data.dataset import check_trainable
 
     class Split(SimpleNamespace):
         def __len__(self):

@@ -1,4 +1,4 @@
-"""The decoding plan (xformer_cli/decoding_plan.py): every rule of how a translation runs, as a
+"""The decoding plan (xformer_cli/decode/plan.py): every rule of how a translation runs, as a
 table of (options, machine) -> plan fields or the one-line refusal, on the CPU kinds and GPUs
 users have (machines are described, not detected: the table holds on any machine that runs it)."""
 
@@ -6,9 +6,9 @@ import os
 
 import pytest
 
-from xformer_cli.decoding_plan import PLAN_DEFAULTS, Machine, int8_rule, plan_decoding, plan_scoring, precision_rule, workers_rule
-from xformer_cli.errors import ConfigError, XfError
-from xformer_cli.options import ScorePairsOptions, TranslateOptions
+from xformer_cli.decode.plan import PLAN_DEFAULTS, Machine, int8_rule, plan_decoding, plan_scoring, precision_rule, workers_rule
+from xformer_cli.base.errors import ConfigError, XfError
+from xformer_cli.settings.options import ScorePairsOptions, TranslateOptions
 
 AVX2 = Machine(threads=2, cores=2)  # no bf16 instructions, int8 products not exact
 VNNI = Machine(cores=2, int8_exact=True, threads=2, cpu_flags=frozenset({"avx2", "avx512f", "avx512_vnni"}))
@@ -171,7 +171,7 @@ def test_the_translate_summary_prints_the_rules_that_fired(tmp_path, capsys):
     from rich.console import Console
 
     from xformer_cli.commands.translate import _summary
-    from xformer_cli.translation import Stats
+    from xformer_cli.decode.translate import Stats
 
     console = Console(file=open(tmp_path / "summary.txt", "w"), width=300)
     rules = (workers_rule(2, "cpu", False)[1], "--int8-engine auto: x86, any other CPU")

@@ -134,7 +134,7 @@ def test_distill_end_to_end_and_resume(tmp_path):
     assert kept["drop"] == 0.05 and read(d / "kept.de") == expected
     assert "drop" in (d / "filter-val.txt").read_text()
     # the student learned from the teacher's vocabulary and translated test2016
-    from xformer_cli.checkpoint import load_checkpoint
+    from xformer_cli.model.checkpoint import load_checkpoint
 
     assert (work / "data-bin" / "spm.model").read_bytes() == (teacher_work / "data-bin" / "spm.model").read_bytes()
     student, tutor = (load_checkpoint(p)["model"]["decoder_embed.weight"] for p in (work / "averaged.pt", teacher))

@@ -33,7 +33,7 @@ def test_the_reference_would_see_a_new_option(monkeypatch):
     """The staleness test can fail: a field added to an options class changes the reference."""
     import dataclasses
 
-    from xformer_cli.config import option
+    from xformer_cli.settings.config import option
 
     extended = dataclasses.make_dataclass("Extended", [("brand_new", int, option(7, "a new knob"))],
                                           bases=(COMMANDS[0].options,), frozen=True)

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from xformer_cli.checkpoint import load_checkpoint
+from xformer_cli.model.checkpoint import load_checkpoint
 
 from helpers import REPO, bench_module, multilingual_checkpoint, random_checkpoint, read, write
 
@@ -46,7 +46,7 @@ def snippets(pages=PAGES, root=REPO) -> dict[tuple[str, str], tuple[str, str]]:
 # decoding.md's too: multi.pt (helpers.multilingual_checkpoint), en-de.pt and a random de-en.pt
 # over its vocabulary, train.* and val.* (Multi30k's first lines).
 RUN = {
-    ("docs/data.md", "from xformer_cli.batching import batch_by_size, collate"),
+    ("docs/data.md", "from xformer_cli.data.batching import batch_by_size, collate"),
     ("docs/decoding.md", "xf score-pairs --path model.pt --source train.en --target train.de > scores.jsonl"),
     ("docs/decoding.md", "xf calibrate --path en-de.pt --reverse-path de-en.pt --source val.en --reference val.de \\"),
     ("docs/decoding.md", "xf translate --path multi.pt --target-lang de < test.en > test.hyp.de"),
@@ -83,8 +83,8 @@ NOT_RUNNABLE = {
                                                                  "under raw/ (tests/test_data.py runs xf preprocess)"),
     ("docs/data.md", "xf preprocess --pairs en-de,en-fr,de-fr \\"): _TRAIN,
     ("docs/decoding.md", "xf translate --path averaged.pt < test.en > test.hyp.de          # beam 4, alpha 0.6: the paper's"): _GPU + " (its last line)",
-    ("docs/decoding.md", "from xformer_cli.options import DecodingOptions"): _FRAGMENT,
-    ("docs/decoding.md", "from xformer_cli.pair_scoring import score_pairs, dual_conditional_cross_entropy"): _FRAGMENT,
+    ("docs/decoding.md", "from xformer_cli.settings.options import DecodingOptions"): _FRAGMENT,
+    ("docs/decoding.md", "from xformer_cli.decode.pair_scoring import score_pairs, dual_conditional_cross_entropy"): _FRAGMENT,
     ("docs/export.md", "python -m venv lt && lt/bin/pip install torch==2.13.0 && lt/bin/pip install libretranslate==1.9.6"): _NET,
     ("docs/export.md", "xf train --data data --arch base --sinusoids tensor2tensor --decoder-start zero --save-dir ckpt   # Marian's conventions"): _TRAIN + "; marian-decoder, a binary xf does not install",
     ("docs/export.md", "make bergamot                    # npm install --prefix .bergamot @browsermt/bergamot-translator@0.4.9"): _NET + " (npm); " + _TRAIN,

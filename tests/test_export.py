@@ -12,12 +12,12 @@ import torch.nn.functional as F
 from typer.testing import CliRunner
 
 from xformer_cli.cli import app
-from xformer_cli.errors import XfError
+from xformer_cli.base.errors import XfError
 from xformer_cli.commands.export import export_ctranslate2
-from xformer_cli.vocab import BOS_ID, EOS_ID
-from xformer_cli.options import ExportOptions, TranslateOptions
-from xformer_cli.batching import collate_source
-from xformer_cli.checkpoint import load_ensemble
+from xformer_cli.text.vocab import BOS_ID, EOS_ID
+from xformer_cli.settings.options import ExportOptions, TranslateOptions
+from xformer_cli.data.batching import collate_source
+from xformer_cli.model.checkpoint import load_ensemble
 from xformer_cli.commands.translate import translate
 
 from helpers import random_checkpoint
@@ -239,7 +239,7 @@ def test_unwritable_or_occupied_output_is_one_line(tmp_path, spm_model):
 
 # -- export never destroys its input -----------------------------------------------------------
 def test_export_over_its_input_or_a_running_training_is_refused_and_destroys_nothing(tmp_path, spm_model):
-    from xformer_cli.safety import SaveDirLock
+    from xformer_cli.base.safety import SaveDirLock
 
     (tmp_path / "in").mkdir()
     ckpt = random_checkpoint(tmp_path / "in" / "m.pt", spm_model)
@@ -266,7 +266,7 @@ def test_export_over_its_input_or_a_running_training_is_refused_and_destroys_not
 def test_overwrite_moves_the_old_model_aside_and_a_signal_loses_neither(tmp_path, spm_model, monkeypatch):
     import signal
 
-    from xformer_cli import fileio
+    from xformer_cli.base import fileio
 
     ckpt = random_checkpoint(tmp_path / "m.pt", spm_model)
     out = export(ckpt, tmp_path / "ct2")
@@ -336,9 +336,9 @@ def test_ctranslate2_on_a_bf16_cpu_computes_in_what_it_has(tmp_path, spm_model, 
     """CTranslate2 has no bf16 on CPU (int8 and float32 only), bf16 instructions or not: auto is
     float32 for it where it is bf16 for the xf engine, and bf16/fp16 by name are one-line refusals
     naming the engine, as are --quantize int8 with --precision bf16 for both engines."""
-    from xformer_cli import precision
-    from xformer_cli.decoding_plan import Machine, plan_decoding
-    from xformer_cli.translation import open_engine
+    from xformer_cli.base import precision
+    from xformer_cli.decode.plan import Machine, plan_decoding
+    from xformer_cli.decode.translate import open_engine
 
     monkeypatch.setattr(precision, "cpu_bf16_instructions", lambda: ["avx512_bf16"] if native else [])
     out = export(random_checkpoint(tmp_path / "m.pt", spm_model), tmp_path / "ct2")

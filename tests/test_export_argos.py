@@ -13,7 +13,7 @@ from typer.testing import CliRunner
 
 from xformer_cli.cli import app
 from xformer_cli.commands.translate import translate
-from xformer_cli.options import TranslateOptions
+from xformer_cli.settings.options import TranslateOptions
 
 from helpers import bench_module, random_checkpoint
 
@@ -52,7 +52,7 @@ def test_package_holds_the_model_the_vocabulary_the_splitter_and_metadata(tmp_pa
 
 def test_the_splitter_ends_sentences_at_stops_before_a_space(tmp_path):
     minisbd = pytest.importorskip("minisbd", reason="argostranslate (the argos extra) is not installed")
-    from xformer_cli.argos_format import sentence_splitter
+    from xformer_cli.formats.argos import sentence_splitter
 
     (tmp_path / "en.onnx").write_bytes(sentence_splitter("en"))
     split = minisbd.SBDetect(str(tmp_path / "en.onnx"), use_gpu=False).sentences
@@ -122,7 +122,7 @@ def test_a_package_streams_onto_a_character_device_and_a_fifo_as_every_output_do
 
 def test_the_guard_treats_the_output_as_a_file_for_argos_alone():
     from xformer_cli.frame import COMMANDS
-    from xformer_cli.options import ExportOptions
+    from xformer_cli.settings.options import ExportOptions
 
     export_command = next(c for c in COMMANDS if c.words == "export")
     kinds = {fmt: [kind for _, _, kind in export_command.output_paths(ExportOptions(format=fmt, path="m.pt", output="o"))]

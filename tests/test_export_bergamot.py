@@ -21,7 +21,7 @@ from xformer_cli.cli import app
 from xformer_cli.commands.export import export
 from xformer_cli.commands.shortlist import shortlist as build_shortlist
 from xformer_cli.commands.translate import translate
-from xformer_cli.options import ExportOptions, ShortlistOptions, TranslateOptions
+from xformer_cli.settings.options import ExportOptions, ShortlistOptions, TranslateOptions
 
 from helpers import random_checkpoint, train_tiny
 
@@ -49,7 +49,7 @@ def engine() -> Path:
     return PACKAGE
 
 
-MARIAN = dict(sinusoids="tensor2tensor", decoder_start="zero")  # what Marian computes (marian_format)
+MARIAN = dict(sinusoids="tensor2tensor", decoder_start="zero")  # what Marian computes (formats.marian)
 
 
 def test_bad_input_is_one_line_and_writes_nothing(tmp_path, spm_model):

@@ -20,10 +20,10 @@ import pytest
 import torch
 
 from helpers import cli_args, opts, records
-from xformer_cli.checkpoint import load_checkpoint, make_checkpoint, save_checkpoint
+from xformer_cli.model.checkpoint import load_checkpoint, make_checkpoint, save_checkpoint
 from xformer_cli.frame import load_command_options
-from xformer_cli.options import TrainOptions
-from xformer_cli.model import build_model
+from xformer_cli.settings.options import TrainOptions
+from xformer_cli.model.transformer import build_model
 from xformer_cli.commands.train import train
 
 REPO = Path(__file__).resolve().parents[1]

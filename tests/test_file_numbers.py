@@ -17,15 +17,15 @@ import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from xformer_cli.config import Range, build_options, file_number, read_yaml
-from xformer_cli.confidence import Calibration
-from xformer_cli.ctranslate2_format import read_exported_model
-from xformer_cli.data import DataDir
-from xformer_cli.errors import XfError
-from xformer_cli.json_input import parse_json
-from xformer_cli.huggingface import read_marian
-from xformer_cli.options import TrainOptions
-from xformer_cli.shortlist import Shortlist
+from xformer_cli.settings.config import Range, build_options, file_number, read_yaml
+from xformer_cli.decode.confidence import Calibration
+from xformer_cli.decode.ctranslate2_engine import read_exported_model
+from xformer_cli.data.dataset import DataDir
+from xformer_cli.base.errors import XfError
+from xformer_cli.base.json_input import parse_json
+from xformer_cli.formats.huggingface import read_marian
+from xformer_cli.settings.options import TrainOptions
+from xformer_cli.decode.shortlist import Shortlist
 
 # each bad value as it is written in the file (JSON; YAML writes NaN and infinity its own way)
 BAD = {"huge": "9" * 500, "huger than int() takes": "9" * 5000, "NaN": "NaN", "infinite": "Infinity",

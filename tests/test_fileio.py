@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from xformer_cli.checkpoint import load_checkpoint, make_checkpoint, save_checkpoint
-from xformer_cli.errors import XfError
-from xformer_cli.fileio import atomic_directory, atomic_write, atomic_write_text, remove_stale_temporaries
-from xformer_cli.model import build_model
+from xformer_cli.model.checkpoint import load_checkpoint, make_checkpoint, save_checkpoint
+from xformer_cli.base.errors import XfError
+from xformer_cli.base.fileio import atomic_directory, atomic_write, atomic_write_text, remove_stale_temporaries
+from xformer_cli.model.transformer import build_model
 
 
 @pytest.fixture

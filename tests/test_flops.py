@@ -5,11 +5,11 @@ import pytest
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
-from xformer_cli.batching import collate
-from xformer_cli.flops import training_flops
-from xformer_cli.loss import label_smoothed_loss
-from xformer_cli.model import Transformer
-from xformer_cli.options import ModelConfig
+from xformer_cli.data.batching import collate
+from xformer_cli.model.flops import training_flops
+from xformer_cli.train.loss import label_smoothed_loss
+from xformer_cli.model.transformer import Transformer
+from xformer_cli.settings.options import ModelConfig
 
 
 def counted(cfg: ModelConfig, pairs) -> int:

@@ -2,7 +2,7 @@
 
 import pytest
 
-from xformer_cli.formality import classify, cues, words
+from xformer_cli.text.formality import classify, cues, words
 
 
 @pytest.mark.parametrize("text, label", [

@@ -81,7 +81,7 @@ def test_the_recipe_trains_both_models_and_tabulates_every_request(tmp_path):
     env = {"TATOEBA_DIR": tatoeba, "COCOA_DIR": cocoa, "WORK_DIR": tmp_path / "work", "CONFIG": config}
     first = run_recipe("formality/run.sh", env)
     work = tmp_path / "work"
-    from xformer_cli.checkpoint import load_checkpoint
+    from xformer_cli.model.checkpoint import load_checkpoint
 
     assert load_checkpoint(work / "tagged" / "averaged.pt")["meta"]["formality"] == "de"
     assert "formality" not in load_checkpoint(work / "plain" / "averaged.pt")["meta"]

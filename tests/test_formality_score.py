@@ -6,8 +6,8 @@ import json
 import pytest
 
 from helpers import bench_module
-from xformer_cli.errors import XfError
-from xformer_cli.formality_score import contains, label, phrases, plain, score
+from xformer_cli.base.errors import XfError
+from xformer_cli.text.formality_score import contains, label, phrases, plain, score
 
 FORMAL = "Wie [F]schätzen Sie[/F] das ein, wenn [F]Sie[/F] an [F]Ihr[/F] Leben denken?"
 INFORMAL = "Wie [F]schätzt du[/F] das ein, wenn [F]du[/F] an [F]dein[/F] Leben denkst?"

@@ -12,21 +12,22 @@ import pytest
 import torch
 import yaml
 
-from xformer_cli.checkpoint import load_checkpoint, make_checkpoint, save_checkpoint
+from xformer_cli.base.errors import ConfigError, XfError
 from xformer_cli.commands import preprocess as pp
 from xformer_cli.commands.train import train
 from xformer_cli.commands.translate import translate
-from xformer_cli.data import DataDir
-from xformer_cli.engines import XfEngine
-from xformer_cli.errors import ConfigError, XfError
-from xformer_cli.formality import classify
-from xformer_cli.formality_tags import TAGS, FormalityVocabulary
+from xformer_cli.data.dataset import DataDir
+from xformer_cli.decode.engines import XfEngine
+from xformer_cli.decode.steering import source_vocabulary
+from xformer_cli.decode.translate import Stats, open_engine, translate_buffer
 from xformer_cli.frame import load_command_options
-from xformer_cli.languages import TaggedVocabulary, describe, languages_of, tag
-from xformer_cli.model import build_model
-from xformer_cli.options import PreprocessOptions, TranslateOptions
-from xformer_cli.translation import Stats, open_engine, source_vocabulary, translate_buffer
-from xformer_cli.vocab import load_sentencepiece
+from xformer_cli.model.checkpoint import load_checkpoint, make_checkpoint, save_checkpoint
+from xformer_cli.model.transformer import build_model
+from xformer_cli.settings.options import PreprocessOptions, TranslateOptions
+from xformer_cli.text.formality import classify
+from xformer_cli.text.formality_tags import TAGS, FormalityVocabulary
+from xformer_cli.text.languages import TaggedVocabulary, describe, languages_of, tag
+from xformer_cli.text.vocab import load_sentencepiece
 
 from helpers import cli_fails, learn_spm, opts
 

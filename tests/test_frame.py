@@ -20,11 +20,11 @@ import yaml
 from typer.testing import CliRunner
 
 from xformer_cli import cli, frame
-from xformer_cli.config import _is_optional, field_types, option
+from xformer_cli.settings.config import _is_optional, field_types, option
 from xformer_cli.frame import load_command_options
 from xformer_cli.frame import COMMANDS, Command, Input, Output
-from xformer_cli.errors import ConfigError
-from xformer_cli.safety import SaveDirLock
+from xformer_cli.base.errors import ConfigError
+from xformer_cli.base.safety import SaveDirLock
 
 runner = CliRunner()
 

@@ -32,15 +32,16 @@ pytest.importorskip("starlette", reason="the serve extra is not installed")
 from hypothesis import HealthCheck, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
-from xformer_cli import html_text  # noqa: E402
-from xformer_cli.config import build_options  # noqa: E402
-from xformer_cli.errors import ConfigError, XfError  # noqa: E402
-from xformer_cli.glossary import Glossary, find_terms  # noqa: E402
-from xformer_cli.huggingface import config_from_marian, read_marian, special_ids  # noqa: E402
-from xformer_cli.options import ServeOptions  # noqa: E402
-from xformer_cli.serving import Server, load_directions, load_glossaries  # noqa: E402
-from xformer_cli.translation import (Stats, decode_input_line, encode_constraints, encode_prefixes,  # noqa: E402
-                                     read_steered_line)
+from xformer_cli.text import html_text  # noqa: E402
+from xformer_cli.settings.config import build_options  # noqa: E402
+from xformer_cli.base.errors import ConfigError, XfError  # noqa: E402
+from xformer_cli.text.glossary import Glossary, find_terms  # noqa: E402
+from xformer_cli.formats.huggingface import config_from_marian, read_marian, special_ids  # noqa: E402
+from xformer_cli.settings.options import ServeOptions  # noqa: E402
+from xformer_cli.serve.server import Server  # noqa: E402
+from xformer_cli.serve.directions import load_directions, load_glossaries  # noqa: E402
+from xformer_cli.decode.steering import encode_constraints, encode_prefixes, read_steered_line  # noqa: E402
+from xformer_cli.decode.translate import Stats, decode_input_line  # noqa: E402
 
 from helpers import MARIAN_CONFIG, call  # noqa: E402
 

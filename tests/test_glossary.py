@@ -3,8 +3,8 @@ longest first), by hand."""
 
 import pytest
 
-from xformer_cli.errors import ConfigError
-from xformer_cli.glossary import Glossary, find_terms
+from xformer_cli.base.errors import ConfigError
+from xformer_cli.text.glossary import Glossary, find_terms
 
 
 def load(tmp_path, text: str) -> Glossary:

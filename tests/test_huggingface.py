@@ -13,16 +13,16 @@ import torch
 import torch.nn.functional as F
 from typer.testing import CliRunner
 
-from xformer_cli.checkpoint import load_checkpoint, load_ensemble, make_checkpoint, save_checkpoint
+from xformer_cli.model.checkpoint import load_checkpoint, load_ensemble, make_checkpoint, save_checkpoint
 from xformer_cli.cli import app
-from xformer_cli.batching import collate_source
+from xformer_cli.data.batching import collate_source
 from xformer_cli.commands.export import export_huggingface
-from xformer_cli.errors import XfError
-from xformer_cli.huggingface import MAX_LENGTH, config_from_marian, residual_permutation
-from xformer_cli.model import build_model, sinusoidal_positions
-from xformer_cli.options import DecodingOptions, ExportOptions
-from xformer_cli.search import beam_search
-from xformer_cli.vocab import BOS_ID, EOS_ID
+from xformer_cli.base.errors import XfError
+from xformer_cli.formats.huggingface import MAX_LENGTH, config_from_marian, residual_permutation
+from xformer_cli.model.transformer import build_model, sinusoidal_positions
+from xformer_cli.settings.options import DecodingOptions, ExportOptions
+from xformer_cli.decode.search import beam_search
+from xformer_cli.text.vocab import BOS_ID, EOS_ID
 
 from helpers import MARIAN_CONFIG, cli_fails, random_checkpoint
 
@@ -471,8 +471,8 @@ def test_version_1_checkpoints_upgrade(tmp_path, spm_model, pairs):
 # -- fine-tuning: xf train --init-from, xf preprocess --vocab-from -------------------------------
 def valid_nll(ckpt, data_dir) -> float:
     """Per-token nll of checkpoint ``ckpt`` on the valid split of ``data_dir``."""
-    from xformer_cli.batching import collate
-    from xformer_cli.data import DataDir
+    from xformer_cli.data.batching import collate
+    from xformer_cli.data.dataset import DataDir
 
     (model,), _ = load_ensemble([str(ckpt)], torch.device("cpu"))
     valid = DataDir.open(data_dir).split("valid")

@@ -4,8 +4,8 @@ one line naming the file and the line."""
 
 import pytest
 
-from xformer_cli.errors import XfError
-from xformer_cli.json_input import MAX_DEPTH, parse_json, read_json, too_deep
+from xformer_cli.base.errors import XfError
+from xformer_cli.base.json_input import MAX_DEPTH, parse_json, read_json, too_deep
 
 
 def refusal(text: str, where: str = "f.json") -> str:

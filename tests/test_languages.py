@@ -1,9 +1,9 @@
-"""languages.py: pair lists, tags, and the vocabulary one direction of a model translates with."""
+"""text/languages.py: pair lists, tags, and the vocabulary one direction of a model translates with."""
 
 import pytest
 
-from xformer_cli.errors import XfError
-from xformer_cli.languages import (TaggedVocabulary, parse_pairs, same_language, tag, target_languages, two_letters,
+from xformer_cli.base.errors import XfError
+from xformer_cli.text.languages import (TaggedVocabulary, parse_pairs, same_language, tag, target_languages, two_letters,
                                    vocabulary_for)
 
 

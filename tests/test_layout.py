@@ -84,7 +84,7 @@ def test_the_checker_sees_command_imports():
               "    from ..commands.export import x\n    import xformer_cli.commands.score\n")
     found = imported_modules(PACKAGE / "commands" / "translate.py", source)
     assert {"commands.train", "commands.export", "commands.score"} <= found
-    found = imported_modules(PACKAGE / "model.py", "from .commands import plot\n")
+    found = imported_modules(PACKAGE / "model" / "transformer.py", "from ..commands import plot\n")
     assert "commands.plot" in found
 
 
@@ -99,8 +99,8 @@ def test_the_checker_sees_a_bench_scripts_command_imports():
               "def f():\n    from xformer_cli.commands.preprocess import preprocess\n")
     found = imported_modules(REPO / "bench" / "x.py", source)
     assert {"commands.train", "commands", "commands.preprocess"} <= found
-    assert imported_modules(REPO / "bench" / "x.py", "from xformer_cli.train_setup import set_up\n") == {
-        "train_setup", "train_setup.set_up"}
+    assert imported_modules(REPO / "bench" / "x.py", "from xformer_cli.train.setup import set_up\n") == {
+        "train.setup", "train.setup.set_up"}
 
 
 def test_only_the_front_end_names_the_command_modules():
@@ -157,7 +157,7 @@ def test_the_circle_finder_sees_a_circle_closed_inside_a_function():
     graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}
     assert circles(graph) == [["a", "b", "c"]]
     source = "def f():\n    from .engines import XfEngine\n"
-    assert "engines" in imported_modules(PACKAGE / "decode_workers.py", source)
+    assert "decode.engines" in imported_modules(PACKAGE / "decode" / "workers.py", source)
 
 
 def json_parses(source: str) -> list[int]:
@@ -193,15 +193,16 @@ def test_no_library_module_imports_the_front_end():
     """The library sits below the command table and the CLI: no library module imports ``cli``,
     ``frame`` or ``__main__`` (the command modules are checked above)."""
     graph = import_graph()
-    offenders = {module_name(p): sorted(graph[module_name(p)] & FRONT_END) for p in library()}
+    offenders = {m: sorted(graph[m] & FRONT_END) for m in (module_name(p).removesuffix(".__init__") for p in library())}
     assert {k: v for k, v in offenders.items() if v} == {}
 
 
 def test_the_search_does_not_import_the_trainer():
-    """--compile's helpers live in compiling.py: the search and its step import nothing of
-    training.py, function-level imports included (search.py once did, for them)."""
+    """--compile's helpers live in base/compiling.py: the search and its step import nothing of
+    train/update.py, function-level imports included (the search once did, for them)."""
     graph = import_graph()
-    assert "training" not in graph["search"] | graph["decoder_step"] and "compiling" in graph["decoder_step"]
+    step = graph["decode.search"] | graph["decode.decoder_step"]
+    assert "train.update" not in step and "base.compiling" in graph["decode.decoder_step"]
 
 
 def test_test_modules_import_only_the_package_and_helpers():
@@ -231,3 +232,67 @@ def test_no_function_of_the_package_is_over_80_lines():
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.end_lineno - node.lineno + 1 > 80:
                 long.append(f"{module_name(path)}.{node.name}: {node.end_lineno - node.lineno + 1} lines")
     assert long == []
+
+
+# The wings: which may import which. A wing imports only the wings listed for it (its own modules
+# freely); the front end (cli, frame, __main__, the package's __init__) and commands/ import any.
+WINGS = {
+    "base": set(),
+    "text": {"base"},
+    "settings": {"base", "text"},
+    "model": {"base", "text", "settings"},
+    "data": {"base", "text", "settings"},
+    "decode": {"base", "text", "settings", "model", "data"},
+    "train": {"base", "text", "settings", "model", "data", "decode"},
+    "formats": {"base", "text", "settings", "model", "data", "decode"},
+    "serve": {"base", "text", "settings", "model", "data", "decode"},
+}
+
+
+def wing_of(module: str) -> str | None:
+    head = module.split(".")[0]
+    return head if head in WINGS else None
+
+
+def wing_offences(graph: dict[str, set[str]]) -> dict[str, list[str]]:
+    """Each module's imports of a wing its own wing may not import."""
+    found = {}
+    for module, imported in graph.items():
+        wing = wing_of(module)
+        if wing is None:
+            continue
+        bad = sorted(m for m in imported if wing_of(m) not in (None, wing) and wing_of(m) not in WINGS[wing])
+        bad += sorted(m for m in imported if wing_of(m) is None and m.split(".")[0] in FRONT_END | {"commands"})
+        if bad:
+            found[module] = bad
+    return found
+
+
+def test_every_module_lives_in_a_wing():
+    """The package's top level holds only the front end; every library module is in a wing, and
+    each wing says what it owns in its docstring."""
+    top = sorted(p.stem for p in PACKAGE.glob("*.py"))
+    assert top == ["__init__", "__main__", "cli", "frame"]
+    wings = sorted(p.name for p in PACKAGE.iterdir() if p.is_dir() and (p / "__init__.py").is_file())
+    assert wings == sorted([*WINGS, "commands"])
+    for wing in WINGS:
+        doc = ast.get_docstring(ast.parse((PACKAGE / wing / "__init__.py").read_text(encoding="utf-8")))
+        assert doc and len(doc) > 60, f"{wing}/__init__.py says what the wing owns"
+
+
+def test_each_wing_imports_only_the_wings_below_it():
+    assert wing_offences(import_graph()) == {}
+
+
+def test_the_wing_rule_is_a_layering():
+    """No two wings may import each other, through any chain of allowed imports."""
+    def below(wing, seen=()):
+        return set().union(*({w} | below(w, seen + (wing,)) for w in WINGS[wing] if w not in seen))
+    assert all(w not in below(w) for w in WINGS)
+
+
+def test_the_wing_checker_sees_an_upward_import():
+    graph = {"text.vocab": {"decode.search", "base.errors"}, "base.errors": {"frame"}, "decode.search": {"model.transformer"}}
+    assert wing_offences(graph) == {"text.vocab": ["decode.search"], "base.errors": ["frame"]}
+    source = "def f():\n    from ..serve.server import Server\n"
+    assert "serve.server" in imported_modules(PACKAGE / "decode" / "search.py", source)

@@ -7,7 +7,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from xformer_cli.loss import fused_output_loss, label_smoothed_loss
+from xformer_cli.train.loss import fused_output_loss, label_smoothed_loss
 
 
 def test_hand_computed():
@@ -71,7 +71,7 @@ def test_fused_output_loss_equals_projection_then_loss(epsilon, chunk_rows):
 def test_fused_output_loss_with_host_found_rows_is_bit_identical():
     """collate's ``target_rows`` (found on the host, so the device is never read) select the same
     rows as the boolean mask: the same loss and gradients, bit for bit."""
-    from xformer_cli.batching import collate
+    from xformer_cli.data.batching import collate
 
     rng = np.random.default_rng(0)
     batch = collate([(rng.integers(4, 40, rng.integers(1, 9)), rng.integers(4, 40, rng.integers(1, 9)))

@@ -8,13 +8,13 @@ import torch
 import yaml
 from typer.testing import CliRunner
 
-from xformer_cli.checkpoint import load_checkpoint, model_from_checkpoint
+from xformer_cli.model.checkpoint import load_checkpoint, model_from_checkpoint
 from xformer_cli.cli import app
 from xformer_cli.commands.export import export_marian
-from xformer_cli.huggingface import residual_permutation
-from xformer_cli.marian_format import marian_config, marian_params
-from xformer_cli.options import ExportOptions
-from xformer_cli.vocab import BOS_ID, EOS_ID, load_sentencepiece
+from xformer_cli.formats.huggingface import residual_permutation
+from xformer_cli.formats.marian import marian_config, marian_params
+from xformer_cli.settings.options import ExportOptions
+from xformer_cli.text.vocab import BOS_ID, EOS_ID, load_sentencepiece
 
 from helpers import random_checkpoint, train_tiny
 
@@ -37,7 +37,7 @@ def fails(args, message):
 @pytest.mark.parametrize("share", ["all", "decoder", "none"])
 def test_weights_under_marians_names_and_layout(tmp_path, spm_model, share):
     ckpt = random_checkpoint(tmp_path / "m.pt", spm_model, share_embeddings=share, output_bias=True, **MARIAN)
-    if share == "none":  # the record refuses an untied output (model_facts.marian_reasons); its names still map
+    if share == "none":  # the record refuses an untied output (model.facts.marian_reasons); its names still map
         fails(["export", "marian", "--path", ckpt, "--output", tmp_path / "marian"], "--share-embeddings none")
         assert not (tmp_path / "marian").exists()
     out = export(ckpt, tmp_path / "marian") if share != "none" else None
@@ -126,7 +126,7 @@ def xf_scores(ckpt, sources, pieces_lists):
 @pytest.mark.parametrize("variant", [
     dict(),  # post-LN, ReLU, three-way tying
     dict(activation="gelu", share_embeddings="decoder"),
-    dict(activation="swish", output_bias=True),  # an untied output is refused (model_facts.marian_reasons)
+    dict(activation="swish", output_bias=True),  # an untied output is refused (model.facts.marian_reasons)
 ], ids=["paper-shape", "gelu-decoder-tied", "swish-bias"])
 def test_every_variant_scores_every_token_in_marian_as_in_xf(tmp_path, spm_model, multi30k_dir, variant):
     ckpt = random_checkpoint(tmp_path / "m.pt", spm_model, **MARIAN, **variant)
@@ -160,7 +160,7 @@ def test_marian_translates_as_xf_translate(trained_marian, multi30k_dir, tmp_pat
     end; xf keeps it full until k have ended, as fairseq): a line may differ, but only where the
     two outputs' scores under the model are apart, never by rounding."""
     from xformer_cli.commands.translate import translate
-    from xformer_cli.options import TranslateOptions
+    from xformer_cli.settings.options import TranslateOptions
 
     ckpt, directory = trained_marian
     sources = (multi30k_dir / "test2016.en").read_text(encoding="utf-8").splitlines()[:200]

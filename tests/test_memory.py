@@ -8,7 +8,7 @@ import sys
 import pytest
 from helpers import bench_module
 
-from xformer_cli.memory import ONEDNN_CACHE_CAPACITY, ONEDNN_CACHE_VARIABLE, bound_native_memory, resident_mib
+from xformer_cli.base.memory import ONEDNN_CACHE_CAPACITY, ONEDNN_CACHE_VARIABLE, bound_native_memory, resident_mib
 
 # Two passes over SHAPES distinct input lengths. oneDNN makes about four primitives per shape
 # (the convolution and its reorders), so a cache of 1024 (oneDNN's default) keeps all of them and
@@ -18,7 +18,7 @@ from xformer_cli.memory import ONEDNN_CACHE_CAPACITY, ONEDNN_CACHE_VARIABLE, bou
 SHAPES = 60
 PROGRAM = f"""
 import sys
-from xformer_cli.memory import bound_native_memory
+from xformer_cli.base.memory import bound_native_memory
 if sys.argv[1] == "bound":
     bound_native_memory()
 import torch

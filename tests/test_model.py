@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from xformer_cli import build_model
-from xformer_cli.model import PRESETS, DecoderCache, Dropout, attention, model_config, sinusoidal_positions, Transformer
-from xformer_cli.vocab import PAD_ID
+from xformer_cli.model.transformer import PRESETS, DecoderCache, Dropout, attention, model_config, sinusoidal_positions, Transformer
+from xformer_cli.text.vocab import PAD_ID
 
 V = 40
 
@@ -112,7 +112,7 @@ def test_cache_rows_dropped_and_grown_reuse_two_storages():
     """select into fewer rows (done sentences dropped) gathers into the spare's storage, and the
     old buffers become the spare: a search shrinking its batch allocates nothing; more rows than
     the spare holds get a new one. Every select keeps exactly the rows asked for."""
-    from xformer_cli.model import KeyValueCache
+    from xformer_cli.model.transformer import KeyValueCache
 
     cache = KeyValueCache(capacity=4)
     k = torch.arange(6 * 2 * 3, dtype=torch.float32).view(6, 2, 1, 3)  # (N, H, T, K): 6 rows, one position
@@ -320,7 +320,7 @@ def test_activation_switches(activation, width):
 
 
 def test_unknown_override_names_nearest_field():
-    from xformer_cli.errors import ConfigError
+    from xformer_cli.base.errors import ConfigError
 
     with pytest.raises(ConfigError, match="did you mean 'dropout'"):
         build_model("tiny", vocab_size=V, dropuot=0.1)
@@ -418,7 +418,7 @@ def test_dropout_is_identity_in_eval_and_reproducible_from_the_seed():
     ("vocab_size", 0), ("max_positions", 0), ("dropout", 1.0), ("attention_dropout", -0.1),
 ])
 def test_non_positive_sizes_are_one_line_config_errors(field, value):
-    from xformer_cli.errors import ConfigError
+    from xformer_cli.base.errors import ConfigError
 
     name = field.replace("_", "[-_]")  # --d-model on the command line, d_model in YAML
     got = f"{value:g}" if isinstance(value, float) else value  # the message writes 1.0 as 1
@@ -441,7 +441,7 @@ def test_head_dim_sizes_the_projections_and_defaults_to_d_model_over_heads():
 
 
 def test_head_dim_lifts_the_divisibility_rule():
-    from xformer_cli.errors import ConfigError
+    from xformer_cli.base.errors import ConfigError
 
     with pytest.raises(ConfigError, match="not divisible by heads 3 .or set --head-dim."):
         model_config("tiny", vocab_size=V, heads=3)
@@ -453,7 +453,7 @@ def test_head_dim_lifts_the_divisibility_rule():
 
 
 def test_int8_quantization_keeps_a_head_dim_model_close():
-    from xformer_cli.engines import quantize_int8
+    from xformer_cli.decode.engines import quantize_int8
 
     model = tiny(head_dim=8)
     src, tgt = batch()

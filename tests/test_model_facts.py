@@ -9,9 +9,9 @@ import zipfile
 import pytest
 import yaml
 
-from xformer_cli.checkpoint import load_checkpoint
-from xformer_cli.ctranslate2_format import read_exported_model
-from xformer_cli.model_facts import facts_of, from_export, read_facts
+from xformer_cli.model.checkpoint import load_checkpoint
+from xformer_cli.decode.ctranslate2_engine import read_exported_model
+from xformer_cli.model.facts import facts_of, from_export, read_facts
 
 from helpers import cli_fails, random_checkpoint
 
@@ -101,7 +101,7 @@ def test_a_deen_model_exports_deen_to_every_format_without_flags(deen, deen_mari
         assert not any("/en.onnx" in n for n in z.namelist())  # no English sentence splitter for German
     xf("export", "marian", "--path", deen_marian, "--output", tmp_path / "marian")
     assert yaml.safe_load((tmp_path / "marian" / "decoder.yml").read_text())["vocabs"]
-    import xformer_cli.bergamot_format as bergamot
+    import xformer_cli.formats.bergamot as bergamot
 
     package = tmp_path / "package"
     for name in bergamot.ENGINE_FILES:  # the engine's files as stand-ins: the export only copies them
@@ -142,10 +142,10 @@ def test_a_flag_the_format_does_not_read_is_refused(deen, tmp_path, fmt, flags, 
 @pytest.mark.parametrize("engine", ["xf", "ctranslate2"])
 def test_serve_refuses_a_direction_the_model_does_not_translate_with_either_engine(deen, tmp_path, engine):
     """``--model en-fr=DE_EN.pt`` would serve English as French: refused at start, before a model loads."""
-    from xformer_cli.config import build_options
-    from xformer_cli.errors import XfError
-    from xformer_cli.options import ServeOptions
-    from xformer_cli.serving import load_directions
+    from xformer_cli.settings.config import build_options
+    from xformer_cli.base.errors import XfError
+    from xformer_cli.settings.options import ServeOptions
+    from xformer_cli.serve.directions import load_directions
 
     path = deen
     if engine == "ctranslate2":
@@ -161,10 +161,10 @@ def test_serve_refuses_a_direction_the_model_does_not_translate_with_either_engi
 def test_a_multilingual_models_alignments_are_equal_in_translate_and_serve(multi30k_dir, tmp_path):
     """One rule for the target tag (``ModelFacts.tagged``, applied by ``Engine.alignments``): xf
     translate --print-alignment and xf serve's word alignments (its HTML markup's) agree."""
-    from xformer_cli.config import build_options
-    from xformer_cli.options import ServeOptions, TranslateOptions
-    from xformer_cli.serve_queue import word_alignments
-    from xformer_cli.serving import load_directions
+    from xformer_cli.settings.config import build_options
+    from xformer_cli.settings.options import ServeOptions, TranslateOptions
+    from xformer_cli.serve.batch_queue import word_alignments
+    from xformer_cli.serve.directions import load_directions
 
     from helpers import multilingual_checkpoint
 
@@ -188,18 +188,18 @@ def test_a_multilingual_models_alignments_are_equal_in_translate_and_serve(multi
 
 
 def test_serve_makes_one_start_up_plan_for_every_model(deen, spm_model, tmp_path, monkeypatch):
-    import xformer_cli.decoding_plan as decoding_plan
-    import xformer_cli.serving as serving
-    import xformer_cli.translation as translation
-    from xformer_cli.config import build_options
-    from xformer_cli.options import ServeOptions
+    import xformer_cli.decode.plan as decoding_plan
+    import xformer_cli.serve.directions as serve_directions
+    import xformer_cli.decode.translate as translation
+    from xformer_cli.settings.config import build_options
+    from xformer_cli.settings.options import ServeOptions
 
     other = random_checkpoint(tmp_path / "ende.pt", spm_model, meta={"source_lang": "en", "target_lang": "de"})
     made = []
     counted = lambda options, machine: made.append(options.path) or decoding_plan.plan_decoding(options, machine)  # noqa: E731
-    monkeypatch.setattr(serving, "plan_decoding", counted)
+    monkeypatch.setattr(serve_directions, "plan_decoding", counted)
     monkeypatch.setattr(translation, "plan_decoding", counted)
     options = build_options(ServeOptions, {"model": [deen, other], "device": "cpu"}, "test")
-    directions = serving.load_directions(options)
+    directions = serve_directions.load_directions(options)
     assert [(d.source, d.target) for d in directions] == [("de", "en"), ("en", "de")]
     assert len(made) == 1 and directions[0].engine.plan is directions[1].engine.plan

@@ -1,6 +1,6 @@
 """Several languages in one model, the data side: xf preprocess --pairs (target tags by id, the
 joint vocabulary with the tags as control symbols, meta.json's pairs and per-direction counts, bad
-input), temperature sampling across directions (sampling.py) and xf train's drawn epochs, and
+input), temperature sampling across directions (data/sampling.py) and xf train's drawn epochs, and
 the checkpoint's record of its pairs. Three Multi30k directions of 200 lines: seconds."""
 
 import json
@@ -11,17 +11,17 @@ import pytest
 import torch
 import yaml
 
-from xformer_cli.batching import EpochBatches, Prefetch, batch_by_size, epoch_order
-from xformer_cli.checkpoint import load_checkpoint
+from xformer_cli.data.batching import EpochBatches, Prefetch, batch_by_size, epoch_order
+from xformer_cli.model.checkpoint import load_checkpoint
 from xformer_cli.commands import preprocess as pp
 from xformer_cli.commands.train import train
-from xformer_cli.data import DataDir
-from xformer_cli.errors import ConfigError, XfError
+from xformer_cli.data.dataset import DataDir
+from xformer_cli.base.errors import ConfigError, XfError
 from xformer_cli.frame import COMMANDS, check_outputs, load_command_options
-from xformer_cli.languages import tag, vocabulary_for
-from xformer_cli.options import PreprocessOptions
-from xformer_cli.sampling import direction_probabilities, draw_epoch, epoch_counts, epoch_sampler, undrawn
-from xformer_cli.vocab import load_sentencepiece
+from xformer_cli.text.languages import tag, vocabulary_for
+from xformer_cli.settings.options import PreprocessOptions
+from xformer_cli.data.sampling import direction_probabilities, draw_epoch, epoch_counts, epoch_sampler, undrawn
+from xformer_cli.text.vocab import load_sentencepiece
 from helpers import learn_spm, opts, random_checkpoint
 
 PAIRS = ("en-de", "en-fr", "de-fr")

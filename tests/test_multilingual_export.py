@@ -16,11 +16,11 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from xformer_cli.checkpoint import load_checkpoint, load_models, make_checkpoint, model_from_checkpoint, save_checkpoint
+from xformer_cli.model.checkpoint import load_checkpoint, load_models, make_checkpoint, model_from_checkpoint, save_checkpoint
 from xformer_cli.cli import app
-from xformer_cli.languages import tag, vocabulary_for
-from xformer_cli.model import Transformer
-from xformer_cli.vocab import EOS_ID
+from xformer_cli.text.languages import tag, vocabulary_for
+from xformer_cli.model.transformer import Transformer
+from xformer_cli.text.vocab import EOS_ID
 
 from helpers import multilingual_checkpoint
 

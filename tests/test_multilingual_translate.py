@@ -11,12 +11,13 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from xformer_cli.checkpoint import load_checkpoint, save_checkpoint
+from xformer_cli.model.checkpoint import load_checkpoint, save_checkpoint
 from xformer_cli.cli import app
-from xformer_cli.languages import TaggedVocabulary, tag
-from xformer_cli.options import TranslateOptions
-from xformer_cli.segment import split_texts
-from xformer_cli.translation import Stats, open_engine, source_vocabulary, translate_buffer
+from xformer_cli.text.languages import TaggedVocabulary, tag
+from xformer_cli.settings.options import TranslateOptions
+from xformer_cli.text.segment import split_texts
+from xformer_cli.decode.translate import Stats, open_engine, translate_buffer
+from xformer_cli.decode.steering import source_vocabulary
 
 from helpers import cli_fails, multilingual_checkpoint
 
@@ -97,9 +98,9 @@ def test_alignments_refer_to_the_users_own_subwords_and_words(tmp_path, ckpt, li
 
 
 def test_the_tag_is_never_aligned_to():
-    from xformer_cli.attention_maps import hard_alignments
-    from xformer_cli.model import build_model
-    from xformer_cli.search import Hypothesis
+    from xformer_cli.model.attention_maps import hard_alignments
+    from xformer_cli.model.transformer import build_model
+    from xformer_cli.decode.search import Hypothesis
 
     torch.manual_seed(0)
     model = build_model("tiny", vocab_size=40, d_model=16, d_ff=32, heads=2, max_positions=32).eval()
@@ -214,7 +215,7 @@ def test_exports_without_a_tag_step_refuse_a_multilingual_model(tmp_path, ckpt, 
     if fmt == "argos":
         pytest.importorskip("argostranslate", reason="the argos extra is not installed")
     if fmt == "bergamot":  # its engine package is looked for first; the refusal comes before it is used
-        import xformer_cli.bergamot_format as bergamot
+        import xformer_cli.formats.bergamot as bergamot
 
         monkeypatch.setattr(bergamot, "engine_package", lambda path: Path(path))
     out = tmp_path / ("m.argosmodel" if fmt == "argos" else "out")

@@ -12,10 +12,10 @@ import typing
 import pytest
 from typer.testing import CliRunner
 
-from xformer_cli import options as options_module
+from xformer_cli.settings import options as options_module
 from xformer_cli import cli
 from xformer_cli.cli import app
-from xformer_cli.config import ConfigError, Range, _is_optional, build_options, field_types
+from xformer_cli.settings.config import ConfigError, Range, _is_optional, build_options, field_types
 from xformer_cli.frame import load_command_options
 
 runner = CliRunner()

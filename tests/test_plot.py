@@ -14,12 +14,12 @@ pytest.importorskip("matplotlib", reason="xf plot needs matplotlib (the plot ext
 from matplotlib.image import imread  # noqa: E402
 
 
-from xformer_cli.attention_maps import AttentionMaps  # noqa: E402
+from xformer_cli.model.attention_maps import AttentionMaps  # noqa: E402
 from xformer_cli.cli import app  # noqa: E402
-from xformer_cli.errors import XfError  # noqa: E402
-from xformer_cli.options import PlotAttentionOptions, PlotCurvesOptions  # noqa: E402
+from xformer_cli.base.errors import XfError  # noqa: E402
+from xformer_cli.settings.options import PlotAttentionOptions, PlotCurvesOptions  # noqa: E402
 from xformer_cli.commands.plot import plot_curves  # noqa: E402
-from xformer_cli.plots import (  # noqa: E402
+from xformer_cli.train.plots import (  # noqa: E402
     attention_figure,
     attention_heatmaps,
     attention_lines,
@@ -218,7 +218,7 @@ def test_lines_style_draws_one_layer():
 
 
 def test_attention_figure_of_a_checkpoint_has_its_pieces(ckpt):
-    from xformer_cli.checkpoint import load_ensemble
+    from xformer_cli.model.checkpoint import load_ensemble
 
     _, sp = load_ensemble([ckpt], torch.device("cpu"))
     source, target = "A dog runs on the beach.", "Ein Hund rennt am Strand."

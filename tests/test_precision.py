@@ -12,12 +12,12 @@ import yaml
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
-from xformer_cli import precision
-from xformer_cli.batching import collate
-from xformer_cli.model import build_model
-from xformer_cli.options import TrainOptions
-from xformer_cli.precision import autocast_context, cpu_bf16_instructions, resolve_precision
-from xformer_cli.training import make_optimizer, train_step
+from xformer_cli.base import precision
+from xformer_cli.data.batching import collate
+from xformer_cli.model.transformer import build_model
+from xformer_cli.settings.options import TrainOptions
+from xformer_cli.base.precision import autocast_context, cpu_bf16_instructions, resolve_precision
+from xformer_cli.train.update import make_optimizer, train_step
 from xformer_cli.commands.train import train
 
 from helpers import MICRO
@@ -73,7 +73,7 @@ def test_bf16_losses_track_fp32_on_tiny(data_dir, tmp_path):  # noqa: F811
     or AMX, or the conversions of an AVX2 CPU), so the losses differ by a fraction of one bf16
     rounding of the loss itself; 0.25% is about that one rounding (2^-9 = 0.195%), what a loss
     computed in bf16 would cost. Measured, the largest over Multi30k and the generated corpus:
-    0.021% (validation) and 0.063% (training) with avx512_bf16, 0.017% and 0.053% capped at AVX2
+    0.021% (validation) and 0.063% (train.update) with avx512_bf16, 0.017% and 0.053% capped at AVX2
     (tests/test_cpu_kinds.py); another seed (4) moves them by 1.6-2.1% and 7.5%; and the loss
     computed in bf16 (the fused loss's logsumexp over bf16 logits, a deliberate break) moved them
     by 0.31% and 0.64%, which these bounds catch and an earlier 1% bound did not."""

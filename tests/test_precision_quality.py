@@ -7,7 +7,7 @@ import json
 import pytest
 import yaml
 
-from xformer_cli import precision
+from xformer_cli.base import precision
 
 from helpers import bench_module
 

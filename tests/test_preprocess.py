@@ -13,9 +13,9 @@ from typer.testing import CliRunner
 
 from xformer_cli.commands import preprocess as pp
 from xformer_cli.cli import app
-from xformer_cli.data import DataDir
-from xformer_cli.errors import XfError
-from xformer_cli.options import PreprocessOptions
+from xformer_cli.data.dataset import DataDir
+from xformer_cli.base.errors import XfError
+from xformer_cli.settings.options import PreprocessOptions
 
 
 def run(dest, **kw):
@@ -339,7 +339,7 @@ def test_an_empty_validation_set_and_an_unusable_destdir_are_refused_before_enco
 def test_verify_and_every_opening_cross_check_meta_json_against_the_files(tmp_path, corpus, key, value, message):
     """Regression: meta.json is not among its own checksums, so an edited vocab_size (500 -> 600)
     passed --verify and trained a model that translate and export refused."""
-    from xformer_cli.data import DataDir
+    from xformer_cli.data.dataset import DataDir
 
     dest = tmp_path / "bin"
     run(dest, trainpref=corpus["prefix"], validpref=corpus["prefix"], spm_model=corpus["spm"])
@@ -353,7 +353,7 @@ def test_verify_and_every_opening_cross_check_meta_json_against_the_files(tmp_pa
 
 
 def test_an_index_header_that_disagrees_with_meta_json_is_named(tmp_path, corpus):
-    from xformer_cli.data import DataDir, TokenArray, TokenArrayWriter
+    from xformer_cli.data.dataset import DataDir, TokenArray, TokenArrayWriter
 
     dest = tmp_path / "bin"
     run(dest, trainpref=corpus["prefix"], spm_model=corpus["spm"])
@@ -384,7 +384,7 @@ def test_bpe_messages_point_the_right_way(tmp_path, corpus):
 
 def test_bpe_options_beside_a_given_vocabulary_are_refused_not_ignored():
     """Regression: --vocab-from and --spm-model silently ignored --bpe-vocab-size."""
-    from xformer_cli.errors import ConfigError
+    from xformer_cli.base.errors import ConfigError
 
     for given in (dict(spm_model="spm.model"), dict(vocab_from="ckpt.pt")):
         for name, value in (("bpe_vocab_size", 8000), ("bpe_sample_lines", 10)):

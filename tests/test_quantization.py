@@ -1,4 +1,4 @@
-"""int8 decoding layers (xformer_cli/quantization.py): the engine of torch.ao's int8 layers is the
+"""int8 decoding layers (xformer_cli/model/quantization.py): the engine of torch.ao's int8 layers is the
 model's own, never the process's; the int8 matmul layer within its rounding bound and the
 compiled int8 search within int8's tolerance of the fp32 model, on every CPU kind."""
 
@@ -8,12 +8,13 @@ import pytest
 import torch
 from torch import nn
 
-from xformer_cli import compiling, quantization
-from xformer_cli.decoder_step import AotStep
-from xformer_cli.decoding_plan import Machine, plan_decoding
-from xformer_cli.engines import XfEngine
-from xformer_cli.options import DecodingOptions, TranslateOptions
-from xformer_cli.search import search
+from xformer_cli.base import compiling
+from xformer_cli.model import quantization
+from xformer_cli.decode.decoder_step import AotStep
+from xformer_cli.decode.plan import Machine, plan_decoding
+from xformer_cli.decode.engines import XfEngine
+from xformer_cli.settings.options import DecodingOptions, TranslateOptions
+from xformer_cli.decode.search import search
 
 from helpers import INT8_LOG_PROB_BOUND, teacher_forced_log_probs
 
@@ -42,7 +43,7 @@ def test_the_int8_engine_belongs_to_the_model_not_the_process(ckpt, sentences):
     (whose output rows are packed again for every batch, by the model's engine): each gives the
     hypotheses and scores it gives alone, whatever the process-wide engine says, which is never
     left changed."""
-    from xformer_cli.translation import open_engine
+    from xformer_cli.decode.translate import open_engine
 
     before = torch.backends.quantized.engine
 
@@ -101,7 +102,7 @@ def test_int8_matmul_linear_is_within_its_rounding_bound(inputs, outputs):
 def test_int8_matmul_is_refused_where_its_products_are_not_exact(ckpt, monkeypatch):
     """Where torch._int_mm saturates (oneDNN's s8 x s8 without VNNI or AMX), the check says so,
     and --compile --quantize int8 is refused in one line on such a machine."""
-    from xformer_cli.errors import ConfigError
+    from xformer_cli.base.errors import ConfigError
 
     def saturating(a, b):  # AVX2's 16-bit pair sums: clipped
         return (a.long() @ b.long()).clamp(-32768 * a.size(1) // 4, 32767 * a.size(1) // 4).int()
@@ -126,7 +127,7 @@ def test_aot_int8_search_tracks_fp32_and_its_own_eager_search(ckpt, sentences, m
     shortlist's projection in the graph, agrees with the eager search of the same layers on at
     least 90% of the output tokens (the graph's float rounding can move an activation to the next
     int8 level); every linear layer of the decoder int8."""
-    from xformer_cli.translation import open_engine
+    from xformer_cli.decode.translate import open_engine
 
     fp32, sp, _ = open_engine(TranslateOptions(path=(ckpt,), device="cpu"))
     (reference,) = fp32.models

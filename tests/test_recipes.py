@@ -165,7 +165,7 @@ def test_recipes_reject_bad_arguments(tmp_path):
 def test_configs_load_as_options():
     """Every YAML of every recipe is valid for every subcommand it has a section for."""
     from xformer_cli.frame import load_command_options
-    from xformer_cli.options import AverageOptions, PreprocessOptions, ScoreOptions, TrainOptions, TranslateOptions
+    from xformer_cli.settings.options import AverageOptions, PreprocessOptions, ScoreOptions, TrainOptions, TranslateOptions
 
     configs = sorted(RECIPES.glob("*/*.yaml"))
     assert len(configs) >= 6
@@ -277,7 +277,7 @@ def test_multi30k_chooses_on_val_and_resumes(tmp_path):
 
 
 def load_average_sources(path: Path) -> list[str]:
-    from xformer_cli.checkpoint import load_checkpoint
+    from xformer_cli.model.checkpoint import load_checkpoint
 
     return load_checkpoint(path)["meta"]["averaged_from"]
 
@@ -309,9 +309,9 @@ def test_ablation_rows_keep_the_papers_ratios():
     d_k with d_model in (C), by the paper's ratios to its base."""
     import csv
 
-    from xformer_cli.config import read_yaml
+    from xformer_cli.settings.config import read_yaml
     from xformer_cli.frame import load_command_options
-    from xformer_cli.options import TrainOptions, model_config, MODEL_OVERRIDES
+    from xformer_cli.settings.options import TrainOptions, model_config, MODEL_OVERRIDES
 
     def config(row_file=None):
         overrides = read_yaml(row_file, None) if row_file else {}
@@ -517,7 +517,7 @@ def test_multilingual_recipe_trains_bilingual_and_multilingual_models_and_tabula
            "CONFIG": tiny_config(tmp_path), "MODELS": "en-de english-centric", "JOBS": 2}
     first = run_recipe("multi30k/multilingual.sh", env)
     work = tmp_path / "work"
-    from xformer_cli.checkpoint import load_checkpoint
+    from xformer_cli.model.checkpoint import load_checkpoint
 
     assert load_checkpoint(work / "english-centric" / "averaged.pt")["meta"]["pairs"] == ["en-de", "de-en", "en-fr", "fr-en"]
     assert "pairs" not in load_checkpoint(work / "en-de" / "averaged.pt")["meta"]

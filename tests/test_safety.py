@@ -8,13 +8,13 @@ import sys
 
 import pytest
 
-from xformer_cli.errors import XfError
-from xformer_cli.options import TrainOptions
-from xformer_cli.safety import SaveDirLock, refuse_unsafe_outputs, same_file
+from xformer_cli.base.errors import XfError
+from xformer_cli.settings.options import TrainOptions
+from xformer_cli.base.safety import SaveDirLock, refuse_unsafe_outputs, same_file
 
 HOLD = """
 import sys, time
-from xformer_cli.safety import SaveDirLock
+from xformer_cli.base.safety import SaveDirLock
 with SaveDirLock(sys.argv[1]) as lock:
     lock.acquire()
     print("locked", flush=True)

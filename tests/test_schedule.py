@@ -4,7 +4,7 @@ import math
 
 import pytest
 
-from xformer_cli.schedule import inverse_sqrt, make_schedule, noam
+from xformer_cli.train.schedule import inverse_sqrt, make_schedule, noam
 
 
 def test_noam_peak_is_the_papers():

@@ -1,4 +1,4 @@
-"""xf score and metrics.py: its numbers are the ``sacrebleu`` command's, its tokenized BLEU is the paper's procedure."""
+"""xf score and text/metrics.py: its numbers are the ``sacrebleu`` command's, its tokenized BLEU is the paper's procedure."""
 
 import io
 import json
@@ -11,10 +11,10 @@ import pytest
 from typer.testing import CliRunner
 
 from xformer_cli.cli import app
-from xformer_cli.errors import XfError
-from xformer_cli.fileio import read_lines
-from xformer_cli.metrics import compound_split, moses_tokenize
-from xformer_cli.options import ScoreOptions
+from xformer_cli.base.errors import XfError
+from xformer_cli.base.fileio import read_lines
+from xformer_cli.text.metrics import compound_split, moses_tokenize
+from xformer_cli.settings.options import ScoreOptions
 from xformer_cli.commands.score import score
 
 

@@ -1,4 +1,4 @@
-"""Forced-decoding scores of given pairs (xformer_cli/pair_scoring.py) and xf score-pairs.
+"""Forced-decoding scores of given pairs (xformer_cli/decode/pair_scoring.py) and xf score-pairs.
 
 The reference is the search itself: a beam search's hypothesis score with lenpen 0 is its summed
 log-probability, so scoring (source, that hypothesis) must give it back, for one model and for an
@@ -13,12 +13,12 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from xformer_cli.batching import collate, collate_source
+from xformer_cli.data.batching import collate, collate_source
 from xformer_cli.cli import app
-from xformer_cli.model import build_model
-from xformer_cli.options import DecodingOptions, ScorePairsOptions
-from xformer_cli.pair_scoring import PairScore, dual_conditional_cross_entropy, forced_log_probs, max_length, score_pairs
-from xformer_cli.search import beam_search, greedy_search
+from xformer_cli.model.transformer import build_model
+from xformer_cli.settings.options import DecodingOptions, ScorePairsOptions
+from xformer_cli.decode.pair_scoring import PairScore, dual_conditional_cross_entropy, forced_log_probs, max_length, score_pairs
+from xformer_cli.decode.search import beam_search, greedy_search
 from helpers import MAX_POSITIONS, tiny_checkpoint
 
 runner = CliRunner()

@@ -7,8 +7,8 @@ import torch
 import torch.nn.functional as F
 
 
-from xformer_cli.vocab import PAD_ID, BOS_ID, EOS_ID
-from xformer_cli.search import (
+from xformer_cli.text.vocab import PAD_ID, BOS_ID, EOS_ID
+from xformer_cli.decode.search import (
     DecoderState,
     beam_search,
     ensemble_log_probs,
@@ -20,7 +20,7 @@ from xformer_cli.search import (
     sample,
     top_k_top_p_filter,
 )
-from xformer_cli.selection import top_candidates
+from xformer_cli.decode.selection import top_candidates
 
 from helpers import D, SOURCES, assert_same, batch, exhaustive, tiny
 

@@ -25,13 +25,13 @@ import pytest
 pytest.importorskip("starlette", reason="the serve extra is not installed")
 pytest.importorskip("uvicorn", reason="the serve extra is not installed")
 
-from xformer_cli.errors import ConfigError, XfError  # noqa: E402
-from xformer_cli.config import build_options  # noqa: E402
+from xformer_cli.base.errors import ConfigError, XfError  # noqa: E402
+from xformer_cli.settings.config import build_options  # noqa: E402
 from xformer_cli.frame import load_command_options
-from xformer_cli.language_id import LanguageId  # noqa: E402
-from xformer_cli.options import ServeOptions, TranslateOptions  # noqa: E402
-from xformer_cli.serve_queue import BatchQueue, Direction, Job, QueueFull  # noqa: E402
-from xformer_cli.serving import Server, bind  # noqa: E402
+from xformer_cli.text.language_id import LanguageId  # noqa: E402
+from xformer_cli.settings.options import ServeOptions, TranslateOptions  # noqa: E402
+from xformer_cli.serve.batch_queue import BatchQueue, Direction, Job, QueueFull  # noqa: E402
+from xformer_cli.serve.server import Server, bind  # noqa: E402
 
 from helpers import DECODING, FakeEngine, FakeSp, REPO, Served, call, until, xf_translate
 
@@ -344,8 +344,8 @@ def test_start_up_errors_are_one_line(ckpt, tmp_path):
 @pytest.mark.slow
 def test_ctranslate2_engine(ckpt, lines, tmp_path):
     pytest.importorskip("ctranslate2", reason="the ctranslate2 extra is not installed")
-    from xformer_cli.checkpoint import load_checkpoint, model_from_checkpoint
-    from xformer_cli.ctranslate2_format import write_model_directory
+    from xformer_cli.model.checkpoint import load_checkpoint, model_from_checkpoint
+    from xformer_cli.formats.ctranslate2 import write_model_directory
 
     exported = tmp_path / "ct2"
     loaded = load_checkpoint(ckpt)
@@ -380,7 +380,7 @@ class FakeTranslator:
 def test_ctranslate2_hypotheses_have_the_log_probabilities_serve_takes_its_confidence_from():
     """serve's decoding options give every CTranslate2 hypothesis its subwords' log-probabilities
     (it had none, as for xf translate's text output, and each answer's confidence was exp(0) = 1)."""
-    from xformer_cli.ctranslate2_format import CTranslate2Engine
+    from xformer_cli.decode.ctranslate2_engine import CTranslate2Engine
 
     sp = SimpleNamespace(id_to_piece=lambda i: ["<pad>", "<unk>", "<s>", "</s>"][i] if i < 4 else f"\u2581{i}",
                          get_piece_size=lambda: 8)
@@ -631,7 +631,7 @@ def test_past_the_grace_period_a_503_and_a_gone_client_499_both_drop_their_lines
 
 
 def test_an_api_keys_file_with_a_byte_order_mark_keeps_its_first_key(tmp_path):
-    from xformer_cli.serving import read_api_keys
+    from xformer_cli.serve.server import read_api_keys
 
     keys = tmp_path / "keys"
     keys.write_bytes("\ufeffsecret-1\n# a comment\nsecret-2\n".encode("utf-8"))

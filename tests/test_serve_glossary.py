@@ -17,14 +17,15 @@ import pytest
 
 pytest.importorskip("starlette", reason="the serve extra is not installed")
 
-from xformer_cli.config import build_options  # noqa: E402
+from xformer_cli.settings.config import build_options  # noqa: E402
 from xformer_cli.frame import load_command_options
-from xformer_cli.errors import ConfigError, XfError  # noqa: E402
-from xformer_cli.glossary import Glossary, find_terms  # noqa: E402
-from xformer_cli.options import ServeOptions, TranslateOptions  # noqa: E402
-from xformer_cli.serve_queue import Direction  # noqa: E402
-from xformer_cli.serve_requests import form_fields  # noqa: E402
-from xformer_cli.serving import Server, load_directions, load_glossaries  # noqa: E402
+from xformer_cli.base.errors import ConfigError, XfError  # noqa: E402
+from xformer_cli.text.glossary import Glossary, find_terms  # noqa: E402
+from xformer_cli.settings.options import ServeOptions, TranslateOptions  # noqa: E402
+from xformer_cli.serve.batch_queue import Direction  # noqa: E402
+from xformer_cli.serve.fields import form_fields  # noqa: E402
+from xformer_cli.serve.server import Server  # noqa: E402
+from xformer_cli.serve.directions import load_directions, load_glossaries  # noqa: E402
 
 from helpers import REPO, Served, call  # noqa: E402
 
@@ -253,7 +254,7 @@ def test_constraints_over_the_limits_are_a_413_naming_the_item_and_the_limit(ser
 
 
 def test_an_allocation_that_fails_is_a_500_naming_the_limits_and_the_server_stays_up(served, monkeypatch):
-    import xformer_cli.serve_queue as serve_queue
+    import xformer_cli.serve.batch_queue as serve_queue
 
     def fails(*args, **kwargs):
         raise RuntimeError("[enforce fail at alloc_cpu.cpp:117] data. DefaultCPUAllocator: can't allocate memory: "
@@ -313,7 +314,7 @@ def test_no_glossary_no_report(ckpt):
 def test_a_glossary_needs_xfs_beam_search(served):
     import copy
 
-    from xformer_cli.decoding_plan import Machine, plan_decoding
+    from xformer_cli.decode.plan import Machine, plan_decoding
 
     engine = copy.copy(served.directions["en-de"].engine)  # as opened by a CTranslate2 plan
     engine.plan = plan_decoding(TranslateOptions(path=("x",), engine="ctranslate2"), Machine())
@@ -360,8 +361,8 @@ def test_start_up_with_a_glossary_and_its_errors(ckpt, tmp_path):
 def test_a_served_constraint_must_end_a_word_as_in_xf_translate(served, monkeypatch):
     """The queue gives the search the vocabulary's word boundaries when a batch has constraints
     (``Hund`` is not met inside ``Hunde``), as xf translate does, and none without."""
-    import xformer_cli.serve_queue as serve_queue
-    from xformer_cli.constraints import word_boundaries
+    import xformer_cli.serve.batch_queue as serve_queue
+    from xformer_cli.decode.constraints import word_boundaries
 
     seen = []
     search = serve_queue.search_lines

@@ -14,12 +14,12 @@ import pytest
 
 pytest.importorskip("starlette", reason="the serve extra is not installed")
 
-from xformer_cli.config import build_options  # noqa: E402
-from xformer_cli.html_text import parse, place_tags  # noqa: E402
-from xformer_cli.options import ServeOptions, TranslateOptions  # noqa: E402
-from xformer_cli.search import Hypothesis  # noqa: E402
-from xformer_cli.serve_queue import Direction  # noqa: E402
-from xformer_cli.serving import Server  # noqa: E402
+from xformer_cli.settings.config import build_options  # noqa: E402
+from xformer_cli.text.html_text import parse, place_tags  # noqa: E402
+from xformer_cli.settings.options import ServeOptions, TranslateOptions  # noqa: E402
+from xformer_cli.decode.search import Hypothesis  # noqa: E402
+from xformer_cli.serve.batch_queue import Direction  # noqa: E402
+from xformer_cli.serve.server import Server  # noqa: E402
 
 from helpers import Served, call  # noqa: E402
 
@@ -204,7 +204,7 @@ def test_inline_tags_nested_a_thousand_deep_are_answered():
 def test_a_well_formed_page_stays_well_formed_whatever_the_alignment():
     block = parse("<p><b>a <i>b</i> c</b> <u>d</u> e</p>").blocks[0]
     for pairs in ([(0, 4), (1, 0), (2, 2), (3, 1), (4, 3)], [(0, 0)], [], None):
-        from xformer_cli.html_text import render_block
+        from xformer_cli.text.html_text import render_block
         out = render_block(block, "v w x y z".split(), pairs)
         assert balanced(out) and re.sub("<[^>]*>", "", out).split() == "v w x y z".split()
 

@@ -17,17 +17,18 @@ pytest.importorskip("starlette", reason="the serve extra is not installed")
 pytest.importorskip("uvicorn", reason="the serve extra is not installed")
 
 from helpers import REPO, FakeEngine, FakeSp, call, multilingual_checkpoint  # noqa: E402
-from xformer_cli import serving  # noqa: E402
-from xformer_cli.checkpoint import load_checkpoint, save_checkpoint  # noqa: E402
-from xformer_cli.config import build_options  # noqa: E402
-from xformer_cli.errors import ConfigError, XfError  # noqa: E402
-from xformer_cli.languages import TaggedVocabulary, tag, vocabulary_for  # noqa: E402
-from xformer_cli.options import ServeOptions, TranslateOptions, model_spec  # noqa: E402
-from xformer_cli.serve_queue import BatchQueue, Direction, Job, word_alignments  # noqa: E402
-from xformer_cli.model_facts import from_export  # noqa: E402
-from xformer_cli.serving import Server, load_directions, load_glossaries, model_directions  # noqa: E402
-from xformer_cli.translation import Stats, encode_lines, hypothesis_texts, search_lines  # noqa: E402
-from xformer_cli.vocab import load_sentencepiece  # noqa: E402
+from xformer_cli.serve import directions as serve_directions  # noqa: E402
+from xformer_cli.model.checkpoint import load_checkpoint, save_checkpoint  # noqa: E402
+from xformer_cli.settings.config import build_options  # noqa: E402
+from xformer_cli.base.errors import ConfigError, XfError  # noqa: E402
+from xformer_cli.text.languages import TaggedVocabulary, tag, vocabulary_for  # noqa: E402
+from xformer_cli.settings.options import ServeOptions, TranslateOptions, model_spec  # noqa: E402
+from xformer_cli.serve.batch_queue import BatchQueue, Direction, Job, word_alignments  # noqa: E402
+from xformer_cli.model.facts import from_export  # noqa: E402
+from xformer_cli.serve.server import Server  # noqa: E402
+from xformer_cli.serve.directions import load_directions, load_glossaries, model_directions  # noqa: E402
+from xformer_cli.decode.translate import Stats, encode_lines, hypothesis_texts, search_lines  # noqa: E402
+from xformer_cli.text.vocab import load_sentencepiece  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # conftest.py: torch on one thread
 DECODING = {"max_len_a": 0.5, "max_len_b": 3, "beam_size": 4, "nbest": 2, "threads": 1, "max_wait_ms": 0,
@@ -143,9 +144,9 @@ def served(multi, tmp_path_factory):
     terms.write_text("man\thomme\n", encoding="utf-8")
     options = build_options(ServeOptions, {"model": [multi], "glossary": [f"en-fr={terms}"], **DECODING}, "test")
     opened = []
-    real = serving.open_engine
+    real = serve_directions.open_engine
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(serving, "open_engine", lambda o, **kw: opened.append(o.path) or real(o, **kw))
+        patch.setattr(serve_directions, "open_engine", lambda o, **kw: opened.append(o.path) or real(o, **kw))
         server = start(load_directions(options, load_glossaries(options)), options)
     server.opened = opened
     yield server
@@ -268,8 +269,8 @@ def test_html_keeps_its_markup_in_either_direction(served):
 
 def test_a_multilingual_ctranslate2_export_serves_its_directions(multi, lines, tmp_path):
     pytest.importorskip("ctranslate2", reason="the ctranslate2 extra is not installed")
-    from xformer_cli.checkpoint import model_from_checkpoint
-    from xformer_cli.ctranslate2_format import write_model_directory
+    from xformer_cli.model.checkpoint import model_from_checkpoint
+    from xformer_cli.formats.ctranslate2 import write_model_directory
 
     loaded = load_checkpoint(multi)
     exported = tmp_path / "ct2"

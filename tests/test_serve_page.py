@@ -18,10 +18,10 @@ pytest.importorskip("starlette", reason="the serve extra is not installed")
 pytest.importorskip("uvicorn", reason="the serve extra is not installed")
 
 from helpers import FakeEngine, FakeSp, Served, call, until  # noqa: E402  a server process; the app in-process
-from xformer_cli.config import build_options  # noqa: E402
-from xformer_cli.options import ServeOptions, TranslateOptions  # noqa: E402
-from xformer_cli.serve_queue import Direction  # noqa: E402
-from xformer_cli.serving import Server  # noqa: E402
+from xformer_cli.settings.config import build_options  # noqa: E402
+from xformer_cli.settings.options import ServeOptions, TranslateOptions  # noqa: E402
+from xformer_cli.serve.batch_queue import Direction  # noqa: E402
+from xformer_cli.serve.server import Server  # noqa: E402
 
 CHROMIUM, CHROMEDRIVER = shutil.which("chromium"), shutil.which("chromedriver")
 DECODING = ["--max-len-a", "0.5", "--max-len-b", "3", "--threads", "1"]

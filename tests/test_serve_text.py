@@ -18,11 +18,11 @@ import pytest
 pytest.importorskip("starlette", reason="the serve extra is not installed")
 pytest.importorskip("sentencex", reason="the serve extra is not installed")
 
-from xformer_cli.config import build_options  # noqa: E402
-from xformer_cli.options import ServeOptions, TranslateOptions  # noqa: E402
-from xformer_cli.segment import fit, line_texts, sentence_spans, split_texts  # noqa: E402
-from xformer_cli.serve_queue import Direction  # noqa: E402
-from xformer_cli.serving import Server  # noqa: E402
+from xformer_cli.settings.config import build_options  # noqa: E402
+from xformer_cli.settings.options import ServeOptions, TranslateOptions  # noqa: E402
+from xformer_cli.text.segment import fit, line_texts, sentence_spans, split_texts  # noqa: E402
+from xformer_cli.serve.batch_queue import Direction  # noqa: E402
+from xformer_cli.serve.server import Server  # noqa: E402
 
 from helpers import DECODING, FakeEngine, FakeSp, Served, call, until, xf_translate  # noqa: E402
 

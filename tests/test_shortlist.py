@@ -9,15 +9,15 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from xformer_cli.checkpoint import make_checkpoint, save_checkpoint, vocab_digest
+from xformer_cli.model.checkpoint import make_checkpoint, save_checkpoint, vocab_digest
 from xformer_cli.cli import app
-from xformer_cli.engines import quantize_int8
-from xformer_cli.errors import XfError
-from xformer_cli.model import build_model
-from xformer_cli.options import DecodingOptions
-from xformer_cli.search import DecoderState, beam_search, greedy_search, sample
-from xformer_cli.shortlist import ROWS_MULTIPLE, Shortlist, build_shortlist, ibm1_table, most_frequent, top_targets
-from xformer_cli.vocab import EOS_ID, PAD_ID
+from xformer_cli.decode.engines import quantize_int8
+from xformer_cli.base.errors import XfError
+from xformer_cli.model.transformer import build_model
+from xformer_cli.settings.options import DecodingOptions
+from xformer_cli.decode.search import DecoderState, beam_search, greedy_search, sample
+from xformer_cli.decode.shortlist import ROWS_MULTIPLE, Shortlist, build_shortlist, ibm1_table, most_frequent, top_targets
+from xformer_cli.text.vocab import EOS_ID, PAD_ID
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # conftest.py: torch on one thread for the module
 
@@ -198,7 +198,7 @@ def test_a_real_shortlist_emits_only_its_candidates():
 @pytest.fixture(scope="module")
 def model_and_shortlist(data_dir, tmp_path_factory):
     """A random tiny checkpoint of data_dir's vocabulary and xf shortlist's file for it."""
-    from xformer_cli.data import DataDir
+    from xformer_cli.data.dataset import DataDir
 
     tmp = tmp_path_factory.mktemp("shortlist")
     data = DataDir.open(data_dir)

@@ -9,15 +9,15 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from xformer_cli.decoding_plan import Machine, plan_decoding
-from xformer_cli.constraints import BatchConstraints
-from xformer_cli.engines import XfEngine, collate_prefix
-from xformer_cli.errors import ConfigError, XfError
-from xformer_cli.options import TranslateOptions
-from xformer_cli.search import (DecoderState, beam_search, greedy_search, next_token_alternatives, sample,
+from xformer_cli.decode.plan import Machine, plan_decoding
+from xformer_cli.decode.constraints import BatchConstraints
+from xformer_cli.decode.engines import XfEngine, collate_prefix
+from xformer_cli.base.errors import ConfigError, XfError
+from xformer_cli.settings.options import TranslateOptions
+from xformer_cli.decode.search import (DecoderState, beam_search, greedy_search, next_token_alternatives, sample,
                                 with_prefix_candidates)
-from xformer_cli.translation import encode_prefixes, read_steered_line
-from xformer_cli.vocab import BOS_ID, EOS_ID, PAD_ID
+from xformer_cli.decode.steering import encode_prefixes, read_steered_line
+from xformer_cli.text.vocab import BOS_ID, EOS_ID, PAD_ID
 
 from helpers import D, SOURCES, assert_same, batch, exhaustive, tiny
 
@@ -223,7 +223,7 @@ def test_steered_lines():
 
 def test_translate_jsonl_input_with_prefixes(tmp_path, ckpt):
     from xformer_cli.commands.translate import translate
-    from xformer_cli.checkpoint import load_ensemble
+    from xformer_cli.model.checkpoint import load_ensemble
 
     _, sp = load_ensemble([ckpt], torch.device("cpu"))
     lines = [{"source": "a man sleeps", "prefix": "ein Hund"}, {"source": "two dogs"}, {"source": "", "prefix": "x"},
@@ -352,8 +352,8 @@ def test_translate_refuses_a_line_over_the_constraint_limits_naming_it(tmp_path,
 
 # -- xf serve --------------------------------------------------------------------------------------
 def test_serve_steering_fields():
-    from xformer_cli.serve_requests import HttpError
-    from xformer_cli.serving import steering_fields
+    from xformer_cli.serve.fields import HttpError
+    from xformer_cli.serve.translation import steering_fields
 
     options = SimpleNamespace(plan=plan_decoding(TranslateOptions(path=("x",)), Machine()))  # an engine
     assert steering_fields({"q": "a"}, 1, False, "text", options) is None
@@ -447,8 +447,8 @@ def test_a_target_form_the_vocabulary_cannot_spell_is_refused(tmp_path, ckpt):
 def test_constraints_through_the_compiled_step_equal_eager(tmp_path):
     """A constrained batch runs the step compiled ahead of time (inductor's code) too: the eager
     search's hypotheses, and every sentence has one (capped at AVX2 too: tests/test_cpu_kinds.py)."""
-    from xformer_cli import compiling
-    from xformer_cli.decoder_step import AotStep
+    from xformer_cli.base import compiling
+    from xformer_cli.decode.decoder_step import AotStep
 
     model = tiny()
     src = batch(*SOURCES)

@@ -13,18 +13,19 @@ import numpy as np
 import pytest
 import torch
 
-from xformer_cli import distributed, training
-from xformer_cli.batching import Prefetch
+from xformer_cli.base import distributed
+from xformer_cli.train import update as training
+from xformer_cli.data.batching import Prefetch
 from xformer_cli.commands import train as train_module
-from xformer_cli.checkpoint import load_checkpoint
+from xformer_cli.model.checkpoint import load_checkpoint
 from xformer_cli.frame import load_command_options
-from xformer_cli.data import DataDir
-from xformer_cli.errors import XfError
-from xformer_cli.model import Transformer
-from xformer_cli.options import TrainOptions
-from xformer_cli.safety import SaveDirLock
-from xformer_cli.train_setup import build_config, set_up
-from xformer_cli.checkpoint import remove_old_checkpoints
+from xformer_cli.data.dataset import DataDir
+from xformer_cli.base.errors import XfError
+from xformer_cli.model.transformer import Transformer
+from xformer_cli.settings.options import TrainOptions
+from xformer_cli.base.safety import SaveDirLock
+from xformer_cli.train.setup import build_config, set_up
+from xformer_cli.model.checkpoint import remove_old_checkpoints
 from xformer_cli.commands.train import train
 from helpers import MICRO, cli_args, make_data, opts, records
 
@@ -81,7 +82,7 @@ def test_trains_to_falling_validation_loss_with_all_outputs(data_dir, tmp_path):
     assert again.d_model == 32 and again.dropout == 0.0 and again.max_epoch == 3
     assert Path(again.data).is_absolute() and Path(again.save_dir).is_absolute()  # reusable from any directory
     train_log = records(save, "train")
-    assert len(train_log) == summary["num_updates"]
+    assert len(train.log) == summary["num_updates"]
     assert {"loss", "nll", "ppl", "lr", "gnorm", "src_tok_s", "tgt_tok_s", "ups"} <= set(train_log[-1])
     assert records(save, "summary")[0]["num_updates"] == summary["num_updates"]
 
@@ -153,11 +154,11 @@ def test_bf16_autocast_and_eval_bleu(data_dir, tmp_path):
     valid = records(save, "valid")[-1]
     assert np.isfinite(valid["loss"]) and summary["best_metric"] == "bleu"
     # the logged BLEU is validation_bleu of the final weights, under the same bf16 autocast
-    from xformer_cli import distributed
-    from xformer_cli.data import DataDir
-    from xformer_cli.precision import autocast_context
-    from xformer_cli.validate import validation_bleu
-    from xformer_cli.vocab import load_sentencepiece
+    from xformer_cli.base import distributed
+    from xformer_cli.data.dataset import DataDir
+    from xformer_cli.base.precision import autocast_context
+    from xformer_cli.train.validate import validation_bleu
+    from xformer_cli.text.vocab import load_sentencepiece
 
     ckpt = load_checkpoint(save / "checkpoint_last.pt")
     model = Transformer(build_config(opts(data_dir, save), DataDir.open(str(data_dir)))[0])
@@ -450,9 +451,9 @@ def test_prefetched_batches_are_the_batches_of_each_update(data_dir, tmp_path):
 def test_init_from_the_model_is_built_once_from_the_checkpoint(data_dir, tmp_path):
     """With --init-from, every start-up check runs against the checkpoint's model (its
     max_positions, not the --arch preset's 1024), and an --arch that is not its shape is refused."""
-    from xformer_cli.checkpoint import make_checkpoint, save_checkpoint
-    from xformer_cli.data import DataDir
-    from xformer_cli.model import build_model
+    from xformer_cli.model.checkpoint import make_checkpoint, save_checkpoint
+    from xformer_cli.data.dataset import DataDir
+    from xformer_cli.model.transformer import build_model
 
     data = DataDir.open(str(data_dir))
     short = build_model("tiny", vocab_size=data.vocab_size, d_model=32, d_ff=64, heads=2, max_positions=12)

@@ -2,8 +2,8 @@
 
 import pytest
 
-from xformer_cli.options import TrainOptions
-from xformer_cli.train_policy import AfterUpdate, Plan, improves, plan_after_validation, plan_update
+from xformer_cli.settings.options import TrainOptions
+from xformer_cli.train.policy import AfterUpdate, Plan, improves, plan_after_validation, plan_update
 
 
 def policy_opts(**kw) -> TrainOptions:
@@ -75,7 +75,7 @@ def test_policy_patience_stop_writes_a_numbered_checkpoint():
 
 
 def test_patience_epsilon_counts_small_gains_as_none_but_keeps_them_as_the_best():
-    from xformer_cli.train_policy import score_validation
+    from xformer_cli.train.policy import score_validation
 
     # without epsilon every gain resets the count
     assert score_validation(2.99, 3.0, 2, higher_is_better=False) == (True, 2.99, 0)
@@ -104,7 +104,7 @@ def test_an_update_that_compiles_a_graph_is_compile_time_not_speed():
 
     import torch
 
-    from xformer_cli.train_log import Meter
+    from xformer_cli.train.log import Meter
 
     graphs = iter([0, 1, 2, 2, 2, 3, 3])  # at start, then after each of six updates: compiles at 1, 2 and 5
     meter = Meter(torch.device("cpu"), lambda: next(graphs))

@@ -14,16 +14,16 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from xformer_cli.checkpoint import load_checkpoint
+from xformer_cli.model.checkpoint import load_checkpoint
 from xformer_cli.cli import app
-from xformer_cli.decoding_plan import Machine, plan_decoding
-from xformer_cli.errors import ConfigError, XfError
-from xformer_cli.options import TranslateOptions
-from xformer_cli.search import gnmt_length_penalty
-from xformer_cli.checkpoint import load_ensemble
+from xformer_cli.decode.plan import Machine, plan_decoding
+from xformer_cli.base.errors import ConfigError, XfError
+from xformer_cli.settings.options import TranslateOptions
+from xformer_cli.decode.search import gnmt_length_penalty
+from xformer_cli.model.checkpoint import load_ensemble
 from xformer_cli.commands.translate import translate
-from xformer_cli.translation import Stats, translate_buffer
-from xformer_cli.engines import XfEngine
+from xformer_cli.decode.translate import Stats, translate_buffer
+from xformer_cli.decode.engines import XfEngine
 from helpers import learn_spm, tiny_checkpoint
 from helpers import INT8_LOG_PROB_BOUND, teacher_forced_log_probs
 
@@ -123,7 +123,7 @@ def test_workers_are_processes_on_the_cpu_with_the_output_of_one(tmp_path, ckpt,
     import os
     import signal
 
-    from xformer_cli.errors import XfError
+    from xformer_cli.base.errors import XfError
 
     lines = [json.dumps({"source": s, **({"prefix": "Ein"} if i % 3 == 0 else {}),
                          **({"constraints": ["Mann"]} if i == 4 else {})}) for i, s in enumerate(sentences)]
@@ -335,9 +335,9 @@ def test_a_length_limit_that_allows_no_output_is_an_option_error(ckpt, a, b, mes
 
 
 def test_precision_auto_and_its_refusals(monkeypatch):
-    from xformer_cli import precision as translate_module
-    from xformer_cli.errors import ConfigError
-    from xformer_cli.precision import precision_warning, resolve_precision
+    from xformer_cli.base import precision as translate_module
+    from xformer_cli.base.errors import ConfigError
+    from xformer_cli.base.precision import precision_warning, resolve_precision
 
     cpu, cuda = torch.device("cpu"), torch.device("cuda")
     for native, expected in ((False, "fp32"), (True, "bf16")):
@@ -361,7 +361,7 @@ def test_precision_auto_and_its_refusals(monkeypatch):
 
 def int8_tracks_fp32(ckpt, sources, targets, int8_engine):
     """(int8 engine, the largest |log p| difference from fp32 over every position and entry)."""
-    from xformer_cli.translation import open_engine
+    from xformer_cli.decode.translate import open_engine
 
     fp32, sp, _ = open_engine(TranslateOptions(path=(ckpt,), device="cpu"))
     int8, _, _ = open_engine(TranslateOptions(path=(ckpt,), quantize="int8", int8_engine=int8_engine, device="cpu"))
@@ -420,7 +420,7 @@ def test_output_over_a_training_checkpoint_is_refused(tmp_path, ckpt):
 
 def test_more_threads_than_cores_is_a_warning(ckpt, monkeypatch):
     """Regression: --threads 1000 on 2 cores ran 100x slower without a word."""
-    from xformer_cli import distributed
+    from xformer_cli.base import distributed
 
     monkeypatch.setattr(distributed, "cpu_cores", lambda: 2)
     assert distributed.threads_warning(2) is None and distributed.threads_warning(0) is None
@@ -434,8 +434,8 @@ def test_more_threads_than_cores_is_a_warning(ckpt, monkeypatch):
 def test_empty_translations_are_counted_and_warned_about(tmp_path, spm_model, capsys):
     """Regression: a model that ends every sentence at once gave a summary saying 'empty 0'."""
     from helpers import random_checkpoint
-    from xformer_cli.checkpoint import load_checkpoint, save_checkpoint
-    from xformer_cli.vocab import EOS_ID
+    from xformer_cli.model.checkpoint import load_checkpoint, save_checkpoint
+    from xformer_cli.text.vocab import EOS_ID
 
     path = random_checkpoint(tmp_path / "eos.pt", spm_model, output_bias=True)
     ckpt = load_checkpoint(path)

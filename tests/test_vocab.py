@@ -3,8 +3,8 @@
 import pytest
 import sentencepiece as spm
 
-from xformer_cli.errors import XfError
-from xformer_cli.vocab import BOS_ID, EOS_ID, PAD_ID, UNK_ID, decode_line, load_sentencepiece
+from xformer_cli.base.errors import XfError
+from xformer_cli.text.vocab import BOS_ID, EOS_ID, PAD_ID, UNK_ID, decode_line, load_sentencepiece
 
 TEXT = ["a small house by the river", "the dog runs in the park", "two men play football on grass"] * 20
 

@@ -11,7 +11,7 @@ __version__ = "0.1.0"
 
 def __getattr__(name):  # lazy: `xf --help` and `xf score` do not import torch
     if name in ("build_model", "model_config", "Transformer", "ModelConfig", "PRESETS"):
-        from . import model
+        from .model import transformer as model
 
         return getattr(model, name)
     raise AttributeError(name)

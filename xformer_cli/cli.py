@@ -1,6 +1,6 @@
 """The ``xf`` command: a thin Typer front end over one library function per subcommand.
 
-Flags are generated from the options dataclasses in ``options.py``, so every flag has a YAML key
+Flags are generated from the options dataclasses in ``settings/options.py``, so every flag has a YAML key
 of the same name (``--config FILE``) and flags win over YAML. A list option takes its values
 space-separated as fairseq's (``--adam-betas 0.9 0.98``), repeated (``--ref a --ref b``) or as a
 YAML list. Errors, usage errors included, are one line on stderr (``xf: error: ...``) and a
@@ -22,11 +22,11 @@ import click
 import typer
 
 from . import __version__
-from .config import _is_optional, field_types, removed
-from .errors import ConfigError, memory_detail, out_of_memory
-from .errors import XfError
-from .signals import Terminated, sigterm_unwinds
+from .base.errors import ConfigError, memory_detail, out_of_memory
+from .base.errors import XfError
+from .base.signals import Terminated, sigterm_unwinds
 from .frame import COMMANDS, GROUPS, Command, check_outputs, load_command_options
+from .settings.config import _is_optional, field_types, removed
 
 try:  # typer >= 0.22 raises the exceptions of its own copy of click
     from typer._click.exceptions import ClickException as _TyperClickException
@@ -292,12 +292,12 @@ def options_reference(commands: Optional[list[Command]] = None) -> str:
     """docs/options.md: every option of every command, generated from the options classes (the
     source of the flags, YAML keys and --help), so that the reference cannot drift from the code.
     ``make docs`` writes it; tests/test_docs.py fails when the file is stale."""
-    from .config import describe_type
+    from .settings.config import describe_type
 
     out = ["# Options", "",
            "Every option of every `xf` command: its flag, its YAML key (in the command's section of a "
            "`--config` file, or flat), its type (with the range of a number: every number outside it is "
-           "refused before anything is written), default and help. Generated from `xformer_cli/options.py` "
+           "refused before anything is written), default and help. Generated from `xformer_cli/settings/options.py` "
            "by `make docs`; do not edit by hand. Every command also takes `--config FILE` (YAML; flags win) "
            "and `--verbose` (tracebacks on errors).", "",
            "Outputs, for every command alike: an output that is, holds or lies inside one of the command's inputs "

@@ -20,8 +20,8 @@ import importlib
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Literal, Optional, Union
 
-from .config import load_options
-from .options import (
+from .settings.config import load_options
+from .settings.options import (
     AverageOptions,
     CalibrateOptions,
     ExportOptions,
@@ -208,7 +208,7 @@ def load_command_options(cls: type, config=None, overrides: Optional[dict] = Non
 
 def check_outputs(command: Command, options: Any) -> None:
     """The output guard of every command, from its declared inputs and outputs (before any work)."""
-    from .safety import refuse_unsafe_outputs
+    from .base.safety import refuse_unsafe_outputs
 
     reads_stdin = any(spec.stdin and getattr(options, spec.option) in (None, "-") for spec in command.inputs)
     refuse_unsafe_outputs(list(command.output_paths(options)), list(command.input_paths(options)),

@@ -15,11 +15,11 @@ import sys
 import sentencepiece as spm
 import torch
 
-from xformer_cli.attention_maps import degeneracies, force_decode
-from xformer_cli.batching import collate_source
-from xformer_cli.checkpoint import load_checkpoint, model_from_checkpoint
-from xformer_cli.model import Transformer, config_from_dict
-from xformer_cli.vocab import EOS_ID
+from xformer_cli.model.attention_maps import degeneracies, force_decode
+from xformer_cli.data.batching import collate_source
+from xformer_cli.model.checkpoint import load_checkpoint, model_from_checkpoint
+from xformer_cli.model.transformer import Transformer, config_from_dict
+from xformer_cli.text.vocab import EOS_ID
 
 
 def entropies(maps, src, targets) -> dict[str, str]:

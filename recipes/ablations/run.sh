@@ -150,7 +150,7 @@ record_run() {
   "$python" - >"$tmp/machine.txt" <<'PYEOF' || echo "cpu unknown" >"$tmp/machine.txt"
 import platform
 import torch
-from xformer_cli.precision import cpu_flags
+from xformer_cli.base.precision import cpu_flags
 found = cpu_flags()
 try:
     cpu = next(line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name"))

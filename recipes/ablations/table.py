@@ -30,7 +30,7 @@ import math
 import sys
 from pathlib import Path
 
-from xformer_cli.fileio import atomic_write, atomic_write_text
+from xformer_cli.base.fileio import atomic_write, atomic_write_text
 
 COLUMNS = ["row", "N", "d_model", "d_ff", "h", "d_k", "d_v", "P_drop", "eps_ls", "params_M", "seeds",
            "updates", "best_update", "cpu_s", "ppl", "bleu", "d_ppl", "d_bleu", "verdict"]

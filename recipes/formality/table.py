@@ -19,10 +19,10 @@ import json
 import sys
 from pathlib import Path
 
-from xformer_cli.checkpoint import load_checkpoint
-from xformer_cli.fileio import atomic_write_text
-from xformer_cli.formality_score import score
-from xformer_cli.metrics import compute_scores
+from xformer_cli.base.fileio import atomic_write_text
+from xformer_cli.model.checkpoint import load_checkpoint
+from xformer_cli.text.formality_score import score
+from xformer_cli.text.metrics import compute_scores
 
 # (model, the tag it was given, the request it stands for)
 ROWS = [("plain", "none", "formal"), ("plain", "none", "informal"), ("tagged", "formal", "formal"),

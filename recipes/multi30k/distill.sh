@@ -155,7 +155,7 @@ bench() {
   local mode compile=(--compile)
   [[ -f $WORK_DIR/shortlist.npz ]] || xf shortlist "$WORK_DIR/data-bin" --output "$WORK_DIR/shortlist.npz" >/dev/null
   # int8 compiled ahead of time needs exact int8 products (VNNI, AMX); elsewhere the eager int8
-  "$PY" -c 'import sys; from xformer_cli.quantization import int8_matmul_exact; sys.exit(not int8_matmul_exact())' ||
+  "$PY" -c 'import sys; from xformer_cli.model.quantization import int8_matmul_exact; sys.exit(not int8_matmul_exact())' ||
     compile=()
   : >"$rows"
   # each engine as it is run (int8), and at its fastest (fast): xf with --compile (the decoder step
@@ -246,7 +246,7 @@ size() {
   local shape dir compile=(--compile) shapes=(${SIZES:-3x3:256:1024 3x1:256:1024 2x1:256:1024 3x1:192:768 2x1:192:768 3x1:128:512})
   [[ -f $WORK_DIR/data-bin/meta.json ]] || die "size needs the student's data ($WORK_DIR/data-bin): run the recipe first"
   [[ -f $WORK_DIR/shortlist.npz ]] || xf shortlist "$WORK_DIR/data-bin" --output "$WORK_DIR/shortlist.npz" >/dev/null
-  "$PY" -c 'import sys; from xformer_cli.quantization import int8_matmul_exact; sys.exit(not int8_matmul_exact())' ||
+  "$PY" -c 'import sys; from xformer_cli.model.quantization import int8_matmul_exact; sys.exit(not int8_matmul_exact())' ||
     compile=()
   for shape in "${shapes[@]}"; do
     local layers=${shape%%:*} rest=${shape#*:}

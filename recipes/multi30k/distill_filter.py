@@ -14,9 +14,9 @@ import math
 import os
 import sys
 
-from xformer_cli.errors import XfError
-from xformer_cli.fileio import atomic_write_text
-from xformer_cli.json_input import parse_json
+from xformer_cli.base.errors import XfError
+from xformer_cli.base.fileio import atomic_write_text
+from xformer_cli.base.json_input import parse_json
 
 
 def read_lines(path: str) -> list[str]:

@@ -139,7 +139,7 @@ import torch
 
 work, data, config, models = Path(sys.argv[1]), Path(sys.argv[2]), sys.argv[3], sys.argv[4:]
 try:
-    from xformer_cli.language_id import LanguageId
+    from xformer_cli.text.language_id import LanguageId
     language_id = LanguageId.load(["en", "de", "fr"])
 except ImportError:
     language_id = None

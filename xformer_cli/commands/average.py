@@ -6,7 +6,7 @@ The paper averages the last 5 checkpoints of base models (written every 10 minut
 Epoch-end checkpoints carry the same names; their ``meta["end_of_epoch"]`` is true.
 
 With ``--choose-on-valid`` the set to average is not fixed but chosen on a validation set, with
-the length penalty to translate with (the rules are in ``choose.py``): the recipes' step between
+the length penalty to translate with (the rules are in ``train/choose.py``): the recipes' step between
 training and the test set.
 """
 
@@ -19,18 +19,18 @@ from typing import Optional
 
 import torch
 
-from ..checkpoint import load_checkpoint, model_from_checkpoint
-from ..checkpoint_names import checkpoint_numbers
-from ..checkpoint import same_vocabulary, save_checkpoint
-from ..choose import REPORT_VERSION, Candidate, candidate_sets, fixed_candidate, lenpen_grid, winner
-from ..choose import read_valid, valid_bleu, valid_loss, valid_pairs
-from ..console import print_summary, stderr_console
-from ..distributed import resolve_device
-from ..errors import ConfigError, XfError
-from ..fileio import atomic_write_text
-from ..languages import describe, languages_of, model_pairs
-from ..options import REGULARIZATION, AverageOptions, TranslateOptions
-from ..vocab import load_sentencepiece
+from ..base.checkpoint_names import checkpoint_numbers
+from ..base.console import print_summary, stderr_console
+from ..base.distributed import resolve_device
+from ..base.errors import ConfigError, XfError
+from ..base.fileio import atomic_write_text
+from ..model.checkpoint import load_checkpoint, model_from_checkpoint
+from ..model.checkpoint import same_vocabulary, save_checkpoint
+from ..settings.options import REGULARIZATION, AverageOptions, TranslateOptions
+from ..text.languages import describe, languages_of, model_pairs
+from ..text.vocab import load_sentencepiece
+from ..train.choose import REPORT_VERSION, Candidate, candidate_sets, fixed_candidate, lenpen_grid, winner
+from ..train.choose import read_valid, valid_bleu, valid_loss, valid_pairs
 
 # Fields that change training, not the function the weights compute.
 
@@ -223,7 +223,7 @@ def _check_compatible(first: dict, ckpt: dict, first_path, path: Path, groups: l
             )
 
 
-# -- --choose-on-valid: the set and the length penalty chosen on a validation set (choose.py) ---------
+# -- --choose-on-valid: the set and the length penalty chosen on a validation set (train/choose.py) ---------
 def checkpoints_to_choose_from(options: AverageOptions) -> list[Path]:
     """The numbered checkpoints of --inputs, or the one line that says why there is no choice."""
     if options.num_epoch_checkpoints:

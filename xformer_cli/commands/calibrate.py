@@ -14,13 +14,14 @@ from __future__ import annotations
 import dataclasses
 import time
 
-from ..confidence import SCORES, Calibration, fit, median_labels, roc_auc
-from ..console import print_summary, stderr_console
-from ..errors import XfError
-from ..fileio import atomic_write_text, read_lines
-from ..metrics import sentence_chrf
-from ..options import CalibrateOptions, TranslateOptions
-from ..translation import open_engine, open_scorer, source_vocabulary, translate_with_features
+from ..base.console import print_summary, stderr_console
+from ..base.errors import XfError
+from ..base.fileio import atomic_write_text, read_lines
+from ..decode.confidence import SCORES, Calibration, fit, median_labels, roc_auc
+from ..decode.steering import source_vocabulary
+from ..decode.translate import open_engine, open_scorer, translate_with_features
+from ..settings.options import CalibrateOptions, TranslateOptions
+from ..text.metrics import sentence_chrf
 
 
 def calibrate(options: CalibrateOptions) -> None:

@@ -1,9 +1,9 @@
 """``xf export ctranslate2|huggingface|argos|marian|bergamot --path CKPT --output PATH``: an xf
 checkpoint as a model of another runtime. The conversions are the format modules'
-(``ctranslate2_format``: a CTranslate2 model directory, run by ``xf translate --engine
-ctranslate2``; ``huggingface``: a MarianMT directory; ``argos_format``: an Argos Translate package,
-one file; ``marian_format``: a Marian model.npz, vocabulary and decoder.yml; ``bergamot_format``:
-Bergamot's files over ``marian_format``'s parameters, and a page that translates in the browser);
+(``formats.ctranslate2``: a CTranslate2 model directory, run by ``xf translate --engine
+ctranslate2``; ``huggingface``: a MarianMT directory; ``formats.argos``: an Argos Translate package,
+one file; ``formats.marian``: a Marian model.npz, vocabulary and decoder.yml; ``formats.bergamot``:
+Bergamot's files over ``formats.marian``'s parameters, and a page that translates in the browser);
 this command owns the options, the output (written atomically: built in a temporary directory or
 file beside it, then renamed into place; an old output directory with --overwrite renamed aside
 first, deleted once the new one is in place) and the summary.
@@ -14,14 +14,14 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Optional
 
-from ..checkpoint import load_checkpoint, model_from_checkpoint
-from ..console import print_summary, stderr_console
-from ..errors import XfError
-from ..fileio import atomic_directory, atomic_write
-from ..json_input import read_json
-from ..languages import same_language
-from ..model_facts import ModelFacts, facts_of
-from ..options import ExportOptions
+from ..base.console import print_summary, stderr_console
+from ..base.errors import XfError
+from ..base.fileio import atomic_directory, atomic_write
+from ..base.json_input import read_json
+from ..model.checkpoint import load_checkpoint, model_from_checkpoint
+from ..model.facts import ModelFacts, facts_of
+from ..settings.options import ExportOptions
+from ..text.languages import same_language
 
 # Which options each format reads; one it does not read, given, is refused (it would mean nothing).
 USED_BY = {
@@ -87,7 +87,8 @@ def ctranslate2_rows(options: ExportOptions, model) -> list[tuple[str, str]]:
 
 def export_ctranslate2(options: ExportOptions) -> Path:
     """Write the CTranslate2 model directory of checkpoint options.path to options.output."""
-    from ..ctranslate2_format import import_ctranslate2, write_model_directory
+    from ..decode.ctranslate2_engine import import_ctranslate2
+    from ..formats.ctranslate2 import write_model_directory
 
     import_ctranslate2()  # the missing extra is said before anything is read or written
     output = Path(options.output)
@@ -115,7 +116,7 @@ def read_bleu(path: str) -> tuple[float, str]:
 
 def export_huggingface(options: ExportOptions) -> Path:
     """Write the MarianMT directory of checkpoint options.path to options.output."""
-    from ..huggingface import import_hf_extra, write_marian
+    from ..formats.huggingface import import_hf_extra, write_marian
 
     import_hf_extra()
     output = Path(options.output)
@@ -140,7 +141,7 @@ def export_huggingface(options: ExportOptions) -> Path:
 
 def export_argos(options: ExportOptions) -> Path:
     """Write the Argos Translate package (.argosmodel) of checkpoint options.path to options.output."""
-    from ..argos_format import SENTENCE_ENDS, check_language, check_version, import_argos_extra, write_package
+    from ..formats.argos import SENTENCE_ENDS, check_language, check_version, import_argos_extra, write_package
 
     import_argos_extra()  # the missing extra is said before anything is read or written
     ckpt, _, (source_lang, target_lang) = prepare(options)
@@ -168,11 +169,11 @@ def export_argos(options: ExportOptions) -> Path:
 
 def export_bergamot(options: ExportOptions) -> Path:
     """Write the Bergamot directory (model, shortlist, vocabulary, engine, page) of options.path."""
-    from ..bergamot_format import (binary_model, binary_shortlist, check_int8_shapes, direction_name, engine_package,
+    from ..formats.bergamot import (binary_model, binary_shortlist, check_int8_shapes, direction_name, engine_package,
                                    write_directory)
-    from ..checkpoint import vocab_digest
-    from ..marian_format import marian_config, marian_params
-    from ..shortlist import Shortlist
+    from ..model.checkpoint import vocab_digest
+    from ..formats.marian import marian_config, marian_params
+    from ..decode.shortlist import Shortlist
 
     package = engine_package(options.bergamot_package)  # a missing engine is said before anything is read
     if options.quantization == "bfloat16":
@@ -207,7 +208,7 @@ def export_bergamot(options: ExportOptions) -> Path:
 
 def export_marian(options: ExportOptions) -> Path:
     """Write the Marian model directory of checkpoint options.path to options.output."""
-    from ..marian_format import write_marian_model
+    from ..formats.marian import write_marian_model
 
     output = Path(options.output)
     ckpt, _, _ = prepare(options)

@@ -8,13 +8,13 @@ from __future__ import annotations
 import contextlib
 from pathlib import Path
 
-from ..console import print_summary, stderr_console
-from ..options import ImportOptions
+from ..base.console import print_summary, stderr_console
+from ..settings.options import ImportOptions
 
 
 def import_model(options: ImportOptions) -> Path:
-    from ..checkpoint import make_checkpoint, save_checkpoint
-    from ..huggingface import marian_languages, read_marian
+    from ..model.checkpoint import make_checkpoint, save_checkpoint
+    from ..formats.huggingface import marian_languages, read_marian
 
     directory, output = Path(options.directory), Path(options.output)  # the frame guarded the output
     console = stderr_console()

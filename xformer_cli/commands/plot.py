@@ -1,6 +1,6 @@
 """xf plot: training curves from train_log.jsonl, and attention maps of a checkpoint.
 
-The pictures are the library's (``plots.py``); this module checks the options and the picture's
+The pictures are the library's (``train/plots.py``); this module checks the options and the picture's
 format before any work (the frame's guard has checked the output's directory), writes the figure
 and says where.
 """
@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import sys
 
-from ..errors import ConfigError
-from ..options import PlotAttentionOptions, PlotCurvesOptions
-from ..plots import (attention_figure, curves_figure, image_format, read_run, require_matplotlib, run_labels,
+from ..base.errors import ConfigError
+from ..settings.options import PlotAttentionOptions, PlotCurvesOptions
+from ..train.plots import (attention_figure, curves_figure, image_format, read_run, require_matplotlib, run_labels,
                      save_figure, train_log_path)
 
 

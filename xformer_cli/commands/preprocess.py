@@ -1,4 +1,4 @@
-"""xf preprocess: learn a joint sentencepiece BPE and binarize parallel text (see data.py).
+"""xf preprocess: learn a joint sentencepiece BPE and binarize parallel text (see data/dataset.py).
 
 The stages, each streaming over the files so memory stays flat at any corpus size:
 
@@ -45,17 +45,17 @@ from rich.table import Table
 from rich.text import Text
 
 from .. import __version__
-from ..config import option_range
-from ..console import print_table, stderr_console
-from ..data import FORMAT_VERSION, DataDir, TokenArrayWriter, file_sha256, smallest_dtype
-from ..errors import XfError
-from ..formality import LANGUAGE, classify
-from ..formality_tags import TAGS, tag_ids, tagged_targets
-from ..languages import pair_names, tag
-from ..fileio import directory_target, fsync_dir, remove_stale_temporaries_of, replace_path, reporting_write_errors, temporary_prefix
-from ..options import PreprocessOptions
-from ..safety import refuse_running_training
-from ..vocab import BOS_ID, EOS_ID, PAD_ID, UNK_ID, decode_line, encode_target, load_sentencepiece
+from ..base.console import print_table, stderr_console
+from ..base.errors import XfError
+from ..base.fileio import directory_target, fsync_dir, remove_stale_temporaries_of, replace_path, reporting_write_errors, temporary_prefix
+from ..base.safety import refuse_running_training
+from ..data.dataset import FORMAT_VERSION, DataDir, TokenArrayWriter, file_sha256, smallest_dtype
+from ..settings.config import option_range
+from ..settings.options import PreprocessOptions
+from ..text.formality import LANGUAGE, classify
+from ..text.formality_tags import TAGS, tag_ids, tagged_targets
+from ..text.languages import pair_names, tag
+from ..text.vocab import BOS_ID, EOS_ID, PAD_ID, UNK_ID, decode_line, encode_target, load_sentencepiece
 
 CHUNK_LINES = 10_000  # pairs per worker task: large enough that inter-process traffic is noise
 DROP_REASONS = ("invalid_utf8", "empty", "too_long", "ratio")  # a pair counts under the first that applies
@@ -562,7 +562,7 @@ def make_spm(o: PreprocessOptions, train: Split | None, out: Path, progress: Pro
     tags = tuple(dict.fromkeys(tag(t) for _, t in o.pair_list()))  # of every target language (--pairs)
     tags += tuple(TAGS.values()) if o.formality_tags else ()
     if o.vocab_from:
-        from ..checkpoint import load_checkpoint
+        from ..model.checkpoint import load_checkpoint
 
         vocabulary = load_checkpoint(o.vocab_from)["spm_model"]
         check_tags(load_sentencepiece(vocabulary, str(o.vocab_from)), tags, f"--vocab-from {o.vocab_from}")

@@ -4,7 +4,7 @@ Detokenized sacreBLEU is the headline number: it scores plain text with a fixed 
 prints a signature, so two papers' numbers are comparable. ``--tokenized-bleu`` adds the paper's
 number (Moses-tokenized, compound-split BLEU), so ours can stand next to its 27.3 / 28.4.
 
-The metrics are the library's (``metrics.py``, over sacrebleu); this module reads the files,
+The metrics are the library's (``text/metrics.py``, over sacrebleu); this module reads the files,
 checks them, and prints the report.
 """
 
@@ -17,10 +17,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any, Optional, Sequence
 
-from ..errors import XfError
-from ..fileio import read_lines
-from ..metrics import METRICS, compute_scores, paired_bootstrap
-from ..options import ScoreOptions
+from ..base.errors import XfError
+from ..base.fileio import read_lines
+from ..settings.options import ScoreOptions
+from ..text.metrics import METRICS, compute_scores, paired_bootstrap
 
 
 def parse_metrics(text: str) -> list[str]:

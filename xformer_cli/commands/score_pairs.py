@@ -1,6 +1,6 @@
 """xf score-pairs: the model's log-probability of given source-target pairs, one line per pair.
 
-Each pair is scored by forced decoding (``pair_scoring.py``): the summed log-probability of the
+Each pair is scored by forced decoding (``decode/pair_scoring.py``): the summed log-probability of the
 target's subwords and its eos, and its mean per subword; with --reverse-path also the reverse
 model's of the source given the target, and the dual conditional cross-entropy that filters
 parallel data (Junczys-Dowmunt, 2018). Pairs are read ``buffer_size`` at a time, sorted by
@@ -23,14 +23,14 @@ import time
 from dataclasses import dataclass
 from typing import IO, Iterator, Optional
 
-from ..console import invalid_utf8_warning, print_summary, stderr_console, warn
-from ..decoding_plan import Machine, plan_decoding
-from ..engines import XfEngine
-from ..errors import ConfigError, XfError
-from ..fileio import atomic_write
-from ..options import ScorePairsOptions
-from ..pair_scoring import PairScore, dual_conditional_cross_entropy, max_length, score_pairs as score
-from ..vocab import decode_line, encode_target
+from ..base.console import invalid_utf8_warning, print_summary, stderr_console, warn
+from ..base.errors import ConfigError, XfError
+from ..base.fileio import atomic_write
+from ..decode.engines import XfEngine
+from ..decode.pair_scoring import PairScore, dual_conditional_cross_entropy, max_length, score_pairs as score
+from ..decode.plan import Machine, plan_decoding
+from ..settings.options import ScorePairsOptions
+from ..text.vocab import decode_line, encode_target
 
 
 # -- reading -------------------------------------------------------------------------------------

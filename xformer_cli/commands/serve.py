@@ -2,7 +2,7 @@
 
 Thin: the --api-keys and --glossary files are read, then the socket is bound (a bad file, a port
 taken or a host that does not resolve fails before any model loads), the models are loaded once
-(``serving.load_directions``), and ``Server.run`` serves until SIGTERM or Ctrl-C; then it stops
+(``serve.server.load_directions``), and ``Server.run`` serves until SIGTERM or Ctrl-C; then it stops
 accepting, answers the requests in flight (those still waiting after --grace-seconds get a 503),
 ends the worker between batches, and a summary table counts every request by how it ended.
 Exit 0 after SIGTERM or Ctrl-C.
@@ -14,11 +14,12 @@ import contextlib
 import sys
 import time
 
-from ..console import print_summary, stderr_console
-from ..errors import XfError
-from ..options import ServeOptions
-from ..serve_log import OUTCOMES
-from ..serving import Server, bind, load_directions, load_glossaries, read_api_keys
+from ..base.console import print_summary, stderr_console
+from ..base.errors import XfError
+from ..serve.access_log import OUTCOMES
+from ..serve.server import Server, bind, read_api_keys
+from ..serve.directions import load_directions, load_glossaries
+from ..settings.options import ServeOptions
 
 
 def serve(options: ServeOptions) -> None:

@@ -1,18 +1,18 @@
 """xf shortlist: a vocabulary shortlist for ``xf translate --shortlist`` from a data directory's
 training pairs (the frequent target pieces plus IBM Model 1's top-k per source piece;
-``shortlist.py`` holds the method and the file format)."""
+``decode/shortlist.py`` holds the method and the file format)."""
 
 from __future__ import annotations
 
 import time
 from pathlib import Path
 
-from ..checkpoint import spm_digest, vocab_digest
-from ..console import print_summary, stderr_console
-from ..data import DataDir, read_rows
-from ..errors import XfError
-from ..options import ShortlistOptions
-from ..shortlist import build_shortlist, candidate_set_size
+from ..base.console import print_summary, stderr_console
+from ..base.errors import XfError
+from ..data.dataset import DataDir, read_rows
+from ..decode.shortlist import build_shortlist, candidate_set_size
+from ..model.checkpoint import spm_digest, vocab_digest
+from ..settings.options import ShortlistOptions
 
 
 def _sentences(array) -> list:

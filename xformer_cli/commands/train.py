@@ -1,12 +1,12 @@
 """xf train: the paper's training recipe (Sec. 5), on one CPU, one GPU or many under torchrun.
 
-The set-up is the library's (``train_setup.set_up``: data, model, optimizer, what to resume
+The set-up is the library's (``train.setup.set_up``: data, model, optimizer, what to resume
 from, all checked before anything is written). Here, read top to bottom: the start report, the
-loop (``train_loop``: for each update, one ``training.train_step``, then what ``train_policy``
+loop (``train_loop``: for each update, one ``train.update.train_step``, then what ``train.policy``
 decides: log? validate? which checkpoints? stop, and why?), and ``train``, the command around
 them. The library does the rest: batching
 and prefetching (``batching.EpochBatches``, ``Prefetch``), the training state that checkpoints
-hold (``train_state.TrainState``), what is shown and logged (``train_log``).
+hold (``train.state.TrainState``), what is shown and logged (``train.log``).
 
 A run resumes by re-running the same command: everything needed to continue exactly where it
 stopped is in ``checkpoint_last.pt`` (weights and ``TrainState``), written atomically, so a crash
@@ -24,23 +24,23 @@ from typing import Optional
 import torch
 import yaml
 
-from .. import distributed
-from ..batching import Prefetch
-from ..checkpoint import make_checkpoint, remove_old_checkpoints, save_checkpoint
-from ..compiling import compiled_graphs
-from ..config import absolute_paths
-from ..errors import XfError
-from ..fileio import atomic_write_text, copy_atomic
-from ..options import TrainOptions
-from ..precision import hardware_note, precision_warning, resolve_precision
-from ..safety import SaveDirLock
-from ..signals import StopSignal
-from ..train_log import Meter, Reporter, peak_memory_mib, startup_rows, summary_rows
-from ..train_policy import AfterUpdate, diverged, nothing_to_do, plan_after_validation, plan_update, regularization
-from ..train_policy import score_validation, stop_before_update
-from ..train_setup import Run, set_up
-from ..training import Step, dropout_seed, train_step
-from ..validate import validation_bleu, validation_loss
+from ..base import distributed
+from ..base.compiling import compiled_graphs
+from ..base.errors import XfError
+from ..base.fileio import atomic_write_text, copy_atomic
+from ..base.precision import hardware_note, precision_warning, resolve_precision
+from ..base.safety import SaveDirLock
+from ..base.signals import StopSignal
+from ..data.batching import Prefetch
+from ..model.checkpoint import make_checkpoint, remove_old_checkpoints, save_checkpoint
+from ..settings.config import absolute_paths
+from ..settings.options import TrainOptions
+from ..train.log import Meter, Reporter, peak_memory_mib, startup_rows, summary_rows
+from ..train.policy import AfterUpdate, diverged, nothing_to_do, plan_after_validation, plan_update, regularization
+from ..train.policy import score_validation, stop_before_update
+from ..train.setup import Run, set_up
+from ..train.update import Step, dropout_seed, train_step
+from ..train.validate import validation_bleu, validation_loss
 
 
 # -- the start -----------------------------------------------------------------------------------
@@ -90,8 +90,8 @@ def save(run: Run, names: list[str], valid: dict, elapsed_seconds: float) -> Pat
     # an epoch has just ended when the position is at the start of the next one
     meta = {"epoch": pos.epoch, "num_updates": pos.num_updates, "end_of_epoch": pos.batch_offset == 0,
             "source_lang": run.data.source_lang, "target_lang": run.data.target_lang,
-            **({"pairs": run.data.pairs} if run.data.pairs else {}),  # a multilingual model (languages.py)
-            **({"formality": run.data.meta["formality"]} if run.data.meta.get("formality") else {}),  # formality_tags.py
+            **({"pairs": run.data.pairs} if run.data.pairs else {}),  # a multilingual model (text/languages.py)
+            **({"formality": run.data.meta["formality"]} if run.data.meta.get("formality") else {}),  # text/formality_tags.py
             **{f"valid_{k}": v for k, v in valid.items()}}
     save_checkpoint(paths[0], make_checkpoint(run.model, run.data.spm_model_bytes, train_state, meta))
     for p in paths[1:]:

@@ -18,16 +18,15 @@ from typing import IO, Iterator, Optional
 
 import torch
 
-from ..confidence import Calibration
-from ..console import invalid_utf8_warning, print_summary, stderr_console, warn
-from ..errors import ConfigError, XfError, memory_detail, out_of_memory
-from ..fileio import atomic_write
-from ..glossary import Glossary
-from ..options import TranslateOptions
-from ..languages import TaggedVocabulary
-from ..translation import (Stats, decode_input_line, encode_constraints, encode_prefixes, line_vocabularies,
-                           open_engine, open_scorer, crowded_term, over_constraint_limits, read_steered_line,
-                           source_vocabulary, translate_buffer, translate_sentences, unfit_term)
+from ..base.console import invalid_utf8_warning, print_summary, stderr_console, warn
+from ..base.errors import ConfigError, XfError, memory_detail, out_of_memory
+from ..base.fileio import atomic_write
+from ..decode.confidence import Calibration
+from ..decode.steering import encode_constraints, encode_prefixes, line_vocabularies, crowded_term, over_constraint_limits, read_steered_line, source_vocabulary, unfit_term
+from ..decode.translate import Stats, decode_input_line, open_engine, open_scorer, translate_buffer, translate_sentences
+from ..settings.options import TranslateOptions
+from ..text.glossary import Glossary
+from ..text.languages import TaggedVocabulary
 
 
 # -- reading and writing -------------------------------------------------------------------------
