@@ -98,9 +98,12 @@ NOT_RUNNABLE = {
     ("docs/huggingface.md", 'batch = tokenizer(sentences, return_tensors="pt", padding=True)'): _FRAGMENT,
     ("docs/huggingface.md", "huggingface-cli download Helsinki-NLP/opus-mt-en-de --local-dir opus-mt-en-de"): _NET,
     ("docs/huggingface.md", "pip install 'xformer-cli[hf,ctranslate2]'"): _NET,
+    ("docs/metrics.md", "python bench/formality_score.py --hyp test.hyp.de --formal-refs F.formal.annotated.de \\"):
+        "a system's output and CoCoA-MT's annotated references; tests/test_formality_score.py runs the script",
     ("docs/performance.md", "python bench/precision_quality.py --out work-dirs/precision    # Multi30k EN-DE, cpu.yaml, 2,000 updates"): _TRAIN,
     ("docs/plots.md", "xf plot curves work-dirs/quickstart/checkpoints -o curves.png                 # one run"): "the quick start's and the dropout runs' checkpoints: " + _TRAIN,
     ("docs/recipes.md", "bash recipes/multi30k/multilingual.sh                 # four models of 34 minutes, one after another"): _TRAIN,
+    ("docs/recipes.md", "bash recipes/formality/run.sh                                   # two trainings of 4,000 updates"): _TRAIN,
     ("docs/recipes.md", "bash recipes/multi30k/distill.sh en-de              # teacher: run.sh's cpu.yaml model (trained when missing)"): _TRAIN,
     ("docs/serve.md", "pip install 'xformer-cli[serve]'            # Starlette, uvicorn, prometheus_client"): _NET,
     ("docs/serve.md", "xf serve --model checkpoints/multi/avg.pt                  # every pair the checkpoint records"): _SERVER,

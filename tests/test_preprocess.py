@@ -242,7 +242,8 @@ def test_several_valid_and_test_sets(tmp_path, corpus):
     meta = run(tmp_path / "out", trainpref=p, validpref=f"{p},{p}", testpref=f"{p},{p},{p}", spm_model=corpus["spm"])
     assert meta["splits"] == ["train", "valid", "valid1", "test", "test1", "test2"]
     not_recorded = {"destdir", "overwrite", "verify",  # where and whether to write, not what
-                    "pairs", "sampling_temperature"}  # of several languages: a bilingual meta.json has neither
+                    "pairs", "sampling_temperature",  # of several languages: a bilingual meta.json has neither
+                    "formality_tags"}  # off: meta.json as before the option (tests/test_formality_tags.py)
     assert dataclasses.asdict(PreprocessOptions(destdir="x")).keys() - not_recorded == meta["options"].keys()
 
 

@@ -52,6 +52,8 @@ from ..base.safety import refuse_running_training
 from ..data.dataset import FORMAT_VERSION, DataDir, TokenArrayWriter, file_sha256, smallest_dtype
 from ..settings.config import option_range
 from ..settings.options import PreprocessOptions
+from ..text.formality import LANGUAGE, classify
+from ..text.formality_tags import TAGS, tag_ids, tagged_targets
 from ..text.languages import pair_names, tag
 from ..text.vocab import BOS_ID, EOS_ID, PAD_ID, UNK_ID, decode_line, encode_target, load_sentencepiece
 
@@ -70,6 +72,9 @@ class Part:
     target: Optional[str] = None  # its target language, whose tag leads every source sentence (--pairs)
     tag_id: Optional[int] = None  # that tag's id, once the vocabulary is known
     lines: int = 0
+    # --formality-tags, German targets: the formality tags' ids, and whether the source is English
+    # (the classifier's hint where the German is ambiguous)
+    formality: Optional[tuple[dict, bool]] = None
 
 
 @dataclass
@@ -365,10 +370,12 @@ def encode_chunk(task: tuple) -> tuple:
     """Decode, encode and (train only) clean one chunk of pairs.
 
     Returns (src tokens, src sizes, tgt tokens, tgt sizes, stats) of the kept pairs, tokens flat.
-    With a ``tag_id`` (--pairs), every non-empty source sentence starts with it; the cleaning
-    counts the sentence without it.
+    With a ``tag_id`` (--pairs), every non-empty source sentence starts with it; with
+    ``formality`` (--formality-tags: the tags' ids, whether the source is English) a source whose
+    target classifies formal or informal starts with that tag, after ``tag_id``; the cleaning
+    counts the sentence without them.
     """
-    src_path, tgt_path, clean, start, src_lines, tgt_lines, tag_id = task
+    src_path, tgt_path, clean, start, src_lines, tgt_lines, tag_id, formality = task
     w = _worker
     invalid = "skip" if w["skip_invalid"] else "error"
     stats = collections.Counter(pairs_in=len(src_lines))
@@ -386,6 +393,9 @@ def encode_chunk(task: tuple) -> tuple:
             t2 = t2 if t2 is not None else decode_line(t, tgt_path, lineno, "replace")
         src_text.append(s2)
         tgt_text.append(t2)
+    labels = None
+    if formality is not None:
+        labels = [classify(t, s if formality[1] else None) for s, t in zip(src_text, tgt_text)]
     src_ids = w["sp"].encode(src_text, num_threads=1)  # one thread: the parallelism is the workers
     tgt_ids = encode_target(w["sp"], tgt_text, num_threads=1)  # an imported vocabulary's own target model
     src_sizes = np.fromiter(map(len, src_ids), np.int32, len(src_ids))
@@ -400,6 +410,12 @@ def encode_chunk(task: tuple) -> tuple:
         if len(keep) < len(src_ids):
             src_ids, tgt_ids = [src_ids[i] for i in keep], [tgt_ids[i] for i in keep]
             src_sizes, tgt_sizes = src_sizes[keep], tgt_sizes[keep]
+            labels = [labels[i] for i in keep] if labels is not None else None
+    if labels is not None:  # by id, as the target tag: control symbols
+        src_ids = [[formality[0][label], *ids] if ids and label in formality[0] else ids
+                   for ids, label in zip(src_ids, labels)]
+        src_sizes = np.fromiter(map(len, src_ids), np.int32, len(src_ids))
+        stats.update(tagged_formal=labels.count("formal"), tagged_informal=labels.count("informal"))
     if tag_id is not None:  # by id: the tag is a control symbol, which no text encodes into
         src_ids = [[tag_id, *ids] if ids else ids for ids in src_ids]
         src_sizes = src_sizes + (src_sizes > 0)
@@ -435,7 +451,7 @@ def binarize(split: Split, out: Path, o: PreprocessOptions, dtype: np.dtype, poo
     writers = TokenArrayWriter(out / f"{split.name}.{o.source_lang}", dtype), TokenArrayWriter(
         out / f"{split.name}.{o.target_lang}", dtype)
     per_part = [collections.Counter({k: 0 for k in DROP_REASONS}) for _ in split.parts]
-    tasks = ((i, (p.src, p.tgt, split.clean, start, s, t, p.tag_id))
+    tasks = ((i, (p.src, p.tgt, split.clean, start, s, t, p.tag_id, p.formality))
              for i, p in enumerate(split.parts) for start, s, t in read_chunks(p))
     parts_of_tasks: collections.deque = collections.deque()  # the part of each task in flight, in order
 
@@ -470,6 +486,9 @@ def binarize(split: Split, out: Path, o: PreprocessOptions, dtype: np.dtype, poo
         unk_rate={o.source_lang: t.get("src_unk", 0) / max(t.get("src_tokens", 0), 1),
                   o.target_lang: t.get("tgt_unk", 0) / max(t.get("tgt_tokens", 0), 1)},
         **({"directions": directions} if not files else {}),
+        **({"formality": dict(formal=t.get("tagged_formal", 0), informal=t.get("tagged_informal", 0),
+                              untagged=t.get("pairs", 0) - t.get("tagged_formal", 0) - t.get("tagged_informal", 0))}
+           if o.formality_tags else {}),
     )
 
 
@@ -541,6 +560,7 @@ def make_spm(o: PreprocessOptions, train: Split | None, out: Path, progress: Pro
 
     Returns how it was made (for meta.json)."""
     tags = tuple(dict.fromkeys(tag(t) for _, t in o.pair_list()))  # of every target language (--pairs)
+    tags += tuple(TAGS.values()) if o.formality_tags else ()
     if o.vocab_from:
         from ..model.checkpoint import load_checkpoint
 
@@ -597,17 +617,23 @@ def check_tags(sp, tags: tuple[str, ...], where: str) -> None:
     for piece in tags:
         tag_id = sp.piece_to_id(piece)
         if tag_id == UNK_ID or sp.id_to_piece(tag_id) != piece:
-            raise XfError(f"{where}: its vocabulary has no piece {piece}, the tag --pairs puts before every source "
-                          "sentence into that language (learn the vocabulary with it as a control symbol, or leave "
-                          "the vocabulary to xf preprocess)")
+            raise XfError(f"{where}: its vocabulary has no piece {piece}, a tag that "
+                          f"{'--formality-tags' if piece in TAGS.values() else '--pairs'} puts before source "
+                          "sentences (learn the vocabulary with it as a control symbol, or leave the vocabulary to "
+                          "xf preprocess)")
 
 
-def tag_parts(splits: list[Split], sp) -> None:
-    """Give every part of --pairs the id of its target's tag (checked to be in the vocabulary)."""
+def tag_parts(splits: list[Split], sp, o: PreprocessOptions) -> None:
+    """Give every part of --pairs the id of its target's tag, and with --formality-tags every
+    part into German the formality tags' ids (all checked to be in the vocabulary)."""
+    ids = tag_ids(sp, "the vocabulary") if o.formality_tags else None
     for s in splits:
         for p in s.parts:
             if p.target is not None:
                 p.tag_id = sp.piece_to_id(tag(p.target))
+            source, target = p.direction.split("-") if p.direction else (o.source_lang, o.target_lang)
+            if ids is not None and tagged_targets([target]):
+                p.formality = (ids, source in ("en", "eng"))
 
 
 def encode_splits(o: PreprocessOptions, splits: list[Split], out: Path, dtype: np.dtype, progress: Progress) -> None:
@@ -644,7 +670,7 @@ def preprocess(o: PreprocessOptions) -> dict:
         try:
             bpe = make_spm(o, train, tmp, progress)
             sp = load_sentencepiece(tmp / "spm.model")
-            tag_parts(splits, sp)
+            tag_parts(splits, sp, o)
             write_vocab(sp, tmp / "spm.vocab")
             vocab_size = sp.get_piece_size()
             dtype = smallest_dtype(vocab_size)
@@ -660,6 +686,7 @@ def preprocess(o: PreprocessOptions) -> dict:
                 target_lang=o.target_lang,
                 **({"pairs": pair_names(o.pair_list()),
                     "sampling_temperature": o.sampling_temperature} if o.pairs else {}),
+                **({"formality": LANGUAGE} if o.formality_tags else {}),  # the language whose address its tags choose
                 vocab_size=vocab_size,
                 dtype=dtype.name,
                 special_ids=dict(pad=PAD_ID, unk=UNK_ID, bos=BOS_ID, eos=EOS_ID),
@@ -686,8 +713,10 @@ def preprocess(o: PreprocessOptions) -> dict:
 def recorded_options(o: PreprocessOptions) -> dict:
     """The options for meta.json: those that decide the content. Where it goes (destdir) and
     whether to replace it are left out, so that one command gives the same bytes in any directory;
-    so are --pairs and --sampling-temperature of a bilingual run (meta.json as before they were)."""
-    left_out = ("destdir", "overwrite", "verify") + (() if o.pairs else ("pairs", "sampling_temperature"))
+    so are --pairs and --sampling-temperature of a bilingual run, and --formality-tags when off
+    (meta.json as before they were)."""
+    left_out = ("destdir", "overwrite", "verify") + (() if o.pairs else ("pairs", "sampling_temperature")) + (
+        () if o.formality_tags else ("formality_tags",))
     return {k: list(v) if isinstance(v, tuple) else v for k, v in dataclasses.asdict(o).items() if k not in left_out}
 
 
@@ -738,6 +767,9 @@ def summary_table(meta: dict, dest: Path, seconds: float) -> Table:
         (f"{src} unknown", lambda s: f"{s['unk_rate'][src]:.3%}"),
         (f"{tgt} unknown", lambda s: f"{s['unk_rate'][tgt]:.3%}"),
     ]
+    if meta.get("formality"):  # --formality-tags: the kept pairs whose source starts with a tag
+        rows.insert(2, ("  tagged formal / informal", lambda s: f"{s['formality']['formal']:,} / "
+                                                               f"{s['formality']['informal']:,}"))
     for i, direction in enumerate(meta.get("pairs") or ()):  # --pairs: the pairs each direction kept
         rows.insert(2 + i, (f"  {direction} kept", lambda s, d=direction: f"{s['directions'][d]['pairs']:,}"))
     for label, cell in rows:

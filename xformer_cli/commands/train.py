@@ -91,6 +91,7 @@ def save(run: Run, names: list[str], valid: dict, elapsed_seconds: float) -> Pat
     meta = {"epoch": pos.epoch, "num_updates": pos.num_updates, "end_of_epoch": pos.batch_offset == 0,
             "source_lang": run.data.source_lang, "target_lang": run.data.target_lang,
             **({"pairs": run.data.pairs} if run.data.pairs else {}),  # a multilingual model (text/languages.py)
+            **({"formality": run.data.meta["formality"]} if run.data.meta.get("formality") else {}),  # text/formality_tags.py
             **{f"valid_{k}": v for k, v in valid.items()}}
     save_checkpoint(paths[0], make_checkpoint(run.model, run.data.spm_model_bytes, train_state, meta))
     for p in paths[1:]:

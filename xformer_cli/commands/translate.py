@@ -91,7 +91,7 @@ def translate(options: TranslateOptions) -> None:
         per_line = options.input_format == "jsonl"  # a line may name its target
         # the source vocabulary of --target-lang (None: a multilingual model whose jsonl lines name theirs)
         vocab = None if per_line and multilingual and options.target_lang is None else \
-            source_vocabulary(engine, sp, options.target_lang, options.path[0])
+            source_vocabulary(engine, sp, options.target_lang, options.path[0], options.formality)
         languages = tuple(engine.facts.targets) if multilingual and per_line else ()
         scorer = open_scorer(options, engine.plan, calibration, languages, engine.facts) if options.output_format == "jsonl" else None
         unfit = glossary is not None and (unfit_term(glossary, sp, engine.max_source)
@@ -140,8 +140,12 @@ def _translate(engine, sp, vocab, device, options: TranslateOptions, glossary: O
                     outputs = translate_sentences(engine, vocab, lines, options, stats, generator)
                 elif options.input_format == "jsonl":
                     steered = [read_steered_line(text, stats.lines + i + 1, where) for i, text in enumerate(lines)]
+                    formal = next((i for i, s in enumerate(steered) if s.formality), None)
+                    if options.print_alignment and formal is not None:  # as --formality (TranslateOptions)
+                        raise ConfigError(f"{where}: line {stats.lines + formal + 1}: 'formality' puts a tag before "
+                                          "the source, which --print-alignment does not count yet")
                     vocabularies = line_vocabularies(engine, sp, steered, vocab, options.target_lang, where,
-                                                     stats.lines, options.path[0])
+                                                     stats.lines, options.path[0], options.formality)
                     targets = [v.target_lang if isinstance(v, TaggedVocabulary) else None for v in vocabularies]
                     prefixes = encode_prefixes(sp, [s.prefix for s in steered], engine.max_source, where, stats.lines)
                     wanted = [s.constraints + (glossary.constraints(s.source) if glossary else []) for s in steered]

@@ -1,6 +1,6 @@
 """What one line asks of its search, beside its text: the fields of a jsonl line (``read_steered_line``:
-its target language, a prefix, constraints), the vocabulary (language tag) each line is encoded
-with, and its target-side text encoded and checked against the limits (``encode_prefixes``,
+its target language, its formality, a prefix, constraints), the vocabulary (language and
+formality tags) each line is encoded with, and its target-side text encoded and checked against the limits (``encode_prefixes``,
 ``encode_constraints``, ``unfit_term``, ``crowded_term``, ``over_constraint_limits``), as
 ``xf translate`` and ``xf serve`` both read them.
 """
@@ -12,30 +12,33 @@ from typing import Optional
 
 from ..base.errors import ConfigError, XfError
 from ..base.json_input import parse_json
+from ..text.formality import FORMALITIES
 from ..text.glossary import Glossary
 from ..text.languages import check_code
 from ..text.vocab import UNK_ID, encode_target
 from .engines import Engine
 
 
-def source_vocabulary(engine: Engine, sp, target_lang: Optional[str], where: str):
+def source_vocabulary(engine: Engine, sp, target_lang: Optional[str], where: str, formality: Optional[str] = None):
     """The vocabulary the engine's sources are encoded with to translate into ``target_lang``
     (``ModelFacts.vocabulary``: the model's languages, ``engine.facts``): ``sp`` itself
     for a bilingual model, a ``TaggedVocabulary`` putting the target's tag first for a
-    multilingual one. Target-side text is encoded with ``vocab.encode_target(sp, ...)``."""
-    return engine.facts.vocabulary(sp, target_lang, where)
+    multilingual one; with ``formality`` its formality tag next (text/formality_tags.py).
+    Target-side text is encoded with ``vocab.encode_target(sp, ...)``."""
+    return engine.facts.vocabulary(sp, target_lang, where, formality)
 
 
 @dataclass
 class SteeredLine:
     """One line of ``--input-format jsonl``: the source text, its target prefix ("" : none), its
-    lexical constraints (each a list of alternative forms; [] : none) and the language it is
-    translated into (None: --target-lang's)."""
+    lexical constraints (each a list of alternative forms; [] : none), the language it is
+    translated into (None: --target-lang's) and the formality asked for (None: --formality's)."""
 
     source: str
     prefix: str = ""
     constraints: list = field(default_factory=list)
     target_lang: Optional[str] = None
+    formality: Optional[str] = None
 
 
 def text_field(value, key: str, line_no: int, where: str) -> str:
@@ -69,7 +72,8 @@ def read_constraints(value, line_no: int, where: str) -> list[list[str]]:
 
 def read_steered_line(text: str, line_no: int, where: str) -> SteeredLine:
     """One ``--input-format jsonl`` line, {"source": ..., "prefix": ..., "constraints": [...],
-    "target_lang": ...} (all but source optional); a ConfigError naming ``where`` and the line otherwise.
+    "target_lang": ..., "formality": "formal"} (all but source optional); a ConfigError naming
+    ``where`` and the line otherwise.
     A blank line is an empty source (an empty translation, as in text input)."""
     if not text.strip():
         return SteeredLine("")
@@ -81,10 +85,10 @@ def read_steered_line(text: str, line_no: int, where: str) -> SteeredLine:
     if not isinstance(record, dict):
         raise ConfigError(f"{where}: line {line_no}: expected a JSON object {{\"source\": ...}}, "
                           f"got {type(record).__name__}")
-    unknown = sorted(set(record) - {"source", "prefix", "constraints", "target_lang"})
+    unknown = sorted(set(record) - {"source", "prefix", "constraints", "target_lang", "formality"})
     if unknown:
         raise ConfigError(f"{where}: line {line_no}: unknown key {unknown[0]!r} (source, prefix, constraints, "
-                          "target_lang)")
+                          "target_lang, formality)")
     if "source" not in record:
         raise ConfigError(f"{where}: line {line_no}: no 'source' (the text to translate)")
     fields = [text_field(record.get(key, ""), key, line_no, where) for key in ("source", "prefix")]
@@ -94,26 +98,30 @@ def read_steered_line(text: str, line_no: int, where: str) -> SteeredLine:
             check_code(text_field(target, "target_lang", line_no, where), f"{where}: line {line_no}: 'target_lang'")
         except XfError as e:
             raise ConfigError(str(e)) from None
-    return SteeredLine(*fields, read_constraints(record.get("constraints", []), line_no, where), target)
+    formality = record.get("formality")
+    if formality is not None and formality not in FORMALITIES:
+        raise ConfigError(f"{where}: line {line_no}: 'formality' must be formal or informal, got {formality!r}")
+    return SteeredLine(*fields, read_constraints(record.get("constraints", []), line_no, where), target, formality)
 
 
 def line_vocabularies(engine: Engine, sp, steered: list[SteeredLine], default, target_lang: Optional[str],
-                      where: str, first_line: int, model: str = "the model") -> list:
-    """The source vocabulary of each jsonl line: ``default`` (--target-lang's, None for a
-    multilingual model without it), or that of the line's own "target_lang"; a line naming a
-    language the model lacks, or (multilingual, no --target-lang) naming none, is a ConfigError
-    naming its line."""
-    own = {target_lang: default} if default is not None else {}
+                      where: str, first_line: int, model: str = "the model", formality: Optional[str] = None) -> list:
+    """The source vocabulary of each jsonl line: ``default`` (--target-lang's and --formality's,
+    None for a multilingual model without --target-lang), or that of the line's own "target_lang"
+    and "formality"; a line naming a language the model lacks, or (multilingual, no --target-lang)
+    naming none, or a formality a model without its tags, is a ConfigError naming its line."""
+    own = {(target_lang, formality): default} if default is not None else {}
     out = []
     for i, line in enumerate(steered):
         lang = line.target_lang or target_lang
-        if lang not in own:
+        key = (lang, line.formality or formality)
+        if key not in own:
             try:
-                own[lang] = source_vocabulary(engine, sp, lang, model)
+                own[key] = source_vocabulary(engine, sp, lang, model, key[1])
             except XfError as e:
                 raise ConfigError(f"{where}: line {first_line + i + 1}: {e}"
                                   + (" (or give the line a \"target_lang\")" if lang is None else "")) from None
-        out.append(own[lang])
+        out.append(own[key])
     return out
 
 

@@ -263,7 +263,7 @@ def load_models(paths: Sequence[str], device: torch.device, dtype: torch.dtype =
 
     An ensemble must share one vocabulary (the same sentencepiece pieces and ids) and one set of
     directions: multilingual members the same pairs, never a bilingual member beside a
-    multilingual one.
+    multilingual one; and formality tags in every member or in none.
     """
     from ..text.languages import model_pairs, pair_names
 
@@ -287,6 +287,11 @@ def load_models(paths: Sequence[str], device: torch.device, dtype: torch.dtype =
                 said = lambda p: "bilingual" if p is None else f"multilingual ({', '.join(pair_names(p))})"  # noqa: E731
                 raise XfError(f"{path} is {said(mine)} but {paths[0]} is {said(first)}: an ensemble's models "
                               "translate the same directions")
+            tags = (ckpt.get("meta") or {}).get("formality")
+            if tags != meta.get("formality"):  # text/formality_tags.py
+                with_tags, without = (path, paths[0]) if tags else (paths[0], path)
+                raise XfError(f"{with_tags} has formality tags but {without} has none: an ensemble's models read the "
+                              "same tags")
         model = model_from_checkpoint(ckpt, path)
         if model.cfg.vocab_size != sp.get_piece_size():
             raise XfError(

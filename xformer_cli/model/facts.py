@@ -20,6 +20,7 @@ from typing import Optional
 
 from ..base.errors import XfError
 from ..settings.options import CONVENTIONS
+from ..text.formality_tags import with_formality
 from ..text.languages import LANGUAGE_KEYS, languages_of, model_pairs, pair_names, same_language, tag, vocabulary_for
 
 FORMATS = ("ctranslate2", "argos", "huggingface", "marian", "bergamot")
@@ -52,6 +53,7 @@ class ModelFacts:
     decoder_layers: Optional[int] = None
     vocab_size: Optional[int] = None
     max_positions: Optional[int] = None
+    formality: Optional[str] = None  # the language whose address its formality tags choose (text/formality_tags.py)
     exports: tuple[tuple[str, Optional[str]], ...] = ()  # (format, None or the one-line reason it cannot go there)
 
     @property
@@ -94,11 +96,19 @@ class ModelFacts:
             return source in self.sources and target in self.targets
         return (source, target) in self.pairs
 
-    def vocabulary(self, sp, target_lang: Optional[str], where: Optional[str] = None):
+    def vocabulary(self, sp, target_lang: Optional[str], where: Optional[str] = None,
+                   formality: Optional[str] = None):
         """The vocabulary translating into ``target_lang`` (``languages.vocabulary_for``): ``sp``
         for a bilingual model (a --target-lang other than its own refused), a ``TaggedVocabulary``
-        putting the target's tag first for a multilingual one (--target-lang one of its targets)."""
-        return vocabulary_for(sp, languages_meta(self), target_lang, where or self.where)
+        putting the target's tag first for a multilingual one (--target-lang one of its targets);
+        with ``formality`` (formal, informal) its formality tag next (``formality_tags``: refused
+        by a model without them)."""
+        where = where or self.where
+        vocabulary = vocabulary_for(sp, languages_meta(self), target_lang, where)  # the language first
+        if formality is None:
+            return vocabulary
+        tagged = with_formality(sp, formality, self.formality, getattr(vocabulary, "target_lang", None), where)
+        return vocabulary_for(tagged, languages_meta(self), target_lang, where)
 
     def export_refusal(self, fmt: str) -> Optional[str]:
         return dict(self.exports).get(fmt)
@@ -135,7 +145,7 @@ def facts_from_config(cfg, meta: Optional[dict] = None, mapped: bool = False,
         share_embeddings=cfg.share_embeddings, normalize_before=cfg.normalize_before,
         scale_embedding=cfg.scale_embedding, activation=cfg.activation, d_model=cfg.d_model, heads=cfg.heads,
         head_dim=cfg.head_dim, encoder_layers=cfg.encoder_layers, decoder_layers=cfg.decoder_layers,
-        vocab_size=cfg.vocab_size, max_positions=cfg.max_positions)
+        vocab_size=cfg.vocab_size, max_positions=cfg.max_positions, formality=meta.get("formality"))
     return _with_exports(facts)
 
 
@@ -145,7 +155,8 @@ def from_export(info: dict, where: str | Path) -> ModelFacts:
     languages = languages_of(info.get("languages") or {})
     pairs = model_pairs(languages)
     return ModelFacts(where=str(where), pairs=tuple(pairs) if pairs is not None else _bilingual(languages),
-                      multilingual=pairs is not None, max_positions=info.get("max_positions"))
+                      multilingual=pairs is not None, max_positions=info.get("max_positions"),
+                      formality=languages.get("formality"))
 
 
 def read_facts(path: str | Path) -> ModelFacts:

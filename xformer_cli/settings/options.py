@@ -151,6 +151,11 @@ class PreprocessOptions:
         1.0, "with --pairs: xf train draws each epoch's pairs of direction i with probability proportional to "
         "(n_i/N)^(1/T): 1 takes the data as it is, larger T evens out the directions (recorded in meta.json)",
         range=Range(0, 1e6, lo_open=True))
+    formality_tags: bool = option(
+        False, "start each source whose German target addresses its reader with >>formal<< (Sie) or >>informal<< "
+        "(du, ihr), as formality.classify labels the target (an English source decides where the German is "
+        "ambiguous); other pairs stay untagged; with --pairs, after the target-language tag and for German targets "
+        "only; for xf translate --formality")
     trainpref: Optional[str] = option(None, "training files prefix (PREFIX.src, PREFIX.tgt)")
     validpref: Optional[str] = option(None, "validation files prefix (comma-separated: valid, valid1, ...)")
     testpref: Optional[str] = option(None, "test files prefix (comma-separated: test, test1, ...)")
@@ -200,6 +205,13 @@ class PreprocessOptions:
             object.__setattr__(self, "target_lang", "de" if self.target_lang is None else self.target_lang)
         if self.source_lang == self.target_lang:
             raise ConfigError(f"--source-lang and --target-lang are both {self.source_lang!r}")
+        if self.formality_tags:
+            from ..text.formality_tags import tagged_targets
+
+            targets = [t for _, t in self.pair_list()] or [self.target_lang]
+            if not tagged_targets(targets):
+                raise ConfigError(f"--formality-tags labels German targets by their address (du or Sie): "
+                                  f"{', '.join(targets)} is not German")
         if self.spm_model and self.vocab_from:
             raise ConfigError("--spm-model and --vocab-from both give the vocabulary: choose one")
         given = "--spm-model" if self.spm_model else "--vocab-from" if self.vocab_from else None
@@ -485,6 +497,11 @@ class TranslateOptions(DecodingOptions):
         "tag starts every source), for a bilingual one only its own target is accepted; a jsonl input line's "
         "\"target_lang\" overrides it; with --output-format jsonl it also turns on the confidence's wrong_language "
         "flag, an output that py3langid finds unlikely in it (the detect extra)")
+    formality: Optional[Literal["formal", "informal"]] = option(
+        None, "the address to translate with, formal (Sie) or informal (du): every source starts with the model's "
+        ">>formal<< or >>informal<< tag (a model trained on data of xf preprocess --formality-tags; others refuse "
+        "it; unset: no tag, the training data's own mix); a jsonl input line's \"formality\" overrides it; not "
+        "with --print-alignment or --split-sentences")
     print_alignment: bool = option(
         False, "add each output's hard alignment, 'SRC-TGT' index pairs: text 'translation ||| 0-0 1-2', "
         "n-best 'ID ||| translation ||| score ||| 0-0 1-2', jsonl \"alignment\": [[0, 0], [1, 2]]"
@@ -525,6 +542,9 @@ class TranslateOptions(DecodingOptions):
                              "use it")
         if self.glossary is not None and self.split_sentences:
             raise ValueError("--glossary matches terms in whole lines: it takes no --split-sentences")
+        if self.formality is not None and (self.print_alignment or self.split_sentences is not None):
+            raise ValueError("--formality puts a tag before each source, which --print-alignment and "
+                             "--split-sentences do not count yet: use it without them")
         # floor(a*|X| + b) output subwords for a source of |X| >= 1 subwords: at least 1 for every |X|
         if self.max_len_a + self.max_len_b < 1:
             raise ValueError(f"--max-len-a {self.max_len_a:g} --max-len-b {self.max_len_b} allow no output for "

@@ -93,7 +93,9 @@ def parse_pairs(text: str | Sequence[str], where: str = "--pairs") -> list[tuple
     return pairs
 
 
-LANGUAGE_KEYS = ("source_lang", "target_lang", "pairs")  # a checkpoint meta's record of its languages
+# a checkpoint meta's record of its languages, and of the language whose address its formality tags choose
+# (formality_tags.py)
+LANGUAGE_KEYS = ("source_lang", "target_lang", "pairs", "formality")
 
 
 def languages_of(meta: dict) -> dict:
@@ -102,12 +104,14 @@ def languages_of(meta: dict) -> dict:
 
 
 def describe(languages: dict) -> str:
-    """``languages_of``'s record in words: "en-de, en-fr" (multilingual), "en-de", or "no recorded languages"."""
+    """``languages_of``'s record in words: "en-de, en-fr" (multilingual), "en-de", or "no recorded languages";
+    "en-de with formality tags" for a model of xf preprocess --formality-tags."""
+    tags = " with formality tags" if languages.get("formality") else ""
     if languages.get("pairs"):
-        return ", ".join(languages["pairs"])
+        return ", ".join(languages["pairs"]) + tags
     if languages.get("source_lang") or languages.get("target_lang"):
-        return f"{languages.get('source_lang', '?')}-{languages.get('target_lang', '?')}"
-    return "no recorded languages"
+        return f"{languages.get('source_lang', '?')}-{languages.get('target_lang', '?')}{tags}"
+    return "no recorded languages" + tags
 
 
 def pair_names(pairs: Sequence[tuple[str, str]]) -> list[str]:
