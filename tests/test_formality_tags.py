@@ -266,6 +266,111 @@ def test_formality_options_and_their_yaml_key(tmp_path):
                                 section="preprocess").formality_tags
     with pytest.raises(ConfigError, match="formality"):
         load_command_options(TranslateOptions, config, {"path": ("m.pt",), "formality": "polite"})
-    for other in (dict(print_alignment=True), dict(split_sentences="en")):
-        with pytest.raises(ValueError, match="--formality puts a tag before each source"):
-            TranslateOptions(path=("m.pt",), formality="formal", **other)
+    with pytest.raises(ValueError, match="--formality puts a tag before each source"):
+        TranslateOptions(path=("m.pt",), formality="formal", print_alignment=True)
+
+
+def test_split_sentences_start_every_piece_with_the_target_and_formality_tags(models):
+    """--split-sentences (and xf serve's splitting): each sentence, and each piece of one too long,
+    starts with the tags the vocabulary puts first, the target's then the formality's."""
+    from xformer_cli.model.facts import read_facts
+    from xformer_cli.text.segment import leading_tags, split_texts
+
+    facts = read_facts(models["multi"])
+    sp = load_sentencepiece(load_checkpoint(models["multi"])["spm_model"], "multi")
+    vocab = facts.vocabulary(sp, "de", "multi", "formal")
+    lead = [sp.piece_to_id(tag("de")), sp.piece_to_id(TAGS["formal"])]
+    assert leading_tags(vocab) == lead and leading_tags(sp) == []
+    long = " ".join(["a man sleeps"] * 10)
+    units = split_texts([["A man sleeps. A dog runs.", long]], "en", vocab, max_source=12)
+    assert len(units.pieces) > 3 and all(piece[:2] == lead and len(piece) <= 12 for piece in units.pieces)
+    assert units.split_long == 1
+    seen, sp, vocab = searched(models["formal"], formality="informal", lines=("Hello. How are you?",))
+    assert seen == [[sp.piece_to_id(TAGS["informal"]), *sp.encode("Hello. How are you?")]]  # no split: one line
+
+
+# -- xf serve's "formality" ---------------------------------------------------------------------------
+def serve(paths: list[str]):
+    """A started Server over ``paths`` (its --model values) and its directions, without binding."""
+    import asyncio
+
+    pytest.importorskip("starlette", reason="the serve extra is not installed")
+    from xformer_cli.serve.directions import load_directions
+    from xformer_cli.serve.server import Server
+    from xformer_cli.settings.config import build_options
+    from xformer_cli.settings.options import ServeOptions
+
+    options = build_options(ServeOptions, {"model": paths, "max_len_a": 0, "max_len_b": 3, "threads": 1,
+                                           "max_wait_ms": 0, "split_sentences": False, "device": "cpu"}, "test")
+    server = Server(load_directions(options), options, [])
+    server.loop = asyncio.new_event_loop()
+    server.queue.start()
+    return server
+
+
+def ask(server, **fields):
+    from helpers import call
+
+    return server.loop.run_until_complete(call(server.app(), "/translate", json.dumps(fields).encode()))
+
+
+def stopped(server):
+    server.queue.stop()
+    server.loop.close()
+
+
+def test_serve_puts_the_asked_formality_first_and_settings_name_the_directions(models):
+    from helpers import call
+
+    server = serve([models["formal"], f"en-fr={models['multi']}"])
+    seen = []
+    try:
+        for direction in server.directions.values():
+            search = direction.engine.search
+            direction.engine.search = (lambda s, *a, _search=search, **k: seen.append(list(map(list, s)))
+                                       or _search(s, *a, **k))
+        sp = server.directions["en-de"].target_sp
+        ids = sp.encode("Do you have time?")
+        for formality in ("formal", "informal", None):
+            seen.clear()
+            status, answer = ask(server, q="Do you have time?", source="en", target="de", formality=formality)
+            assert status == 200 and isinstance(answer["translatedText"], str)
+            assert seen == [[([sp.piece_to_id(TAGS[formality])] if formality else []) + ids]]
+        assert server.directions["en-fr"].variants == {}  # the multilingual model's French takes none
+        status, settings = server.loop.run_until_complete(call(server.app(), "/frontend/settings", method="GET"))
+        assert status == 200 and settings["formality"] == ["en-de"]
+        status, answer = ask(server, q="Do you have time?", source="en", target="fr", formality="formal")
+        assert status == 400 and answer["error"].startswith("en-fr does not take 'formality'")
+        for bad in ("polite", 1, ["formal"]):
+            status, answer = ask(server, q="a", source="en", target="de", formality=bad)
+            assert status == 400 and answer["error"].startswith("'formality' must be formal or informal")
+        status, answer = ask(server, q="<p>Do you</p>", source="en", target="de", formality="formal", format="html")
+        assert status == 400 and answer["error"] == "'formality' takes format 'text' only"
+        de = server.directions["en-de"]
+        assert de.variants["formal"].target_sp is de.target_sp  # target-side text takes no tag
+    finally:
+        stopped(server)
+
+
+def test_a_multilingual_models_variant_puts_the_target_tag_then_the_formality(models):
+    from xformer_cli.serve.directions import load_directions
+    from xformer_cli.settings.config import build_options
+    from xformer_cli.settings.options import ServeOptions
+
+    options = build_options(ServeOptions, {"model": [models["multi"]], "device": "cpu", "threads": 1}, "test")
+    directions = {d.code: d for d in load_directions(options)}
+    assert directions["en-fr"].variants == {}
+    variant = directions["en-de"].variants["informal"]
+    sp = variant.target_sp
+    assert variant.sp.encode("Hi") == [sp.piece_to_id(tag("de")), sp.piece_to_id(TAGS["informal"]), *sp.encode("Hi")]
+    assert variant.engine is directions["en-de"].engine  # one copy of the model
+
+
+def test_serve_refuses_formality_of_a_model_without_tags(models):
+    server = serve([models["plain"]])
+    try:
+        status, answer = ask(server, q="Do you have time?", source="en", target="de", formality="informal")
+        assert status == 400 and "en-de does not take 'formality': its model has no formality tags" in answer["error"]
+        assert ask(server, q="Do you have time?", source="en", target="de")[0] == 200
+    finally:
+        stopped(server)

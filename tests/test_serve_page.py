@@ -47,7 +47,7 @@ def test_settings_say_what_the_server_offers():
         "apiKeys": True, "keyRequired": True,
         "language": {"source": {"code": "en", "name": "English"}, "target": {"code": "de", "name": "German"}},
         "names": {"de": "German", "en": "English", "fr": "French"},
-        "glossaries": [], "glossaryLimit": 500,
+        "glossaries": [], "glossaryLimit": 500, "formality": [],
         "suggestions": False, "filesTranslation": True, "supportedFilesFormat": [".txt"],
     }
     # the defaults: --nbest 1 gives no alternative, no key is asked for; a code without a name is itself
@@ -132,6 +132,21 @@ def glossed(ckpt, tmp_path_factory):
     terms = tmp_path_factory.mktemp("glossary") / "terms.tsv"
     terms.write_text("man\tHund\n", encoding="utf-8")
     served = Served("--model", f"en-de={ckpt}", "--glossary", f"en-de={terms}", *DECODING)
+    yield served
+    served.stop()
+
+
+@pytest.fixture(scope="module")
+def formal(multi30k_dir, tmp_path_factory):
+    """One en-de model with formality tags (its vocabulary holds >>formal<< and >>informal<<)."""
+    from helpers import learn_spm, random_checkpoint
+    from xformer_cli.text.formality_tags import TAGS
+
+    text = [line for lang in ("en", "de") for line in (multi30k_dir / f"train.{lang}").read_text(
+        encoding="utf-8").splitlines()[:300]]
+    path = random_checkpoint(tmp_path_factory.mktemp("formal") / "formal.pt", learn_spm(text, 200, TAGS.values()),
+                             meta={"source_lang": "en", "target_lang": "de", "formality": "de"})
+    served = Served("--model", path, *DECODING)
     yield served
     served.stop()
 
@@ -353,6 +368,33 @@ def test_a_plain_server_is_offered_as_it_is(plain, browser, lines):
     assert not by_id(browser, "alternatives").is_displayed() and text_of(browser, "error") == ""
     log = [line for line in plain.log.splitlines() if "POST /translate" in line]
     assert all(" 200 " in line for line in log)  # nothing asked that it refuses (alternatives 0)
+
+
+@pytest.mark.slow
+@needs_browser
+def test_the_address_is_offered_where_the_model_has_formality_tags(formal, plain, browser, lines):
+    from selenium.webdriver.support.ui import Select
+
+    open_page(browser, plain)
+    assert not by_id(browser, "formality-row").is_displayed()
+    open_page(browser, formal)
+    assert by_id(browser, "formality-row").is_displayed()
+    browser.execute_script("""
+        window.__bodies = [];
+        const send = window.fetch;
+        window.fetch = (path, init) => { if (path === "translate") window.__bodies.push(JSON.parse(init.body));
+                                         return send(path, init); };""")
+    type_text(browser, lines[3])
+    choose = Select(by_id(browser, "formality")).select_by_value
+    choose("informal")
+    shown = {"informal": translate_and_wait(browser)}
+    shown["formal"] = answered(browser, lambda: choose("formal"))  # a new choice translates again
+    shown[""] = answered(browser, lambda: choose(""))
+    for choice, text in shown.items():
+        status, _, expected = formal.translate(lines[3], **({"formality": choice} if choice else {}))
+        assert status == 200 and text == expected["translatedText"] and text_of(browser, "error") == ""
+    sent = browser.execute_script("return window.__bodies")
+    assert [body.get("formality") for body in sent] == ["informal", "formal", None]
 
 
 @pytest.mark.slow

@@ -49,6 +49,9 @@ class Direction:
     options: TranslateOptions
     glossary: Optional[Glossary] = None  # --glossary DIRECTION=FILE (xf serve applies it to each sentence)
     scorer: Scorer = field(default_factory=Scorer)  # the answers' confidence (--confidence DIRECTION=FILE, or the default)
+    # formal, informal -> this direction with that formality tag on every source (a model trained
+    # on xf preprocess --formality-tags, into the language of its tags); empty for other models
+    variants: dict = field(default_factory=dict)
 
     @property
     def code(self) -> str:
@@ -61,8 +64,12 @@ class Direction:
 
     @property
     def target_sp(self):
-        """The vocabulary of target-side text (prefixes, constraints, glossary forms): never tagged."""
-        return self.sp.sp if self.tagged else self.sp
+        """The vocabulary of target-side text (prefixes, constraints, glossary forms): never tagged
+        (neither a target-language tag nor a formality tag)."""
+        sp = self.sp
+        while hasattr(sp, "tag_id"):  # TaggedVocabulary, FormalityVocabulary: each wraps the next
+            sp = sp.sp
+        return sp
 
 
 @dataclass(eq=False)

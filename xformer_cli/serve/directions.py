@@ -6,6 +6,7 @@ before the server binds. Also the languages' names of ``GET /languages``.
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import Optional
 
@@ -19,7 +20,8 @@ from ..model.facts import ModelFacts, from_export, read_facts
 from ..settings.options import ServeOptions, check_served, direction_and_path, model_spec
 from ..text.glossary import Glossary
 from ..text.language_id import LanguageId
-from ..text.languages import pair_names
+from ..text.formality import FORMALITIES
+from ..text.languages import pair_names, same_language
 from .batch_queue import Direction
 
 # ISO 639-1 names for /languages; a code not listed is shown as itself.
@@ -131,8 +133,20 @@ def load_directions(options: ServeOptions, glossaries: Optional[dict[str, Glossa
             or crowded_term(direction.glossary, options.max_constraint_forms))
         if unfit:
             raise XfError(f"--glossary {source}-{target}: {unfit}")
+        direction.variants = formality_variants(direction, facts[path], sp, f"--model {spec}")
         directions.append(direction)
     return directions
+
+
+def formality_variants(direction: Direction, facts: ModelFacts, sp, where: str) -> dict[str, Direction]:
+    """The direction once per formality (``formal``, ``informal``), each source starting with that
+    formality's tag, where the model has formality tags for the direction's target language
+    (``ModelFacts.formality``); none otherwise. The variants share the direction's engine."""
+    if facts.formality is None or not same_language(direction.target, facts.formality):
+        return {}
+    target = direction.target if facts.multilingual else None
+    return {formality: dataclasses.replace(direction, sp=facts.vocabulary(sp, target, where, formality), variants={})
+            for formality in FORMALITIES}
 
 
 def confidence_scorer(options: ServeOptions, source: str, target: str) -> Scorer:

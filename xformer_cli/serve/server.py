@@ -320,7 +320,8 @@ class Server:
         fits (charLimit, apiKeys, keyRequired, language, suggestions, filesTranslation) and xf's own
         keys beside: lineLimit, alternativesLimit (the most ``alternatives`` a request may ask for),
         detection (whether source ``auto`` is taken), names (every served code's name), glossaries
-        (the directions with a --glossary) and glossaryLimit (the most pairs of a request's own)."""
+        (the directions with a --glossary), glossaryLimit (the most pairs of a request's own) and
+        formality (the directions that take a request's ``formality``: formal or informal)."""
         from starlette.responses import JSONResponse
 
         first = next(iter(self.directions.values()))
@@ -334,6 +335,7 @@ class Server:
             "names": {code: language_name(code) for code in codes},
             "glossaries": [code for code, d in self.directions.items() if d.glossary is not None],
             "glossaryLimit": self.options.max_glossary_terms,
+            "formality": [code for code, d in self.directions.items() if d.variants],
             "suggestions": False, "filesTranslation": True, "supportedFilesFormat": [".txt"],
         })
 

@@ -15,6 +15,7 @@ from ..base.errors import ConfigError
 from ..decode.steering import crowded_term, encode_constraints, encode_prefixes, over_constraint_limits, read_constraints, text_field, unfit_term
 from ..decode.translate import Stats, encode_lines
 from ..text import html_text
+from ..text.formality import FORMALITIES
 from ..text.glossary import Glossary, find_terms
 from ..text.segment import Units, line_texts, split_texts
 from ..text.vocab import encode_target
@@ -139,6 +140,7 @@ class Translation:
         fmt = payload.get("format", "text")
         if fmt not in ("text", "html"):
             raise HttpError(400, f"'format' must be 'text' or 'html', got {shown(fmt)}")
+        self.direction = self._formality(payload.get("formality"), fmt)
         alternatives = payload.get("alternatives", 0)
         most = self.direction.options.nbest - 1
         if not isinstance(alternatives, int) or isinstance(alternatives, bool) or alternatives < 0:
@@ -166,6 +168,23 @@ class Translation:
             raise HttpError(413, f"{count} lines are over the limit of {options.max_lines} a request (--max-lines)")
         if chars > options.max_chars:
             raise HttpError(413, f"{chars:,} characters are over the limit of {options.max_chars:,} a request (--max-chars)")
+
+    def _formality(self, formality, fmt: str) -> Direction:
+        """The direction with the address ``formality`` asks for (an xf extension of LibreTranslate's
+        body: formal or informal; absent or null: the model's own choice); a 400 where the
+        direction's model has no formality tags, and with format html (an inline tag is placed by
+        word alignment, which counts one tag at most before a sentence)."""
+        if formality is None:
+            return self.direction
+        if formality not in FORMALITIES:
+            raise HttpError(400, f"'formality' must be formal or informal, got {shown(formality)}")
+        variant = self.direction.variants.get(formality)
+        if variant is None:
+            raise HttpError(400, f"{self.direction.code} does not take 'formality': its model has no formality tags "
+                            "for this target (see /frontend/settings' formality)")
+        if fmt != "text":
+            raise HttpError(400, "'formality' takes format 'text' only")
+        return variant
 
     def _direction(self, source, target, texts: list[str]) -> Direction:
         served = ", ".join(self.server.directions)

@@ -501,7 +501,7 @@ class TranslateOptions(DecodingOptions):
         None, "the address to translate with, formal (Sie) or informal (du): every source starts with the model's "
         ">>formal<< or >>informal<< tag (a model trained on data of xf preprocess --formality-tags; others refuse "
         "it; unset: no tag, the training data's own mix); a jsonl input line's \"formality\" overrides it; not "
-        "with --print-alignment or --split-sentences")
+        "with --print-alignment")
     print_alignment: bool = option(
         False, "add each output's hard alignment, 'SRC-TGT' index pairs: text 'translation ||| 0-0 1-2', "
         "n-best 'ID ||| translation ||| score ||| 0-0 1-2', jsonl \"alignment\": [[0, 0], [1, 2]]"
@@ -542,9 +542,9 @@ class TranslateOptions(DecodingOptions):
                              "use it")
         if self.glossary is not None and self.split_sentences:
             raise ValueError("--glossary matches terms in whole lines: it takes no --split-sentences")
-        if self.formality is not None and (self.print_alignment or self.split_sentences is not None):
-            raise ValueError("--formality puts a tag before each source, which --print-alignment and "
-                             "--split-sentences do not count yet: use it without them")
+        if self.formality is not None and self.print_alignment:
+            raise ValueError("--formality puts a tag before each source, which --print-alignment does not "
+                             "count yet: use it without it")
         # floor(a*|X| + b) output subwords for a source of |X| >= 1 subwords: at least 1 for every |X|
         if self.max_len_a + self.max_len_b < 1:
             raise ValueError(f"--max-len-a {self.max_len_a:g} --max-len-b {self.max_len_b} allow no output for "

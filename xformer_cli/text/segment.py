@@ -104,6 +104,17 @@ class Units:
     split_long: int = 0
 
 
+def leading_tags(sp) -> list[int]:
+    """The tag ids a source vocabulary puts before every sentence, in order: each wrapper with a
+    ``tag_id`` (``languages.TaggedVocabulary``, then ``formality_tags.FormalityVocabulary``)
+    adds its own in front of what the vocabulary it wraps writes."""
+    tags = []
+    while hasattr(sp, "tag_id"):
+        tags.append(sp.tag_id)
+        sp = sp.sp
+    return tags
+
+
 def split_texts(texts: list[list[str]], language: str, sp, max_source: int) -> Units:
     """The sentences of each text (given as its lines) as units, a sentence too long in pieces that
     fit; each text's lines joined by LF, the whitespace around its sentences kept."""
@@ -121,10 +132,10 @@ def split_texts(texts: list[list[str]], language: str, sp, max_source: int) -> U
                 at = end
             layout.parts.append(line[at:])
         layouts.append(layout)
-    # a multilingual model's TaggedVocabulary: the sentence's own ids are fitted, and every chunk
-    # starts with the target tag (one position of the model's)
-    tag = getattr(sp, "tag_id", None)
-    lead, room = ([tag], max_source - 1) if tag is not None else ([], max_source)
+    # a vocabulary that puts tags first (a multilingual model's target tag, a formality tag): the
+    # sentence's own ids are fitted, and every chunk starts with the tags (a position each)
+    lead = leading_tags(sp)
+    room = max_source - len(lead)
     chunks = [[lead + chunk for chunk in fit(ids[len(lead):], room, sp.id_to_piece)] if ids else [ids]
               for ids in sp.encode(sentences, out_type=int)]  # one call: fast
     units = Units(layouts=[Layout() for _ in layouts], sentences=len(sentences))
