@@ -374,3 +374,56 @@ def test_serve_refuses_formality_of_a_model_without_tags(models):
         assert ask(server, q="Do you have time?", source="en", target="de")[0] == 200
     finally:
         stopped(server)
+
+
+# -- exports that carry the tags --------------------------------------------------------------------
+def test_a_ctranslate2_export_takes_formality_as_xf_does(models, tmp_path):
+    pytest.importorskip("ctranslate2", reason="the ctranslate2 extra is not installed")
+    from typer.testing import CliRunner
+
+    from xformer_cli.cli import app
+
+    runner = CliRunner()
+    assert runner.invoke(app, ["export", "ctranslate2", "--path", models["formal"], "--output",
+                               str(tmp_path / "ct2")]).exit_code == 0
+    assert json.loads((tmp_path / "ct2" / "xf.json").read_text(encoding="utf-8"))["languages"]["formality"] == "de"
+    (tmp_path / "in.txt").write_text("Do you have time?\nA man sleeps.\n", encoding="utf-8")
+
+    def out(path, *more):
+        result = runner.invoke(app, ["translate", "--path", str(path), "--input", str(tmp_path / "in.txt"),
+                                     "--max-len-a", "0", "--max-len-b", "6", "--threads", "1", "--quiet",
+                                     "--output-format", "jsonl", *more])
+        assert result.exit_code == 0, result.output
+        return [(h["tokens"], h["score"]) for h in (json.loads(line)["hypotheses"][0]
+                                                     for line in result.output.splitlines())]
+
+    found = {}
+    for formality in ("formal", "informal"):
+        found[formality] = out(models["formal"], "--formality", formality)
+        theirs = out(tmp_path / "ct2", "--engine", "ctranslate2", "--formality", formality)
+        assert [t for t, _ in theirs] == [t for t, _ in found[formality]]
+        assert [s for _, s in theirs] == pytest.approx([s for _, s in found[formality]], abs=1e-3)
+    assert [s for _, s in found["formal"]] != pytest.approx([s for _, s in found["informal"]], abs=1e-3)  # the tag counts
+    plain = runner.invoke(app, ["export", "ctranslate2", "--path", models["plain"], "--output", str(tmp_path / "p")])
+    assert plain.exit_code == 0
+    refused = runner.invoke(app, ["translate", "--path", str(tmp_path / "p"), "--engine", "ctranslate2",
+                                  "--formality", "formal", "--input", str(tmp_path / "in.txt")])
+    assert refused.exit_code != 0 and "has no formality tags" in refused.output
+
+
+@pytest.mark.slow  # imports transformers (seconds)
+def test_a_hugging_face_export_encodes_the_typed_tag_as_xf(models, tmp_path):
+    transformers = pytest.importorskip("transformers", reason="the hf extra is not installed")
+    from typer.testing import CliRunner
+
+    from xformer_cli.cli import app
+    from xformer_cli.text.vocab import EOS_ID
+
+    result = CliRunner().invoke(app, ["export", "huggingface", "--path", models["formal"], "--output",
+                                      str(tmp_path / "hf")])
+    assert result.exit_code == 0, result.output
+    tokenizer = transformers.MarianTokenizer.from_pretrained(str(tmp_path / "hf"))
+    sp = load_sentencepiece(load_checkpoint(models["formal"])["spm_model"], "formal")
+    for formality, piece in TAGS.items():
+        vocab = FormalityVocabulary(sp, formality, sp.piece_to_id(piece))
+        assert tokenizer(f"{piece} Do you have time?")["input_ids"] == vocab.encode("Do you have time?") + [EOS_ID]
