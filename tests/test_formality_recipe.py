@@ -73,6 +73,19 @@ def test_the_split_keeps_an_english_sentence_on_one_side_and_is_deterministic(tm
     assert json.loads((out / "split.json").read_text()) == counts
 
 
+def test_the_oracle_input_asks_for_the_address_each_reference_has():
+    spec = importlib.util.spec_from_file_location("formality_oracle", RECIPES / "formality" / "oracle.py")
+    oracle = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(oracle)
+    lines = oracle.oracle(["Do you have time?", "Do you have time?", "It is raining."],
+                          ["Haben Sie Zeit?", "Hast du Zeit?", "Es regnet."])
+    assert [json.loads(line) for line in lines] == [
+        {"source": "Do you have time?", "formality": "formal"}, {"source": "Do you have time?", "formality": "informal"},
+        {"source": "It is raining."}]
+    with pytest.raises(ValueError):
+        oracle.oracle(["a", "b"], ["x"])  # the two sides must have as many lines
+
+
 @pytest.mark.slow
 def test_the_recipe_trains_both_models_and_tabulates_every_request(tmp_path):
     tatoeba, cocoa = corpora(tmp_path, copies=3)
@@ -91,12 +104,21 @@ def test_the_recipe_trains_both_models_and_tabulates_every_request(tmp_path):
     assert all(len(read(p)) == 18 for p in work.glob("*/test.*.de"))
     table = (work / "results.md").read_text()
     assert table.strip() in first.stdout and "6 updates" in table and "tagged training pairs:" in table
-    rows = [line.split("|")[1:4] for line in table.splitlines() if line.startswith("| ") and "---" not in line][1:]
+    first_table = table.split("\n\n")[1]
+    rows = [line.split("|")[1:4] for line in first_table.splitlines() if line.startswith("| ") and "---" not in line][1:]
     assert [[c.strip() for c in row] for row in rows] == [
         ["plain", "none", "formal"], ["plain", "none", "informal"], ["tagged", "formal", "formal"],
         ["tagged", "informal", "informal"], ["tagged", "none", "formal"], ["tagged", "none", "informal"]]
+    assert "| telephony | 9 |" in table and "| topical_chat | 9 |" in table  # accuracy by domain
+    assert "between its two references:" in table  # the words that formality changes
+    valid = [line for line in table.split("Tatoeba validation split")[1].splitlines() if line.startswith("| ")][1:]
+    assert [line.split("|")[1:3] for line in valid] == [
+        [" plain ", " untagged "], [" tagged ", " untagged "], [" tagged ", " each line its reference's formality "]]
+    oracle = [json.loads(line) for line in read(work / "raw" / "valid.oracle.jsonl")]
+    assert [r["source"] for r in oracle] == read(work / "raw" / "valid.en")
     again = run_recipe("formality/run.sh", env)
-    assert again.stderr.count("skipped") == 1 + 2 + 2 * 2 + 4  # split, preprocess x2, train+average x2, 4 outputs
+    # split, preprocess x2, train+average x2, 4 test outputs, the oracle input, 3 validation outputs
+    assert again.stderr.count("skipped") == 1 + 2 + 2 * 2 + 4 + 1 + 3
 
 
 def test_the_recipe_names_missing_data_before_any_work(tmp_path):

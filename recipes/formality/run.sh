@@ -16,7 +16,9 @@
 #   preprocess  WORK_DIR/tagged/data-bin with --formality-tags (learns the vocabulary, the tags
 #               among its control symbols), WORK_DIR/plain/data-bin with that vocabulary, untagged
 #   train, average  each model (CONFIG's train and average_checkpoints sections)
-#   translate   plain: once, untagged; tagged: --formality formal, --formality informal, untagged
+#   translate   plain: once, untagged; tagged: --formality formal, --formality informal, untagged;
+#               Tatoeba's validation split: both untagged, the tagged model also with each line's
+#               reference's formality (oracle.py: a jsonl "formality" where the classifier finds one)
 #   table       WORK_DIR/results.md (table.py)
 #
 # Data: TATOEBA_DIR (default ../shared/data/tatoeba beside the repository: tatoeba.en-de.en/.de),
@@ -79,5 +81,18 @@ for asked in none formal informal; do
       --input "$RAW/test.en" "${formality[@]}" "${translate_args[@]}"
   done
 done
+
+# Tatoeba's validation split: both models untagged, and the tagged one with each line's own
+# address as its reference says it (the classifier's label: what the tags cost where they are right)
+step "tagged: the validation sources with their references' formality" "$RAW/valid.oracle.jsonl" \
+  "$xf_python" "$RECIPES/formality/oracle.py" "$RAW/valid.en" "$RAW/valid.de" "$RAW/valid.oracle.jsonl"
+for model in plain tagged; do
+  step "$model: translate the validation split (untagged)" "$WORK_DIR/$model/valid.none.de" \
+    to_file "$WORK_DIR/$model/valid.none.de" xf translate --config "$CONFIG" --path "$WORK_DIR/$model/averaged.pt" \
+    --input "$RAW/valid.en" "${translate_args[@]}"
+done
+step "tagged: translate the validation split (each line's own formality)" "$WORK_DIR/tagged/valid.oracle.de" \
+  to_file "$WORK_DIR/tagged/valid.oracle.de" xf translate --config "$CONFIG" --path "$WORK_DIR/tagged/averaged.pt" \
+  --input "$RAW/valid.oracle.jsonl" --input-format jsonl "${translate_args[@]}"
 
 "$xf_python" "$RECIPES/formality/table.py" "$WORK_DIR"

@@ -50,9 +50,11 @@ def split(tatoeba: Path, cocoa: Path, out: Path, valid_percent: int = 2) -> dict
         side[0].append(e)
         side[1].append(d)
     test = {name: [] for name in ("en", "formal.de", "informal.de", "formal.annotated.de", "informal.annotated.de")}
+    domains = {}
     for domain in COCOA:
         for name, lines in test.items():
             lines += read(cocoa / f"formality-control.train.{domain}.en-de.{name}")
+        domains[domain] = len(test["en"]) - sum(domains.values())
     if len({len(lines) for lines in test.values()}) != 1:
         raise SystemExit(f"{cocoa}: CoCoA-MT's files have different line counts")
     tmp = out.with_name(out.name + ".tmp")
@@ -64,7 +66,8 @@ def split(tatoeba: Path, cocoa: Path, out: Path, valid_percent: int = 2) -> dict
     for name, lines in test.items():
         write(tmp / f"test.{name}", lines)
     counts = {"train": len(sides["train"][0]), "valid": len(sides["valid"][0]), "test": len(test["en"]),
-              "valid_english": len(set(sides["valid"][0])), "valid_percent": valid_percent}
+              "valid_english": len(set(sides["valid"][0])), "valid_percent": valid_percent,
+              "test_domains": domains}
     write(tmp / "split.json", [json.dumps(counts)])
     shutil.rmtree(out, ignore_errors=True)
     tmp.rename(out)
