@@ -6,6 +6,9 @@
 #   bash bench/equivalence.sh /tmp/after.txt && diff /tmp/before.txt /tmp/after.txt
 # Needs xf on PATH (make venv; PATH=.venv/bin:$PATH), ctranslate2, and Multi30k at
 # ../shared/data/multi30k (or DATA=dir with train/val/test2016 .en/.de).
+# The micro model's outputs are mostly empty: MODEL=a trained en-de checkpoint (make demo's
+# work-dirs/quickstart/averaged.pt) adds its translations of 150 test2016 lines, plain, n-best,
+# alignments, int8, with a glossary and with constraints, and through CTranslate2.
 set -euo pipefail
 out=${1:?usage: bash bench/equivalence.sh HASHES.txt}
 data=${DATA:-$(cd "$(dirname "$0")/.." && pwd)/../shared/data/multi30k}
@@ -46,6 +49,31 @@ for d in sys.argv[1:]:
     print(f"{d}/checkpoint_last.pt weights {h.hexdigest()}")
 PY
 for f in hyp.txt nbest.jsonl align.txt ft.txt ct2.txt; do echo "$f $(sha256sum < $f | cut -c1-64)"; done
+if [[ -n ${MODEL:-} ]]; then
+    head -n 150 "$data/test2016.en" > fixed.en
+    python3 - <<'PY'
+import json
+words = ["Hund", "Mann", "Frau", "Straße"]
+lines = open("fixed.en", encoding="utf-8").read().splitlines()[:40]
+with open("constrained.jsonl", "w", encoding="utf-8") as f:
+    for i, line in enumerate(lines):
+        f.write(json.dumps({"source": line, "constraints": [words[i % 4]]}, ensure_ascii=False) + "\n")
+with open("terms.tsv", "w", encoding="utf-8") as f:
+    f.write("dog\tKöter\nman\tHerr\nwoman\tDame\nstreet\tGasse\n")
+PY
+    m=(--path "$MODEL" --threads 1 --quiet)
+    xf translate "${m[@]}" --input fixed.en --output m.plain.txt
+    xf translate "${m[@]}" --input fixed.en --nbest 2 --output-format jsonl --output m.nbest.jsonl
+    xf translate "${m[@]}" --input fixed.en --print-alignment --output m.align.txt
+    xf translate "${m[@]}" --input fixed.en --quantize int8 --output m.int8.txt
+    xf translate "${m[@]}" --input fixed.en --glossary terms.tsv --output m.glossary.txt
+    xf translate "${m[@]}" --input constrained.jsonl --input-format jsonl --output m.constrained.txt
+    xf export ctranslate2 --path "$MODEL" --output m-ct2 >/dev/null 2>&1
+    xf translate --path m-ct2 --engine ctranslate2 --threads 1 --quiet --input fixed.en --output m.ct2.txt
+    for f in m.plain.txt m.nbest.jsonl m.align.txt m.int8.txt m.glossary.txt m.constrained.txt m.ct2.txt; do
+        echo "MODEL $f $(sha256sum < $f | cut -c1-64)"
+    done
+fi
 for d in a ft; do echo "$d/train_log losses $(grep -o '"loss": [0-9.e-]*' $d/train_log.jsonl | sha256sum | cut -c1-64)"; done
 } > "$out"
 cat "$out"
