@@ -230,7 +230,7 @@ def test_torchrun_one_process_trains_through_ddp_like_a_plain_run(data_dir, tmp_
     through DDP (gradient accumulation with no_sync); the weights equal a plain run's."""
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
     torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "1"]
-    probe = ("from xformer_cli import distributed as d; import torch.distributed as dist; "
+    probe = ("from xformer_cli.base import distributed as d; import torch.distributed as dist; "
              f"e = d.setup({device!r}); print(e.distributed, dist.get_backend(), e.world_size); d.shutdown()")
     out = run_group([*torchrun, "--no-python", sys.executable, "-c", probe], 120, env=env)
     assert out.returncode == 0, out.stderr[-3000:]
