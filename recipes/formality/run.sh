@@ -6,7 +6,7 @@
 # output is scored by CoCoA-MT's formality accuracy and by sacreBLEU against the formal and the
 # informal reference.
 #
-#   bash recipes/formality/run.sh                       # cpu.yaml: two trainings of 4,000 updates
+#   bash recipes/formality/run.sh                       # cpu.yaml: two trainings of 1,500 updates
 #   TRAIN_ARGS="--max-update 500" WORK_DIR=/tmp/f bash recipes/formality/run.sh
 #
 # Steps (each skipped when its output exists, so a re-run continues where it stopped):
