@@ -103,7 +103,9 @@ NOT_RUNNABLE = {
     ("docs/performance.md", "python bench/precision_quality.py --out work-dirs/precision    # Multi30k EN-DE, cpu.yaml, 2,000 updates"): _TRAIN,
     ("docs/plots.md", "xf plot curves work-dirs/quickstart/checkpoints -o curves.png                 # one run"): "the quick start's and the dropout runs' checkpoints: " + _TRAIN,
     ("docs/recipes.md", "bash recipes/multi30k/multilingual.sh                 # four models of 34 minutes, one after another"): _TRAIN,
-    ("docs/recipes.md", "bash recipes/formality/run.sh                                   # two trainings of 4,000 updates"): _TRAIN,
+    ("docs/recipes.md", "bash recipes/formality/run.sh                                   # two trainings of 1,500 updates"): _TRAIN,
+    ("docs/recipes.md", "xf translate --path work-dirs/formality/tagged/averaged.pt --formality formal < examples.en"):
+        "the formality recipe's trained model: " + _TRAIN,
     ("docs/recipes.md", "bash recipes/multi30k/distill.sh en-de              # teacher: run.sh's cpu.yaml model (trained when missing)"): _TRAIN,
     ("docs/serve.md", "pip install 'xformer-cli[serve]'            # Starlette, uvicorn, prometheus_client"): _NET,
     ("docs/serve.md", "xf serve --model checkpoints/multi/avg.pt                  # every pair the checkpoint records"): _SERVER,
