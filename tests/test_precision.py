@@ -73,7 +73,7 @@ def test_bf16_losses_track_fp32_on_tiny(data_dir, tmp_path):  # noqa: F811
     or AMX, or the conversions of an AVX2 CPU), so the losses differ by a fraction of one bf16
     rounding of the loss itself; 0.25% is about that one rounding (2^-9 = 0.195%), what a loss
     computed in bf16 would cost. Measured, the largest over Multi30k and the generated corpus:
-    0.021% (validation) and 0.063% (train.update) with avx512_bf16, 0.017% and 0.053% capped at AVX2
+    0.021% (validation) and 0.063% (training) with avx512_bf16, 0.017% and 0.053% capped at AVX2
     (tests/test_cpu_kinds.py); another seed (4) moves them by 1.6-2.1% and 7.5%; and the loss
     computed in bf16 (the fused loss's logsumexp over bf16 logits, a deliberate break) moved them
     by 0.31% and 0.64%, which these bounds catch and an earlier 1% bound did not."""

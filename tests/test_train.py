@@ -82,7 +82,7 @@ def test_trains_to_falling_validation_loss_with_all_outputs(data_dir, tmp_path):
     assert again.d_model == 32 and again.dropout == 0.0 and again.max_epoch == 3
     assert Path(again.data).is_absolute() and Path(again.save_dir).is_absolute()  # reusable from any directory
     train_log = records(save, "train")
-    assert len(train.log) == summary["num_updates"]
+    assert len(train_log) == summary["num_updates"]
     assert {"loss", "nll", "ppl", "lr", "gnorm", "src_tok_s", "tgt_tok_s", "ups"} <= set(train_log[-1])
     assert records(save, "summary")[0]["num_updates"] == summary["num_updates"]
 

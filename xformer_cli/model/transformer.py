@@ -579,7 +579,7 @@ class Transformer(nn.Module):
     ) -> torch.Tensor:
         """prev_output (B, T) -> logits (B, T, V).
 
-        Without a cache the whole prefix is decoded under the causal mask (train.update). With a
+        Without a cache the whole prefix is decoded under the causal mask (training). With a
         cache, prev_output holds only the new token(s) (B, 1) and earlier steps come from it.
         Targets are right-padded, so under the causal mask no real position sees padding.
         """

@@ -1,5 +1,5 @@
 """What ``xf train`` shows and records: a live progress line and log lines on stderr, tables at
-start-up, after each validation and at the end (their rows: ``startup_rows``, ``summary_rows``), ``train.log.jsonl`` in the save directory, and
+start-up, after each validation and at the end (their rows: ``startup_rows``, ``summary_rows``), ``train_log.jsonl`` in the save directory, and
 TensorBoard scalars when asked. Only rank 0 reports; on other ranks every method does nothing.
 
 When stderr is not a terminal (a cluster job's log) there is no live line, and every record,

@@ -156,7 +156,7 @@ PANELS = [
     ("loss (label-smoothed, nats per target token)", None, "loss"),
     ("validation BLEU (greedy)", "valid", "bleu"),
     ("learning rate", "train", "lr"),
-    ("target tokens/s (train.update)", "train", "tgt_tok_s"),
+    ("target tokens/s (training)", "train", "tgt_tok_s"),
 ]
 
 
