@@ -24,7 +24,7 @@ from typing import Optional
 
 from ..base.errors import ConfigError, XfError
 from .formality import FORMALITIES, LANGUAGE
-from .languages import same_language
+from .languages import TagFirst, same_language
 from .vocab import UNK_ID
 
 TAGS = {formality: f">>{formality}<<" for formality in FORMALITIES}  # >>formal<<, >>informal<<
@@ -48,24 +48,13 @@ def tag_ids(sp, where: str) -> dict[str, int]:
     return ids
 
 
-class FormalityVocabulary:
-    """A source vocabulary whose non-empty sentences start with one formality tag id; everything
-    else is the wrapped vocabulary's. Wrapped in turn by a multilingual model's TaggedVocabulary,
-    it follows the target-language tag."""
+class FormalityVocabulary(TagFirst):
+    """A source vocabulary whose non-empty sentences start with one formality tag id. Wrapped in
+    turn by a multilingual model's TaggedVocabulary, it follows the target-language tag."""
 
     def __init__(self, sp, formality: str, tag_id: int):
-        self.sp, self.formality, self.tag_id = sp, formality, tag_id
-
-    def encode(self, text, out_type=int, **kwargs):
-        if isinstance(text, list):
-            return [self.encode(t, out_type, **kwargs) for t in text]
-        ids = self.sp.encode(text, out_type=out_type, **kwargs)
-        if not ids:
-            return ids
-        return [self.sp.id_to_piece(self.tag_id) if out_type is str else self.tag_id] + list(ids)
-
-    def __getattr__(self, name):  # decode, id_to_piece, piece_to_id, get_piece_size, ...
-        return getattr(self.sp, name)
+        super().__init__(sp, tag_id)
+        self.formality = formality
 
 
 def with_formality(sp, formality: Optional[str], model_formality: Optional[str], target_lang: Optional[str],

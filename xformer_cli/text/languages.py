@@ -133,13 +133,13 @@ def target_languages(meta: dict) -> list[str]:
     return list(dict.fromkeys(t for _, t in pairs))
 
 
-class TaggedVocabulary:
-    """A vocabulary whose source sentences start with one tag id: what a multilingual model
-    translates into ``target_lang``. Source encoding (``encode``) adds the tag to every non-empty
-    sentence; everything else (target text, decoding, pieces) is the wrapped vocabulary's."""
+class TagFirst:
+    """A vocabulary whose source sentences start with one tag id (``tag_id``): ``encode`` adds it
+    to every non-empty sentence; everything else (target text, decoding, pieces) is the wrapped
+    vocabulary's (``sp``). Wrappers nest: the outermost tag comes first."""
 
-    def __init__(self, sp, target_lang: str, tag_id: int):
-        self.sp, self.target_lang, self.tag_id = sp, target_lang, tag_id
+    def __init__(self, sp, tag_id: int):
+        self.sp, self.tag_id = sp, tag_id
 
     def encode(self, text, out_type=int, **kwargs):
         """Source text (a str or a list of them) -> ids (or pieces), the tag first; an empty
@@ -151,13 +151,21 @@ class TaggedVocabulary:
             return ids
         return [self.sp.id_to_piece(self.tag_id) if out_type is str else self.tag_id] + list(ids)
 
+    def __getattr__(self, name):  # decode, id_to_piece, piece_to_id, get_piece_size, ...
+        return getattr(self.sp, name)
+
+
+class TaggedVocabulary(TagFirst):
+    """What a multilingual model translates into ``target_lang``: its target's tag first."""
+
+    def __init__(self, sp, target_lang: str, tag_id: int):
+        super().__init__(sp, tag_id)
+        self.target_lang = target_lang
+
     def encode_target(self, text, **kwargs):
         from .vocab import encode_target
 
         return encode_target(self.sp, text, **kwargs)
-
-    def __getattr__(self, name):  # decode, id_to_piece, piece_to_id, get_piece_size, ...
-        return getattr(self.sp, name)
 
 
 def vocabulary_for(sp, meta: dict, target_lang: Optional[str], where: str = "the model"):
