@@ -81,17 +81,22 @@ PLANS = [
     (dict(engine="ctranslate2", precision="bf16"), AVX2, dict(precision="bf16", warning=None)),  # CTranslate2 decides
 ]
 
-def test_compiled_int8_products_without_vnni_or_amx_are_warned_about():
-    """torch._int_mm exact but without int8 dot-product instructions (an AVX2-only CPU with a
-    torch that widens to int32): the plan runs it, warning that it is far slower (the bench skips
-    such a case); with VNNI or AMX, no warning."""
+def test_compiled_int8_without_vnni_or_amx_runs_the_packed_kernels():
+    """--compile --quantize int8 on a CPU without int8 dot-product instructions (torch._int_mm exact
+    there or not): the compiled step calls the engine's packed kernels (``packed``), a rule named and
+    no warning; with VNNI or AMX and exact products, torch._int_mm in the graph (``matmul``)."""
     exact_avx2 = Machine(int8_exact=True, threads=2, cpu_vendor="AuthenticAMD", cpu_flags=frozenset({"avx2", "fma"}))
-    plan = plan_decoding(TranslateOptions(path=("m.pt",), quantize="int8", compile=True), exact_avx2)
-    assert plan.int8 == "matmul" and "no int8 dot-product instructions (VNNI or AMX)" in plan.warning
-    assert plan_decoding(TranslateOptions(path=("m.pt",), quantize="int8"), exact_avx2).warning is None
-    assert plan_decoding(TranslateOptions(path=("m.pt",), compile=True), exact_avx2).warning is None
+    for machine in (exact_avx2, AVX2, EPYC_AVX2):
+        plan = plan_decoding(TranslateOptions(path=("m.pt",), quantize="int8", compile=True), machine)
+        assert plan.int8 == "packed" and plan.step == "aot" and plan.warning is None
+        assert any(r.startswith("--compile --quantize int8: packed") for r in plan.rules), plan.rules
+    assert plan_decoding(TranslateOptions(path=("m.pt",), quantize="int8"), exact_avx2).int8 == "dynamic"
+    inexact_vnni = Machine(int8_exact=False, threads=2, cpu_flags=frozenset({"avx2", "avx512_vnni"}))
+    assert plan_decoding(TranslateOptions(path=("m.pt",), quantize="int8", compile=True), inexact_vnni).int8 == "packed"
     for machine in (VNNI, AMX, EPYC_AVX512, XEON_AMX, VNNI_XEON):
-        assert plan_decoding(TranslateOptions(path=("m.pt",), quantize="int8", compile=True), machine).warning is None
+        plan = plan_decoding(TranslateOptions(path=("m.pt",), quantize="int8", compile=True), machine)
+        assert plan.int8 == "matmul" and plan.warning is None
+        assert not any("packed" in r for r in plan.rules)
 
 
 REFUSALS = [
@@ -105,8 +110,6 @@ REFUSALS = [
     (dict(device="cuda"), AMX, "--device cuda: no CUDA device is available"),
     (dict(compile=True, device="auto"), H100, "on CUDA it is not measured yet (bench/gpu.sh)"),
     (dict(compile=True, device="cuda", workers=2), H100, "on CUDA it is not measured yet"),
-    (dict(compile=True, quantize="int8"), AVX2, "--compile --quantize int8 needs int8 products this CPU computes "
-                                                "exactly"),
     (dict(quantize="int8", device="cuda"), H100, "--quantize int8: the xf engine on CUDA has no int8 layers"),
     (dict(quantize="int8", precision="bf16"), AMX, "runs around its int8 layers in fp32, not --precision bf16"),
     (dict(precision="fp16"), AMX, "--precision fp16: the xf engine on a CPU computes in fp32, bf16"),

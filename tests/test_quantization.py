@@ -99,10 +99,9 @@ def test_int8_matmul_linear_is_within_its_rounding_bound(inputs, outputs):
     assert error[1::3].max() < error[::3].max()  # per row: the rows without the large feature are finer
 
 
-def test_int8_matmul_is_refused_where_its_products_are_not_exact(ckpt, monkeypatch):
+def test_compiled_int8_takes_the_packed_kernels_where_int8_matmul_is_not_exact(ckpt, monkeypatch):
     """Where torch._int_mm saturates (oneDNN's s8 x s8 without VNNI or AMX), the check says so,
-    and --compile --quantize int8 is refused in one line on such a machine."""
-    from xformer_cli.base.errors import ConfigError
+    and --compile --quantize int8 decodes with the engine's packed int8 layers instead."""
 
     def saturating(a, b):  # AVX2's 16-bit pair sums: clipped
         return (a.long() @ b.long()).clamp(-32768 * a.size(1) // 4, 32767 * a.size(1) // 4).int()
@@ -111,8 +110,9 @@ def test_int8_matmul_is_refused_where_its_products_are_not_exact(ckpt, monkeypat
     quantization.int8_matmul_exact.cache_clear()
     try:
         assert not quantization.int8_matmul_exact()
-        with pytest.raises(ConfigError, match="--compile --quantize int8 needs int8 products this CPU computes"):
-            open_xf(ckpt, Machine.here(), quantize="int8", compile=True)
+        engine = open_xf(ckpt, Machine.here(), quantize="int8", compile=True)
+        assert engine.plan.int8 == "packed"
+        assert any(type(m) is quantization.PackedInt8Linear for m in engine.models[0].decoder_layers.modules())
     finally:
         quantization.int8_matmul_exact.cache_clear()
 
@@ -147,3 +147,75 @@ def test_aot_int8_search_tracks_fp32_and_its_own_eager_search(ckpt, sentences, m
         if cands is not None:
             assert set(t for c in compiled for t in c) <= set(candidates.tolist())
     assert step.graphs == 2  # the full projection's package and the shortlist's
+
+
+# -- torch.ao's packed kernels inside a compiled step (--compile --quantize int8 without VNNI) -------
+@pytest.mark.kernels
+@pytest.mark.parametrize("bias", [True, False])
+def test_packed_int8_linear_is_the_dynamic_layer_bit_for_bit(bias):
+    """PackedInt8Linear gives torch.ao's dynamic layer's outputs exactly, through the registry's
+    packed weights and through weights packed again from its tensors (a registry without them);
+    a layer of other weights gets another key."""
+    torch.manual_seed(0)
+    for engine in ("fbgemm", "onednn"):
+        linear = nn.Sequential(nn.Linear(24, 40, bias=bias))
+        dynamic = quantization._quantize_dynamic(copy.deepcopy(linear), engine)[0]
+        packed = quantization.PackedInt8Linear(dynamic, engine)
+        x = torch.randn(7, 3, 24) * 2
+        assert torch.equal(packed(x), dynamic(x))
+        saved = quantization._PACKED.pop(packed.key)
+        try:
+            assert torch.equal(packed(x), dynamic(x))  # packed again from the tensors, by the layer's engine
+        finally:
+            quantization._PACKED[packed.key] = saved
+        other = nn.Sequential(nn.Linear(24, 40, bias=bias))
+        other = quantization._quantize_dynamic(other, engine)[0]
+        assert quantization.PackedInt8Linear(other, engine).key != packed.key
+
+
+@pytest.mark.kernels
+def test_packed_int8_model_searches_as_the_dynamic_one(ckpt, sentences):
+    """quantize_int8_packed: every int8 layer of the decoder and the output projection packed,
+    the encoder torch.ao's; its eager search gives the dynamic model's hypotheses and scores,
+    plain and with a shortlist (whose rows come from the packed layer's)."""
+    from xformer_cli.decode.translate import open_engine
+
+    xf, sp, _ = open_engine(TranslateOptions(path=(ckpt,), device="cpu", quantize="int8", int8_engine="fbgemm"))
+    (dynamic,) = xf.models
+    fp32, _, _ = open_engine(TranslateOptions(path=(ckpt,), device="cpu"))
+    packed = quantization.quantize_int8_packed(copy.deepcopy(fp32.models[0]), "fbgemm")
+    layers = [type(m).__name__ for m in packed.decoder_layers.modules() if "Linear" in type(m).__name__]
+    assert layers and set(layers) == {"PackedInt8Linear"} and type(packed.output_proj) is quantization.PackedInt8Linear
+    assert not any(type(m) is quantization.PackedInt8Linear for m in packed.encoder_layers.modules())
+    src = torch.tensor([ids[:12] + [2] + [1] * (12 - len(ids[:12])) for ids in sp.encode(sentences[:6])])
+    candidates = torch.unique(torch.cat([torch.arange(4), src.flatten(), torch.arange(4, packed.cfg.vocab_size, 3)]))
+    for cands in (None, candidates):
+        found = [[(h.tokens, h.positional_scores) for h in hyps] for hyps in search([packed], src, OPTIONS, candidates=cands)]
+        assert found == [[(h.tokens, h.positional_scores) for h in hyps]
+                         for hyps in search([dynamic], src, OPTIONS, candidates=cands)]
+
+
+@pytest.mark.slow
+@pytest.mark.kernels
+@pytest.mark.usefixtures("one_thread")
+def test_aot_packed_int8_search_tracks_its_eager_search(ckpt, sentences, tmp_path):
+    """The packed int8 model's ahead-of-time compiled search, plain (the projection in the graph)
+    and with a shortlist (the graph gives features, the packed rows project them outside), agrees
+    with its eager search on at least 90% of the output tokens (the graph's float rounding can
+    move an activation's int8 scale); two packages, the full projection's and the features'."""
+    from xformer_cli.decode.translate import open_engine
+
+    fp32, sp, _ = open_engine(TranslateOptions(path=(ckpt,), device="cpu"))
+    model = quantization.quantize_int8_packed(copy.deepcopy(fp32.models[0]), "fbgemm")
+    src = torch.tensor([ids[:20] + [2] + [1] * (20 - len(ids[:20])) for ids in sp.encode(sentences[:8])])
+    options = DecodingOptions(beam_size=4, max_len_a=1.0, max_len_b=5)
+    candidates = torch.unique(torch.cat([torch.arange(4), src.flatten(), torch.arange(40, 200)]))
+    step = AotStep(compiling.AotPackages(tmp_path / "aot"))
+    for cands in (None, candidates):
+        compiled = [hyps[0].tokens for hyps in search([model], src, options, candidates=cands, decoder_step=step)]
+        eager = [hyps[0].tokens for hyps in search([model], src, options, candidates=cands)]
+        same = sum(a == b for c, e in zip(compiled, eager) for a, b in zip(c, e))
+        assert same >= 0.9 * sum(max(len(c), len(e)) for c, e in zip(compiled, eager)), (compiled, eager)
+        if cands is not None:
+            assert set(t for c in compiled for t in c) <= set(candidates.tolist())
+    assert step.graphs == 2

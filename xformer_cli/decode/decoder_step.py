@@ -157,7 +157,8 @@ class AotStep:
         return self.local_seconds, self.local_built, self.local_loaded
 
     def _runner(self, model: Transformer, project, beams: int, like: tuple) -> Callable:
-        """project: True (the whole vocabulary), or "candidates N" (a shortlist's projection of N
+        """project: True (the whole vocabulary), False (the features, for packed int8 rows to project
+        outside the graph), or "candidates N" (a shortlist's projection of N
         tensors in the graph, ``like`` ending with them)."""
         found = self.runners.get((id(model), project, beams))
         if found is not None:
@@ -233,27 +234,32 @@ class AotStep:
                  projection: Optional[RestrictedProjection] = None) -> torch.Tensor:
         """``EagerStep``'s call. A batch's first step, which projects the cross-attention keys and
         values and allocates the buffers, runs eagerly; a shortlist's projection
-        (``RestrictedProjection.tensors()``) runs in the graph, with its log-softmax."""
+        (``RestrictedProjection.tensors()``) runs in the graph, with its log-softmax, except packed
+        int8 rows (``quantize_int8_packed``), which no graph takes: the graph gives the features and
+        the rows project them here, as ``EagerStep`` does."""
         if cache.length == 0:
             return EagerStep()(model, token, memory, src_pad, cache, at_max, projection)
         candidates = projection.tensors() if projection is not None else None
+        outside = projection if projection is not None and candidates is None else None  # packed int8 rows
         keys, values, cross_keys, cross_values = cache.tensors()
         if at_max is None:  # one graph for both: no row at its maximum length yet
             at_max = torch.zeros(token.size(0), dtype=torch.bool, device=token.device)
         if not all(t.is_contiguous() for t in (*keys, *values, *cross_keys, *cross_values)):
             # the package's kernels assume contiguous buffers
             args = (model, token, memory, src_pad, keys, values, cross_keys, cross_values, cache.length, at_max)
-            out = _candidates_step(*args, candidates) if candidates else _decoder_step(*args, True)
-            cache.advance()
-            return out
-        beams = token.size(0) // memory.size(0)
-        kind = f"candidates {len(candidates)}" if candidates else True
-        run = self._runner(model, kind, beams, (token, memory, cross_keys[0], keys[0], *([candidates] if candidates else [])))
-        filled = torch.empty(cache.length + 1, dtype=torch.uint8, device=token.device)
-        # the package's kernels assume its example's contiguous layouts (the token is a column of
-        # the search's token matrix, a strided view)
-        token, memory, src_pad, at_max = (t.contiguous() for t in (token, memory, src_pad, at_max))
-        extra = ([t.contiguous() for t in candidates],) if candidates else ()
-        out = run(token, memory, src_pad, filled, at_max, keys, values, cross_keys, cross_values, *extra)
+            out = _candidates_step(*args, candidates) if candidates else _decoder_step(*args, outside is None)
+        else:
+            beams = token.size(0) // memory.size(0)
+            kind = f"candidates {len(candidates)}" if candidates else outside is None
+            run = self._runner(model, kind, beams,
+                               (token, memory, cross_keys[0], keys[0], *([candidates] if candidates else [])))
+            filled = torch.empty(cache.length + 1, dtype=torch.uint8, device=token.device)
+            # the package's kernels assume its example's contiguous layouts (the token is a column of
+            # the search's token matrix, a strided view)
+            token, memory, src_pad, at_max = (t.contiguous() for t in (token, memory, src_pad, at_max))
+            extra = ([t.contiguous() for t in candidates],) if candidates else ()
+            out = run(token, memory, src_pad, filled, at_max, keys, values, cross_keys, cross_values, *extra)
         cache.advance()  # the step wrote the next position of every buffer
+        if outside is not None:
+            out = forbid_specials(F.log_softmax(outside(out).float(), dim=-1), at_max)
         return out

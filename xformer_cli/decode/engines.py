@@ -25,7 +25,7 @@ from ..data.batching import collate_source
 from ..model.attention_maps import hard_alignments, resolve_layer
 from ..model.checkpoint import load_models, vocab_digest
 from ..model.facts import ModelFacts, facts_from_config
-from ..model.quantization import quantize_int8, quantize_int8_matmul
+from ..model.quantization import quantize_int8, quantize_int8_matmul, quantize_int8_packed
 from ..model.transformer import Transformer
 from ..settings.options import TranslateOptions
 from ..text.vocab import PAD_ID, MappedVocabulary
@@ -115,6 +115,8 @@ class XfEngine(Engine):
             check_shortlist(loaded, plan.shortlist, sp)
         if plan.int8 == "matmul":
             models = [quantize_int8_matmul(m, plan.int8_engine) for m in models]
+        elif plan.int8 == "packed":
+            models = [quantize_int8_packed(m, plan.int8_engine) for m in models]
         elif plan.int8 == "dynamic":
             models = [quantize_int8(m, plan.int8_engine) for m in models]
         engine = cls(models, device, loaded, AotStep(AotPackages(packages)) if plan.step == "aot" else None)
@@ -123,6 +125,7 @@ class XfEngine(Engine):
         rule = plan.rule("--int8-engine")
         chosen = f"{plan.int8_engine} ({rule})" if rule else plan.int8_engine
         engine.int8_engine = {"matmul": f"decoder: int8 matmul, compiled ahead of time; encoder: {chosen}",
+                              "packed": f"{chosen}; the decoder's packed kernels called from its compiled step",
                               "dynamic": chosen}.get(plan.int8)
         if plan.processes:  # no shared interpreter lock; each opens one worker's plan
             opener = functools.partial(cls.open, packages=engine.compiled.packages.root) if engine.compiled else cls.open

@@ -14,10 +14,11 @@ tests/test_decoding_plan.py):
 - precision: ``precision.resolve_precision`` over what the engine computes in here;
 - int8: ``--int8-engine`` names torch's engine of --quantize int8 and nothing else; ``auto`` (the
   default) is ``int8_rule``'s choice by the CPU's flags, never by timing;
-  eager int8 is torch.ao's dynamic layers of that engine; with --compile, the decoder's int8
-  products are compiled ahead of time (``torch._int_mm``), which is exact only where the CPU
-  multiplies int8 pairs into int32 (VNNI, AMX): refused where inexact, warned about where exact
-  but without those instructions (far slower there); the encoder keeps the engine's;
+  eager int8 is torch.ao's dynamic layers of that engine; with --compile, on a CPU with int8
+  dot-product instructions (VNNI, AMX) where ``torch._int_mm`` is exact, the decoder's int8
+  products are compiled ahead of time (``matmul``); elsewhere the compiled step calls the
+  engine's packed int8 kernels (``packed``: torch._int_mm is far slower there, or saturates);
+  the encoder keeps the engine's;
 - step: --compile is the decoder step compiled ahead of time on the CPU; on CUDA it is refused
   until bench/gpu.sh has measured it there;
 - workers: on the CPU each its own process (no shared interpreter lock), elsewhere a thread;
@@ -115,6 +116,7 @@ class DecodingPlan:
     device: str  # cpu | cuda
     precision: str  # fp32 | bf16 | fp16 (ctranslate2: the asked one; its engine resolves it)
     int8: str  # none | dynamic (torch.ao's layers) | matmul (the decoder's products compiled ahead of time)
+    #          | packed (torch.ao's packed kernels called from the compiled decoder step)
     int8_engine: Optional[str]  # torch's quantized engine of the dynamic layers (matmul: the encoder's)
     step: str  # eager | aot
     workers: int
@@ -193,17 +195,13 @@ def plan_decoding(options, machine: Machine) -> DecodingPlan:
         rules.append(f"--workers {workers}: {max(machine.cores, 1)}, the CPU cores this process may use")
         workers = max(machine.cores, 1)
     precision, warning = _precision(engine, device, o["precision"], o["quantize"], machine)
-    int8 = "none" if o["quantize"] != "int8" else "matmul" if o["compile"] else "dynamic"
+    int8 = "none" if o["quantize"] != "int8" else "dynamic" if not o["compile"] else int8_compiled_rule(machine)
     if o["compile"] and device == "cuda":
         raise ConfigError("--compile compiles the decoder step ahead of time on the CPU; on CUDA it is not "
                           "measured yet (bench/gpu.sh): drop --compile")
-    if int8 == "matmul" and not machine.int8_exact:
-        raise ConfigError("--compile --quantize int8 needs int8 products this CPU computes exactly (VNNI or AMX; "
-                          "without them torch._int_mm saturates): drop --compile, or --quantize")
-    if int8 == "matmul" and not machine.cpu_flags & INT8_DOT_PRODUCTS:
-        warning = warning or ("--compile --quantize int8: this CPU has no int8 dot-product instructions (VNNI or "
-                              "AMX), so torch._int_mm's exact products run far slower than --quantize int8 without "
-                              "--compile (docs/benchmarks.md#xf-beside-ctranslate2-one-row-per-cpu-kind)")
+    if int8 == "packed":
+        rules.append("--compile --quantize int8: packed, the int8 engine's kernels inside the compiled step (no "
+                     "VNNI or AMX here: torch._int_mm is far slower or inexact; docs/benchmarks.md)")
     threads = max(1, (o["threads"] or machine.threads) // workers) if o["threads"] > 0 or workers > 1 else 0
     if o["precision"] == "auto" and engine == "xf" and o["quantize"] != "int8":
         rules.append(precision_rule(device, precision))
@@ -218,6 +216,15 @@ def plan_decoding(options, machine: Machine) -> DecodingPlan:
     if o["glossary"]:
         plan.refuse_steering("--glossary")
     return plan
+
+
+def int8_compiled_rule(machine: Machine) -> str:
+    """The int8 layers of a compiled decoder step: ``matmul`` (torch._int_mm in the graph) where the
+    CPU has int8 dot-product instructions and torch._int_mm is exact, else ``packed`` (torch.ao's
+    packed kernels called from the graph). Without VNNI or AMX, _int_mm ran at 4.2 sentences/s
+    against the packed step's 76-81 (make demo's model, batch 64, one thread, AVX2 EPYC,
+    docs/benchmarks.md)."""
+    return "matmul" if machine.int8_exact and machine.cpu_flags & INT8_DOT_PRODUCTS else "packed"
 
 
 def _device(option: str, machine: Machine) -> str:

@@ -1,9 +1,12 @@
-"""int8 linear layers for decoding on a CPU (xf translate --quantize int8), in two forms.
+"""int8 linear layers for decoding on a CPU (xf translate --quantize int8), in three forms.
 
 - ``quantize_int8``: torch.ao's dynamic quantization (eager decoding), packed by one of torch's
   quantized engines (--int8-engine). Its packed weights are TorchScript objects no graph traces.
 - ``quantize_int8_matmul``: ``Int8MatmulLinear`` over plain int8 tensors and ``torch._int_mm``,
-  which torch.export and AOTInductor compile (--compile --quantize int8).
+  which torch.export and AOTInductor compile (--compile --quantize int8 on a CPU with VNNI or AMX).
+- ``quantize_int8_packed``: torch.ao's layers behind ``PackedInt8Linear``, an operator
+  (``xf::packed_int8_linear``) a compiled graph calls with plain tensors, running the same packed
+  kernels (--compile --quantize int8 on a CPU without VNNI or AMX, where torch._int_mm is slow).
 
 The engine belongs to the model: ``torch.backends.quantized.engine`` is process-wide, and what it
 decides is how weights are packed (a packed weight runs its own engine's kernels), so it is set
@@ -15,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import hashlib
 import warnings
 from typing import Optional
 
@@ -128,4 +132,73 @@ def quantize_int8_matmul(model: Transformer, encoder_engine: Optional[str] = Non
     if encoder_engine:
         _quantize_dynamic(model.encoder_layers, encoder_engine)
         setattr(model, INT8_ENGINE_ATTR, encoder_engine)
+    return model
+
+
+# -- torch.ao's packed int8 kernels inside a compiled step ---------------------------------------
+# A graph takes tensors, not torch.ao's packed weights (TorchScript objects torch.export cannot
+# trace), so the compiled step calls this operator with the layer's int8 weight, and the operator
+# finds the packed weights by ``key``, a digest of everything they are packed from: the same packed
+# object eager decoding multiplies with, so the products are the eager layer's. A process that
+# loads a package without having made the layer (none does today) packs them once from the tensors.
+_PACKED: dict[int, object] = {}
+_LIBRARY = torch.library.Library("xf", "DEF")
+_LIBRARY.define("packed_int8_linear(Tensor x, Tensor weight, float scale, int zero_point, Tensor? bias, str engine, "
+                "int key) -> Tensor")
+
+
+def _packed_int8_linear(x, weight, scale, zero_point, bias, engine, key):
+    packed = _PACKED.get(key)
+    if packed is None:
+        with quantized_engine(engine):
+            rows = torch._make_per_tensor_quantized_tensor(weight, scale, zero_point)
+            packed = _PACKED[key] = torch.ops.quantized.linear_prepack(rows, bias)
+    return torch.ops.quantized.linear_dynamic(x, packed, reduce_range=True)
+
+
+def _packed_int8_linear_shape(x, weight, scale, zero_point, bias, engine, key):
+    return x.new_empty((*x.shape[:-1], weight.size(0)))
+
+
+_LIBRARY.impl("packed_int8_linear", _packed_int8_linear, "CPU")
+torch.library.register_fake("xf::packed_int8_linear", _packed_int8_linear_shape, lib=_LIBRARY)
+
+
+class PackedInt8Linear(nn.Module):
+    """A torch.ao dynamic int8 layer (``quantize_int8``) that a compiled graph can hold: its int8
+    weight, scale and bias as tensors and numbers, multiplied by the layer's own packed weights
+    through ``xf::packed_int8_linear``, so eager and compiled steps compute the same products."""
+
+    def __init__(self, layer: nn.Module, engine: str):
+        super().__init__()
+        weight, bias = layer._packed_params._weight_bias()
+        if weight.qscheme() != torch.per_tensor_affine:  # quantize_int8's layers are per tensor
+            raise ValueError(f"PackedInt8Linear takes per-tensor int8 layers, not {weight.qscheme()}")
+        self.scale, self.zero_point, self.engine = float(weight.q_scale()), int(weight.q_zero_point()), engine
+        self.register_buffer("weight", weight.int_repr().contiguous())
+        self.register_buffer("bias", None if bias is None else bias.detach().clone())
+        h = hashlib.sha256(f"{engine} {self.scale!r} {self.zero_point} {tuple(self.weight.shape)};".encode())
+        h.update(self.weight.numpy().tobytes())
+        h.update(b"" if bias is None else self.bias.float().numpy().tobytes())
+        self.key = int.from_bytes(h.digest()[:7], "little")
+        _PACKED.setdefault(self.key, layer._packed_params._packed_params)
+        # what a shortlist's rows are taken from (decode/shortlist.py, _unpacked)
+        self._xf_unpacked = (self.weight, self.scale, self.zero_point, self.bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.ops.xf.packed_int8_linear(x, self.weight, self.scale, self.zero_point, self.bias, self.engine,
+                                               self.key)
+
+
+def quantize_int8_packed(model: Transformer, engine: str) -> Transformer:
+    """``quantize_int8`` with every int8 layer of the decoder (the output projection included) a
+    ``PackedInt8Linear``, in place: the decoder step compiles with torch.ao's kernels inside; the
+    encoder keeps torch.ao's layers (it runs eagerly, once per batch)."""
+    from torch.ao.nn.quantized.dynamic import Linear as DynamicLinear
+
+    quantize_int8(model, engine)
+    for module in [*model.decoder_layers.modules(), model]:
+        for name, child in module.named_children():
+            if isinstance(child, DynamicLinear):
+                setattr(module, name, PackedInt8Linear(child, engine))
     return model

@@ -464,8 +464,9 @@ class TranslateOptions(DecodingOptions):
         "(by the CPU's flags, the decoding plan's rule: fbgemm on CPUs with AMX and on AMD CPUs with AVX-512 VNNI, x86 "
         "elsewhere), x86 (torch's pick of fbgemm or oneDNN by shape), fbgemm (its AVX2, AVX-512 and VNNI kernels) or "
         "onednn (whose int8 kernels use AMX tiles on CPUs with amx_int8); the weights are the same int8, the "
-        "activations' quantization differs, so outputs may change; with --compile: the encoder's (the decoder's "
-        "int8 products are compiled in its graph)"
+        "activations' quantization differs, so outputs may change; with --compile: the encoder's, and on CPUs "
+        "without VNNI or AMX the decoder's too (its packed kernels called from the compiled step; with them the "
+        "decoder's int8 products are compiled in its graph)"
     )
     threads: int = option(0, "CPU threads for torch (0: torch's default)", range=THREADS)
     workers: int = option(
@@ -480,7 +481,8 @@ class TranslateOptions(DecodingOptions):
         "(torch.export and AOTInductor; dynamic shapes): built once into a package kept in $XDG_CACHE_HOME/xf/aot, "
         "keyed by the model, the code, torch and the CPU, which later runs load in about a second; the build time is "
         "reported apart from the speed; outputs may differ in the last float bits, with --quantize int8 within "
-        "int8's tolerance (its int8 products need VNNI or AMX); xf engine on the CPU"
+        "int8's tolerance (with VNNI or AMX its int8 products compiled in the graph, elsewhere the int8 engine's "
+        "packed kernels called from it); xf engine on the CPU"
     )
     quiet: bool = option(False, "no progress bar or summary table on stderr (warnings are still shown)")
     confidence: Optional[str] = option(
