@@ -254,6 +254,7 @@ class AotStep:
         else:
             candidates, outside = projection.tensors() if projection is not None else None, None
         keys, values, cross_keys, cross_values = cache.tensors()
+        rows_at_max = at_max  # None while no row is at its maximum: nothing to mask after the graph
         if at_max is None:  # one graph for both: no row at its maximum length yet
             at_max = torch.zeros(token.size(0), dtype=torch.bool, device=token.device)
         if not all(t.is_contiguous() for t in (*keys, *values, *cross_keys, *cross_values)):
@@ -273,5 +274,5 @@ class AotStep:
             out = run(token, memory, src_pad, filled, at_max, keys, values, cross_keys, cross_values, *extra)
         cache.advance()  # the step wrote the next position of every buffer
         if outside is not None:
-            out = forbid_specials(F.log_softmax(outside(out).float(), dim=-1), at_max)
+            out = forbid_specials(F.log_softmax(outside(out).float(), dim=-1), rows_at_max)
         return out
