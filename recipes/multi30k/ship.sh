@@ -99,10 +99,10 @@ LENPEN=${LENPEN:-$("$PY" -c 'import json, sys; print(json.load(open(sys.argv[1])
 test_slice() {
   local side
   for side in "$SRC" "$TGT"; do
-    head -n "${SHIP_LINES:-1000000}" "$DATA/test2016.$side" >"$S/test.$side.tmp" && mv "$S/test.$side.tmp" "$S/test.$side" || return
+    head -n "${SHIP_LINES:-1000000}" "$DATA/test2016.$side" >"$S/test2016.$side.tmp" && mv "$S/test2016.$side.tmp" "$S/test2016.$side" || return
   done
 }
-ship_step "test set" "$S/test.$TGT" test_slice
+ship_step "test set" "$S/test2016.$TGT" test_slice
 
 ship_step "model for Hugging Face" "$S/hf-model.tsv" \
   to_file "$S/hf-model.tsv" "$PY" "$HELPER" hf-model "$WORK_DIR/averaged.pt" "${teachers[@]}"
@@ -116,13 +116,12 @@ wants marian &&
     xf export marian --path "$student" --output "$S/marian" --beam-size "$BEAM" --lenpen "$LENPEN"
 if wants bergamot; then
   if [[ -f $BERGAMOT_PACKAGE/package.json ]]; then
-    rm -f "$S/bergamot.not-run"
+    rm -f "$S/bergamot.not-run"  # (ship_runtimes.py reads it: the row's reason not to run)
     ship_step "export bergamot" "$S/bergamot" \
       xf export bergamot --path "$student" --output "$S/bergamot" --quantization int8 \
       --shortlist "$WORK_DIR/shortlist.npz" --beam-size "$BEAM" --lenpen "$LENPEN" --bergamot-package "$BERGAMOT_PACKAGE"
   else
     echo "no Bergamot engine at $BERGAMOT_PACKAGE (make bergamot installs it)" >"$S/bergamot.not-run"
-    rm -f "$S/runs/bergamot.json"  # a row of an earlier run without the engine is redone when it comes
   fi
 fi
 wants huggingface &&
@@ -136,14 +135,16 @@ declare -A REFERENCE=([xf]=xf [xf-int8-shortlist]=xf [ctranslate2]=xf-int8 [hugg
 for runtime in $RUNTIMES; do
   ref=${REFERENCE[$runtime]}
   ship_step "xf translate: $ref" "$S/runs/$ref.json" \
-    "$PY" "$HELPER" run "$ref" --work "$WORK_DIR" --source "$S/test.$SRC" --pair "$PAIR" "${search[@]}"
+    "$PY" "$HELPER" run "$ref" --work "$WORK_DIR" --source "$S/test2016.$SRC" --pair "$PAIR" "${search[@]}"
+  # a row that did not run is not finished: tried again (its package or browser may have come since)
+  if grep -q '"not_run"' "$S/runs/$runtime.json" 2>/dev/null; then rm "$S/runs/$runtime.json"; fi
   ship_step "translate: $runtime" "$S/runs/$runtime.json" \
-    "$PY" "$HELPER" run "$runtime" --work "$WORK_DIR" --source "$S/test.$SRC" --pair "$PAIR" "${search[@]}"
+    "$PY" "$HELPER" run "$runtime" --work "$WORK_DIR" --source "$S/test2016.$SRC" --pair "$PAIR" "${search[@]}"
 done
 
 read -r -a rows <<<"$RUNTIMES"
 rm -f "$WORK_DIR/ship.md"  # the table, always anew: it costs nothing, and RUNTIMES may have changed
-ship_step "table" "$WORK_DIR/ship.md" "$PY" "$HELPER" table "${rows[@]}" --work "$WORK_DIR" --ref "$S/test.$TGT" >/dev/null
+ship_step "table" "$WORK_DIR/ship.md" "$PY" "$HELPER" table "${rows[@]}" --work "$WORK_DIR" --ref "$S/test2016.$TGT" >/dev/null
 printf '\n'
 cat "$WORK_DIR/ship.md"
 "$PY" "$HELPER" training-time "$(dirname "${teachers[0]}")/checkpoints/train_log.jsonl" "$WORK_DIR/checkpoints/train_log.jsonl"

@@ -43,9 +43,10 @@ class Search:
     batch: int
     threads: int
 
-    def describe(self) -> str:
-        return f"beam {self.beam}, score/|Y|^{self.lenpen:g}, <= {self.max_len} subwords, batch {self.batch}, " \
-               f"{self.threads} thread(s)"
+    def describe(self, capped: bool = True) -> str:
+        """``capped``: the runtime takes MAX_LEN (Marian and the page bound by a factor instead)."""
+        cap = f", <= {self.max_len} subwords" if capped else ""
+        return f"beam {self.beam}, score/length^{self.lenpen:g}{cap}, batch {self.batch}, {self.threads} thread(s)"
 
 
 class NotRun(Exception):
@@ -277,9 +278,10 @@ def run(name: str, work: Path, source: Path, common: Search, pair: tuple[str, st
     if name in REFERENCES:
         which, flags, search = REFERENCES[name]
         s = search_of(search, common)
-        flags = [f.format(shortlist=work / "shortlist.npz") for f in flags]
-        hyps, seconds = xf_translate(model_path(work, which), source, s, *flags)
-        record.update(model=str(model_path(work, which)), command=" ".join(["xf translate", *flags]), search=s.describe())
+        hyps, seconds = xf_translate(model_path(work, which), source, s,
+                                     *(f.format(shortlist=work / "shortlist.npz") for f in flags))
+        command = " ".join(["xf translate", *(f.format(shortlist="shortlist.npz") for f in flags)])
+        record.update(model=str(model_path(work, which)), command=command, search=s.describe())
     else:
         row = ROWS[name]
         s = search_of("argos" if name in ("argos", "libretranslate") else "common", common)
@@ -307,7 +309,7 @@ def run(name: str, work: Path, source: Path, common: Search, pair: tuple[str, st
             record["not_run"] = str(e)
             write_atomically(runs / f"{name}.json", json.dumps(record) + "\n")
             return
-        record.update(model=str(model_path(work, row.model)), search=s.describe())
+        record.update(model=str(model_path(work, row.model)), search=s.describe(name not in ("marian", "bergamot")))
     if len(hyps) != len(lines):
         raise RuntimeError(f"{name}: {len(hyps)} lines translated of {len(lines)}")
     write_atomically(runs / f"{name}.txt", "".join(h + "\n" for h in hyps))
@@ -325,8 +327,8 @@ def hf_model(student: Path, teachers: list[Path]) -> tuple[Path, str]:
         reason = facts_of(load_checkpoint(path), path).export_refusal("huggingface")
         if not reason:
             why = "" if who == "student" else f"; the student is refused: {refused['student']}"
-            return path, f"{who} ({path.name}, the paper's sinusoids{why})"
-        refused[who] = reason
+            return path, f"{who} ({path.name}: the paper's sinusoids{why})"
+        refused[who] = reason.split(";")[0]  # what it lacks; the rest says how to retrain
     raise RuntimeError(f"no model for MarianMT: {'; '.join(f'{w}: {r}' for w, r in refused.items())}")
 
 
@@ -351,7 +353,7 @@ def table(work: Path, ref: Path, names: list[str], hf_why: str) -> str:
     for name in names:
         record = json.loads((runs / f"{name}.json").read_text())
         row = ROWS[name]
-        model = hf_why if row.model == "hf" else "student (averaged.pt)"
+        model = hf_why if row.model == "hf" else "student (averaged.pt: portable)"
         entry = {"row": name, "runtime": row.runtime, "model": model}
         reference = json.loads((runs / f"{row.reference}.json").read_text()) if row.reference != name else record
         if "not_run" in record:
@@ -361,7 +363,8 @@ def table(work: Path, ref: Path, names: list[str], hf_why: str) -> str:
         theirs = (runs / f"{row.reference}.txt").read_text(encoding="utf-8").splitlines()
         rows.append({**entry, "bleu": sacrebleu.corpus_bleu(hyps, [refs[:len(hyps)]]).score,
                      "same": sum(a == b for a, b in zip(hyps, theirs)), "lines": len(hyps),
-                     "compared_with": reference.get("command", "xf translate (float32)") + f" ({reference['search']})",
+                     "compared_with": "itself" if row.reference == name else
+                     reference["command"] + ("" if reference["search"] == record["search"] else f" ({reference['search']})"),
                      "sentences_per_s": len(hyps) / record["seconds"] if record["seconds"] > 0 else float("nan"),
                      "size_mb": size_on_disk(work / row.files, name) / 1e6,
                      "settings": f"{row.settings}; {record['search']}"})
@@ -373,7 +376,10 @@ def table(work: Path, ref: Path, names: list[str], hf_why: str) -> str:
         else:
             md.append(f"| {r['runtime']} | {r['model']} | {r['bleu']:.2f} | {r['same']} of {r['lines']} | "
                       f"{r['sentences_per_s']:.1f} | {r['size_mb']:.1f} | {r['settings']} | {r['compared_with']} |")
-    text = f"test set {ref.name}, sacreBLEU\n\n" + "\n".join(md) + "\n"
+    note = (f"{len(refs)} lines of {ref.name}, sacreBLEU. \"same as xf\": the lines equal to those of xf translate "
+            "with the flags of \"compared with\", on the same model, with the row's search (its settings); "
+            "sentences/s: the translation alone, models loaded before")
+    text = note + "\n\n" + "\n".join(md) + "\n"
     write_atomically(work / "ship.json", json.dumps({"test": str(ref), "rows": rows}, indent=1) + "\n")
     write_atomically(work / "ship.md", text)
     return text
