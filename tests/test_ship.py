@@ -6,13 +6,12 @@ elsewhere the row says "not run" and why, and the test ends skipped with that re
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import shutil
 import time
 
 import pytest
-from helpers import REPO, TINY, multi30k_slice, read, run_recipe, write
+from helpers import REPO, TINY, multi30k_slice, run_recipe, write
 
 for extra in ("ctranslate2", "transformers", "argostranslate", "pymarian", "selenium"):
     pytest.importorskip(extra, reason=f"{extra} (the test extras) is not installed")

@@ -131,7 +131,7 @@ wants huggingface &&
 search=(--beam "$BEAM" --lenpen "$LENPEN" --max-len "$MAX_LEN" --batch "$BATCH" --threads "$THREADS")
 # each row after the xf run it is compared with (ship_runtimes.py's ROWS and REFERENCES)
 declare -A REFERENCE=([xf]=xf [xf-int8-shortlist]=xf [ctranslate2]=xf-int8 [huggingface]=xf-hf [argos]=xf-int8-argos
-  [libretranslate]=xf-int8-argos [marian]=xf [bergamot]=xf-int8-shortlist)
+  [libretranslate]=xf-int8-argos [marian]=xf-marian [bergamot]=xf-int8-shortlist-marian)
 for runtime in $RUNTIMES; do
   ref=${REFERENCE[$runtime]}
   ship_step "xf translate: $ref" "$S/runs/$ref.json" \

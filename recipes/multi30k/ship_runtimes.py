@@ -9,7 +9,7 @@ student (Hugging Face: of the model whose sinusoids MarianMT takes), timed, and 
 Every row searches alike: beam BEAM, score / |Y|^LENPEN (the length penalty of CTranslate2,
 transformers, Marian and Bergamot; xf's --lenpen-style length), at most MAX_LEN subwords, BATCH
 lines a batch, THREADS threads; argostranslate fixes its own (beam 4, |Y|^0.2, 256 subwords, its
-batch) and its row's xf reference takes those. A row's "same" column counts the lines equal to one
+batch), Marian and the page bound an output at twice its source, and their xf references take those. A row's "same" column counts the lines equal to one
 xf translate run with that row's search and weights (REFERENCE below); a row that cannot run
 writes why ("not run: ..."), never nothing.
 """
@@ -19,8 +19,8 @@ from __future__ import annotations
 import argparse
 import functools
 import http.server
+import importlib.util
 import json
-import os
 import re
 import shutil
 import subprocess
@@ -32,6 +32,9 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
 ARGOS_SEARCH = dict(beam=4, lenpen=0.2, max_len=256)  # argostranslate 1.11's translate_batch, fixed
+# Marian bounds an output by a factor of its source's length, not by a count; the page's worker
+# fixes that factor at 2 (translator-worker.js), and pymarian is given the same
+MARIAN_SEARCH = dict(length_factor=2.0)
 
 
 @dataclass(frozen=True)
@@ -42,11 +45,11 @@ class Search:
     max_len: int
     batch: int
     threads: int
+    length_factor: float = 0.0  # else at most this many times the source's subwords, not max_len
 
-    def describe(self, capped: bool = True) -> str:
-        """``capped``: the runtime takes MAX_LEN (Marian and the page bound by a factor instead)."""
-        cap = f", <= {self.max_len} subwords" if capped else ""
-        return f"beam {self.beam}, score/length^{self.lenpen:g}{cap}, batch {self.batch}, {self.threads} thread(s)"
+    def describe(self) -> str:
+        cap = f"<= {self.length_factor:g} x source subwords" if self.length_factor else f"<= {self.max_len} subwords"
+        return f"beam {self.beam}, score/length^{self.lenpen:g}, {cap}, batch {self.batch}, {self.threads} thread(s)"
 
 
 class NotRun(Exception):
@@ -58,8 +61,8 @@ def xf_translate(model: Path, lines_file: Path, s: Search, *extra: str) -> tuple
     """xf translate as a user runs it; its own sentences/s (decoding, model loading apart)."""
     out = lines_file.with_suffix(".xf.tmp")
     cmd = ["xf", "translate", "--path", str(model), "--input", str(lines_file), "--output", str(out),
-           "--beam-size", str(s.beam), "--lenpen", str(s.lenpen), "--lenpen-style", "length", "--max-len-a", "0",
-           "--max-len-b", str(s.max_len), "--batch-size", str(s.batch), "--threads", str(s.threads), "--device", "cpu",
+           "--beam-size", str(s.beam), "--lenpen", str(s.lenpen), "--lenpen-style", "length",
+           "--max-len-a", str(s.length_factor), "--max-len-b", "0" if s.length_factor else str(s.max_len), "--batch-size", str(s.batch), "--threads", str(s.threads), "--device", "cpu",
            *extra]
     done = subprocess.run(cmd, capture_output=True, text=True)
     if done.returncode != 0:
@@ -95,7 +98,8 @@ def huggingface_translate(model_dir: Path, lines: list[str], s: Search) -> tuple
     with torch.inference_mode():
         for i in range(0, len(lines), s.batch):
             batch = tokenizer(lines[i:i + s.batch], return_tensors="pt", padding=True)
-            out = model.generate(**batch, num_beams=s.beam, length_penalty=s.lenpen, max_new_tokens=s.max_len)
+            # xf's bound counts the subwords before eos, transformers' the eos too (the export forces it last)
+            out = model.generate(**batch, num_beams=s.beam, length_penalty=s.lenpen, max_new_tokens=s.max_len + 1)
             hyps += tokenizer.batch_decode(out, skip_special_tokens=True)
     return hyps, time.perf_counter() - start
 
@@ -122,10 +126,8 @@ def argos_env(home: Path) -> dict:
 
 def argos_translate(package: Path, lines: list[str], s: Search, home: Path, pair: tuple[str, str]):
     """argostranslate on the installed package, in int8 (the package's weights), in a private home."""
-    try:
-        import argostranslate  # noqa: F401
-    except ImportError:
-        raise NotRun("argostranslate is not installed (pip install 'xformer-cli[argos]')") from None
+    if importlib.util.find_spec("argostranslate") is None:
+        raise NotRun("argostranslate is not installed (pip install 'xformer-cli[argos]')")
     env = {**argos_env(home), "ARGOS_COMPUTE_TYPE": "int8", "ARGOS_INTRA_THREADS": str(s.threads)}
     done = subprocess.run([sys.executable, "-c", ARGOS, str(package), *pair], input=json.dumps(lines), env=env,
                           capture_output=True, text=True)
@@ -155,13 +157,13 @@ def libretranslate_translate(package: Path, lines: list[str], s: Search, home: P
 
 
 def marian_translate(model_dir: Path, lines: list[str], s: Search) -> tuple[list[str], float]:
-    """pymarian (Marian's CPU build) over decoder.yml, as marian-decoder -c decoder.yml runs; Marian's
-    only output bound is a factor of the source length: 2, the Bergamot worker's."""
+    """pymarian (Marian's CPU build) over decoder.yml, as marian-decoder -c decoder.yml runs."""
     try:
         import pymarian
     except ImportError:
         raise NotRun("pymarian is not installed (pip install 'xformer-cli[marian]')") from None
-    flags = ["-c", model_dir / "decoder.yml", "--beam-size", s.beam, "--normalize", s.lenpen, "--max-length-factor", 2,
+    flags = ["-c", model_dir / "decoder.yml", "--beam-size", s.beam, "--normalize", s.lenpen,
+             "--max-length-factor", s.length_factor,
              "--mini-batch", s.batch, "--maxi-batch", 1, "--cpu-threads", s.threads, "--quiet"]
     translator = pymarian.Translator(" ".join(map(str, flags)))
     start = time.perf_counter()
@@ -233,6 +235,8 @@ REFERENCES = {
     "xf-int8-shortlist": ("student", ["--quantize", "int8", "--shortlist", "{shortlist}"], "common"),
     "xf-hf": ("hf", [], "common"),
     "xf-int8-argos": ("student", ["--quantize", "int8"], "argos"),
+    "xf-marian": ("student", [], "marian"),
+    "xf-int8-shortlist-marian": ("student", ["--quantize", "int8", "--shortlist", "{shortlist}"], "marian"),
 }
 ROWS = {
     "xf": Row("xf translate", "student", "averaged.pt", "xf", "float32"),
@@ -246,14 +250,16 @@ ROWS = {
                  "int8 package (xf export argos), argostranslate's own search"),
     "libretranslate": Row("LibreTranslate server", "student", "ship/student.argosmodel", "xf-int8-argos",
                           "the argos package, one request of every line"),
-    "marian": Row("Marian (pymarian)", "student", "ship/marian", "xf", "float32 (xf export marian), max-length-factor 2"),
-    "bergamot": Row("Bergamot page, headless Chromium", "student", "ship/bergamot", "xf-int8-shortlist",
-                    "int8 + shortlist (xf export bergamot), max-length-factor 2, 1 WebAssembly thread"),
+    "marian": Row("Marian (pymarian)", "student", "ship/marian", "xf-marian", "float32 (xf export marian)"),
+    "bergamot": Row("Bergamot page, headless Chromium", "student", "ship/bergamot", "xf-int8-shortlist-marian",
+                    "int8 + shortlist (xf export bergamot), 1 WebAssembly thread"),
 }
 
 
 def search_of(name: str, common: Search) -> Search:
-    return Search(**{**asdict(common), **ARGOS_SEARCH}) if name == "argos" else common
+    """The search of a row or reference: the common one, argostranslate's or Marian's bound."""
+    own = {"argos": ARGOS_SEARCH, "libretranslate": ARGOS_SEARCH, "marian": MARIAN_SEARCH, "bergamot": MARIAN_SEARCH}
+    return Search(**{**asdict(common), **own.get(name, {})})
 
 
 def model_path(work: Path, which: str) -> Path:
@@ -284,7 +290,7 @@ def run(name: str, work: Path, source: Path, common: Search, pair: tuple[str, st
         record.update(model=str(model_path(work, which)), command=command, search=s.describe())
     else:
         row = ROWS[name]
-        s = search_of("argos" if name in ("argos", "libretranslate") else "common", common)
+        s = search_of(name, common)
         files = work / row.files
         not_run = (work / "ship" / f"{name}.not-run").read_text().strip() if (work / "ship" / f"{name}.not-run").exists() else ""
         try:
@@ -309,7 +315,7 @@ def run(name: str, work: Path, source: Path, common: Search, pair: tuple[str, st
             record["not_run"] = str(e)
             write_atomically(runs / f"{name}.json", json.dumps(record) + "\n")
             return
-        record.update(model=str(model_path(work, row.model)), search=s.describe(name not in ("marian", "bergamot")))
+        record.update(model=str(model_path(work, row.model)), search=s.describe())
     if len(hyps) != len(lines):
         raise RuntimeError(f"{name}: {len(hyps)} lines translated of {len(lines)}")
     write_atomically(runs / f"{name}.txt", "".join(h + "\n" for h in hyps))
