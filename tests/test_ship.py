@@ -84,6 +84,9 @@ def test_ship_end_to_end_resume_and_failures(tmp_path):
     # a bad setting, and a broken step: one line naming the step, a non-zero exit
     bad = run_recipe("multi30k/ship.sh", {**env, "RUNTIMES": "xf bogus"}, "en-de", check=False)
     assert bad.returncode != 0 and last_line(bad).startswith("ship.sh: step 'settings' failed: RUNTIMES: 'bogus'")
+    other = run_recipe("multi30k/ship.sh", {**env, "SHIP_LINES": 10}, "en-de", check=False)
+    assert other.returncode != 0 and last_line(other).startswith("ship.sh: step 'settings' failed: ")
+    assert "lines 20, beam 4" in last_line(other) and "delete" in last_line(other)
     (work / "averaged.pt").write_bytes(b"not a checkpoint")
     shutil.rmtree(work / "ship" / "marian")
     broken = run_recipe("multi30k/ship.sh", {**env, "RUNTIMES": "marian"}, "en-de", check=False)

@@ -30,6 +30,7 @@
 #   BEAM (4), LENPEN (default: the student's, chosen on val), MAX_LEN (256 subwords), BATCH (16
 #                    lines), THREADS (1): the search of every row, score / |Y|^LENPEN (the length
 #                    penalty every other runtime has; xf's --lenpen-style length)
+#                    (a re-run with other values than $WORK_DIR/ship's is refused: delete ship/ first)
 #   BERGAMOT_PACKAGE the npm package @browsermt/bergamot-translator 0.4.9 (default: .bergamot/..., make bergamot)
 # A step that fails stops the recipe with one line, "ship.sh: step 'NAME' failed: ...", the last
 # line of its messages; its whole log is $WORK_DIR/ship/logs/NAME.log.
@@ -94,6 +95,11 @@ multi30k_data  # sets DATA
 ship_step "distill" "$WORK_DIR/shortlist.npz" bash "$RECIPES/multi30k/distill.sh" "$PAIR" student
 read -r -a teachers <<<"$TEACHER"
 LENPEN=${LENPEN:-$("$PY" -c 'import json, sys; print(json.load(open(sys.argv[1]))["chosen"]["lenpen"])' "$WORK_DIR/choice.json" 2>/dev/null || echo 0.6)}
+# the translations in $S hold for one search and test set: a re-run with others is refused, not mixed in
+settings="lines ${SHIP_LINES:-all}, beam $BEAM, lenpen $LENPEN, max_len $MAX_LEN, batch $BATCH, threads $THREADS"
+[[ -f $S/settings.txt ]] || echo "$settings" >"$S/settings.txt"
+[[ $(<"$S/settings.txt") == "$settings" ]] ||
+  fail "settings" "$S translated with $(<"$S/settings.txt"), not $settings: delete $S to translate anew"
 
 # test_slice: the first SHIP_LINES lines of test2016 (all without it), both sides
 test_slice() {
@@ -129,11 +135,8 @@ wants huggingface &&
     xf export huggingface --path "$(cut -f1 "$S/hf-model.tsv")" --output "$S/hf" --beam-size "$BEAM" --lenpen "$LENPEN"
 
 search=(--beam "$BEAM" --lenpen "$LENPEN" --max-len "$MAX_LEN" --batch "$BATCH" --threads "$THREADS")
-# each row after the xf run it is compared with (ship_runtimes.py's ROWS and REFERENCES)
-declare -A REFERENCE=([xf]=xf [xf-int8-shortlist]=xf [ctranslate2]=xf-int8 [huggingface]=xf-hf [argos]=xf-int8-argos
-  [libretranslate]=xf-int8-argos [marian]=xf-marian [bergamot]=xf-int8-shortlist-marian)
 for runtime in $RUNTIMES; do
-  ref=${REFERENCE[$runtime]}
+  ref=$("$PY" "$HELPER" reference "$runtime")  # the xf run it is compared with, run first
   ship_step "xf translate: $ref" "$S/runs/$ref.json" \
     "$PY" "$HELPER" run "$ref" --work "$WORK_DIR" --source "$S/test2016.$SRC" --pair "$PAIR" "${search[@]}"
   # a row that did not run is not finished: tried again (its package or browser may have come since)

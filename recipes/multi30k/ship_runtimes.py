@@ -5,6 +5,7 @@ student (Hugging Face: of the model whose sinusoids MarianMT takes), timed, and 
     python ship_runtimes.py run ROW --work DIR --source FILE  one row: DIR/ship/runs/ROW.{txt,json}
     python ship_runtimes.py table --work DIR --ref FILE ROW...  DIR/ship.md and DIR/ship.json
     python ship_runtimes.py training-time LOG...               the trainings' time (train_log.jsonl)
+    python ship_runtimes.py reference ROW                      the xf run (REFERENCES) ROW is compared with
 
 Every row searches alike: beam BEAM, score / |Y|^LENPEN (the length penalty of CTranslate2,
 transformers, Marian and Bergamot; xf's --lenpen-style length), at most MAX_LEN subwords, BATCH
@@ -281,7 +282,7 @@ def run(name: str, work: Path, source: Path, common: Search, pair: tuple[str, st
     home = work / "ship" / "home"  # argostranslate's and Chromium's files: never the user's home
     home.mkdir(parents=True, exist_ok=True)
     record = {"name": name}
-    if name in REFERENCES:
+    if name in REFERENCES:  # the xf rows among them: each is its own run
         which, flags, search = REFERENCES[name]
         s = search_of(search, common)
         hyps, seconds = xf_translate(model_path(work, which), source, s,
@@ -296,10 +297,7 @@ def run(name: str, work: Path, source: Path, common: Search, pair: tuple[str, st
         try:
             if not_run:
                 raise NotRun(not_run)
-            if name in ("xf", "xf-int8-shortlist"):
-                flags = [] if name == "xf" else ["--quantize", "int8", "--shortlist", str(work / "shortlist.npz")]
-                hyps, seconds = xf_translate(files, source, s, *flags)
-            elif name == "ctranslate2":
+            if name == "ctranslate2":
                 hyps, seconds = ctranslate2_translate(files, lines, s)
             elif name == "huggingface":
                 hyps, seconds = huggingface_translate(files, lines, s)
@@ -416,6 +414,8 @@ def main() -> None:
     one.add_argument("name", choices=[*ROWS, *REFERENCES])
     one.add_argument("--source", type=Path, required=True)
     one.add_argument("--pair", default="en-de")
+    ref = sub.add_parser("reference")
+    ref.add_argument("name", choices=list(ROWS))
     took = sub.add_parser("training-time")
     took.add_argument("logs", type=Path, nargs="+")
     tab = sub.add_parser("table")
@@ -434,6 +434,8 @@ def main() -> None:
         elif args.command == "run":
             search = Search(args.beam, args.lenpen, args.max_len, args.batch, args.threads)
             run(args.name, args.work, args.source, search, tuple(args.pair.split("-")))
+        elif args.command == "reference":
+            print(ROWS[args.name].reference)
         elif args.command == "training-time":
             print(training_time(args.logs))
         else:
