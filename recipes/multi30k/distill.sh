@@ -14,6 +14,7 @@
 #   bash recipes/multi30k/distill.sh [en-de|en-fr]         # all steps, then the table
 #   bash recipes/multi30k/distill.sh en-de bench           # the timing step again (alone on the machine)
 #   bash recipes/multi30k/distill.sh en-de size            # decoding speed of candidate student shapes
+#   bash recipes/multi30k/distill.sh en-de student         # all steps but the bench (recipes/multi30k/ship.sh)
 #   TEACHER=/path/averaged.pt bash recipes/multi30k/distill.sh en-de
 #
 # Settings (environment, all optional):
@@ -40,8 +41,8 @@ source "$(dirname "$0")/../lib.sh"
 
 PAIR=${1:-en-de}
 MODE=${2:-all}
-[[ $PAIR == en-de || $PAIR == en-fr ]] && [[ $MODE == all || $MODE == bench || $MODE == size ]] ||
-  die "usage: $0 [en-de|en-fr] [all|bench|size]"
+[[ $PAIR == en-de || $PAIR == en-fr ]] && [[ $MODE == all || $MODE == bench || $MODE == size || $MODE == student ]] ||
+  die "usage: $0 [en-de|en-fr] [all|bench|size|student]"
 SRC=${PAIR%-*} TGT=${PAIR#*-}
 NAME="Multi30k $PAIR student"
 CONFIG=${CONFIG:-$RECIPES/multi30k/student.yaml}
@@ -314,6 +315,7 @@ step "export the teacher (CTranslate2 int8)" "$WORK_DIR/teacher-ct2-int8" export
 step "export the student (CTranslate2 int8)" "$WORK_DIR/student-ct2-int8" export_int8 "$WORK_DIR/averaged.pt" "$WORK_DIR/student-ct2-int8"
 step "shortlist of the student's training pairs" "$WORK_DIR/shortlist.npz" \
   xf shortlist "$WORK_DIR/data-bin" --output "$WORK_DIR/shortlist.npz"
+[[ $MODE == student ]] && exit 0
 if [[ -f $WORK_DIR/table.txt ]]; then
   log "bench: skipped, $WORK_DIR/table.txt exists (run '$0 $PAIR bench' to measure again)"
   cat "$WORK_DIR/table.txt"
