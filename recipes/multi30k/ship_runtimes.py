@@ -10,9 +10,10 @@ student (Hugging Face: of the model whose sinusoids MarianMT takes), timed, and 
 Every row searches alike: beam BEAM, score / |Y|^LENPEN (the length penalty of CTranslate2,
 transformers, Marian and Bergamot; xf's --lenpen-style length), at most MAX_LEN subwords, BATCH
 lines a batch, THREADS threads; argostranslate fixes its own (beam 4, |Y|^0.2, 256 subwords, its
-batch), Marian and the page bound an output at twice its source, and their xf references take those. A row's "same" column counts the lines equal to one
-xf translate run with that row's search and weights (REFERENCE below); a row that cannot run
-writes why ("not run: ..."), never nothing.
+batch), Marian and the page bound an output at twice its source, and their xf references take
+those. A row's "same" column counts the lines equal to one xf translate run with that row's
+search and weights (REFERENCE below); a row that cannot run writes why ("not run: ..."), never
+nothing.
 """
 
 from __future__ import annotations
@@ -63,8 +64,8 @@ def xf_translate(model: Path, lines_file: Path, s: Search, *extra: str) -> tuple
     out = lines_file.with_suffix(".xf.tmp")
     cmd = ["xf", "translate", "--path", str(model), "--input", str(lines_file), "--output", str(out),
            "--beam-size", str(s.beam), "--lenpen", str(s.lenpen), "--lenpen-style", "length",
-           "--max-len-a", str(s.length_factor), "--max-len-b", "0" if s.length_factor else str(s.max_len), "--batch-size", str(s.batch), "--threads", str(s.threads), "--device", "cpu",
-           *extra]
+           "--max-len-a", str(s.length_factor), "--max-len-b", "0" if s.length_factor else str(s.max_len),
+           "--batch-size", str(s.batch), "--threads", str(s.threads), "--device", "cpu", *extra]
     done = subprocess.run(cmd, capture_output=True, text=True)
     if done.returncode != 0:
         raise RuntimeError(f"xf translate: {(done.stderr.strip().splitlines() or ['no message'])[-1]}")
