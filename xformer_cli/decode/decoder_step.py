@@ -244,8 +244,8 @@ class AotStep:
         (``RestrictedProjection.tensors()``) runs in the graph, with its log-softmax. A packed int8
         model's (``quantize_int8_packed``) graph gives the decoder's features, and its projection
         (the whole one, or a shortlist's packed rows, which no graph takes) runs here, as in
-        ``EagerStep``: in its graph, projection and log-softmax took 1.19x the time (make demo's
-        model, batch 64, one thread, AVX2 EPYC; the same outputs)."""
+        ``EagerStep``: in its graph, projection and log-softmax were slower, with the same outputs
+        (docs/benchmarks.md, "The packed int8 compiled step")."""
         if cache.length == 0:
             return EagerStep()(model, token, memory, src_pad, cache, at_max, projection)
         if isinstance(model.output_proj, PackedInt8Linear):  # the graph gives features: project them here

@@ -221,9 +221,9 @@ def plan_decoding(options, machine: Machine) -> DecodingPlan:
 def int8_compiled_rule(machine: Machine) -> str:
     """The int8 layers of a compiled decoder step: ``matmul`` (torch._int_mm in the graph) where the
     CPU has int8 dot-product instructions and torch._int_mm is exact, else ``packed`` (torch.ao's
-    packed kernels called from the graph). Without VNNI or AMX, _int_mm ran at 5.3 sentences/s
-    against eager int8's 140.4, and the packed step runs at 1.0-1.5x eager int8 (make demo's
-    model, AVX2 EPYC, docs/benchmarks.md#the-packed-int8-compiled-step-avx2-epyc-idle-7-december-2026)."""
+    packed kernels called from the graph). Without VNNI or AMX, _int_mm runs far slower than eager
+    int8, and the packed step at least as fast (docs/benchmarks.md, "The packed int8 compiled
+    step")."""
     return "matmul" if machine.int8_exact and machine.cpu_flags & INT8_DOT_PRODUCTS else "packed"
 
 
