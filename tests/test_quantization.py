@@ -32,6 +32,21 @@ def int8_tracks_fp32_and_source(model, reference, sp, sentences, multi30k_dir) -
     return torch.tensor([s + [1] * (width - len(s)) for s in src])
 
 
+def compiled_search_tracks_eager(model, src: torch.Tensor, step: AotStep) -> None:
+    """Assert ``model``'s search through the compiled ``step``, plain and with a shortlist of
+    candidates, agrees with its eager search on at least 90% of the output tokens, and emits
+    only candidates with the shortlist."""
+    options = DecodingOptions(beam_size=4, max_len_a=1.0, max_len_b=5)
+    candidates = torch.unique(torch.cat([torch.arange(4), src.flatten(), torch.arange(40, 200)]))
+    for cands in (None, candidates):
+        compiled = [hyps[0].tokens for hyps in search([model], src, options, candidates=cands, decoder_step=step)]
+        eager = [hyps[0].tokens for hyps in search([model], src, options, candidates=cands)]
+        same = sum(a == b for c, e in zip(compiled, eager) for a, b in zip(c, e))
+        assert same >= 0.9 * sum(max(len(c), len(e)) for c, e in zip(compiled, eager)), (compiled, eager)
+        if cands is not None:
+            assert set(t for c in compiled for t in c) <= set(candidates.tolist())
+
+
 def open_xf(ckpt, machine=None, **options):
     return XfEngine.open([ckpt], plan_decoding(TranslateOptions(path=(ckpt,), device="cpu", **options),
                                                machine or Machine.here()))[0]
@@ -136,16 +151,8 @@ def test_aot_int8_search_tracks_fp32_and_its_own_eager_search(ckpt, sentences, m
     assert all(type(m) is quantization.Int8MatmulLinear
                for m in model.decoder_layers.modules() if "Linear" in type(m).__name__)
     src = int8_tracks_fp32_and_source(model, reference, sp, sentences, multi30k_dir)
-    options = DecodingOptions(beam_size=4, max_len_a=1.0, max_len_b=5)
-    candidates = torch.unique(torch.cat([torch.arange(4), src.flatten(), torch.arange(40, 200)]))
     step = AotStep(compiling.AotPackages(tmp_path / "aot"))
-    for cands in (None, candidates):
-        compiled = [hyps[0].tokens for hyps in search([model], src, options, candidates=cands, decoder_step=step)]
-        eager = [hyps[0].tokens for hyps in search([model], src, options, candidates=cands)]
-        same = sum(a == b for c, e in zip(compiled, eager) for a, b in zip(c, e))
-        assert same >= 0.9 * sum(max(len(c), len(e)) for c, e in zip(compiled, eager)), (compiled, eager)
-        if cands is not None:
-            assert set(t for c in compiled for t in c) <= set(candidates.tolist())
+    compiled_search_tracks_eager(model, src, step)
     assert step.graphs == 2  # the full projection's package and the shortlist's
 
 
@@ -208,14 +215,6 @@ def test_aot_packed_int8_search_tracks_its_eager_search(ckpt, sentences, tmp_pat
     fp32, sp, _ = open_engine(TranslateOptions(path=(ckpt,), device="cpu"))
     model = quantization.quantize_int8_packed(copy.deepcopy(fp32.models[0]), "fbgemm")
     src = torch.tensor([ids[:20] + [2] + [1] * (20 - len(ids[:20])) for ids in sp.encode(sentences[:8])])
-    options = DecodingOptions(beam_size=4, max_len_a=1.0, max_len_b=5)
-    candidates = torch.unique(torch.cat([torch.arange(4), src.flatten(), torch.arange(40, 200)]))
     step = AotStep(compiling.AotPackages(tmp_path / "aot"))
-    for cands in (None, candidates):
-        compiled = [hyps[0].tokens for hyps in search([model], src, options, candidates=cands, decoder_step=step)]
-        eager = [hyps[0].tokens for hyps in search([model], src, options, candidates=cands)]
-        same = sum(a == b for c, e in zip(compiled, eager) for a, b in zip(c, e))
-        assert same >= 0.9 * sum(max(len(c), len(e)) for c, e in zip(compiled, eager)), (compiled, eager)
-        if cands is not None:
-            assert set(t for c in compiled for t in c) <= set(candidates.tolist())
+    compiled_search_tracks_eager(model, src, step)
     assert step.graphs == 1
