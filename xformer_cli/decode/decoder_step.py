@@ -25,7 +25,7 @@ import torch
 import torch.nn.functional as F
 
 from ..base import compiling
-from ..model.quantization import PackedInt8Linear
+from ..model.quantization import INT8_ENGINE_ATTR, PackedInt8Linear
 from ..model.transformer import DecoderCache, Transformer
 from ..text.vocab import BOS_ID, EOS_ID, PAD_ID
 from .shortlist import RestrictedProjection, project_candidates
@@ -175,7 +175,8 @@ class AotStep:
             self.digests[id(model)] = compiling.weights_digest(model)
         param = next(model.parameters())
         key = (f"{model.cfg}; weights {self.digests[id(model)]}; {param.dtype}; {param.device.type}; "
-               f"project {project}; beams {beams}; code {source_digest()}")
+               f"project {project}; beams {beams}; int8 engine {getattr(model, INT8_ENGINE_ATTR, None)}; "
+               f"code {source_digest()}")
         with warnings.catch_warnings():  # torch.export's own deprecations (LeafSpec), not the user's concern
             warnings.simplefilter("ignore", FutureWarning)
             runner, built = self.packages.load(key), False
