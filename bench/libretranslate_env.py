@@ -144,3 +144,8 @@ class LibreTranslate:
 
     def __exit__(self, *exc):
         self.close()
+
+
+if __name__ == "__main__":
+    # python bench/libretranslate_env.py: build the venv (once) and print its python
+    print(ensure_venv(log=lambda message: print(message, file=sys.stderr)))

@@ -45,7 +45,9 @@ ALL="xf xf-int8-shortlist ctranslate2 huggingface argos marian bergamot libretra
 RUNTIMES=${RUNTIMES:-$ALL}
 BEAM=${BEAM:-4} MAX_LEN=${MAX_LEN:-256} BATCH=${BATCH:-16} THREADS=${THREADS:-1}
 BERGAMOT_PACKAGE=${BERGAMOT_PACKAGE:-$REPO/.bergamot/node_modules/@browsermt/bergamot-translator}
-export TEACHER=${TEACHER:-$REPO/work-dirs/multi30k-$PAIR/averaged.pt}  # distill.sh's default, named here for Hugging Face
+# distill.sh trains its default teacher when it is missing, so the default is only named here, for
+# Hugging Face and the trainings' time, never exported
+TEACHERS=${TEACHER:-$REPO/work-dirs/multi30k-$PAIR/averaged.pt}
 export WORK_DIR
 S=$WORK_DIR/ship
 mkdir -p "$S/logs" "$S/runs"
@@ -93,7 +95,7 @@ source "$RECIPES/multi30k/data.sh"
 multi30k_data  # sets DATA
 
 ship_step "distill" "$WORK_DIR/shortlist.npz" bash "$RECIPES/multi30k/distill.sh" "$PAIR" student
-read -r -a teachers <<<"$TEACHER"
+read -r -a teachers <<<"$TEACHERS"
 LENPEN=${LENPEN:-$("$PY" -c 'import json, sys; print(json.load(open(sys.argv[1]))["chosen"]["lenpen"])' "$WORK_DIR/choice.json" 2>/dev/null || echo 0.6)}
 # the translations in $S hold for one search and test set: a re-run with others is refused, not mixed in
 settings="lines ${SHIP_LINES:-all}, beam $BEAM, lenpen $LENPEN, max_len $MAX_LEN, batch $BATCH, threads $THREADS"
