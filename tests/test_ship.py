@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import json
 import shutil
+import subprocess
+import sys
 import time
 
 import pytest
@@ -26,7 +28,9 @@ STUDENT = TEACHER.replace("  bpe_vocab_size: 320\n", "").replace(
     "  arch: tiny\n", "  arch: tiny\n  decoder_layers: 1\n  sinusoids: tensor2tensor\n  decoder_start: zero\n").replace(
     "  num_update_checkpoints: 2\n", "  num_update_checkpoints: 2\n  choose_on_valid: true\n"
     "  choose_last: [1]\n  choose_best: [1]\n  choose_lenpens: [0.6, 1.0]\n")
-ROWS = ["xf", "xf-int8-shortlist", "ctranslate2", "huggingface", "argos", "marian", "bergamot", "libretranslate"]
+ROWS = ["xf", "xf-int8-shortlist", "ctranslate2", "huggingface", "argos", "marian", "bergamot", "bergamot-float32",
+        "libretranslate"]
+PAGES = ("bergamot", "bergamot-float32")
 ENGINE = REPO / ".bergamot/node_modules/@browsermt/bergamot-translator/package.json"
 
 
@@ -53,7 +57,9 @@ def test_ship_end_to_end_resume_and_failures(tmp_path):
     assert list(rows) == ROWS and (work / "ship.md").read_text() in first.stdout
     browser = shutil.which("chromium") and shutil.which("chromedriver")
     bergamot_reason = "" if browser and ENGINE.is_file() else rows["bergamot"].get("not_run", "")
-    ran = [name for name in ROWS if name != "libretranslate" and not (name == "bergamot" and bergamot_reason)]
+    if bergamot_reason:  # both pages say why, alike
+        assert rows["bergamot-float32"].get("not_run") == bergamot_reason
+    ran = [name for name in ROWS if name != "libretranslate" and not (name in PAGES and bergamot_reason)]
     for name in ran:
         row = rows[name]
         assert "not_run" not in row, row
@@ -66,8 +72,19 @@ def test_ship_end_to_end_resume_and_failures(tmp_path):
     hf = rows["huggingface"]["model"]
     assert hf.startswith("teacher") and "the paper's sinusoids" in hf and "the student is refused" in hf
     assert rows["xf-int8-shortlist"]["compared_with"] == "xf translate"  # float32 xf on the same model
-    if "bergamot" in ran:  # the page (int8, shortlist) against xf with both
+    if "bergamot" in ran:  # the page (int8, shortlist) against xf with both; the float32 page against float32 xf
         assert "--quantize int8 --shortlist" in rows["bergamot"]["compared_with"]
+        assert rows["bergamot-float32"]["compared_with"] == "xf translate"  # with the page's search, as the row
+        assert "float32" in rows["bergamot-float32"]["settings"] and "shortlist" not in rows["bergamot-float32"]["settings"]
+        # the picture of the page translating, as docs/recipes.md shows it
+        picture = tmp_path / "page.png"
+        shot = subprocess.run([sys.executable, str(REPO / "recipes/multi30k/ship_runtimes.py"), "screenshot",
+                               str(work / "ship" / "bergamot"), str(picture), "A dog runs.\nTwo men are talking."],
+                              capture_output=True, text=True, timeout=300)
+        assert shot.returncode == 0, shot.stderr
+        head = picture.read_bytes()[:24]
+        assert head[:8] == b"\x89PNG\r\n\x1a\n" and int.from_bytes(head[16:20], "big") >= 800
+        assert not list(tmp_path.glob("chromium-profile*")) and not (tmp_path / "page.tmp.png").exists()
     assert not (tmp_path / "home").exists()  # argostranslate's and chromium's files stay under WORK_DIR
     assert (work / "ship" / "home" / "packages").is_dir()
     # LibreTranslate: its own venv, rarely built; without it the row says so

@@ -16,7 +16,8 @@
 # Runtimes (RUNTIMES, words of): xf (float32), xf-int8-shortlist (--quantize int8 --shortlist),
 # ctranslate2 (ctranslate2.Translator), huggingface (transformers' generate on the export),
 # argos (argostranslate on the installed package, in a home under $WORK_DIR/ship/home), marian
-# (pymarian), bergamot (the page in headless Chromium), libretranslate (one request to a
+# (pymarian), bergamot (the page in headless Chromium: int8 with the shortlist), bergamot-float32 (the
+# page of the float32 model, no shortlist), libretranslate (one request to a
 # LibreTranslate server, in bench/libretranslate_env.py's venv). A runtime that cannot run here
 # (its package, the browser or the Bergamot engine missing) has a row "not run: why".
 #
@@ -41,7 +42,7 @@ PAIR=${1:-en-de}
 [[ $PAIR == en-de || $PAIR == en-fr ]] || die "usage: $0 [en-de|en-fr]"
 SRC=${PAIR%-*} TGT=${PAIR#*-}
 WORK_DIR=${WORK_DIR:-$REPO/work-dirs/multi30k-$PAIR-ship}
-ALL="xf xf-int8-shortlist ctranslate2 huggingface argos marian bergamot libretranslate"
+ALL="xf xf-int8-shortlist ctranslate2 huggingface argos marian bergamot bergamot-float32 libretranslate"
 RUNTIMES=${RUNTIMES:-$ALL}
 BEAM=${BEAM:-4} MAX_LEN=${MAX_LEN:-256} BATCH=${BATCH:-16} THREADS=${THREADS:-1}
 BERGAMOT_PACKAGE=${BERGAMOT_PACKAGE:-$REPO/.bergamot/node_modules/@browsermt/bergamot-translator}
@@ -122,16 +123,20 @@ wants argos || wants libretranslate &&
 wants marian &&
   ship_step "export marian" "$S/marian" \
     xf export marian --path "$student" --output "$S/marian" --beam-size "$BEAM" --lenpen "$LENPEN"
-if wants bergamot; then
+# the page twice: int8 with the shortlist (what ship.sh deploys), and float32 (what it is weighed against)
+for page in bergamot bergamot-float32; do
+  wants $page || continue
   if [[ -f $BERGAMOT_PACKAGE/package.json ]]; then
-    rm -f "$S/bergamot.not-run"  # (ship_runtimes.py reads it: the row's reason not to run)
-    ship_step "export bergamot" "$S/bergamot" \
-      xf export bergamot --path "$student" --output "$S/bergamot" --quantization int8 \
-      --shortlist "$WORK_DIR/shortlist.npz" --beam-size "$BEAM" --lenpen "$LENPEN" --bergamot-package "$BERGAMOT_PACKAGE"
+    rm -f "$S/$page.not-run"  # (ship_runtimes.py reads it: the row's reason not to run)
+    weights=(--quantization int8 --shortlist "$WORK_DIR/shortlist.npz")
+    [[ $page == bergamot ]] || weights=(--quantization float32)
+    ship_step "export $page" "$S/$page" \
+      xf export bergamot --path "$student" --output "$S/$page" "${weights[@]}" \
+      --beam-size "$BEAM" --lenpen "$LENPEN" --bergamot-package "$BERGAMOT_PACKAGE"
   else
-    echo "no Bergamot engine at $BERGAMOT_PACKAGE (make bergamot installs it)" >"$S/bergamot.not-run"
+    echo "no Bergamot engine at $BERGAMOT_PACKAGE (make bergamot installs it)" >"$S/$page.not-run"
   fi
-fi
+done
 wants huggingface &&
   ship_step "export huggingface" "$S/hf" \
     xf export huggingface --path "$(cut -f1 "$S/hf-model.tsv")" --output "$S/hf" --beam-size "$BEAM" --lenpen "$LENPEN"

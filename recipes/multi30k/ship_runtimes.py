@@ -6,6 +6,7 @@ student (Hugging Face: of the model whose sinusoids MarianMT takes), timed, and 
     python ship_runtimes.py table --work DIR --ref FILE ROW...  DIR/ship.md and DIR/ship.json
     python ship_runtimes.py training-time LOG...               the trainings' time (train_log.jsonl)
     python ship_runtimes.py reference ROW                      the xf run (REFERENCES) ROW is compared with
+    python ship_runtimes.py screenshot PAGE OUT.png TEXT       the page translating TEXT, as a picture
 
 Every row searches alike: beam BEAM, score / |Y|^LENPEN (the length penalty of CTranslate2,
 transformers, Marian and Bergamot; xf's --lenpen-style length), at most MAX_LEN subwords, BATCH
@@ -19,6 +20,7 @@ nothing.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import functools
 import http.server
 import importlib.util
@@ -27,6 +29,7 @@ import re
 import shutil
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from dataclasses import asdict, dataclass
@@ -178,10 +181,10 @@ class Quiet(http.server.SimpleHTTPRequestHandler):
         pass
 
 
-def bergamot_translate(page_dir: Path, lines: list[str], s: Search, home: Path) -> tuple[list[str], float]:
-    """The page xf export bergamot wrote, served by a static file server, in headless Chromium: its
-    own search (registry.json: beam, normalize; the worker's length factor 2; its WebAssembly engine
-    single-threaded); seconds from the loaded page's first line to its last."""
+@contextlib.contextmanager
+def page_in_chromium(page_dir: Path, home: Path, size: tuple[int, int] | None = None):
+    """The page xf export bergamot wrote, served by a static file server, open in headless
+    Chromium (its profile under ``home``) once its model has loaded: the selenium driver."""
     chromium, chromedriver = shutil.which("chromium"), shutil.which("chromedriver")
     if not (chromium and chromedriver):
         raise NotRun("no headless browser: apt-get install chromium chromium-driver")
@@ -199,6 +202,8 @@ def bergamot_translate(page_dir: Path, lines: list[str], s: Search, home: Path) 
                  "--disable-component-update", "--disable-sync", "--no-first-run", "--disable-dev-shm-usage",
                  f"--user-data-dir={home / 'chromium-profile'}"):
         options.add_argument(flag)
+    if size:
+        options.add_argument(f"--window-size={size[0]},{size[1]}")
     driver = webdriver.Chrome(service=webdriver.ChromeService(executable_path=chromedriver), options=options)
     try:
         driver.set_script_timeout(3600)
@@ -207,17 +212,43 @@ def bergamot_translate(page_dir: Path, lines: list[str], s: Search, home: Path) 
         WebDriverWait(driver, 300).until(lambda _: status.get_attribute("data-state") in ("ready", "error"))
         if status.get_attribute("data-state") != "ready":
             raise RuntimeError(f"the page: {status.text}")
-        start = time.perf_counter()
-        hyps = driver.execute_async_script("xfTranslate(arguments[0]).then(arguments[1], e => arguments[1]("
-                                           "'error: ' + e.message))", lines)
-        seconds = time.perf_counter() - start
+        yield driver
     finally:
         driver.quit()
         server.shutdown()
         server.server_close()
+
+
+def bergamot_translate(page_dir: Path, lines: list[str], s: Search, home: Path) -> tuple[list[str], float]:
+    """The page in headless Chromium (page_in_chromium): its own search (registry.json: beam,
+    normalize; the worker's length factor 2; its WebAssembly engine single-threaded); seconds from
+    the loaded page's first line to its last."""
+    with page_in_chromium(page_dir, home) as driver:
+        start = time.perf_counter()
+        hyps = driver.execute_async_script("xfTranslate(arguments[0]).then(arguments[1], e => arguments[1]("
+                                           "'error: ' + e.message))", lines)
+        seconds = time.perf_counter() - start
     if not isinstance(hyps, list):
         raise RuntimeError(f"the page: {hyps}")
     return hyps, seconds
+
+
+def screenshot(page_dir: Path, text: str, out: Path, home: Path) -> None:
+    """A picture of the page translating ``text`` as a user does: typed into its box, the button
+    pressed, the translation shown; ``out``, a PNG."""
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    with page_in_chromium(page_dir, home, size=(1000, 820)) as driver:
+        driver.find_element(By.ID, "source").send_keys(text)
+        driver.find_element(By.ID, "translate").click()
+        target = driver.find_element(By.ID, "target")
+        WebDriverWait(driver, 300).until(lambda _: driver.find_element(By.ID, "speed").text)
+        if not target.get_attribute("value").strip():
+            raise RuntimeError("the page showed no translation")
+        tmp = out.with_name(out.stem + ".tmp.png")
+        driver.save_screenshot(str(tmp))
+        tmp.replace(out)
 
 
 # -- the rows ----------------------------------------------------------------------------------------
@@ -255,12 +286,15 @@ ROWS = {
     "marian": Row("Marian (pymarian)", "student", "ship/marian", "xf-marian", "float32 (xf export marian)"),
     "bergamot": Row("Bergamot page, headless Chromium", "student", "ship/bergamot", "xf-int8-shortlist-marian",
                     "int8 + shortlist (xf export bergamot), 1 WebAssembly thread"),
+    "bergamot-float32": Row("Bergamot page, headless Chromium", "student", "ship/bergamot-float32", "xf-marian",
+                            "float32 (xf export bergamot), 1 WebAssembly thread"),
 }
 
 
 def search_of(name: str, common: Search) -> Search:
     """The search of a row or reference: the common one, argostranslate's or Marian's bound."""
-    own = {"argos": ARGOS_SEARCH, "libretranslate": ARGOS_SEARCH, "marian": MARIAN_SEARCH, "bergamot": MARIAN_SEARCH}
+    own = {"argos": ARGOS_SEARCH, "libretranslate": ARGOS_SEARCH, "marian": MARIAN_SEARCH, "bergamot": MARIAN_SEARCH,
+           "bergamot-float32": MARIAN_SEARCH}
     return Search(**{**asdict(common), **own.get(name, {})})
 
 
@@ -340,7 +374,7 @@ def hf_model(student: Path, teachers: list[Path]) -> tuple[Path, str]:
 def size_on_disk(path: Path, name: str) -> int:
     """Bytes of what the runtime loads: the files of a directory (the Bergamot page: its model,
     shortlist and vocabulary, not the engine the page carries), else the file."""
-    if name == "bergamot":
+    if name.startswith("bergamot"):
         entry = next(iter(json.loads((path / "registry.json").read_text()).values()))
         return sum((path / entry[part]["name"]).stat().st_size for part in ("model", "lex", "vocab") if part in entry)
     if name == "xf-int8-shortlist":
@@ -419,6 +453,10 @@ def main() -> None:
     ref.add_argument("name", choices=list(ROWS))
     took = sub.add_parser("training-time")
     took.add_argument("logs", type=Path, nargs="+")
+    shot = sub.add_parser("screenshot")
+    shot.add_argument("page", type=Path)
+    shot.add_argument("out", type=Path)
+    shot.add_argument("text")
     tab = sub.add_parser("table")
     tab.add_argument("names", nargs="+", choices=list(ROWS))
     tab.add_argument("--ref", type=Path, required=True)
@@ -437,6 +475,9 @@ def main() -> None:
             run(args.name, args.work, args.source, search, tuple(args.pair.split("-")))
         elif args.command == "reference":
             print(ROWS[args.name].reference)
+        elif args.command == "screenshot":
+            with tempfile.TemporaryDirectory() as home:  # Chromium's profile, never beside the picture
+                screenshot(args.page, args.text, args.out, Path(home))
         elif args.command == "training-time":
             print(training_time(args.logs))
         else:
