@@ -105,6 +105,7 @@ REFUSALS = [
     (dict(engine="ctranslate2", quantize="int8", int8_engine="fbgemm"), AMX, "not of --engine ctranslate2"),
     (dict(engine="ctranslate2", path=("a", "b")), AVX2, "--engine ctranslate2 takes one --path"),
     (dict(engine="ctranslate2", sampling=True), AVX2, "--engine ctranslate2 does not sample"),
+    (dict(engine="ctranslate2", beam_rule="marian"), AVX2, "--beam-rule marian is a rule of xf's own search"),
     (dict(engine="ctranslate2", compile=True), AVX2, "--engine ctranslate2 runs CTranslate2's"),
     (dict(workers=2, sampling=True), AVX2, "use --workers 1 to sample"),
     (dict(device="cuda"), AMX, "--device cuda: no CUDA device is available"),

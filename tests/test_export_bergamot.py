@@ -151,11 +151,11 @@ def browser(tmp_path_factory):
 
 
 def xf_int8(ckpt, lines, tmp_path, **options) -> list[str]:
-    """xf translate --quantize int8 with the page's search: beam 4, score / |Y|^1."""
+    """xf translate --quantize int8 with the page's search: Marian's beam rule, beam 4, score / |Y|^1."""
     (tmp_path / "in.txt").write_text("\n".join(lines) + "\n", encoding="utf-8")
     translate(TranslateOptions(path=(str(ckpt),), input=str(tmp_path / "in.txt"), output=str(tmp_path / "int8.txt"),
                                quiet=True, device="cpu", quantize="int8", beam_size=4, lenpen=1.0,
-                               lenpen_style="length", **options))
+                               lenpen_style="length", beam_rule="marian", **options))
     return (tmp_path / "int8.txt").read_text(encoding="utf-8").splitlines()
 
 
@@ -219,7 +219,8 @@ def test_the_page_runs_marians_beam_search(marian_tiny, tiny_shortlist, engine, 
     """Beam 4, float32, with and without the shortlist the int8 page has: the page translates as
     Marian does with the same files and search, on at least 99 of 100 lines. The worker's default
     skip-cost ranks a beam by raw logits; the export turns it off (bergamot_format.worker_options).
-    How many lines are also xf translate's (whose beam rules differ: test_marian) is printed."""
+    How many lines are also xf translate's with Marian's beam rule (--beam-rule marian; the
+    bound per line, not per batch: test_marian) is printed."""
     source = (multi30k_dir / "test2016.en").read_text(encoding="utf-8").splitlines()[:LINES]
     shortlist = dict(shortlist=str(tiny_shortlist)) if with_shortlist else {}
     served = Served(marian_tiny, tmp_path / "page", beam_size=4, **shortlist)
@@ -228,7 +229,7 @@ def test_the_page_runs_marians_beam_search(marian_tiny, tiny_shortlist, engine, 
     (tmp_path / "in.txt").write_text("\n".join(source) + "\n", encoding="utf-8")
     translate(TranslateOptions(path=(str(marian_tiny),), input=str(tmp_path / "in.txt"), output=str(tmp_path / "xf"),
                                quiet=True, device="cpu", beam_size=4, lenpen=1.0, lenpen_style="length",
-                               precision="fp32", **shortlist))
+                               beam_rule="marian", max_len_a=2, max_len_b=0, precision="fp32", **shortlist))
     xf_lines = (tmp_path / "xf").read_text(encoding="utf-8").splitlines()
     differ = [i for i, (a, b) in enumerate(zip(page_lines, marian)) if a != b]
     print(f"\nxf export bergamot, float32 beam 4{' with the shortlist' if with_shortlist else ''}: "

@@ -115,6 +115,58 @@ def test_wide_beam_equals_exhaustive_search(max_len, beam, alpha, style):
         assert [h.score for h in found[i]] == pytest.approx([s for s, _ in best], abs=1e-5)
 
 
+def marian_beam(model, src_row, k, alpha, max_len):
+    """Marian's beam (its beam_search.cpp) for one sentence, by hand and by full decoding: the
+    extensions of the live hypotheses ranked together and the first (live count) taken, those
+    ending in eos finished and the rest live, until none is; at max_len only eos may follow (xf's
+    bound). The finished, best first by score / |Y|^alpha."""
+    live, finished = [([], 0.0)], []
+    with torch.no_grad():
+        for step in range(max_len + 1):
+            extensions = []
+            for tokens, logp in live:
+                prev = torch.tensor([[BOS_ID] + tokens])
+                lprobs = F.log_softmax(model(src_row[None], prev).float(), dim=-1)[0, -1]
+                for t in range(model.cfg.vocab_size):
+                    if t not in (PAD_ID, BOS_ID) and (step < max_len or t == EOS_ID):
+                        extensions.append((logp + lprobs[t].item(), tokens + [t]))
+            extensions.sort(key=lambda e: -e[0])
+            taken = extensions[: len(live) if step > 0 else k]
+            finished += [(logp / len(out) ** alpha, out) for logp, out in taken if out[-1] == EOS_ID]
+            live = [(out, logp) for logp, out in taken if out[-1] != EOS_ID]
+            if not live:
+                break
+    return sorted(finished, key=lambda f: -f[0])
+
+
+def test_marians_beam_rule_is_marians_beam():
+    """--beam-rule marian against Marian's beam written out by hand, and the rule changes outputs
+    (a search that ignored it would fail here: the fairseq rule differs on some sentences)."""
+    sources = [[5, 6, 7, 8], [9, 10], [11, 12, 13, 14, 15, 16], [17, 18, 19], [20], [21, 22, 23, 24, 25]]
+    differs = 0
+    for seed, k, alpha in [(1, 4, 1.0), (2, 3, 1.5), (4, 4, 0.6)]:
+        model = tiny(vocab_size=30, seed=seed)
+        options = dict(beam_size=k, nbest=1, lenpen=alpha, lenpen_style="length", max_len_a=1.0, max_len_b=3)
+        src = batch(*sources)
+        marian = beam_search([model], src, D(beam_rule="marian", **options))
+        fairseq = beam_search([model], src, D(**options))
+        for i, source in enumerate(sources):
+            by_hand = marian_beam(model, src[i, : len(source) + 1], k, alpha, len(source) + 3)
+            assert marian[i][0].tokens == by_hand[0][1], (seed, i)
+            assert marian[i][0].score == pytest.approx(by_hand[0][0], abs=1e-4)
+            differs += marian[i][0].tokens != fairseq[i][0].tokens
+    assert differs > 0
+
+
+def test_marians_beam_rule_is_a_plain_beam_search():
+    from xformer_cli.base.errors import XfError
+    from xformer_cli.decode.constraints import BatchConstraints
+
+    model = tiny()
+    with pytest.raises(XfError, match="--beam-rule marian is a plain beam search"):
+        beam_search([model], batch([5, 6]), D(beam_rule="marian"), constraints=BatchConstraints([[[[7]]]]))
+
+
 # -- invariants ------------------------------------------------------------------------------------
 def test_beam_one_equals_greedy():
     model = tiny()

@@ -72,9 +72,10 @@ def test_ship_end_to_end_resume_and_failures(tmp_path):
     hf = rows["huggingface"]["model"]
     assert hf.startswith("teacher") and "the paper's sinusoids" in hf and "the student is refused" in hf
     assert rows["xf-int8-shortlist"]["compared_with"] == "xf translate"  # float32 xf on the same model
+    assert rows["marian"]["compared_with"] == "xf translate --beam-rule marian"  # Marian's beam, and bound
     if "bergamot" in ran:  # the page (int8, shortlist) against xf with both; the float32 page against float32 xf
         assert "--quantize int8 --shortlist" in rows["bergamot"]["compared_with"]
-        assert rows["bergamot-float32"]["compared_with"] == "xf translate"  # with the page's search, as the row
+        assert rows["bergamot-float32"]["compared_with"] == "xf translate --beam-rule marian"  # the page's search
         assert "float32" in rows["bergamot-float32"]["settings"] and "shortlist" not in rows["bergamot-float32"]["settings"]
         # the picture of the page translating, as docs/recipes.md shows it
         picture = tmp_path / "page.png"

@@ -268,8 +268,9 @@ REFERENCES = {
     "xf-int8-shortlist": ("student", ["--quantize", "int8", "--shortlist", "{shortlist}"], "common"),
     "xf-hf": ("hf", [], "common"),
     "xf-int8-argos": ("student", ["--quantize", "int8"], "argos"),
-    "xf-marian": ("student", [], "marian"),
-    "xf-int8-shortlist-marian": ("student", ["--quantize", "int8", "--shortlist", "{shortlist}"], "marian"),
+    "xf-marian": ("student", ["--beam-rule", "marian"], "marian"),
+    "xf-int8-shortlist-marian": ("student", ["--beam-rule", "marian", "--quantize", "int8", "--shortlist", "{shortlist}"],
+                                 "marian"),
 }
 ROWS = {
     "xf": Row("xf translate", "student", "averaged.pt", "xf", "float32"),

@@ -153,7 +153,7 @@ class DecodingPlan:
 # its defaults are the only ones (one precision default: the flag's).
 PLAN_DEFAULTS = {name: TranslateOptions.__dataclass_fields__[name].default for name in (
     "engine", "device", "precision", "quantize", "int8_engine", "compile", "workers", "threads", "shortlist",
-    "sampling", "glossary")}
+    "sampling", "glossary", "beam_rule")}
 
 
 def plan_scoring(options, forward: DecodingPlan, machine: Machine) -> DecodingPlan:
@@ -184,6 +184,9 @@ def plan_decoding(options, machine: Machine) -> DecodingPlan:
             raise ConfigError("--engine ctranslate2 does not sample: use the xf engine for --sampling")
         if o["compile"]:
             raise ConfigError("--compile compiles xf's own search: --engine ctranslate2 runs CTranslate2's")
+        if o["beam_rule"] != "fairseq":
+            raise ConfigError(f"--beam-rule {o['beam_rule']} is a rule of xf's own search: --engine ctranslate2 "
+                              "runs CTranslate2's")
     device, rules = _device(o["device"], machine), []
     if workers == 0:
         workers, rule = workers_rule(machine.cores, device, o["sampling"])

@@ -28,6 +28,7 @@ from typing import Callable, Optional, Sequence
 import torch
 import torch.nn.functional as F
 
+from ..base.errors import XfError
 from ..model.transformer import Transformer
 from ..settings.options import DecodingOptions
 from ..text.vocab import PAD_ID, BOS_ID, EOS_ID
@@ -238,16 +239,19 @@ def _rows_at_max(max_len: torch.Tensor, step: int, shortest: int, rows_per_sente
 
 # -- beam search ---------------------------------------------------------------------------------
 def _finished_and_next(top_scores: torch.Tensor, top_beam: torch.Tensor, top_token: torch.Tensor, k: int,
-                       penalty) -> tuple[torch.Tensor, ...]:
+                       penalty, live: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, ...]:
     """A step's bookkeeping over its candidates (sents, W >= 2k, best first): (base_rows (sents, 1), the first row of each sentence;
     final (sents, k), eos among the first k candidates with a finite score; norm (sents, k),
     their scores over ``penalty`` (the length penalty of this step's length: a number, or
     (sents, 1)), LOG_ZERO where not final; order (sents, k), the first k candidates that do not
     end in eos (there are at least k, since each live hypothesis contributes at most one eos);
-    rows (sents k,), the row each next hypothesis continues)."""
+    rows (sents k,), the row each next hypothesis continues). live (sents,): Marian's rule, only
+    the first ``live`` candidates of each sentence are taken (its live hypotheses' count; None: k)."""
     base_rows = torch.arange(top_scores.size(0), device=top_scores.device)[:, None] * k
     is_eos = top_token.eq(EOS_ID)
     final = is_eos[:, :k] & torch.isfinite(top_scores[:, :k])
+    if live is not None:
+        final &= torch.arange(k, device=top_scores.device) < live[:, None]
     norm = (top_scores[:, :k] / penalty).masked_fill(~final, LOG_ZERO)
     width = top_scores.size(1)
     order = (is_eos.long() * width + torch.arange(width, device=top_scores.device)).topk(k, dim=1, largest=False).indices
@@ -278,7 +282,14 @@ def beam_search(
     length, or, earlier, when its nbest-th best finished score cannot be beaten by any live
     hypothesis: log-probabilities only fall, so score / max lp(any length still reachable)
     bounds every continuation. That last rule (not fairseq's) never changes the result.
+    ``options.beam_rule`` "marian" is Marian's beam instead (its beam_search.cpp, and the Bergamot
+    page's): a sentence with n finished hypotheses keeps k - n live ones, the first k - n
+    extensions are taken, those ending in eos among them finish, and it is done when none is
+    live (k finished); the finished are ranked alike. Not with constraints.
     """
+    if constraints and options.beam_rule != "fairseq":
+        raise XfError(f"--beam-rule {options.beam_rule} is a plain beam search: lexical constraints and "
+                      "glossaries take --beam-rule fairseq")
     found = _beam_search(models, src, options, use_cache, candidates, all_finished, decoder_step, prefix, constraints)
     missing = constraints.count_unmet(found) if constraints else []
     if missing:  # no hypothesis met them (they cannot all fit, or the beam lost them): none at all
@@ -314,6 +325,7 @@ def _beam_search(models: Sequence[Transformer], src: torch.Tensor, options: Deco
     max_lp = lp(max_len.double() + 1).float()  # penalty of the longest output each sentence may have
     shortest = int(max_len.min())  # host copy: which step first forces eos, without a device sync
     beam_offsets = torch.arange(k, device=device)
+    shrinking = options.beam_rule == "marian"
 
     for step in range(int(max_len.max()) + 1):
         per_sentence = k if step > 0 else 1
@@ -327,11 +339,15 @@ def _beam_search(models: Sequence[Transformer], src: torch.Tensor, options: Deco
             lprobs, tokens, pos_scores = lprobs[expand], tokens[expand], pos_scores[expand]
             scores = torch.zeros(nsent, k, device=device).index_fill_(1, beam_offsets[1:], LOG_ZERO).view(-1)
         top_scores, top_beam, top_token, top_lprobs = selection.choose(scores, lprobs, step, candidates)  # (sents, W)
-        base_rows, final, norm, order, rows = _finished_and_next(top_scores, top_beam, top_token, k, lp(step + 1.0))
+        base_rows, final, norm, order, rows = _finished_and_next(top_scores, top_beam, top_token, k, lp(step + 1.0),
+                                                                 k - fin_count if shrinking else None)
         fin_count += final.sum(dim=1)
         fin_best = torch.cat([fin_best, norm], dim=1).topk(nbest, dim=1).values
         prev_tokens, prev_pos_scores = tokens, pos_scores
-        scores = top_scores.gather(1, order).view(-1)  # (rows,)
+        scores = top_scores.gather(1, order)  # (sents, k)
+        if shrinking:  # Marian's beam: the first k - finished stay live, the rest are out
+            scores = scores.masked_fill(beam_offsets >= (k - fin_count)[:, None], LOG_ZERO)
+        scores = scores.view(-1)  # (rows,)
         tokens = torch.cat([tokens[rows], top_token.gather(1, order).view(-1, 1)], dim=1)
         pos_scores = torch.cat([pos_scores[rows], top_lprobs.gather(1, order).view(-1, 1)], dim=1)
         selection.follow(rows, tokens[:, -1])  # the caches follow below, with the done sentences' removal

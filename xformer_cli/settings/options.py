@@ -393,6 +393,11 @@ class DecodingOptions:
     lenpen_style: Literal["gnmt", "length"] = option(
         "gnmt", "gnmt: ((5+|Y|)/6)^alpha, the paper's (from GNMT); length: |Y|^alpha as fairseq"
     )
+    beam_rule: Literal["fairseq", "marian"] = option(
+        "fairseq", "when a beam search ends a sentence: fairseq: k live hypotheses every step, done at k "
+        "finished; marian: each finished hypothesis takes its place out of the beam, done when none is live "
+        "(Marian's and the Bergamot page's rule, for outputs equal to theirs)"
+    )
     max_len_a: float = option(1.0, "maximum output length a*|X|+b subwords (paper: |X|+50)", range=Range(0, 1000))
     max_len_b: int = option(50, "maximum output length a*|X|+b subwords (paper: |X|+50)", range=Range(-(1 << 20), 1 << 20))
     sampling: bool = option(False, "sample instead of beam search (--nbest samples per sentence)")
