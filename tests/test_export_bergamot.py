@@ -87,6 +87,21 @@ def test_bad_input_is_one_line_and_writes_nothing(tmp_path, spm_model):
     assert [p.name for p in out.iterdir()] == ["mine.txt"]
 
 
+def test_quantization_auto_is_int8_where_the_engine_can(tmp_path, spm_model, engine):
+    """The page's default weights: int8 (smaller and faster in the page, docs/benchmarks.md) where
+    Bergamot's int8 engine can multiply the model, else float32 with the reason in the summary."""
+    for name, widths, int8 in (("wide", dict(d_model=64, d_ff=128), True), ("odd", {}, False)):
+        ckpt = random_checkpoint(tmp_path / f"{name}.pt", spm_model, **widths, **MARIAN)
+        out = tmp_path / name
+        result = runner.invoke(app, ["export", "bergamot", "--path", str(ckpt), "--output", str(out),
+                                     "--bergamot-package", str(engine)])
+        assert result.exit_code == 0, result.stderr
+        entry = next(iter(json.loads((out / "registry.json").read_text()).values()))
+        assert ("intgemm8" in entry["model"]["name"]) == int8, entry
+        assert ("--quantization auto: float32, as Bergamot's int8 engine needs" in result.stderr) == (name == "odd")
+        assert "d_model 32" in result.stderr or name == "wide"
+
+
 # -- the page in a headless browser ----------------------------------------------------------------
 needs_browser = pytest.mark.skipif(not (CHROMIUM and CHROMEDRIVER), reason="no headless browser: apt-get install "
                                    "chromium chromium-driver (.ci/run does)")
@@ -183,7 +198,8 @@ def test_a_float32_page_computes_xfs_model(marian_tiny, engine, browser, multi30
     """Greedy, float32, no shortlist: the page and xf choose the same pieces; a line may differ only
     where one engine's length limit cut it (Bergamot's worker fixes max-length-factor 2)."""
     source = (multi30k_dir / "test2016.en").read_text(encoding="utf-8").splitlines()[:LINES]
-    page_lines, _ = translate_offline(browser, Served(marian_tiny, tmp_path / "page", beam_size=1), source)
+    page_lines, _ = translate_offline(browser, Served(marian_tiny, tmp_path / "page", beam_size=1,
+                                                                quantization="float32"), source)
     (tmp_path / "in.txt").write_text("\n".join(source) + "\n", encoding="utf-8")
     translate(TranslateOptions(path=(str(marian_tiny),), input=str(tmp_path / "in.txt"), output=str(tmp_path / "xf"),
                                quiet=True, device="cpu", beam_size=1, precision="fp32"))
@@ -223,7 +239,7 @@ def test_the_page_runs_marians_beam_search(marian_tiny, tiny_shortlist, engine, 
     bound per line, not per batch: test_marian) is printed."""
     source = (multi30k_dir / "test2016.en").read_text(encoding="utf-8").splitlines()[:LINES]
     shortlist = dict(shortlist=str(tiny_shortlist)) if with_shortlist else {}
-    served = Served(marian_tiny, tmp_path / "page", beam_size=4, **shortlist)
+    served = Served(marian_tiny, tmp_path / "page", beam_size=4, quantization="float32", **shortlist)
     page_lines, _ = translate_offline(browser, served, source)
     marian = pymarian_lines(tmp_path / "page", source)
     (tmp_path / "in.txt").write_text("\n".join(source) + "\n", encoding="utf-8")

@@ -103,8 +103,10 @@ def huggingface_translate(model_dir: Path, lines: list[str], s: Search) -> tuple
     with torch.inference_mode():
         for i in range(0, len(lines), s.batch):
             batch = tokenizer(lines[i:i + s.batch], return_tensors="pt", padding=True)
-            # xf's bound counts the subwords before eos, transformers' the eos too (the export forces it last)
-            out = model.generate(**batch, num_beams=s.beam, length_penalty=s.lenpen, max_new_tokens=s.max_len + 1)
+            # xf's bound counts the subwords before eos, transformers' max_length the decoder start and the
+            # eos too (the export forces it last); max_length, not max_new_tokens, which the export's
+            # generation_config.json (its max_length) would contradict in a warning every batch
+            out = model.generate(**batch, num_beams=s.beam, length_penalty=s.lenpen, max_length=s.max_len + 2)
             hyps += tokenizer.batch_decode(out, skip_special_tokens=True)
     return hyps, time.perf_counter() - start
 

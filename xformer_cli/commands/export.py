@@ -77,12 +77,17 @@ def prepare(options: ExportOptions) -> tuple[dict, ModelFacts, tuple[str, str]]:
     return ckpt, facts, direction(options, facts)
 
 
+def weight_type(options: ExportOptions) -> str:
+    """The weight type of a CTranslate2 or Argos export: --quantization, float32 for auto."""
+    return "float32" if options.quantization == "auto" else options.quantization
+
+
 def ctranslate2_rows(options: ExportOptions, model) -> list[tuple[str, str]]:
     """The summary rows of a CTranslate2 model: where from, its shape, its weight type."""
     cfg = model.cfg
     return [("from", str(options.path)),
             ("model", f"{cfg.encoder_layers}+{cfg.decoder_layers} layers, d_model {cfg.d_model}, {cfg.vocab_size:,} subwords"),
-            ("weights", options.quantization)]
+            ("weights", weight_type(options))]
 
 
 def export_ctranslate2(options: ExportOptions) -> Path:
@@ -95,7 +100,7 @@ def export_ctranslate2(options: ExportOptions) -> Path:
     ckpt, _, _ = prepare(options)
     with atomic_directory(output) as tmp:
         model = model_from_checkpoint(ckpt, options.path).eval()
-        write_model_directory(tmp, model, ckpt["spm_model"], options.quantization, str(options.path), ckpt.get("meta"))
+        write_model_directory(tmp, model, ckpt["spm_model"], weight_type(options), str(options.path), ckpt.get("meta"))
     print_summary(stderr_console(), "xf export ctranslate2", [
         *ctranslate2_rows(options, model),
         ("size", f"{sum(p.stat().st_size for p in output.iterdir()) / 2**20:.1f} MiB"),
@@ -154,7 +159,7 @@ def export_argos(options: ExportOptions) -> Path:
         metadata = write_package(f, model, ckpt["spm_model"], source_lang=source_lang, target_lang=target_lang,
                                  source_name=options.source_name or source_lang,
                                  target_name=options.target_name or target_lang, version=version,
-                                 quantization=options.quantization, source=str(options.path))
+                                 quantization=weight_type(options), source=str(options.path))
     named = lambda code, name: code if name == code else f"{name} ({code})"  # noqa: E731
     print_summary(stderr_console(), "xf export argos", [
         *ctranslate2_rows(options, model),
@@ -170,7 +175,7 @@ def export_argos(options: ExportOptions) -> Path:
 def export_bergamot(options: ExportOptions) -> Path:
     """Write the Bergamot directory (model, shortlist, vocabulary, engine, page) of options.path."""
     from ..formats.bergamot import (binary_model, binary_shortlist, check_int8_shapes, direction_name, engine_package,
-                                   worker_options, write_directory)
+                                   int8_shape_problem, worker_options, write_directory)
     from ..model.checkpoint import vocab_digest
     from ..formats.marian import marian_config, marian_params
     from ..decode.shortlist import Shortlist
@@ -183,7 +188,10 @@ def export_bergamot(options: ExportOptions) -> Path:
     direction = direction_name(*languages)
     output = Path(options.output)
     model = model_from_checkpoint(ckpt, options.path).eval()
-    int8 = options.quantization == "int8"
+    # auto: int8 where the engine can multiply the model in int8 (smaller and faster in the page,
+    # docs/export.md), else float32 and the summary says why
+    float32_why = int8_shape_problem(model.cfg) if options.quantization == "auto" else ""
+    int8 = options.quantization == "int8" or (options.quantization == "auto" and not float32_why)
     if int8:
         check_int8_shapes(model.cfg)
     shortlist = None
@@ -197,7 +205,8 @@ def export_bergamot(options: ExportOptions) -> Path:
         names = write_directory(tmp, model_bytes, int8, lex, ckpt["spm_model"], package, direction, decoding)
     print_summary(stderr_console(), "xf export bergamot", [
         ("from", str(options.path)),
-        ("model", f"{names['model']}, {'int8 (intgemm8)' if int8 else 'float32'}, {len(model_bytes) / 2**20:.1f} MiB"),
+        ("model", f"{names['model']}, {'int8 (intgemm8)' if int8 else 'float32'}, {len(model_bytes) / 2**20:.1f} MiB"
+                  + (f" (--quantization auto: float32, as {float32_why})" if float32_why else "")),
         ("shortlist", f"{names['lex']}: {len(shortlist.frequent)} frequent pieces, top {shortlist.k} a source piece"
                       if shortlist is not None else "none (--shortlist FILE from xf shortlist makes the page faster)"),
         ("decoding", f"beam {options.beam_size}, normalize {options.lenpen:g} (score / |Y|^normalize), skip-cost "

@@ -209,15 +209,21 @@ def write_directory(directory: Path, model: bytes, int8: bool, shortlist: Option
     return names
 
 
-def check_int8_shapes(cfg) -> None:
-    """Refuse, in one line, a model whose matrices the WASM engine cannot multiply in int8: its
-    gemm interface needs the inner dimension a multiple of 64 and the output columns a multiple
-    of 8 (marian-dev src/tensors/cpu/wasm_intgemm_interface.h, lines 9-18)."""
+def int8_shape_problem(cfg) -> str:
+    """Why the WASM engine cannot multiply the model's matrices in int8 ("" if it can): its gemm
+    interface needs the inner dimension a multiple of 64 and the output columns a multiple of 8
+    (marian-dev src/tensors/cpu/wasm_intgemm_interface.h, lines 9-18)."""
     head_dim = cfg.head_dim or cfg.d_model // cfg.heads
     widths = {"d_model": cfg.d_model, "d_ff": cfg.d_ff, "heads x head_dim": cfg.heads * head_dim}
     bad = [f"{name} {value}" for name, value in widths.items() if value % 64]
     if cfg.vocab_size % 8:
         bad.append(f"a vocabulary of {cfg.vocab_size} (not a multiple of 8)")
-    if bad:
-        raise XfError(f"xf export bergamot: Bergamot's int8 engine needs widths that are multiples of 64 and a "
-                      f"vocabulary that is a multiple of 8; this model has {', '.join(bad)}")
+    return (f"Bergamot's int8 engine needs widths that are multiples of 64 and a vocabulary that is a multiple "
+            f"of 8; this model has {', '.join(bad)}") if bad else ""
+
+
+def check_int8_shapes(cfg) -> None:
+    """Refuse, in one line, a model whose matrices the WASM engine cannot multiply in int8."""
+    problem = int8_shape_problem(cfg)
+    if problem:
+        raise XfError(f"xf export bergamot: {problem}")

@@ -710,9 +710,10 @@ class ExportOptions:
     path: str = option(help="the xf checkpoint to export")
     output: str = option(help="the model directory to write (ctranslate2: with the sentencepiece model as spm.model; "
                               "argos: the package file)")
-    quantization: Literal["float32", "int8", "bfloat16"] = option(
-        "float32", "ctranslate2 and argos: weight type of the exported model (CTranslate2 can still compute in another "
-        "type); bergamot: float32, or int8 (marian-conv's intgemm8, multiplied int8shiftAll)"
+    quantization: Literal["auto", "float32", "int8", "bfloat16"] = option(
+        "auto", "weight type of the exported model: ctranslate2 and argos: float32 (auto), int8 or bfloat16 "
+        "(CTranslate2 can still compute in another type); bergamot: int8 (marian-conv's intgemm8, multiplied "
+        "int8shiftAll; auto, where the model's widths allow it, else float32: smaller and faster in the page) or float32"
     )
     beam_size: int = option(4, "huggingface: num_beams of generation_config.json; marian: beam-size of decoder.yml; "
                             "bergamot: the page's beam size", aliases=("beam",), range=Range(1, 1000))
