@@ -191,9 +191,9 @@ def export_bergamot(options: ExportOptions) -> Path:
     # auto: int8 where the engine can multiply the model in int8 (smaller and faster in the page,
     # docs/export.md), else float32 and the summary says why
     float32_why = int8_shape_problem(model.cfg) if options.quantization == "auto" else ""
-    int8 = options.quantization == "int8" or (options.quantization == "auto" and not float32_why)
-    if int8:
+    if options.quantization == "int8":  # asked for: a model the engine cannot multiply is refused
         check_int8_shapes(model.cfg)
+    int8 = options.quantization == "int8" or (options.quantization == "auto" and not float32_why)
     shortlist = None
     if options.shortlist is not None:
         shortlist = Shortlist.load(options.shortlist)
