@@ -103,6 +103,42 @@ def test_filter_refuses_missing_or_bad_input_in_one_line(tmp_path):
     refused(f"{scores}: cannot read (No such file or directory)")
 
 
+PICK = RECIPES / "multi30k" / "distill_pick.py"
+
+
+def run_pick(tmp_path, records, refs):
+    nbest = tmp_path / "nbest.jsonl"
+    nbest.write_text("".join((r if isinstance(r, str) else json.dumps(r)) + "\n" for r in records), encoding="utf-8")
+    return subprocess.run([sys.executable, str(PICK), str(nbest), str(write(tmp_path / "ref.de", refs)),
+                           str(tmp_path / "picked.de")], capture_output=True, text=True)
+
+
+def test_pick_keeps_the_hypothesis_closest_to_the_reference(tmp_path):
+    import sacrebleu
+
+    hyps = [["ein Hund rennt", "ein Hund läuft im Park", "Hund"], ["zwei Männer", "zwei Männer"], ["eine Frau"]]
+    refs = ["ein Hund läuft im Park .", "zwei Männer reden", "ein Kind"]
+    out = run_pick(tmp_path, [{"id": i, "hypotheses": [{"text": t} for t in h]} for i, h in enumerate(hyps)], refs)
+    assert out.returncode == 0, out.stderr
+    # by hand: each line's chrF, the highest kept, the teacher's best of equals (line 2)
+    best = [max(h, key=lambda t: (sacrebleu.sentence_chrf(t, [r]).score, -h.index(t))) for h, r in zip(hyps, refs)]
+    assert read(tmp_path / "picked.de") == best == ["ein Hund läuft im Park", "zwei Männer", "eine Frau"]
+    assert "1 not the teacher's best" in out.stderr
+
+
+def test_pick_refuses_bad_records_naming_the_line_and_writes_nothing(tmp_path):
+    good = {"hypotheses": [{"text": "a"}]}
+    for records, refs, message in [
+        ([good, "{oops"], ["a", "b"], "nbest.jsonl:2: not JSON"),
+        ([good, {"hypotheses": []}], ["a", "b"], "nbest.jsonl:2: no 'hypotheses' with texts"),
+        ([good, {"hypotheses": [{"text": 3}]}], ["a", "b"], "nbest.jsonl:2: no 'hypotheses' with texts"),
+        ([good], ["a", "b"], "has 1 records but"),
+    ]:
+        out = run_pick(tmp_path, records, refs)
+        assert out.returncode != 0 and message in out.stderr and out.stderr.count("\n") == 1, out.stderr
+        assert "Traceback" not in out.stderr and not (tmp_path / "picked.de").exists()
+
+
 STUDENT = TINY.replace("  bpe_vocab_size: 300\n", "").replace(
     "  arch: tiny\n", "  arch: tiny\n  decoder_layers: 1\n").replace(
     "  num_update_checkpoints: 2\n", "  num_update_checkpoints: 2\n  choose_on_valid: true\n"

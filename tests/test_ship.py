@@ -11,9 +11,10 @@ import shutil
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
-from helpers import REPO, TINY, multi30k_slice, run_recipe, write
+from helpers import REPO, TINY, multi30k_slice, read, run_recipe, write
 
 for extra in ("ctranslate2", "transformers", "argostranslate", "pymarian", "selenium"):
     pytest.importorskip(extra, reason=f"{extra} (the test extras) is not installed")
@@ -42,15 +43,24 @@ def last_line(out) -> str:
 def test_ship_end_to_end_resume_and_failures(tmp_path):
     data = multi30k_slice(tmp_path / "m30k")
     teacher_work = tmp_path / "teacher"
-    run_recipe("multi30k/run.sh", {"MULTI30K_DIR": data, "WORK_DIR": teacher_work, "OMP_NUM_THREADS": 1,
-                                   "CONFIG": write(tmp_path / "teacher.yaml", TEACHER.splitlines())}, "en-de")
     work = tmp_path / "ship"
-    # tiny models rarely end a sentence: the teacher's outputs capped at the source length + 2, every
-    # runtime's at 12 subwords
-    env = {"MULTI30K_DIR": data, "WORK_DIR": work, "TEACHER": teacher_work / "averaged.pt", "OMP_NUM_THREADS": 1,
+    # the recipe's own teachers: two seeds (run.sh), the better on val of seed 1 and their ensemble;
+    # the student learns from the teacher's 2 best, the closer to the reference kept. Tiny models
+    # rarely end a sentence: the teacher's outputs capped at the source length + 2, every runtime's
+    # at 12 subwords
+    env = {"MULTI30K_DIR": data, "WORK_DIR": work, "TEACHER_DIR": teacher_work, "TEACHER_SEEDS": 2, "DISTILL_NBEST": 2,
+           "TEACHER_CONFIG": write(tmp_path / "teacher.yaml", TEACHER.splitlines()), "OMP_NUM_THREADS": 1,
            "TEACHER_ARGS": "--max-len-a 1 --max-len-b 2", "CONFIG": write(tmp_path / "student.yaml", STUDENT.splitlines()),
            "MAX_LEN": 12, "THREADS": 1, "SHIP_LINES": 20}
-    first = run_recipe("multi30k/ship.sh", env, "en-de", timeout=900)
+    first = run_recipe("multi30k/ship.sh", env, "en-de", timeout=1200)
+    seeds = [teacher_work / "averaged.pt", tmp_path / "teacher-seed2" / "averaged.pt"]
+    assert all(p.is_file() for p in seeds)  # seed 2 on seed 1's sentencepiece
+    assert (seeds[1].parent / "data-bin" / "spm.model").read_bytes() == (teacher_work / "data-bin" / "spm.model").read_bytes()
+    choice = [line.split("\t") for line in read(work / "distilled" / "teacher-val.tsv")]
+    assert sorted(c[1] for c in choice) == sorted([str(seeds[0]), " ".join(map(str, seeds))])
+    assert float(choice[0][0]) >= float(choice[1][0])  # the better on val first, and taught
+    assert (work / "teacher.txt").read_text().split() == choice[0][1].split()
+    assert len(read(work / "distilled" / "train.de")) == 400 and "not the teacher's best" in first.stderr
     table = json.loads((work / "ship.json").read_text())
     rows = {r["row"]: r for r in table["rows"]}
     print("\n" + (work / "ship.md").read_text())
@@ -92,7 +102,7 @@ def test_ship_end_to_end_resume_and_failures(tmp_path):
     venv_missing = "not_run" in rows["libretranslate"]
     if venv_missing:
         assert "venv" in rows["libretranslate"]["not_run"]
-    assert "training time: " in first.stdout
+    assert "training time: " in first.stdout and all(str(t.parent) in first.stdout for t in map(Path, choice[0][1].split()))
     assert ("| not run: " in (work / "ship.md").read_text()) == (venv_missing or bool(bergamot_reason))
 
     # a re-run skips every step, and is quick

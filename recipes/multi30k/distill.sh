@@ -21,6 +21,14 @@
 #   TEACHER          the teacher checkpoint (an ensemble: several paths separated by spaces). Default:
 #                    run.sh's averaged model, work-dirs/multi30k-PAIR/averaged.pt (cpu.yaml), trained
 #                    by run.sh when missing.
+#   TEACHER_SEEDS    without TEACHER: train this many teachers (default 1), seed K>1 in TEACHER_DIR-seedK
+#                    (on seed 1's data), and teach with the better on val of seed 1 alone and the
+#                    ensemble of all (the choice: distilled/teacher-val.tsv)
+#   TEACHER_DIR      the default teacher's run.sh WORK_DIR (default work-dirs/multi30k-PAIR), and
+#   TEACHER_CONFIG   its YAML (default recipes/multi30k/cpu.yaml)
+#   DISTILL_NBEST    the teacher's N best of each training source, and the one of highest sentence chrF
+#                    against the reference kept (distill_pick.py; default 1: the teacher's best); the
+#                    lists are kept in distilled/train.nbest.jsonl
 #   TEACHER_LENPEN   the teacher's length penalty (default: the lenpen run.sh chose on val, in
 #                    choice.json beside the teacher, else 0.6)
 #   TEACHER_ARGS     extra flags for the teacher's translations (e.g. "--quantize int8")
@@ -56,20 +64,38 @@ PY=$(sed -n '1s/^#! *//p' "$(command -v xf)")
 source "$RECIPES/multi30k/data.sh"
 multi30k_data  # sets DATA
 
+TEACHER_SEEDS=${TEACHER_SEEDS:-1} DISTILL_NBEST=${DISTILL_NBEST:-1}
+[[ $TEACHER_SEEDS =~ ^[1-9]$ ]] || die "TEACHER_SEEDS=$TEACHER_SEEDS: a number of teachers from 1 to 9"
+[[ $DISTILL_NBEST =~ ^[1-9][0-9]?$ ]] || die "DISTILL_NBEST=$DISTILL_NBEST: a number of hypotheses from 1 to 99"
+D=$WORK_DIR/distilled
+choose=0
 if [[ -z ${TEACHER:-} ]]; then
-  teacher_dir=$REPO/work-dirs/multi30k-$PAIR
-  TEACHER=$teacher_dir/averaged.pt
-  if [[ ! -f $TEACHER ]]; then
-    log "teacher: $TEACHER missing, training it with run.sh (cpu.yaml)"
-    WORK_DIR=$teacher_dir CONFIG=$RECIPES/multi30k/cpu.yaml bash "$RECIPES/multi30k/run.sh" "$PAIR" >&2 ||
-      die "run.sh $PAIR failed: a re-run resumes it"
-  fi
+  # the default teachers: run.sh's (cpu.yaml) with seeds 1..TEACHER_SEEDS, each trained when missing;
+  # seed K>1 on a copy of seed 1's data (one sentencepiece: an ensemble needs one vocabulary)
+  TEACHER_DIR=${TEACHER_DIR:-$REPO/work-dirs/multi30k-$PAIR} TEACHER_CONFIG=${TEACHER_CONFIG:-$RECIPES/multi30k/cpu.yaml}
+  TEACHER=
+  for ((k = 1; k <= TEACHER_SEEDS; k++)); do
+    teacher_dir=$TEACHER_DIR
+    seed_args=
+    ((k == 1)) || teacher_dir+=-seed$k seed_args="--seed $k"
+    if [[ ! -f $teacher_dir/averaged.pt ]]; then
+      log "teacher: $teacher_dir/averaged.pt missing, training it with run.sh ($TEACHER_CONFIG${seed_args:+, $seed_args})"
+      if ((k > 1)) && [[ ! -f $teacher_dir/data-bin/meta.json ]]; then
+        mkdir -p "$teacher_dir" && rm -rf "$teacher_dir/data-bin.tmp" &&
+          cp -r "$TEACHER_DIR/data-bin" "$teacher_dir/data-bin.tmp" &&
+          mv "$teacher_dir/data-bin.tmp" "$teacher_dir/data-bin" || die "cannot copy seed 1's data to $teacher_dir"
+      fi
+      WORK_DIR=$teacher_dir CONFIG=$TEACHER_CONFIG TRAIN_ARGS=$seed_args PREPROCESS_ARGS= AVERAGE_ARGS= \
+        TRANSLATE_ARGS= SCORE_ARGS= bash "$RECIPES/multi30k/run.sh" "$PAIR" >&2 ||
+        die "run.sh $PAIR (teacher $k) failed: a re-run resumes it"
+    fi
+    TEACHER+="${TEACHER:+ }$teacher_dir/averaged.pt"
+  done
+  ((TEACHER_SEEDS == 1)) || choose=1
 fi
 read -r -a teacher <<<"$TEACHER"
-teacher_paths=()
 for t in "${teacher[@]}"; do
   [[ -f $t ]] || die "teacher checkpoint $t not found"
-  teacher_paths+=(--path "$t")
 done
 if [[ -z ${TEACHER_LENPEN:-} ]]; then
   choice=$(dirname "${teacher[0]}")/choice.json
@@ -77,31 +103,74 @@ if [[ -z ${TEACHER_LENPEN:-} ]]; then
   [[ -f $choice ]] && TEACHER_LENPEN=$(python3 -c 'import json, sys; print(json.load(open(sys.argv[1]))["chosen"]["lenpen"])' "$choice")
 fi
 read -r -a teacher_args <<<"${TEACHER_ARGS:-}"
+
+# choose_teacher: seed 1 alone against the ensemble of all seeds, each translating val (beam 4), the
+# better sacreBLEU kept: distilled/teacher-val.tsv (BLEU, paths), the chosen first; its translation
+# of val is the distilled val
+choose_teacher() {
+  local rows=$D/teacher-val.tsv.tmp candidate paths i=0
+  : >"$rows"
+  for candidate in "${teacher[0]}" "${teacher[*]}"; do
+    paths=() i=$((i + 1))
+    for t in $candidate; do paths+=(--path "$t"); done
+    xf translate "${paths[@]}" --input "$DATA/val.$SRC" --output "$D/val-choice$i.$TGT" --beam-size 4 \
+      --lenpen "$TEACHER_LENPEN" --batch-size 64 "${teacher_args[@]}" || return
+    printf '%s\t%s\t%s\n' "$("$PY" -c 'import sys, sacrebleu
+hyps, refs = (open(p, encoding="utf-8").read().splitlines() for p in sys.argv[1:3])
+print(f"{sacrebleu.corpus_bleu(hyps, [refs]).score:.2f}")' "$D/val-choice$i.$TGT" "$DATA/val.$TGT")" "$candidate" "$i" \
+      >>"$rows" || return
+  done
+  sort -t $'\t' -k1,1gr -s "$rows" >"$D/teacher-val.tsv.sorted" || return
+  i=$(head -n 1 "$D/teacher-val.tsv.sorted" | cut -f3)
+  [[ -f $D/val.$TGT ]] || mv "$D/val-choice$i.$TGT" "$D/val.$TGT" || return
+  rm -f "$D"/val-choice*."$TGT" "$rows"
+  cut -f1,2 "$D/teacher-val.tsv.sorted" >"$D/teacher-val.tsv.tmp" && mv "$D/teacher-val.tsv.tmp" "$D/teacher-val.tsv" &&
+    rm "$D/teacher-val.tsv.sorted"
+}
+if ((choose)); then
+  step "teacher chosen on val (seed 1 or the ensemble of $TEACHER_SEEDS)" "$D/teacher-val.tsv" choose_teacher
+  cat "$D/teacher-val.tsv" >&2
+  read -r -a teacher <<<"$(head -n 1 "$D/teacher-val.tsv" | cut -f2)"
+fi
+teacher_paths=()
+for t in "${teacher[@]}"; do teacher_paths+=(--path "$t"); done
+echo "${teacher[*]}" >"$WORK_DIR/teacher.txt"  # the teacher the student learned from (ship.sh reads it)
 note "teacher: ${teacher[*]} (lenpen $TEACHER_LENPEN)"
 
-D=$WORK_DIR/distilled
 # teacher_translate SPLIT: the teacher's beam-4 translation of $DATA/SPLIT.$SRC (written atomically)
 teacher_translate() {
   xf translate "${teacher_paths[@]}" --input "$DATA/$1.$SRC" --output "$D/$1.$TGT" --beam-size 4 \
     --lenpen "$TEACHER_LENPEN" --batch-size 64 "${teacher_args[@]}"
 }
 # teacher_translate_train: the same for train, in chunks of CHUNK_LINES lines (default 2000), each
-# written when done, so that an interrupted run resumes at the first chunk missing
+# written when done, so that an interrupted run resumes at the first chunk missing; with
+# DISTILL_NBEST N > 1, each chunk's N best (beam max(4, N)), the one closest to the reference kept
 teacher_translate_train() {
-  local parts=$D/train-parts part
+  local parts=$D/train-parts part n beam=$((DISTILL_NBEST > 4 ? DISTILL_NBEST : 4))
   mkdir -p "$parts"
   if [[ ! -f $parts/split.done ]]; then
-    rm -f "$parts"/src.* "$parts"/hyp.*
-    split -l "${CHUNK_LINES:-2000}" -d -a 4 "$DATA/train.$SRC" "$parts/src." && touch "$parts/split.done" || return
+    rm -f "$parts"/src.* "$parts"/ref.* "$parts"/hyp.* "$parts"/nbest.*
+    split -l "${CHUNK_LINES:-2000}" -d -a 4 "$DATA/train.$SRC" "$parts/src." &&
+      split -l "${CHUNK_LINES:-2000}" -d -a 4 "$DATA/train.$TGT" "$parts/ref." && touch "$parts/split.done" || return
   fi
   for part in "$parts"/src.*; do
-    [[ -f $parts/hyp.${part##*.} ]] && continue
-    note "chunk ${part##*.}"
-    xf translate "${teacher_paths[@]}" --input "$part" --output "$parts/hyp.${part##*.}" --beam-size 4 \
-      --lenpen "$TEACHER_LENPEN" --batch-size 64 "${teacher_args[@]}" || return
+    n=${part##*.}
+    [[ -f $parts/hyp.$n ]] && continue
+    note "chunk $n"
+    if ((DISTILL_NBEST == 1)); then
+      xf translate "${teacher_paths[@]}" --input "$part" --output "$parts/hyp.$n" --beam-size 4 \
+        --lenpen "$TEACHER_LENPEN" --batch-size 64 "${teacher_args[@]}" || return
+    else
+      xf translate "${teacher_paths[@]}" --input "$part" --output "$parts/nbest.$n" --beam-size "$beam" \
+        --nbest "$DISTILL_NBEST" --output-format jsonl --lenpen "$TEACHER_LENPEN" --batch-size 64 "${teacher_args[@]}" &&
+        "$PY" "$RECIPES/multi30k/distill_pick.py" "$parts/nbest.$n" "$parts/ref.$n" "$parts/hyp.$n" || return
+    fi
   done
   cat "$parts"/hyp.* >"$D/train.$TGT.tmp" || return
   [[ $(wc -l <"$D/train.$TGT.tmp") == $(wc -l <"$DATA/train.$SRC") ]] || { echo "the chunks' translations do not add up to $DATA/train.$SRC: delete $parts" >&2; return 1; }
+  if ((DISTILL_NBEST > 1)); then  # the n-best lists kept beside the pick (another pick needs no teacher)
+    cat "$parts"/nbest.* >"$D/train.nbest.jsonl.tmp" && mv "$D/train.nbest.jsonl.tmp" "$D/train.nbest.jsonl" || return
+  fi
   mv "$D/train.$TGT.tmp" "$D/train.$TGT" && rm -r "$parts"
 }
 # teacher_scores SPLIT: the teacher's forced-decoding log-probs of its own translations
@@ -186,7 +255,7 @@ bench() {
   mv "$rows" "$WORK_DIR/bench.tsv"
   rm -f "$WORK_DIR/bench.log"
   BENCH="threads $threads, workers $workers, batch $batch, beam 4, best of $repeats, $(basename "$source")" \
-    distill_table "${teacher[0]}" "$WORK_DIR" "$TGT" "$DATA/test2016.$TGT" | tee "$WORK_DIR/table.txt"
+    TEACHERS="${#teacher[@]}" distill_table "${teacher[0]}" "$WORK_DIR" "$TGT" "$DATA/test2016.$TGT" | tee "$WORK_DIR/table.txt"
 }
 
 # distill_table TEACHER WORK_DIR TGT REF: teacher vs student (stdout).
@@ -231,6 +300,9 @@ fast = speed["student", "xf", "fast"] / speed["teacher", "xf", "int8"]
 rows.append(("student xf int8 --compile --shortlist / teacher xf int8 (sent/s)", "", "", f"{fast:.2f}x"))
 width = [max(len(r[i]) for r in rows) for i in range(4)]
 print(f"\nteacher vs student ({os.environ.get('BENCH', '')}; speeds measured in the same run, interleaved)")
+if int(os.environ.get("TEACHERS", "1")) > 1:
+    print(f"the teacher: an ensemble of {os.environ['TEACHERS']} in xf fp32 (what the student learned from); "
+          f"its first model, {teacher}, in every other row")
 for r in rows:
     print("  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(r, width))))
 EOF

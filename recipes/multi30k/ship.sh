@@ -22,9 +22,10 @@
 # (its package, the browser or the Bergamot engine missing) has a row "not run: why".
 #
 # Settings (environment, all optional):
-#   TEACHER, TEACHER_LENPEN, TEACHER_ARGS, FILTER_DROP, CONFIG (the student's YAML), PREPROCESS_ARGS,
-#                    TRAIN_ARGS, ...: as recipes/multi30k/distill.sh takes them (TEACHER default:
-#                    work-dirs/multi30k-PAIR/averaged.pt, trained by run.sh with cpu.yaml when missing)
+#   TEACHER, TEACHER_SEEDS, TEACHER_LENPEN, TEACHER_ARGS, DISTILL_NBEST, FILTER_DROP, CONFIG (the
+#                    student's YAML), PREPROCESS_ARGS, TRAIN_ARGS, ...: as recipes/multi30k/distill.sh
+#                    takes them (TEACHER default: work-dirs/multi30k-PAIR/averaged.pt, trained by run.sh
+#                    with cpu.yaml when missing, or TEACHER_SEEDS of them)
 #   WORK_DIR         outputs (default work-dirs/multi30k-PAIR-ship); a re-run skips finished steps
 #   RUNTIMES         the rows, in order (default: all of the above)
 #   SHIP_LINES       translate the first this many lines of test2016 (default: all 1,000)
@@ -46,9 +47,6 @@ ALL="xf xf-int8-shortlist ctranslate2 huggingface argos marian bergamot bergamot
 RUNTIMES=${RUNTIMES:-$ALL}
 BEAM=${BEAM:-4} MAX_LEN=${MAX_LEN:-256} BATCH=${BATCH:-16} THREADS=${THREADS:-1}
 BERGAMOT_PACKAGE=${BERGAMOT_PACKAGE:-$REPO/.bergamot/node_modules/@browsermt/bergamot-translator}
-# distill.sh trains its default teacher when it is missing, so the default is only named here, for
-# Hugging Face and the trainings' time, never exported
-TEACHERS=${TEACHER:-$REPO/work-dirs/multi30k-$PAIR/averaged.pt}
 export WORK_DIR
 S=$WORK_DIR/ship
 mkdir -p "$S/logs" "$S/runs"
@@ -96,7 +94,10 @@ source "$RECIPES/multi30k/data.sh"
 multi30k_data  # sets DATA
 
 ship_step "distill" "$WORK_DIR/shortlist.npz" bash "$RECIPES/multi30k/distill.sh" "$PAIR" student
-read -r -a teachers <<<"$TEACHERS"
+# the teacher the student learned from (TEACHER, or the default one or ensemble distill.sh trained
+# and chose): for Hugging Face and the trainings' time
+[[ -f $WORK_DIR/teacher.txt ]] || fail "distill" "it named no teacher in $WORK_DIR/teacher.txt: delete $WORK_DIR/shortlist.npz"
+read -r -a teachers <"$WORK_DIR/teacher.txt"
 LENPEN=${LENPEN:-$("$PY" -c 'import json, sys; print(json.load(open(sys.argv[1]))["chosen"]["lenpen"])' "$WORK_DIR/choice.json" 2>/dev/null || echo 0.6)}
 # the translations in $S hold for one search and test set: a re-run with others is refused, not mixed in
 settings="lines ${SHIP_LINES:-all}, beam $BEAM, lenpen $LENPEN, max_len $MAX_LEN, batch $BATCH, threads $THREADS"
@@ -157,4 +158,6 @@ rm -f "$WORK_DIR/ship.md"  # the table, always anew: it costs nothing, and RUNTI
 ship_step "table" "$WORK_DIR/ship.md" "$PY" "$HELPER" table "${rows[@]}" --work "$WORK_DIR" --ref "$S/test2016.$TGT" >/dev/null
 printf '\n'
 cat "$WORK_DIR/ship.md"
-"$PY" "$HELPER" training-time "$(dirname "${teachers[0]}")/checkpoints/train_log.jsonl" "$WORK_DIR/checkpoints/train_log.jsonl"
+logs=()
+for t in "${teachers[@]}"; do logs+=("$(dirname "$t")/checkpoints/train_log.jsonl"); done
+"$PY" "$HELPER" training-time "${logs[@]}" "$WORK_DIR/checkpoints/train_log.jsonl"
