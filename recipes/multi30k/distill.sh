@@ -21,7 +21,7 @@
 #   TEACHER          the teacher checkpoint (an ensemble: several paths separated by spaces). Default:
 #                    run.sh's averaged model, work-dirs/multi30k-PAIR/averaged.pt (cpu.yaml), trained
 #                    by run.sh when missing.
-#   TEACHER_SEEDS    without TEACHER: train this many teachers (default 1), seed K>1 in TEACHER_DIR-seedK
+#   TEACHER_SEEDS    without TEACHER: train this many teachers (default 2), seed K>1 in TEACHER_DIR-seedK
 #                    (on seed 1's data), and teach with the better on val of seed 1 alone and the
 #                    ensemble of all (the choice: distilled/teacher-val.tsv)
 #   TEACHER_DIR      the default teacher's run.sh WORK_DIR (default work-dirs/multi30k-PAIR), and
@@ -64,7 +64,7 @@ PY=$(sed -n '1s/^#! *//p' "$(command -v xf)")
 source "$RECIPES/multi30k/data.sh"
 multi30k_data  # sets DATA
 
-TEACHER_SEEDS=${TEACHER_SEEDS:-1} DISTILL_NBEST=${DISTILL_NBEST:-1}
+TEACHER_SEEDS=${TEACHER_SEEDS:-2} DISTILL_NBEST=${DISTILL_NBEST:-1}
 [[ $TEACHER_SEEDS =~ ^[1-9]$ ]] || die "TEACHER_SEEDS=$TEACHER_SEEDS: a number of teachers from 1 to 9"
 [[ $DISTILL_NBEST =~ ^[1-9][0-9]?$ ]] || die "DISTILL_NBEST=$DISTILL_NBEST: a number of hypotheses from 1 to 99"
 D=$WORK_DIR/distilled
