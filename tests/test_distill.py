@@ -196,3 +196,18 @@ def test_distill_end_to_end_and_resume(tmp_path):
                      re.M), size.stdout
     bad = run_recipe("multi30k/distill.sh", {**env, "TEACHER": tmp_path / "none.pt"}, "en-de", check=False)
     assert bad.returncode != 0 and "none.pt not found" in bad.stderr
+
+
+@pytest.mark.parametrize("name, value, message", [
+    ("TEACHER_SEEDS", "0", "TEACHER_SEEDS=0: a number of teachers from 1 to 9"),
+    ("TEACHER_SEEDS", "-1", "TEACHER_SEEDS=-1: a number of teachers from 1 to 9"),
+    ("TEACHER_SEEDS", "nan", "TEACHER_SEEDS=nan: a number of teachers from 1 to 9"),
+    ("DISTILL_NBEST", "inf", "DISTILL_NBEST=inf: a number of hypotheses from 1 to 99"),
+    ("DISTILL_NBEST", "1000", "DISTILL_NBEST=1000: a number of hypotheses from 1 to 99"),
+])
+def test_bad_teacher_settings_stop_before_anything_runs(tmp_path, name, value, message):
+    work = tmp_path / "distill"
+    out = run_recipe("multi30k/distill.sh", {"MULTI30K_DIR": multi30k_slice(tmp_path / "m30k"), "WORK_DIR": work,
+                                             "TEACHER_DIR": tmp_path / "teacher", name: value}, "en-de", check=False)
+    assert out.returncode != 0 and message in out.stderr and "Traceback" not in out.stderr
+    assert not (tmp_path / "teacher").exists() and not list((work / "distilled").iterdir())
