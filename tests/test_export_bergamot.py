@@ -245,7 +245,7 @@ def test_the_page_runs_marians_beam_search(marian_tiny, tiny_shortlist, engine, 
     (tmp_path / "in.txt").write_text("\n".join(source) + "\n", encoding="utf-8")
     translate(TranslateOptions(path=(str(marian_tiny),), input=str(tmp_path / "in.txt"), output=str(tmp_path / "xf"),
                                quiet=True, device="cpu", beam_size=4, lenpen=1.0, lenpen_style="length",
-                               beam_rule="marian", max_len_a=2, max_len_b=0, precision="fp32", **shortlist))
+                               beam_rule="marian", max_len_a=2, max_len_b=2, precision="fp32", **shortlist))
     xf_lines = (tmp_path / "xf").read_text(encoding="utf-8").splitlines()
     differ = [i for i, (a, b) in enumerate(zip(page_lines, marian)) if a != b]
     print(f"\nxf export bergamot, float32 beam 4{' with the shortlist' if with_shortlist else ''}: "

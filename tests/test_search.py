@@ -17,6 +17,7 @@ from xformer_cli.decode.search import (
     greedy_search,
     length_penalty,
     max_output_lengths,
+    rescore,
     sample,
     top_k_top_p_filter,
 )
@@ -118,17 +119,21 @@ def test_wide_beam_equals_exhaustive_search(max_len, beam, alpha, style):
 def marian_beam(model, src_row, k, alpha, max_len):
     """Marian's beam (its beam_search.cpp) for one sentence, by hand and by full decoding: the
     extensions of the live hypotheses ranked together and the first (live count) taken, those
-    ending in eos finished and the rest live, until none is; at max_len only eos may follow (xf's
-    bound). The finished, best first by score / |Y|^alpha."""
+    ending in eos finished and the rest live, until none is; after max_len tokens the live end as
+    they are, their score / |Y| without an eos (Marian's bound). The finished, best first by
+    score / |Y|^alpha."""
     live, finished = [([], 0.0)], []
     with torch.no_grad():
         for step in range(max_len + 1):
+            if step == max_len:
+                finished += [(logp / len(tokens) ** alpha, tokens + [EOS_ID]) for tokens, logp in live]
+                break
             extensions = []
             for tokens, logp in live:
                 prev = torch.tensor([[BOS_ID] + tokens])
                 lprobs = F.log_softmax(model(src_row[None], prev).float(), dim=-1)[0, -1]
                 for t in range(model.cfg.vocab_size):
-                    if t not in (PAD_ID, BOS_ID) and (step < max_len or t == EOS_ID):
+                    if t not in (PAD_ID, BOS_ID):
                         extensions.append((logp + lprobs[t].item(), tokens + [t]))
             extensions.sort(key=lambda e: -e[0])
             taken = extensions[: len(live) if step > 0 else k]
@@ -141,9 +146,10 @@ def marian_beam(model, src_row, k, alpha, max_len):
 
 def test_marians_beam_rule_is_marians_beam():
     """--beam-rule marian against Marian's beam written out by hand, and the rule changes outputs
-    (a search that ignored it would fail here: the fairseq rule differs on some sentences)."""
+    (a search that ignored it would fail here: the fairseq rule differs on some sentences), its
+    bound included (some sentences end there)."""
     sources = [[5, 6, 7, 8], [9, 10], [11, 12, 13, 14, 15, 16], [17, 18, 19], [20], [21, 22, 23, 24, 25]]
-    differs = 0
+    differs = cut = 0
     for seed, k, alpha in [(1, 4, 1.0), (2, 3, 1.5), (4, 4, 0.6)]:
         model = tiny(vocab_size=30, seed=seed)
         options = dict(beam_size=k, nbest=1, lenpen=alpha, lenpen_style="length", max_len_a=1.0, max_len_b=3)
@@ -155,7 +161,25 @@ def test_marians_beam_rule_is_marians_beam():
             assert marian[i][0].tokens == by_hand[0][1], (seed, i)
             assert marian[i][0].score == pytest.approx(by_hand[0][0], abs=1e-4)
             differs += marian[i][0].tokens != fairseq[i][0].tokens
-    assert differs > 0
+            cut += marian[i][0].cut
+            assert marian[i][0].cut == (len(marian[i][0].tokens) == len(source) + 4)  # max_len subwords, no eos
+    assert differs > 0 and cut > 0, (differs, cut)
+
+
+def test_one_marian_search_reranked_is_a_search_with_each_lenpen():
+    """xf average-checkpoints --choose-on-valid searches once with lenpen 0 and reranks: with
+    Marian's rule too, a line cut at its bound counted without its eos."""
+    sources = [[5, 6, 7, 8], [9, 10], [11, 12, 13, 14, 15, 16], [17, 18, 19], [20], [21, 22, 23, 24, 25]]
+    model, src = tiny(vocab_size=30, seed=1), batch(*sources)
+    options = dict(beam_size=4, lenpen_style="length", max_len_a=1.0, max_len_b=3, beam_rule="marian")
+    once = beam_search([model], src, D(lenpen=0.0, **options), all_finished=True)
+    assert any(h.cut for hyps in once for h in hyps)
+    for alpha in (0.6, 1.0, 2.0):
+        direct = beam_search([model], src, D(lenpen=alpha, nbest=4, **options))
+        for i in range(len(sources)):
+            reranked = rescore(once[i], alpha, "length")
+            assert reranked[0].tokens == direct[i][0].tokens, (alpha, i)
+            assert reranked[0].score == pytest.approx(direct[i][0].score, abs=1e-5)
 
 
 def test_marians_beam_rule_is_a_plain_beam_search():

@@ -50,10 +50,17 @@ class Search:
     max_len: int
     batch: int
     threads: int
-    length_factor: float = 0.0  # else at most this many times the source's subwords, not max_len
+    length_factor: float = 0.0  # else at most this many times (the source's subwords + eos), not max_len
+
+    @property
+    def marian_b(self) -> int:
+        """xf's --max-len-b for Marian's bound, f x (|X| + eos) = f|X| + f tokens (a whole f: Marian's
+        ceiling and xf's floor meet), at which --beam-rule marian ends a line as it is."""
+        return int(self.length_factor)
 
     def describe(self) -> str:
-        cap = f"<= {self.length_factor:g} x source subwords" if self.length_factor else f"<= {self.max_len} subwords"
+        cap = (f"<= {self.length_factor:g} x (source subwords + eos)" if self.length_factor
+               else f"<= {self.max_len} subwords")
         return f"beam {self.beam}, score/length^{self.lenpen:g}, {cap}, batch {self.batch}, {self.threads} thread(s)"
 
 
@@ -67,7 +74,7 @@ def xf_translate(model: Path, lines_file: Path, s: Search, *extra: str) -> tuple
     out = lines_file.with_suffix(".xf.tmp")
     cmd = ["xf", "translate", "--path", str(model), "--input", str(lines_file), "--output", str(out),
            "--beam-size", str(s.beam), "--lenpen", str(s.lenpen), "--lenpen-style", "length",
-           "--max-len-a", str(s.length_factor), "--max-len-b", "0" if s.length_factor else str(s.max_len),
+           "--max-len-a", str(s.length_factor), "--max-len-b", str(s.marian_b) if s.length_factor else str(s.max_len),
            "--batch-size", str(s.batch), "--threads", str(s.threads), "--device", "cpu", *extra]
     done = subprocess.run(cmd, capture_output=True, text=True)
     if done.returncode != 0:

@@ -43,8 +43,9 @@ DecoderStep = Callable[..., torch.Tensor]  # decoder_step.EagerStep or AotStep
 @dataclass
 class Hypothesis:
     tokens: list[int]  # output ids, ending with eos
-    score: float  # sum(positional_scores) / length_penalty(len(tokens))
+    score: float  # sum(positional_scores) / length_penalty(|Y|), |Y| = len(tokens) (less 1 if cut)
     positional_scores: list[float]  # log p(token | prefix, source) of each token, eos included
+    cut: bool = False  # ended at the length bound as it was (--beam-rule marian): its eos scores 0, |Y| omits it
 
 
 # -- the math ------------------------------------------------------------------------------------
@@ -285,7 +286,9 @@ def beam_search(
     ``options.beam_rule`` "marian" is Marian's beam instead (its beam_search.cpp, and the Bergamot
     page's): a sentence with n finished hypotheses keeps k - n live ones, the first k - n
     extensions are taken, those ending in eos among them finish, and it is done when none is
-    live (k finished); the finished are ranked alike. Not with constraints.
+    live (k finished); the finished are ranked alike. At its maximum length, a sentence's live
+    hypotheses end as they are, as Marian's do at its bound: their eos is neither scored (its
+    positional score is 0) nor counted in |Y|. Not with constraints.
     """
     if constraints and options.beam_rule != "fairseq":
         raise XfError(f"--beam-rule {options.beam_rule} is a plain beam search: lexical constraints and "
@@ -341,6 +344,11 @@ def _beam_search(models: Sequence[Transformer], src: torch.Tensor, options: Deco
         top_scores, top_beam, top_token, top_lprobs = selection.choose(scores, lprobs, step, candidates)  # (sents, W)
         base_rows, final, norm, order, rows = _finished_and_next(top_scores, top_beam, top_token, k, lp(step + 1.0),
                                                                  k - fin_count if shrinking else None)
+        cut = None
+        if shrinking and step >= shortest:  # Marian's bound: the live end as they are, eos neither scored nor counted
+            cut = final & max_len.le(step)[:, None]  # (sents, k): at the bound only eos was allowed
+            as_they_are = scores.view(-1, k).gather(1, top_beam[:, :k]) / lp(max(step, 1.0))  # the live's own scores
+            norm = torch.where(cut, as_they_are, norm)
         fin_count += final.sum(dim=1)
         fin_best = torch.cat([fin_best, norm], dim=1).topk(nbest, dim=1).values
         prev_tokens, prev_pos_scores = tokens, pos_scores
@@ -356,13 +364,15 @@ def _beam_search(models: Sequence[Transformer], src: torch.Tensor, options: Deco
         # finished one, or at its maximum length.
         best_live = scores.view(-1, k).max(dim=1).values  # (sents,)
         bound = best_live / torch.maximum(lp(torch.full_like(best_live, step + 2.0)), max_lp)
+        if shrinking:  # a line cut at its bound counts one subword fewer (a falling penalty: lenpen < 0)
+            bound = torch.maximum(bound, best_live / lp(torch.full_like(best_live, step + 1.0)))
         done = fin_count.ge(k) | max_len.le(step)
         if not all_finished:  # the bound holds for this lenpen only: a rescore needs them all
             done = done | fin_best[:, -1].ge(bound)
         any_final, all_done, any_done = torch.stack((final.any(), done.all(), done.any())).tolist()  # one sync
         if any_final:
             _add_finished(finished, selection, final, base_rows, top_beam, sent_ids, prev_tokens,
-                                      prev_pos_scores, norm, top_lprobs)
+                          prev_pos_scores, norm, top_lprobs, cut)
         if all_done:
             break
         if not any_done:
@@ -383,18 +393,20 @@ def _beam_search(models: Sequence[Transformer], src: torch.Tensor, options: Deco
 
 
 def _add_finished(finished: list[list[Hypothesis]], selection, final, base_rows, top_beam, sent_ids, prev_tokens,
-                  prev_pos_scores, norm, top_lprobs) -> None:
+                  prev_pos_scores, norm, top_lprobs, cut=None) -> None:
     """A step's finished hypotheses (``final`` (sents, k): eos among the first k candidates) added
     to their sentences' lists, except one that ``selection`` says may not end there (it ended at
-    the length limit without its constraints)."""
+    the length limit without its constraints). cut (sents, k): those that end at the bound as
+    they are (Marian's rule; None: none)."""
     sent, rank = final.nonzero(as_tuple=True)
     done_rows = base_rows[:, 0][sent] + top_beam[sent, rank]
-    for i, row, row_tokens, row_pos, s, last in zip(
+    cuts = cut[sent, rank].tolist() if cut is not None else [False] * len(done_rows)
+    for i, row, row_tokens, row_pos, s, last, as_is in zip(
         sent_ids[sent].tolist(), done_rows.tolist(), prev_tokens[done_rows, 1:].tolist(),
-        prev_pos_scores[done_rows].tolist(), norm[sent, rank].tolist(), top_lprobs[sent, rank].tolist(),
+        prev_pos_scores[done_rows].tolist(), norm[sent, rank].tolist(), top_lprobs[sent, rank].tolist(), cuts,
     ):
         if selection.met(row):
-            finished[i].append(Hypothesis(row_tokens + [EOS_ID], s, row_pos + [last]))
+            finished[i].append(Hypothesis(row_tokens + [EOS_ID], s, row_pos + [0.0 if as_is else last], as_is))
 
 
 def rescore(hyps: Sequence[Hypothesis], alpha: float, style: str = "gnmt") -> list[Hypothesis]:
@@ -405,8 +417,8 @@ def rescore(hyps: Sequence[Hypothesis], alpha: float, style: str = "gnmt") -> li
     Python float), so ties break alike."""
     out = []
     for h in hyps:
-        score = (torch.tensor(h.score, dtype=torch.float32) / length_penalty(float(len(h.tokens)), alpha, style)).item()
-        out.append(Hypothesis(h.tokens, score, h.positional_scores))
+        score = (torch.tensor(h.score, dtype=torch.float32) / length_penalty(float(max(len(h.tokens) - h.cut, 1)), alpha, style)).item()
+        out.append(Hypothesis(h.tokens, score, h.positional_scores, h.cut))
     return sorted(out, key=lambda h: -h.score)  # stable: ties keep the search's order
 
 

@@ -395,8 +395,9 @@ class DecodingOptions:
     )
     beam_rule: Literal["fairseq", "marian"] = option(
         "fairseq", "when a beam search ends a sentence: fairseq: k live hypotheses every step, done at k "
-        "finished; marian: each finished hypothesis takes its place out of the beam, done when none is live "
-        "(Marian's and the Bergamot page's rule, for outputs equal to theirs)"
+        "finished; marian: each finished hypothesis takes its place out of the beam, done when none is live, "
+        "and at the length bound the live end as they are, eos unscored (Marian's and the Bergamot page's rule, "
+        "for outputs equal to theirs: --max-len-a f --max-len-b f is Marian's --max-length-factor f)"
     )
     max_len_a: float = option(1.0, "maximum output length a*|X|+b subwords (paper: |X|+50)", range=Range(0, 1000))
     max_len_b: int = option(50, "maximum output length a*|X|+b subwords (paper: |X|+50)", range=Range(-(1 << 20), 1 << 20))
