@@ -344,11 +344,7 @@ def _beam_search(models: Sequence[Transformer], src: torch.Tensor, options: Deco
         top_scores, top_beam, top_token, top_lprobs = selection.choose(scores, lprobs, step, candidates)  # (sents, W)
         base_rows, final, norm, order, rows = _finished_and_next(top_scores, top_beam, top_token, k, lp(step + 1.0),
                                                                  k - fin_count if shrinking else None)
-        cut = None
-        if shrinking and step >= shortest:  # Marian's bound: the live end as they are, eos neither scored nor counted
-            cut = final & max_len.le(step)[:, None]  # (sents, k): at the bound only eos was allowed
-            as_they_are = scores.view(-1, k).gather(1, top_beam[:, :k]) / lp(max(step, 1.0))  # the live's own scores
-            norm = torch.where(cut, as_they_are, norm)
+        cut, norm = _marian_cut(final, norm, scores, top_beam, max_len, step, lp) if shrinking else (None, norm)
         fin_count += final.sum(dim=1)
         fin_best = torch.cat([fin_best, norm], dim=1).topk(nbest, dim=1).values
         prev_tokens, prev_pos_scores = tokens, pos_scores
@@ -360,12 +356,10 @@ def _beam_search(models: Sequence[Transformer], src: torch.Tensor, options: Deco
         pos_scores = torch.cat([pos_scores[rows], top_lprobs.gather(1, order).view(-1, 1)], dim=1)
         selection.follow(rows, tokens[:, -1])  # the caches follow below, with the done sentences' removal
 
-        # A sentence is done with k finished, when no live hypothesis can beat its nbest-th
-        # finished one, or at its maximum length.
+        # A sentence is done with k finished, when no live hypothesis can beat its nbest-th finished one (Marian's
+        # rule: one cut at its bound counts a subword fewer), or at its maximum length.
         best_live = scores.view(-1, k).max(dim=1).values  # (sents,)
-        bound = best_live / torch.maximum(lp(torch.full_like(best_live, step + 2.0)), max_lp)
-        if shrinking:  # a line cut at its bound counts one subword fewer (a falling penalty: lenpen < 0)
-            bound = torch.maximum(bound, best_live / lp(torch.full_like(best_live, step + 1.0)))
+        bound = best_live / torch.maximum(lp(torch.full_like(best_live, step + (1.0 if shrinking else 2.0))), max_lp)
         done = fin_count.ge(k) | max_len.le(step)
         if not all_finished:  # the bound holds for this lenpen only: a rescore needs them all
             done = done | fin_best[:, -1].ge(bound)
@@ -390,6 +384,16 @@ def _beam_search(models: Sequence[Transformer], src: torch.Tensor, options: Deco
 
     # all_finished: in the order found, so that rescore's stable sort breaks ties as this one does
     return finished if all_finished else [sorted(hyps, key=lambda h: -h.score)[:nbest] for hyps in finished]
+
+
+def _marian_cut(final, norm, scores, top_beam, max_len, step: int, lp) -> tuple[torch.Tensor, torch.Tensor]:
+    """Marian's bound (--beam-rule marian): a sentence at its maximum length ends its live
+    hypotheses as they are, eos neither scored nor counted in |Y|. (cut (sents, k): the finished
+    of this step that are such, since at the bound only eos could follow; norm with their scores.)"""
+    k = final.size(1)
+    cut = final & max_len.le(step)[:, None]
+    as_they_are = scores.view(-1, k).gather(1, top_beam[:, :k]) / lp(max(step, 1.0))  # the live's own scores
+    return cut, torch.where(cut, as_they_are, norm)
 
 
 def _add_finished(finished: list[list[Hypothesis]], selection, final, base_rows, top_beam, sent_ids, prev_tokens,
