@@ -421,7 +421,8 @@ def rescore(hyps: Sequence[Hypothesis], alpha: float, style: str = "gnmt") -> li
     Python float), so ties break alike."""
     out = []
     for h in hyps:
-        score = (torch.tensor(h.score, dtype=torch.float32) / length_penalty(float(max(len(h.tokens) - h.cut, 1)), alpha, style)).item()
+        length = float(max(len(h.tokens) - h.cut, 1))  # a line cut at its bound: its eos is not counted
+        score = (torch.tensor(h.score, dtype=torch.float32) / length_penalty(length, alpha, style)).item()
         out.append(Hypothesis(h.tokens, score, h.positional_scores, h.cut))
     return sorted(out, key=lambda h: -h.score)  # stable: ties keep the search's order
 
